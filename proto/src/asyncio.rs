@@ -1,0 +1,176 @@
+//! SEQPACKET sockets on tokio's reactor.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+
+use rustix::net::UCred;
+use serde::Serialize;
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
+use crate::fdpass::{Frame, recv_frame, send_frame};
+use crate::{ProtoError, encode, socket};
+
+/// A connected SEQPACKET socket that sends and receives whole frames.
+///
+/// Sending takes `&self`: the kernel keeps each frame whole, so tasks may
+/// send concurrently through a shared reference.
+#[derive(Debug)]
+pub struct AsyncSeqpacket {
+    fd: AsyncFd<OwnedFd>,
+}
+
+/// Registers an owned fd with tokio's reactor for `interest`.
+///
+/// # Errors
+///
+/// When there is no runtime, or epoll refuses the fd.
+pub fn register(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: an `OwnedFd` stays open, and `as_raw_fd` returns the same
+    // number, for as long as it is owned, which is as long as the `AsyncFd`.
+    unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(|error| error.into_parts().1)
+}
+
+fn would_block(error: &ProtoError) -> bool {
+    matches!(error, ProtoError::Io { source, .. } if source.kind() == io::ErrorKind::WouldBlock)
+}
+
+impl AsyncSeqpacket {
+    /// Wraps a connected socket, switching it to non-blocking mode.
+    ///
+    /// # Errors
+    ///
+    /// When the fd cannot be made non-blocking or registered with tokio
+    /// (which needs a running runtime).
+    pub fn new(fd: OwnedFd) -> Result<Self, ProtoError> {
+        rustix::io::ioctl_fionbio(&fd, true)
+            .map_err(|errno| ProtoError::io("ioctl(FIONBIO)", errno))?;
+        let fd = register(fd, Interest::READABLE | Interest::WRITABLE)
+            .map_err(|error| ProtoError::io("register with tokio", error))?;
+        Ok(Self { fd })
+    }
+
+    /// Sends one frame, waiting while the peer's queue is full.
+    ///
+    /// # Errors
+    ///
+    /// As [`send_frame`].
+    pub async fn send(&self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), ProtoError> {
+        loop {
+            let mut guard = self
+                .fd
+                .writable()
+                .await
+                .map_err(|error| ProtoError::io("poll", error))?;
+            match send_frame(self.fd.get_ref().as_fd(), bytes, fds) {
+                Err(error) if would_block(&error) => guard.clear_ready(),
+                result => return result,
+            }
+        }
+    }
+
+    /// Encodes and sends one message with its fds.
+    ///
+    /// # Errors
+    ///
+    /// As [`encode`] and [`send_frame`].
+    pub async fn send_message<T: Serialize>(
+        &self,
+        message: &T,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), ProtoError> {
+        let bytes = encode(message)?;
+        self.send(&bytes, fds).await
+    }
+
+    /// Receives one frame; `Ok(None)` when the peer has closed.
+    ///
+    /// `scratch` must hold [`RECV_BUFFER_BYTES`](crate::RECV_BUFFER_BYTES).
+    /// Only one task should receive at a time, or frames are split between
+    /// them arbitrarily.
+    ///
+    /// # Errors
+    ///
+    /// As [`recv_frame`].
+    pub async fn recv(&self, scratch: &mut [u8]) -> Result<Option<Frame>, ProtoError> {
+        loop {
+            let mut guard = self
+                .fd
+                .readable()
+                .await
+                .map_err(|error| ProtoError::io("poll", error))?;
+            match recv_frame(self.fd.get_ref().as_fd(), scratch) {
+                Err(error) if would_block(&error) => guard.clear_ready(),
+                result => return result,
+            }
+        }
+    }
+
+    /// The peer's credentials as the kernel saw them at connect time.
+    ///
+    /// # Errors
+    ///
+    /// As [`socket::peer_credentials`].
+    pub fn peer_credentials(&self) -> Result<UCred, ProtoError> {
+        socket::peer_credentials(self.fd.get_ref().as_fd())
+    }
+}
+
+impl AsRawFd for AsyncSeqpacket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.get_ref().as_raw_fd()
+    }
+}
+
+impl AsFd for AsyncSeqpacket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.get_ref().as_fd()
+    }
+}
+
+/// A listening SEQPACKET socket on tokio's reactor.
+#[derive(Debug)]
+pub struct AsyncSeqpacketListener {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl AsyncSeqpacketListener {
+    /// Wraps a listening socket (bound here, or inherited from systemd).
+    ///
+    /// # Errors
+    ///
+    /// As [`AsyncSeqpacket::new`].
+    pub fn new(fd: OwnedFd) -> Result<Self, ProtoError> {
+        rustix::io::ioctl_fionbio(&fd, true)
+            .map_err(|errno| ProtoError::io("ioctl(FIONBIO)", errno))?;
+        let fd = register(fd, Interest::READABLE)
+            .map_err(|error| ProtoError::io("register with tokio", error))?;
+        Ok(Self { fd })
+    }
+
+    /// Waits for a connection and returns it with the peer's credentials.
+    ///
+    /// # Errors
+    ///
+    /// As [`socket::accept_peer`].
+    pub async fn accept(&self) -> Result<(AsyncSeqpacket, UCred), ProtoError> {
+        loop {
+            let mut guard = self
+                .fd
+                .readable()
+                .await
+                .map_err(|error| ProtoError::io("poll", error))?;
+            match socket::accept_peer(self.fd.get_ref().as_fd(), true) {
+                Err(error) if would_block(&error) => guard.clear_ready(),
+                Err(error) => return Err(error),
+                Ok((connection, peer)) => return Ok((AsyncSeqpacket::new(connection)?, peer)),
+            }
+        }
+    }
+}
+
+impl AsFd for AsyncSeqpacketListener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.get_ref().as_fd()
+    }
+}

@@ -1,0 +1,51 @@
+//! The wire protocol of the zygote spawn server.
+//!
+//! A client and the daemon exchange [`ClientMessage`]s and
+//! [`ServerMessage`]s over a `SOCK_SEQPACKET` Unix socket: one message per
+//! frame, with the fds it refers to attached as `SCM_RIGHTS`. Messages are
+//! encoded with postcard ([`encode`], [`decode`]). `PROTOCOL.md` beside this
+//! crate specifies the bytes for implementers in other languages.
+//!
+//! This crate knows sockets and bytes, nothing of processes.
+//!
+//! # Layout
+//!
+//! - [`message`]: the message types, one per concept.
+//! - [`codec`]: [`encode`] and [`decode`], pure functions.
+//! - [`fdpass`]: one frame in or out with its fds (`sendmsg`/`recvmsg`).
+//! - [`socket`]: creating close-on-exec SEQPACKET sockets.
+//! - `asyncio` (feature `tokio`): the same on tokio's reactor.
+
+pub mod codec;
+mod error;
+pub mod fdpass;
+pub mod message;
+pub mod socket;
+
+#[cfg(feature = "tokio")]
+mod asyncio;
+
+#[cfg(feature = "tokio")]
+pub use asyncio::{AsyncSeqpacket, AsyncSeqpacketListener, register};
+pub use codec::{decode, encode};
+pub use error::ProtoError;
+pub use fdpass::{Frame, RECV_BUFFER_BYTES, recv_frame, send_frame};
+pub use message::*;
+pub use rustix::net::UCred;
+
+/// The protocol version this crate speaks. Version 1 is unstable until the
+/// project's 1.0: it may change without a version bump before then.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest frame either side sends or accepts, in bytes. A spawn request's
+/// argv and environment must fit in one frame.
+pub const MAX_FRAME_BYTES: usize = 256 * 1024;
+
+/// Most fds one frame may carry (the kernel's own cap is 253).
+pub const MAX_FDS_PER_FRAME: usize = 64;
+
+/// The limits this crate enforces, as announced in [`HelloAck`].
+pub const LIMITS: Limits = Limits {
+    max_frame_bytes: MAX_FRAME_BYTES as u32,
+    max_fds_per_frame: MAX_FDS_PER_FRAME as u32,
+};

@@ -1,0 +1,320 @@
+//! The messages that cross the socket, one type per concept.
+//!
+//! Field order is wire order: postcard encodes struct fields in declaration
+//! order and enum variants by their index, so reordering anything here is a
+//! protocol change and must bump [`PROTOCOL_VERSION`](crate::PROTOCOL_VERSION).
+
+use serde::{Deserialize, Serialize};
+
+/// Everything a client may send.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientMessage {
+    /// First frame on every connection.
+    Hello(Hello),
+    /// Start a child. The frame carries the fds that the request refers to.
+    Spawn(SpawnRequest),
+    /// Send a signal to a child started on this connection.
+    Signal(SignalRequest),
+}
+
+/// Everything the daemon may send.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServerMessage {
+    /// Answer to [`Hello`]: the connection is ready for requests.
+    HelloAck(HelloAck),
+    /// The child has exec'd. The frame carries the pidfd, then the client's
+    /// ends of the requested pipes in stdin, stdout, stderr order.
+    Spawned(Spawned),
+    /// The child could not be started; nothing is left running.
+    SpawnFailed(SpawnFailed),
+    /// A child started on this connection has exited and was reaped.
+    Exited(ExitNotice),
+    /// The signal of a [`SignalRequest`] was delivered.
+    SignalSent(SignalSent),
+    /// A request other than a spawn failed.
+    RequestFailed(RequestFailed),
+    /// The connection is unusable; the daemon closes it after this frame.
+    ProtocolError(ProtocolError),
+}
+
+/// Opens the conversation and states the protocol version the client speaks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Must equal the daemon's [`PROTOCOL_VERSION`](crate::PROTOCOL_VERSION).
+    pub protocol_version: u32,
+    /// Free-form client name and version, for the daemon's logs.
+    pub client: String,
+}
+
+/// The daemon's side of the handshake.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloAck {
+    /// The protocol version both sides now speak.
+    pub protocol_version: u32,
+    /// The daemon's package version, for diagnostics.
+    pub server_version: String,
+    /// Limits the daemon enforces on this connection.
+    pub limits: Limits,
+}
+
+/// Limits a client must respect, announced in [`HelloAck`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Largest frame, in bytes, the daemon accepts.
+    pub max_frame_bytes: u32,
+    /// Most fds one frame may carry.
+    pub max_fds_per_frame: u32,
+}
+
+/// What a child's stdin, stdout or stderr is connected to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StdioSpec {
+    /// `/dev/null`.
+    Null,
+    /// A new pipe; the client's end comes back in [`Spawned`]'s fds.
+    Pipe,
+    /// The fd at this index among the fds attached to the spawn frame.
+    Fd(u32),
+}
+
+/// An fd passed with the spawn frame and the number it gets in the child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FdMapping {
+    /// Index among the fds attached to the spawn frame.
+    pub attached_index: u32,
+    /// The fd number in the child; 3 or more (0 to 2 are set by stdio).
+    pub child_fd: i32,
+}
+
+/// One resource limit, as `setrlimit(2)` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceLimit {
+    /// The `RLIMIT_*` number.
+    pub resource: u32,
+    /// Soft limit; `u64::MAX` is `RLIM_INFINITY`.
+    pub soft: u64,
+    /// Hard limit; `u64::MAX` is `RLIM_INFINITY`.
+    pub hard: u64,
+}
+
+/// One environment variable, as raw bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvVar {
+    /// Non-empty, without `=` or NUL.
+    pub key: Vec<u8>,
+    /// Without NUL.
+    pub value: Vec<u8>,
+}
+
+/// Everything needed to start one child, computed by the client.
+///
+/// The daemon applies exactly this and nothing of its own state: the
+/// environment is complete, not a diff against the daemon's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnRequest {
+    /// Unique among this connection's requests; replies carry it back.
+    pub id: u64,
+    /// Program to execute. Without a `/` it is looked up in `PATH` from
+    /// [`env`](Self::env), like `execvp(3)`.
+    pub program: Vec<u8>,
+    /// `argv[0]`; the program when absent.
+    pub argv0: Option<Vec<u8>>,
+    /// `argv[1..]`.
+    pub args: Vec<Vec<u8>>,
+    /// The child's whole environment.
+    pub env: Vec<EnvVar>,
+    /// Working directory; the daemon's own when absent.
+    pub cwd: Option<Vec<u8>>,
+    /// The child's fd 0.
+    pub stdin: StdioSpec,
+    /// The child's fd 1.
+    pub stdout: StdioSpec,
+    /// The child's fd 2.
+    pub stderr: StdioSpec,
+    /// Further fds, each placed at a chosen number.
+    pub fd_mappings: Vec<FdMapping>,
+    /// Start a new session (`setsid(2)`).
+    pub new_session: bool,
+    /// Join or create a process group (`setpgid(0, pgid)`; 0 makes a new
+    /// group led by the child). Ignored with `new_session`.
+    pub process_group: Option<i32>,
+    /// The child's umask; the daemon's when absent.
+    pub umask: Option<u32>,
+    /// Resource limits set in the child before exec.
+    pub rlimits: Vec<ResourceLimit>,
+}
+
+/// The step of child setup that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SpawnStage {
+    /// The request was refused before anything was created.
+    Validate,
+    /// Creating a stdio pipe or opening `/dev/null`.
+    Pipe,
+    /// Creating the child process.
+    Clone,
+    /// Resetting signal dispositions and mask.
+    Signals,
+    /// `setsid(2)`.
+    Setsid,
+    /// `setpgid(2)`.
+    Setpgid,
+    /// `setrlimit(2)`.
+    Setrlimit,
+    /// `chdir(2)`.
+    Chdir,
+    /// Placing fds at their numbers (`dup2(2)` and friends).
+    Dup,
+    /// Closing every fd that was not asked for.
+    CloseFds,
+    /// `execve(2)`.
+    Exec,
+}
+
+impl SpawnStage {
+    /// Lowercase name, as used in logs and metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Validate => "validate",
+            Self::Pipe => "pipe",
+            Self::Clone => "clone",
+            Self::Signals => "signals",
+            Self::Setsid => "setsid",
+            Self::Setpgid => "setpgid",
+            Self::Setrlimit => "setrlimit",
+            Self::Chdir => "chdir",
+            Self::Dup => "dup",
+            Self::CloseFds => "close_fds",
+            Self::Exec => "exec",
+        }
+    }
+}
+
+/// Reply to a spawn whose child has exec'd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spawned {
+    /// The request's id.
+    pub id: u64,
+    /// The child's pid in the daemon's pid namespace.
+    pub pid: i32,
+}
+
+/// Reply to a spawn that failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnFailed {
+    /// The request's id.
+    pub id: u64,
+    /// Where it failed.
+    pub stage: SpawnStage,
+    /// The `errno` value.
+    pub errno: i32,
+    /// A sentence for humans.
+    pub message: String,
+}
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExitStatus {
+    /// It called `exit` with this code.
+    Exited(i32),
+    /// A signal ended it.
+    Signaled {
+        /// The signal number.
+        signal: i32,
+        /// Whether it dumped core.
+        core_dumped: bool,
+    },
+}
+
+/// Resources a child used, from `waitid(2)`'s rusage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceUsage {
+    /// User CPU time, in microseconds.
+    pub user_micros: u64,
+    /// System CPU time, in microseconds.
+    pub system_micros: u64,
+    /// Peak resident set size, in KiB.
+    pub max_rss_kib: u64,
+}
+
+/// A child exited and the daemon reaped it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitNotice {
+    /// The id of the spawn request that started the child.
+    pub id: u64,
+    /// How it ended.
+    pub status: ExitStatus,
+    /// What it used.
+    pub usage: ResourceUsage,
+}
+
+/// Asks the daemon to signal a child this connection started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalRequest {
+    /// This request's own id.
+    pub id: u64,
+    /// The id of the spawn request that started the child.
+    pub spawn_id: u64,
+    /// The signal number.
+    pub signal: i32,
+}
+
+/// The signal was delivered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalSent {
+    /// The signal request's id.
+    pub id: u64,
+}
+
+/// A request other than a spawn failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestFailed {
+    /// The request's id.
+    pub id: u64,
+    /// The `errno` value.
+    pub errno: i32,
+    /// A sentence for humans.
+    pub message: String,
+}
+
+/// Why the daemon is giving up on a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ProtocolErrorKind {
+    /// The frame did not decode.
+    Malformed,
+    /// The frame was larger than [`Limits::max_frame_bytes`], or carried
+    /// more fds than [`Limits::max_fds_per_frame`].
+    TooLarge,
+    /// The client's protocol version is not the daemon's.
+    UnsupportedVersion,
+    /// A message arrived that is not valid in this state (e.g. a request
+    /// before [`Hello`], or a second [`Hello`]).
+    UnexpectedMessage,
+    /// A frame carried fds that its message does not use.
+    UnexpectedFds,
+    /// The peer is not allowed to use this daemon.
+    PermissionDenied,
+}
+
+impl ProtocolErrorKind {
+    /// Lowercase name, as used in logs and metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::TooLarge => "too_large",
+            Self::UnsupportedVersion => "unsupported_version",
+            Self::UnexpectedMessage => "unexpected_message",
+            Self::UnexpectedFds => "unexpected_fds",
+            Self::PermissionDenied => "permission_denied",
+        }
+    }
+}
+
+/// The last frame on a connection the daemon closes for cause.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProtocolError {
+    /// What went wrong.
+    pub kind: ProtocolErrorKind,
+    /// A sentence for humans.
+    pub message: String,
+}

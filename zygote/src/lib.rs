@@ -1,0 +1,1 @@
+//! zygote daemon
