@@ -1,1 +1,28 @@
-//! zygote daemon
+//! The zygote daemon: a small template process that starts children for
+//! clients over a SEQPACKET Unix socket.
+//!
+//! # Layout
+//!
+//! - [`server`]: binding the socket and the accept loop ([`server::run`]).
+//! - `connection`: one client's conversation: handshake, requests, replies.
+//! - `plan`: checking a [`SpawnRequest`](zygote_proto::SpawnRequest) and
+//!   turning it into a [`spawn::SpawnPlan`] before any process exists.
+//! - [`spawn`]: creating the child; the only module with unsafe process
+//!   code.
+//! - `reaper`: waiting for each child's exit on its pidfd.
+//! - [`serve`]: the `zygote serve` command around [`server::run`].
+//! - [`run`]: the `zygote run` command, a client of the daemon.
+//! - [`cli`], [`logging`]: flags and log setup of the binary.
+
+pub mod cli;
+mod connection;
+mod error;
+pub mod logging;
+mod plan;
+mod reaper;
+pub mod run;
+pub mod serve;
+pub mod server;
+pub mod spawn;
+
+pub use error::Error;

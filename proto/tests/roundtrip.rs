@@ -1,0 +1,350 @@
+//! Property tests of the codec: every message survives a round trip, a
+//! strict prefix of a frame is always `Truncated`, and arbitrary bytes never
+//! make the decoder panic.
+
+use proptest::prelude::*;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+
+use zygote_proto::{
+    ClientMessage, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck, Limits, ProtoError,
+    ProtocolError, ProtocolErrorKind, RequestFailed, ResourceLimit, ResourceUsage, ServerMessage,
+    SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage, Spawned, StdioSpec, decode,
+    encode,
+};
+
+fn bytes() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(any::<u8>(), 0..24)
+}
+
+fn text() -> impl Strategy<Value = String> {
+    any::<String>()
+}
+
+fn stdio() -> impl Strategy<Value = StdioSpec> {
+    prop_oneof![
+        Just(StdioSpec::Null),
+        Just(StdioSpec::Pipe),
+        any::<u32>().prop_map(StdioSpec::Fd),
+    ]
+}
+
+fn stage() -> impl Strategy<Value = SpawnStage> {
+    prop::sample::select(vec![
+        SpawnStage::Validate,
+        SpawnStage::Pipe,
+        SpawnStage::Clone,
+        SpawnStage::Signals,
+        SpawnStage::Setsid,
+        SpawnStage::Setpgid,
+        SpawnStage::Setrlimit,
+        SpawnStage::Chdir,
+        SpawnStage::Dup,
+        SpawnStage::CloseFds,
+        SpawnStage::Exec,
+    ])
+}
+
+fn protocol_error_kind() -> impl Strategy<Value = ProtocolErrorKind> {
+    prop::sample::select(vec![
+        ProtocolErrorKind::Malformed,
+        ProtocolErrorKind::TooLarge,
+        ProtocolErrorKind::UnsupportedVersion,
+        ProtocolErrorKind::UnexpectedMessage,
+        ProtocolErrorKind::UnexpectedFds,
+        ProtocolErrorKind::PermissionDenied,
+    ])
+}
+
+fn exit_status() -> impl Strategy<Value = ExitStatus> {
+    prop_oneof![
+        any::<i32>().prop_map(ExitStatus::Exited),
+        (any::<i32>(), any::<bool>()).prop_map(|(signal, core_dumped)| ExitStatus::Signaled {
+            signal,
+            core_dumped
+        }),
+    ]
+}
+
+fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
+    let env = prop::collection::vec(
+        (bytes(), bytes()).prop_map(|(key, value)| EnvVar { key, value }),
+        0..6,
+    );
+    let fd_mappings = prop::collection::vec(
+        (any::<u32>(), any::<i32>()).prop_map(|(attached_index, child_fd)| FdMapping {
+            attached_index,
+            child_fd,
+        }),
+        0..6,
+    );
+    let rlimits = prop::collection::vec(
+        (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(resource, soft, hard)| {
+            ResourceLimit {
+                resource,
+                soft,
+                hard,
+            }
+        }),
+        0..4,
+    );
+    (
+        (
+            any::<u64>(),
+            bytes(),
+            prop::option::of(bytes()),
+            prop::collection::vec(bytes(), 0..6),
+            env,
+            prop::option::of(bytes()),
+        ),
+        (stdio(), stdio(), stdio()),
+        (
+            fd_mappings,
+            any::<bool>(),
+            prop::option::of(any::<i32>()),
+            prop::option::of(any::<u32>()),
+            rlimits,
+        ),
+    )
+        .prop_map(
+            |(
+                (id, program, argv0, args, env, cwd),
+                (stdin, stdout, stderr),
+                (fd_mappings, new_session, process_group, umask, rlimits),
+            )| SpawnRequest {
+                id,
+                program,
+                argv0,
+                args,
+                env,
+                cwd,
+                stdin,
+                stdout,
+                stderr,
+                fd_mappings,
+                new_session,
+                process_group,
+                umask,
+                rlimits,
+            },
+        )
+}
+
+fn client_message() -> impl Strategy<Value = ClientMessage> {
+    prop_oneof![
+        (any::<u32>(), text()).prop_map(|(protocol_version, client)| {
+            ClientMessage::Hello(Hello {
+                protocol_version,
+                client,
+            })
+        }),
+        spawn_request().prop_map(ClientMessage::Spawn),
+        (any::<u64>(), any::<u64>(), any::<i32>()).prop_map(|(id, spawn_id, signal)| {
+            ClientMessage::Signal(SignalRequest {
+                id,
+                spawn_id,
+                signal,
+            })
+        }),
+    ]
+}
+
+fn server_message() -> impl Strategy<Value = ServerMessage> {
+    prop_oneof![
+        (any::<u32>(), text(), any::<u32>(), any::<u32>()).prop_map(
+            |(protocol_version, server_version, max_frame_bytes, max_fds_per_frame)| {
+                ServerMessage::HelloAck(HelloAck {
+                    protocol_version,
+                    server_version,
+                    limits: Limits {
+                        max_frame_bytes,
+                        max_fds_per_frame,
+                    },
+                })
+            }
+        ),
+        (any::<u64>(), any::<i32>())
+            .prop_map(|(id, pid)| ServerMessage::Spawned(Spawned { id, pid })),
+        (any::<u64>(), stage(), any::<i32>(), text()).prop_map(|(id, stage, errno, message)| {
+            ServerMessage::SpawnFailed(SpawnFailed {
+                id,
+                stage,
+                errno,
+                message,
+            })
+        }),
+        (
+            any::<u64>(),
+            exit_status(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>()
+        )
+            .prop_map(|(id, status, user_micros, system_micros, max_rss_kib)| {
+                ServerMessage::Exited(ExitNotice {
+                    id,
+                    status,
+                    usage: ResourceUsage {
+                        user_micros,
+                        system_micros,
+                        max_rss_kib,
+                    },
+                })
+            }),
+        any::<u64>().prop_map(|id| ServerMessage::SignalSent(SignalSent { id })),
+        (any::<u64>(), any::<i32>(), text()).prop_map(|(id, errno, message)| {
+            ServerMessage::RequestFailed(RequestFailed { id, errno, message })
+        }),
+        (protocol_error_kind(), text()).prop_map(|(kind, message)| {
+            ServerMessage::ProtocolError(ProtocolError { kind, message })
+        }),
+    ]
+}
+
+/// Round trip, and every strict prefix is `Truncated`, and a trailing byte
+/// is `TrailingBytes`.
+fn check_message<T>(message: &T) -> Result<(), TestCaseError>
+where
+    T: Serialize + DeserializeOwned + PartialEq + Debug,
+{
+    let bytes = encode(message).expect("messages always encode");
+    prop_assert!(
+        !bytes.is_empty(),
+        "an empty frame would read as end of stream"
+    );
+    prop_assert_eq!(&decode::<T>(&bytes).expect("own encoding decodes"), message);
+    for cut in 0..bytes.len() {
+        let result = decode::<T>(&bytes[..cut]);
+        prop_assert!(
+            matches!(result, Err(ProtoError::Truncated)),
+            "prefix of {} of {} bytes gave {:?}",
+            cut,
+            bytes.len(),
+            result
+        );
+    }
+    let mut longer = bytes.clone();
+    longer.push(0);
+    let result = decode::<T>(&longer);
+    prop_assert!(
+        matches!(result, Err(ProtoError::TrailingBytes { count: 1 })),
+        "one trailing byte gave {:?}",
+        result
+    );
+    Ok(())
+}
+
+/// Decoding arbitrary bytes must not panic, and whatever it accepts must be
+/// a value that re-encodes to something no longer than the input and decodes
+/// back to itself.
+///
+/// It need not re-encode to exactly the input: postcard 1.1.3 accepts
+/// over-long varints (e.g. `88 00` for 8), so the encoding is canonical only
+/// on the sending side. See `overlong_varints_are_accepted`.
+fn check_arbitrary<T>(input: &[u8]) -> Result<(), TestCaseError>
+where
+    T: Serialize + DeserializeOwned + PartialEq + Debug,
+{
+    if let Ok(message) = decode::<T>(input) {
+        let again = encode(&message).expect("messages always encode");
+        prop_assert!(again.len() <= input.len());
+        prop_assert_eq!(decode::<T>(&again).expect("own encoding decodes"), message);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn client_messages_round_trip(message in client_message()) {
+        check_message(&message)?;
+    }
+
+    #[test]
+    fn server_messages_round_trip(message in server_message()) {
+        check_message(&message)?;
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(input in prop::collection::vec(any::<u8>(), 0..256)) {
+        check_arbitrary::<ClientMessage>(&input)?;
+        check_arbitrary::<ServerMessage>(&input)?;
+    }
+
+    /// Random bytes rarely get past the first byte; corrupting one byte of a
+    /// valid frame reaches the deeper paths of the decoder.
+    #[test]
+    fn corrupted_client_frames_never_panic(
+        message in client_message(),
+        position in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+    ) {
+        let mut bytes = encode(&message).expect("messages always encode");
+        let at = position.index(bytes.len());
+        bytes[at] = byte;
+        check_arbitrary::<ClientMessage>(&bytes)?;
+    }
+
+    #[test]
+    fn corrupted_server_frames_never_panic(
+        message in server_message(),
+        position in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+    ) {
+        let mut bytes = encode(&message).expect("messages always encode");
+        let at = position.index(bytes.len());
+        bytes[at] = byte;
+        check_arbitrary::<ServerMessage>(&bytes)?;
+    }
+}
+
+/// Documents a property of postcard 1.1.3 that `PROTOCOL.md` relies on:
+/// senders emit the shortest varint, receivers also accept longer ones.
+/// If postcard starts rejecting them, tighten `check_arbitrary` to demand
+/// that accepted input re-encodes to exactly itself.
+#[test]
+fn overlong_varints_are_accepted() {
+    let canonical = [0x04, 0x08];
+    let overlong = [0x04, 0x88, 0x80, 0x00];
+    let expected = ServerMessage::SignalSent(SignalSent { id: 8 });
+    assert_eq!(decode::<ServerMessage>(&canonical).unwrap(), expected);
+    assert_eq!(decode::<ServerMessage>(&overlong).unwrap(), expected);
+    assert_eq!(encode(&expected).unwrap(), canonical);
+}
+
+/// Out-of-range values that the spec says are errors.
+#[test]
+fn invalid_values_are_malformed() {
+    let malformed = |bytes: &[u8]| {
+        assert!(
+            matches!(
+                decode::<ServerMessage>(bytes),
+                Err(ProtoError::Malformed(_))
+            ),
+            "{bytes:02x?} should be malformed"
+        );
+    };
+    // Variant index 7 does not exist.
+    malformed(&[0x07]);
+    // An Exited notice whose `core_dumped` is 2.
+    malformed(&[0x03, 0x07, 0x01, 0x12, 0x02, 0x00, 0x00, 0x00]);
+    // A SpawnFailed whose message is not UTF-8.
+    malformed(&[0x02, 0x09, 0x0a, 0x04, 0x01, 0xff]);
+    // A u64 varint of 11 bytes.
+    malformed(&[
+        0x04, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00,
+    ]);
+    // A u64 varint whose 10th byte carries more than the 64th bit.
+    malformed(&[
+        0x04, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02,
+    ]);
+    // A u32 varint (the variant index) whose 5th byte is over 0x0f.
+    malformed(&[0x80, 0x80, 0x80, 0x80, 0x10]);
+    // An Option tag of 2 (SpawnRequest.argv0).
+    assert!(matches!(
+        decode::<ClientMessage>(&[0x01, 0x07, 0x00, 0x02]),
+        Err(ProtoError::Malformed(_))
+    ));
+}

@@ -1,0 +1,349 @@
+//! The test vectors in `PROTOCOL.md` are the bytes `zygote_proto::encode`
+//! produces, and decode back to the values the prose describes.
+//!
+//! Each vector is a `#### vector: NAME` heading followed by a fenced `hex`
+//! block. Every name in [`NAMES`] must appear exactly once, and every vector
+//! in the document must be one of them.
+//!
+//! To regenerate the blocks after a deliberate protocol change:
+//! `cargo test -p zygote-proto --test vectors -- --ignored --nocapture`.
+
+use std::collections::BTreeMap;
+
+use zygote_proto::{
+    ClientMessage, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck, Limits,
+    ProtocolError, ProtocolErrorKind, RequestFailed, ResourceLimit, ResourceUsage, ServerMessage,
+    SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage, Spawned, StdioSpec, decode,
+    encode,
+};
+
+/// A whole frame: what a client or the daemon sends.
+#[derive(Debug, PartialEq)]
+enum Frame {
+    Client(ClientMessage),
+    Server(ServerMessage),
+}
+
+impl Frame {
+    fn encode(&self) -> Vec<u8> {
+        match self {
+            Self::Client(message) => encode(message),
+            Self::Server(message) => encode(message),
+        }
+        .expect("messages always encode")
+    }
+
+    /// Decodes `bytes` as the same direction as `self`.
+    fn decode_like(&self, bytes: &[u8]) -> Frame {
+        match self {
+            Self::Client(_) => Self::Client(decode(bytes).expect("vector decodes")),
+            Self::Server(_) => Self::Server(decode(bytes).expect("vector decodes")),
+        }
+    }
+}
+
+/// Every vector `PROTOCOL.md` must contain.
+const NAMES: &[&str] = &[
+    "hello",
+    "hello_ack",
+    "spawn_full",
+    "spawn_minimal",
+    "signal",
+    "spawned",
+    "spawn_failed",
+    "exited_code",
+    "exited_signal",
+    "signal_sent",
+    "request_failed",
+    "protocol_error",
+];
+
+fn env(key: &str, value: &str) -> EnvVar {
+    EnvVar {
+        key: key.as_bytes().to_vec(),
+        value: value.as_bytes().to_vec(),
+    }
+}
+
+/// The value each vector encodes; `None` for a name this test does not know.
+fn value(name: &str) -> Option<Frame> {
+    Some(match name {
+        "hello" => Frame::Client(ClientMessage::Hello(Hello {
+            protocol_version: 1,
+            client: "py/0.1".to_owned(),
+        })),
+        "hello_ack" => Frame::Server(ServerMessage::HelloAck(HelloAck {
+            protocol_version: 1,
+            server_version: "0.1.0".to_owned(),
+            limits: Limits {
+                max_frame_bytes: 262_144,
+                max_fds_per_frame: 64,
+            },
+        })),
+        "spawn_full" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
+            id: 7,
+            program: b"sh".to_vec(),
+            argv0: Some(b"-sh".to_vec()),
+            args: vec![b"-c".to_vec(), b"echo hi there".to_vec(), b"\xff".to_vec()],
+            env: vec![env("PATH", "/usr/bin:/bin"), env("LANG", "C.UTF-8")],
+            cwd: Some(b"/tmp".to_vec()),
+            stdin: StdioSpec::Pipe,
+            stdout: StdioSpec::Null,
+            stderr: StdioSpec::Fd(0),
+            fd_mappings: vec![FdMapping {
+                attached_index: 1,
+                child_fd: 3,
+            }],
+            new_session: false,
+            process_group: Some(0),
+            umask: Some(0o022),
+            rlimits: vec![ResourceLimit {
+                resource: 7,
+                soft: 1024,
+                hard: u64::MAX,
+            }],
+        })),
+        "spawn_minimal" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
+            id: 300,
+            program: b"/bin/true".to_vec(),
+            argv0: None,
+            args: vec![],
+            env: vec![],
+            cwd: None,
+            stdin: StdioSpec::Null,
+            stdout: StdioSpec::Null,
+            stderr: StdioSpec::Null,
+            fd_mappings: vec![],
+            new_session: true,
+            process_group: None,
+            umask: None,
+            rlimits: vec![],
+        })),
+        "signal" => Frame::Client(ClientMessage::Signal(SignalRequest {
+            id: 8,
+            spawn_id: 7,
+            signal: 15,
+        })),
+        "spawned" => Frame::Server(ServerMessage::Spawned(Spawned { id: 7, pid: 4242 })),
+        "spawn_failed" => Frame::Server(ServerMessage::SpawnFailed(SpawnFailed {
+            id: 9,
+            stage: SpawnStage::Exec,
+            errno: 2,
+            message: "nope: not found".to_owned(),
+        })),
+        "exited_code" => Frame::Server(ServerMessage::Exited(ExitNotice {
+            id: 7,
+            status: ExitStatus::Exited(0),
+            usage: ResourceUsage {
+                user_micros: 1500,
+                system_micros: 250,
+                max_rss_kib: 3072,
+            },
+        })),
+        "exited_signal" => Frame::Server(ServerMessage::Exited(ExitNotice {
+            id: 7,
+            status: ExitStatus::Signaled {
+                signal: 9,
+                core_dumped: false,
+            },
+            usage: ResourceUsage::default(),
+        })),
+        "signal_sent" => Frame::Server(ServerMessage::SignalSent(SignalSent { id: 8 })),
+        "request_failed" => Frame::Server(ServerMessage::RequestFailed(RequestFailed {
+            id: 10,
+            errno: 3,
+            message: "no such child".to_owned(),
+        })),
+        "protocol_error" => Frame::Server(ServerMessage::ProtocolError(ProtocolError {
+            kind: ProtocolErrorKind::UnsupportedVersion,
+            message: "version 2 is not 1".to_owned(),
+        })),
+        _ => return None,
+    })
+}
+
+/// Extracts `name -> bytes` from every `#### vector: NAME` heading and the
+/// ```` ```hex ```` block that follows it.
+fn parse_vectors(document: &str) -> BTreeMap<String, Vec<u8>> {
+    let mut vectors = BTreeMap::new();
+    let mut lines = document.lines();
+    while let Some(line) = lines.next() {
+        let Some(name) = line.trim().strip_prefix("#### vector:") else {
+            continue;
+        };
+        let name = name.trim().to_owned();
+        assert!(!name.is_empty(), "vector heading without a name");
+        let opening = lines
+            .by_ref()
+            .map(str::trim)
+            .find(|line| !line.is_empty())
+            .unwrap_or_else(|| panic!("vector {name}: no block after the heading"));
+        assert_eq!(opening, "```hex", "vector {name}: expected a ```hex block");
+        let mut bytes = Vec::new();
+        let mut closed = false;
+        for line in lines.by_ref() {
+            let line = line.trim();
+            if line == "```" {
+                closed = true;
+                break;
+            }
+            for pair in line.split_whitespace() {
+                assert_eq!(pair.len(), 2, "vector {name}: {pair:?} is not one byte");
+                let byte = u8::from_str_radix(pair, 16)
+                    .unwrap_or_else(|_| panic!("vector {name}: {pair:?} is not hex"));
+                bytes.push(byte);
+            }
+        }
+        assert!(closed, "vector {name}: block is not closed");
+        assert!(
+            vectors.insert(name.clone(), bytes).is_none(),
+            "vector {name} appears twice"
+        );
+    }
+    vectors
+}
+
+fn document() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/PROTOCOL.md");
+    std::fs::read_to_string(path).unwrap_or_else(|error| panic!("reading {path}: {error}"))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn vectors_match_the_codec() {
+    let vectors = parse_vectors(&document());
+    for name in NAMES {
+        assert!(
+            vectors.contains_key(*name),
+            "PROTOCOL.md lacks vector {name}"
+        );
+    }
+    for (name, bytes) in &vectors {
+        let expected = value(name).unwrap_or_else(|| panic!("unknown vector {name}"));
+        assert_eq!(
+            hex(&expected.encode()),
+            hex(bytes),
+            "vector {name}: encode(value) differs from PROTOCOL.md"
+        );
+        assert_eq!(
+            expected.decode_like(bytes),
+            expected,
+            "vector {name}: decode(PROTOCOL.md) differs from the value"
+        );
+    }
+}
+
+#[test]
+fn parser_sees_headings_and_blocks() {
+    let document = "text\n#### vector: a\n\n```hex\n00 01\nff\n```\n#### other\n";
+    let vectors = parse_vectors(document);
+    assert_eq!(vectors.len(), 1);
+    assert_eq!(vectors["a"], vec![0x00, 0x01, 0xff]);
+}
+
+/// The examples in the "Encoding rules" table of `PROTOCOL.md`.
+#[test]
+fn primitive_examples_match_postcard() {
+    fn check<T: serde::Serialize>(value: T, expected: &str) {
+        assert_eq!(hex(&encode(&value).expect("encodes")), expected);
+    }
+    check(0_u32, "00");
+    check(127_u32, "7f");
+    check(128_u32, "80 01");
+    check(300_u32, "ac 02");
+    check(262_144_u32, "80 80 10");
+    check(u32::MAX, "ff ff ff ff 0f");
+    check(u64::MAX, "ff ff ff ff ff ff ff ff ff 01");
+    check(0_i32, "00");
+    check(-1_i32, "01");
+    check(1_i32, "02");
+    check(-2_i32, "03");
+    check(4242_i32, "a4 42");
+    check(i32::MIN, "ff ff ff ff 0f");
+    check(true, "01");
+    check(None::<u32>, "00");
+    check(Some(18_u32), "01 12");
+    check(b"sh".to_vec(), "02 73 68");
+    check("py", "02 70 79");
+    check(vec![1_u32, 300], "02 01 ac 02");
+}
+
+/// The variant indices in the enum tables of `PROTOCOL.md`, and that the
+/// first index past each table does not decode.
+#[test]
+fn variant_indices_match_the_tables() {
+    fn check<T>(variants: &[T])
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        for (index, variant) in variants.iter().enumerate() {
+            let bytes = encode(variant).expect("encodes");
+            assert_eq!(bytes, [index as u8], "{variant:?} should be index {index}");
+        }
+        assert!(
+            decode::<T>(&[variants.len() as u8]).is_err(),
+            "index {} should not exist",
+            variants.len()
+        );
+    }
+    check(&[
+        StdioSpec::Null,
+        StdioSpec::Pipe,
+        // Fd(0) is index 2 followed by the u32 0; checked separately.
+    ]);
+    assert_eq!(encode(&StdioSpec::Fd(0)).expect("encodes"), [2, 0]);
+    assert!(decode::<StdioSpec>(&[3]).is_err());
+    check(&[
+        SpawnStage::Validate,
+        SpawnStage::Pipe,
+        SpawnStage::Clone,
+        SpawnStage::Signals,
+        SpawnStage::Setsid,
+        SpawnStage::Setpgid,
+        SpawnStage::Setrlimit,
+        SpawnStage::Chdir,
+        SpawnStage::Dup,
+        SpawnStage::CloseFds,
+        SpawnStage::Exec,
+    ]);
+    check(&[
+        ProtocolErrorKind::Malformed,
+        ProtocolErrorKind::TooLarge,
+        ProtocolErrorKind::UnsupportedVersion,
+        ProtocolErrorKind::UnexpectedMessage,
+        ProtocolErrorKind::UnexpectedFds,
+        ProtocolErrorKind::PermissionDenied,
+    ]);
+    assert_eq!(encode(&ExitStatus::Exited(0)).expect("encodes"), [0, 0]);
+    assert_eq!(
+        encode(&ExitStatus::Signaled {
+            signal: 0,
+            core_dumped: true
+        })
+        .expect("encodes"),
+        [1, 0, 1]
+    );
+    assert!(decode::<ExitStatus>(&[2, 0]).is_err());
+}
+
+/// Prints the vector blocks for pasting into `PROTOCOL.md`.
+#[test]
+#[ignore = "generator: run by hand after a deliberate protocol change"]
+fn print_vectors() {
+    for name in NAMES {
+        let frame = value(name).expect("listed names are known");
+        let bytes = frame.encode();
+        println!("#### vector: {name}\n\n```hex");
+        for chunk in bytes.chunks(16) {
+            println!("{}", hex(chunk));
+        }
+        println!("```\n");
+    }
+}

@@ -1,0 +1,173 @@
+//! The harness: a real `zygote serve` per test, on its own socket.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A daemon started for one test; killed and reaped on drop.
+pub struct Daemon {
+    process: Child,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// The `zygote` binary: `$ZYGOTE_BIN`, else the one cargo built next to
+/// this test binary (`target/<profile>/zygote`).
+pub fn zygote_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("ZYGOTE_BIN") {
+        return path.into();
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/integration-HASH -> target/<profile>/zygote
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in target/<profile>/deps")
+        .join("zygote");
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --bins` before the tests (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// Starts `zygote serve` on a fresh socket in a temp dir and waits until
+/// it accepts connections.
+pub fn start_daemon(test_name: &str) -> Daemon {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("zygote-{test_name}-"))
+        .tempdir()
+        .expect("tempdir");
+    let socket = dir.path().join("zygote.sock");
+    let process = Command::new(zygote_bin())
+        .arg("serve")
+        .arg("--socket")
+        .arg(&socket)
+        .env("ZYGOTE_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start zygote serve");
+    let daemon = Daemon {
+        process,
+        socket,
+        _dir: dir,
+    };
+    daemon.wait_ready();
+    daemon
+}
+
+impl Daemon {
+    /// The socket path.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if zygote_proto::socket::connect_to(&self.socket, false).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("zygote did not listen on {} within 10 s", self.socket.display());
+    }
+
+    /// Number of fds the daemon has open.
+    pub fn fd_count(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .expect("read daemon fds")
+            .count()
+    }
+
+    /// Pids of the daemon's zombie children.
+    pub fn zombies(&self) -> Vec<u32> {
+        children_of(self.pid())
+            .into_iter()
+            .filter(|pid| process_state(*pid) == Some('Z'))
+            .collect()
+    }
+
+    /// True while the daemon process runs.
+    pub fn is_alive(&mut self) -> bool {
+        self.process.try_wait().expect("try_wait").is_none()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        if let Ok(status) = self.process.wait() {
+            // A daemon that died on its own (not by our SIGKILL) is a bug.
+            if status.signal() != Some(libc::SIGKILL) && !std::thread::panicking() {
+                panic!("zygote exited unexpectedly: {status}");
+            }
+        }
+    }
+}
+
+/// Direct children of `pid`, from /proc.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut children = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return children;
+    };
+    for entry in entries.flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        if parent_of(child) == Some(pid) {
+            children.push(child);
+        }
+    }
+    children
+}
+
+/// `/proc/PID/stat` fields after the command name.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 2..];
+    Some(after_comm.split_whitespace().map(str::to_owned).collect())
+}
+
+/// The parent pid of `pid`.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    stat_fields(pid)?.get(1)?.parse().ok()
+}
+
+/// The state letter of `pid` (R, S, Z, ...).
+pub fn process_state(pid: u32) -> Option<char> {
+    stat_fields(pid)?.first()?.chars().next()
+}
+
+/// The fd numbers open in process `pid`, sorted.
+pub fn open_fds(pid: u32) -> Vec<i32> {
+    let mut fds: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("read /proc/PID/fd")
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .collect();
+    fds.sort_unstable();
+    fds
+}
+
+/// Polls `condition` every 10 ms until it holds or `timeout` passes.
+pub fn eventually(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

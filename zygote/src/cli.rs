@@ -1,0 +1,47 @@
+//! Command-line arguments of the `zygote` binary.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// A spawn server: large processes start children without forking.
+#[derive(Debug, Parser)]
+#[command(name = "zygote", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon: listen on a socket and spawn children for clients.
+    Serve(ServeArgs),
+    /// Run a command through a running zygote, as if run directly.
+    Run(RunArgs),
+}
+
+/// Arguments of `zygote serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Socket to listen on [default: $XDG_RUNTIME_DIR/zygote.sock, or
+    /// /run/zygote/zygote.sock as root].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+/// Arguments of `zygote run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Socket of the zygote [default: $ZYGOTE_SOCKET, else as for serve].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Give the child only fds 0, 1 and 2, not every inheritable fd.
+    #[arg(long)]
+    pub close_fds: bool,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}

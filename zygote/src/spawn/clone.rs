@@ -1,0 +1,405 @@
+//! The parent's side of child creation: the child's stack, the `clone(2)`
+//! call, and the raw pidfd syscalls (`waitid`, `pidfd_send_signal`,
+//! `pidfd_open`) that libc or rustix do not wrap the way we need.
+
+use std::cell::Cell;
+use std::ffi::{c_int, c_uint, c_void};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use zygote_proto::{ExitStatus, ResourceUsage};
+
+use super::child::{self, ChildArgs};
+
+/// Usable stack for the child, above one guard page. The child only makes
+/// syscalls through thin libc wrappers; glibc's `posix_spawn` uses ~32 KiB.
+const STACK_BYTES: usize = 256 * 1024;
+
+/// Whether `clone` fills in a pidfd (`CLONE_PIDFD`, Linux 5.2). Cleared
+/// once if the kernel or a seccomp filter refuses it; we then fall back to
+/// `pidfd_open` (Linux 5.3).
+static CLONE_PIDFD_WORKS: AtomicBool = AtomicBool::new(true);
+
+thread_local! {
+    /// One stack per thread, reused: `spawn` blocks its thread until the
+    /// child has exec'd, so a thread never needs two at once.
+    static STACK: Cell<Option<Stack>> = const { Cell::new(None) };
+}
+
+/// An mmap'd stack with a `PROT_NONE` guard page at its low end.
+struct Stack {
+    base: *mut c_void,
+    len: usize,
+}
+
+impl Stack {
+    fn new() -> io::Result<Self> {
+        let guard = rustix::param::page_size();
+        let len = STACK_BYTES + guard;
+        // SAFETY: a fresh anonymous private mapping; it touches no existing
+        // memory.
+        let base = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let stack = Self { base, len };
+        // SAFETY: the lowest page of the mapping we just made and own.
+        if unsafe { libc::mprotect(base, guard, libc::PROT_NONE) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+
+    /// The initial stack pointer: stacks grow down on every Linux target
+    /// Rust supports. Page-aligned, so 16-byte aligned as the ABI wants.
+    fn top(&self) -> *mut c_void {
+        self.base.cast::<u8>().wrapping_add(self.len).cast()
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly our own mapping; no child still runs on it
+        // (clone returns only after the child exec'd or exited).
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+/// Blocks every signal in the calling thread until dropped.
+///
+/// The child starts with this mask, so none of the daemon's handlers can
+/// run in it on shared memory before it has reset them.
+struct BlockedSignals {
+    old: libc::sigset_t,
+}
+
+impl BlockedSignals {
+    fn block_all() -> io::Result<Self> {
+        // SAFETY: sigset_t is a plain C struct; all-zero bytes are valid.
+        let (mut all, mut old) = unsafe {
+            (
+                std::mem::zeroed::<libc::sigset_t>(),
+                std::mem::zeroed::<libc::sigset_t>(),
+            )
+        };
+        // SAFETY: `all` is a valid, writable sigset_t.
+        unsafe { libc::sigfillset(&raw mut all) };
+        // SAFETY: both sets are valid; this changes only this thread's mask.
+        let ret = unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &raw const all, &raw mut old) };
+        if ret != 0 {
+            return Err(io::Error::from_raw_os_error(ret));
+        }
+        Ok(Self { old })
+    }
+}
+
+impl Drop for BlockedSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `block_all` on this thread.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &raw const self.old, ptr::null_mut()) };
+    }
+}
+
+/// Starts a child running [`child::child_main`] on `args`, and returns once
+/// it has exec'd or exited: its pid and a close-on-exec pidfd.
+///
+/// # Errors
+///
+/// The errno of the stack allocation, `clone` or `pidfd_open`; no child is
+/// left behind then.
+pub(super) fn clone_child(args: &ChildArgs<'_>) -> Result<(libc::pid_t, OwnedFd), c_int> {
+    let arg = ptr::from_ref(args).cast_mut().cast::<c_void>();
+    // SAFETY: `child_main` reads a `ChildArgs` through `arg`, which the
+    // borrow keeps alive for the whole (vfork-blocking) call; it runs only
+    // async-signal-safe code and never returns.
+    unsafe { clone_vfork(child::child_main, arg) }
+}
+
+/// `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD)` on a reusable stack.
+///
+/// # Safety
+///
+/// `entry` runs in a child that shares our memory while this thread is
+/// suspended: it must be async-signal-safe, must not return, and `arg`
+/// must be valid for what it does with it.
+unsafe fn clone_vfork(
+    entry: extern "C" fn(*mut c_void) -> c_int,
+    arg: *mut c_void,
+) -> Result<(libc::pid_t, OwnedFd), c_int> {
+    let stack = match STACK.take() {
+        Some(stack) => stack,
+        None => Stack::new().map_err(|error| errno_of(&error))?,
+    };
+    let result = {
+        let _blocked = BlockedSignals::block_all().map_err(|error| errno_of(&error))?;
+        // SAFETY: forwarded from our caller; the stack is ours and unused.
+        unsafe { clone_on(&stack, entry, arg) }
+    };
+    STACK.set(Some(stack));
+    result
+}
+
+/// # Safety
+///
+/// As [`clone_vfork`], with all signals blocked in this thread.
+unsafe fn clone_on(
+    stack: &Stack,
+    entry: extern "C" fn(*mut c_void) -> c_int,
+    arg: *mut c_void,
+) -> Result<(libc::pid_t, OwnedFd), c_int> {
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD;
+    if CLONE_PIDFD_WORKS.load(Ordering::Relaxed) {
+        let mut pidfd: c_int = -1;
+        // SAFETY: see the function's contract. With CLONE_PIDFD the kernel
+        // stores the new pidfd through the parent_tid pointer; tls and
+        // child_tid are unused without their flags.
+        let pid = unsafe {
+            libc::clone(
+                entry,
+                stack.top(),
+                flags | libc::CLONE_PIDFD,
+                arg,
+                &raw mut pidfd,
+                ptr::null_mut::<c_void>(),
+                ptr::null_mut::<c_int>(),
+            )
+        };
+        if pid > 0 && pidfd >= 0 {
+            // SAFETY: the kernel just gave us this fd; nobody else owns it.
+            return Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }));
+        }
+        if pid > 0 {
+            // Before 5.2 clone ignores the unknown flag and leaves pidfd unset.
+            disable_clone_pidfd(0);
+            return open_pidfd(pid);
+        }
+        let errno = last_errno();
+        if !matches!(errno, libc::EINVAL | libc::ENOSYS | libc::EPERM) {
+            return Err(errno);
+        }
+        disable_clone_pidfd(errno);
+    }
+    // SAFETY: see the function's contract; parent_tid, tls and child_tid
+    // are unused without their flags.
+    let pid = unsafe {
+        libc::clone(
+            entry,
+            stack.top(),
+            flags,
+            arg,
+            ptr::null_mut::<c_int>(),
+            ptr::null_mut::<c_void>(),
+            ptr::null_mut::<c_int>(),
+        )
+    };
+    if pid < 0 {
+        return Err(last_errno());
+    }
+    open_pidfd(pid)
+}
+
+fn disable_clone_pidfd(errno: c_int) {
+    if CLONE_PIDFD_WORKS.swap(false, Ordering::Relaxed) {
+        tracing::info!(
+            errno,
+            "clone refused CLONE_PIDFD (Linux 5.2); falling back to pidfd_open (Linux 5.3)"
+        );
+    }
+}
+
+/// `pidfd_open` for a child we just created. The pid cannot be reused
+/// meanwhile: an unreaped child keeps it, and only we reap our children.
+fn open_pidfd(pid: libc::pid_t) -> Result<(libc::pid_t, OwnedFd), c_int> {
+    match pidfd_open(pid) {
+        Ok(pidfd) => Ok((pid, pidfd)),
+        Err(error) => {
+            // Without a pidfd nobody could watch the child: end it here.
+            // SAFETY: signals and reaps our own child, by a pid still ours.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                while libc::waitpid(pid, ptr::null_mut(), 0) < 0 && last_errno() == libc::EINTR {}
+            }
+            Err(errno_of(&error))
+        }
+    }
+}
+
+fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: the syscall takes a pid and flags; no memory is passed.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as c_uint) };
+    let fd = c_int::try_from(ret).map_err(|_| io::Error::last_os_error())?;
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just gave us this fd (close-on-exec by default).
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `waitid(P_PIDFD, pidfd, WEXITED [| WNOHANG])` with rusage, through the
+/// raw syscall: glibc's wrapper has no rusage argument.
+///
+/// # Errors
+///
+/// `ECHILD` if the process is not our child or was already reaped; `EINVAL`
+/// on kernels before 5.4 (no `P_PIDFD`).
+pub(super) fn waitid(
+    pidfd: BorrowedFd<'_>,
+    block: bool,
+) -> io::Result<Option<(ExitStatus, ResourceUsage)>> {
+    // SAFETY: plain C structs for which all-zero bytes are valid; a zero
+    // si_pid is how WNOHANG says "still running".
+    let (mut info, mut usage) = unsafe {
+        (
+            std::mem::zeroed::<libc::siginfo_t>(),
+            std::mem::zeroed::<libc::rusage>(),
+        )
+    };
+    let options = libc::WEXITED | if block { 0 } else { libc::WNOHANG };
+    loop {
+        // SAFETY: both out-pointers are valid, writable and correctly typed.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_waitid,
+                libc::P_PIDFD,
+                pidfd.as_raw_fd(),
+                &raw mut info,
+                options,
+                &raw mut usage,
+            )
+        };
+        if ret == 0 {
+            break;
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+    // SAFETY: waitid fills a SIGCHLD siginfo (or leaves it zeroed), for
+    // which si_pid and si_status are the valid union fields.
+    let (pid, code) = unsafe { (info.si_pid(), info.si_status()) };
+    if pid == 0 {
+        return Ok(None);
+    }
+    let status = match info.si_code {
+        libc::CLD_EXITED => ExitStatus::Exited(code),
+        libc::CLD_KILLED => ExitStatus::Signaled {
+            signal: code,
+            core_dumped: false,
+        },
+        libc::CLD_DUMPED => ExitStatus::Signaled {
+            signal: code,
+            core_dumped: true,
+        },
+        other => {
+            return Err(io::Error::other(format!(
+                "waitid reported si_code {other}, not an exit"
+            )));
+        }
+    };
+    let usage = ResourceUsage {
+        user_micros: micros(usage.ru_utime),
+        system_micros: micros(usage.ru_stime),
+        max_rss_kib: u64::try_from(usage.ru_maxrss).unwrap_or(0),
+    };
+    Ok(Some((status, usage)))
+}
+
+fn micros(time: libc::timeval) -> u64 {
+    let secs = u64::try_from(time.tv_sec).unwrap_or(0);
+    let micros = u64::try_from(time.tv_usec).unwrap_or(0);
+    secs.saturating_mul(1_000_000).saturating_add(micros)
+}
+
+/// `pidfd_send_signal(pidfd, signal, NULL, 0)`.
+pub(super) fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: c_int) -> io::Result<()> {
+    // SAFETY: a NULL siginfo is allowed (the kernel fills in SI_USER).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            ptr::null::<libc::siginfo_t>(),
+            0 as c_uint,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Probes, by using them, the kernel features `spawn` needs.
+pub(super) fn check_kernel_support() -> Result<(), String> {
+    // close_range (5.9): an empty range above any open fd closes nothing.
+    // SAFETY: closes no fd (nothing is open at u32::MAX).
+    let ret =
+        unsafe { libc::syscall(libc::SYS_close_range, c_uint::MAX, c_uint::MAX, 0 as c_uint) };
+    if ret != 0 {
+        return Err(missing(
+            "close_range(2)",
+            "5.9",
+            &io::Error::last_os_error(),
+        ));
+    }
+
+    // pidfd_open (5.3): the fallback when clone refuses CLONE_PIDFD.
+    let own = libc::pid_t::try_from(std::process::id()).unwrap_or(libc::pid_t::MAX);
+    let pidfd = pidfd_open(own).map_err(|error| missing("pidfd_open(2)", "5.3", &error))?;
+
+    // waitid(P_PIDFD) (5.4): on ourselves it must say ECHILD, not EINVAL.
+    match waitid(pidfd.as_fd(), false) {
+        Err(error) if error.raw_os_error() == Some(libc::ECHILD) => {}
+        Ok(_) => {}
+        Err(error) => return Err(missing("waitid(P_PIDFD)", "5.4", &error)),
+    }
+
+    // clone with CLONE_VM | CLONE_VFORK, with CLONE_PIDFD (5.2) if allowed.
+    // SAFETY: `probe_child` only calls `_exit`; it uses no argument.
+    let (_, child) = unsafe { clone_vfork(probe_child, ptr::null_mut()) }.map_err(|errno| {
+        missing(
+            "clone(CLONE_VM | CLONE_VFORK)",
+            "5.2",
+            &io::Error::from_raw_os_error(errno),
+        )
+    })?;
+    waitid(child.as_fd(), true).map_err(|error| missing("waitid(P_PIDFD)", "5.4", &error))?;
+    Ok(())
+}
+
+extern "C" fn probe_child(_: *mut c_void) -> c_int {
+    // SAFETY: async-signal-safe; ends only the probe child.
+    unsafe { libc::_exit(0) }
+}
+
+fn missing(feature: &str, kernel: &str, error: &io::Error) -> String {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(
+        |_| "unknown".to_owned(),
+        |release| release.trim().to_owned(),
+    );
+    format!(
+        "this kernel ({release}) does not provide {feature}, which zygote needs; \
+         Linux {kernel} or newer is required ({error})"
+    )
+}
+
+fn last_errno() -> c_int {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+fn errno_of(error: &io::Error) -> c_int {
+    error.raw_os_error().unwrap_or(libc::EIO)
+}

@@ -1,0 +1,545 @@
+//! These really spawn processes. Each test reaps every child it makes.
+
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::pipe::{PipeFlags, pipe_with};
+use zygote_proto::{ExitStatus, ResourceLimit, ResourceUsage, SpawnStage};
+
+use super::{
+    SpawnError, SpawnPlan, SpawnedChild, check_kernel_support, send_signal, spawn, try_reap,
+};
+
+fn c(text: &str) -> CString {
+    CString::new(text).unwrap()
+}
+
+fn dev_null() -> OwnedFd {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .unwrap()
+        .into()
+}
+
+fn pipe() -> (OwnedFd, OwnedFd) {
+    pipe_with(PipeFlags::CLOEXEC).unwrap()
+}
+
+/// A plan running `argv` (argv[0] is the path), with stdio on /dev/null.
+fn plan(argv: &[&str]) -> SpawnPlan {
+    SpawnPlan {
+        exec_candidates: vec![c(argv[0])],
+        argv: argv.iter().map(|arg| c(arg)).collect(),
+        envp: vec![c("PATH=/usr/bin:/bin")],
+        cwd: None,
+        fds: vec![(dev_null(), 0), (dev_null(), 1), (dev_null(), 2)],
+        new_session: false,
+        process_group: None,
+        umask: None,
+        rlimits: Vec::new(),
+    }
+}
+
+fn sh(script: &str) -> SpawnPlan {
+    plan(&["/bin/sh", "-c", script])
+}
+
+/// Replaces the child's stdout with a pipe; returns its read end.
+fn capture_stdout(plan: &mut SpawnPlan) -> OwnedFd {
+    let (read, write) = pipe();
+    plan.fds.retain(|(_, target)| *target != 1);
+    plan.fds.push((write, 1));
+    read
+}
+
+fn read_all(fd: OwnedFd) -> String {
+    let mut text = String::new();
+    File::from(fd).read_to_string(&mut text).unwrap();
+    text
+}
+
+/// Polls `try_reap` until the child has exited.
+fn wait(child: &SpawnedChild) -> (ExitStatus, ResourceUsage) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(exit) = try_reap(child.pidfd.as_fd()).unwrap() {
+            return exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "child {} did not exit",
+            child.pid
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Spawns, drops the daemon's copies of the fds, and waits for the exit.
+fn run(plan: SpawnPlan) -> ExitStatus {
+    let child = spawn(&plan).unwrap();
+    drop(plan);
+    wait(&child).0
+}
+
+/// Runs `plan` and returns its stdout once it has exited 0.
+fn output(mut plan: SpawnPlan) -> String {
+    let stdout = capture_stdout(&mut plan);
+    let child = spawn(&plan).unwrap();
+    drop(plan);
+    let text = read_all(stdout);
+    assert_eq!(wait(&child).0, ExitStatus::Exited(0));
+    text
+}
+
+fn kill_and_reap(child: &SpawnedChild) {
+    send_signal(child.pidfd.as_fd(), libc::SIGKILL).unwrap();
+    let signaled = ExitStatus::Signaled {
+        signal: libc::SIGKILL,
+        core_dumped: false,
+    };
+    assert_eq!(wait(child).0, signaled);
+}
+
+/// Fields 3.. of /proc/<pid>/stat, after the command name.
+fn stat_fields(pid: &str) -> Vec<i64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+    after_comm
+        .split_whitespace()
+        .skip(1)
+        .take(3)
+        .map(|field| field.parse().unwrap())
+        .collect()
+}
+
+/// The child's fd numbers, once they equal `expected` or after 2 s. The
+/// dynamic loader of a just-exec'd program briefly holds an fd of its own;
+/// a leaked fd would never go away.
+fn settled_fds(child: &SpawnedChild, expected: &BTreeSet<RawFd>) -> BTreeSet<RawFd> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let fds: BTreeSet<RawFd> = fs::read_dir(format!("/proc/{}/fd", child.pid))
+            .unwrap()
+            .map(|entry| {
+                entry
+                    .unwrap()
+                    .file_name()
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        if &fds == expected || Instant::now() > deadline {
+            return fds;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// (pgid, sid) of a process.
+fn pgid_and_sid(pid: &str) -> (i64, i64) {
+    let fields = stat_fields(pid);
+    (fields[1], fields[2])
+}
+
+/// A file path unique to this test run.
+fn temp_path(name: &str) -> std::path::PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("zygote-spawn-{}-{n}-{name}", std::process::id()))
+}
+
+/// The children of the calling thread (the kernel tracks them per thread).
+fn own_children() -> Option<String> {
+    fs::read_to_string("/proc/thread-self/children").ok()
+}
+
+fn assert_fails(plan: &SpawnPlan, stage: SpawnStage, errno: i32) {
+    let error = spawn(plan).unwrap_err();
+    assert_eq!(error, SpawnError { stage, errno });
+}
+
+#[test]
+fn kernel_is_supported() {
+    check_kernel_support().unwrap();
+}
+
+#[test]
+fn true_exits_zero() {
+    assert_eq!(run(plan(&["/bin/true"])), ExitStatus::Exited(0));
+}
+
+#[test]
+fn exit_code_is_reported() {
+    assert_eq!(run(sh("exit 7")), ExitStatus::Exited(7));
+}
+
+#[test]
+fn death_by_signal_is_reported() {
+    let expected = ExitStatus::Signaled {
+        signal: libc::SIGTERM,
+        core_dumped: false,
+    };
+    assert_eq!(run(sh("kill -TERM $$")), expected);
+}
+
+#[test]
+fn sigpipe_is_default_in_child() {
+    // The Rust runtime ignores SIGPIPE in this process; the child must not.
+    let expected = ExitStatus::Signaled {
+        signal: libc::SIGPIPE,
+        core_dumped: false,
+    };
+    assert_eq!(run(sh("kill -PIPE $$; exit 3")), expected);
+}
+
+#[test]
+fn child_has_no_blocked_or_ignored_signals() {
+    // spawn blocks every signal in the parent around clone; none may stick.
+    // (The child reads its own status: a dynamic program may briefly block
+    // signals while it starts, so reading it from outside would race.)
+    let text = output(plan(&[
+        "/bin/grep",
+        "-E",
+        "^Sig(Blk|Ign)",
+        "/proc/self/status",
+    ]));
+    assert_eq!(
+        text,
+        "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"
+    );
+}
+
+#[test]
+fn signals_are_reset_without_proc_too() {
+    let plan = plan(&["/bin/grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"]);
+    let mut plan = plan;
+    let stdout = capture_stdout(&mut plan);
+    let child = super::spawn_with(&plan, &super::SignalReset::without_proc()).unwrap();
+    drop(plan);
+    let text = read_all(stdout);
+    assert_eq!(wait(&child).0, ExitStatus::Exited(0));
+    assert_eq!(
+        text,
+        "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"
+    );
+}
+
+#[test]
+fn argv_and_env_are_passed() {
+    let mut plan = sh("printf '%s|%s|%s' \"$0\" \"$1\" \"$GREETING\"");
+    plan.argv.extend([c("zero"), c("one")]);
+    plan.envp.push(c("GREETING=hello"));
+    assert_eq!(output(plan), "zero|one|hello");
+}
+
+#[test]
+fn rusage_is_reported() {
+    let child = spawn(&plan(&["/bin/true"])).unwrap();
+    let (status, usage) = wait(&child);
+    assert_eq!(status, ExitStatus::Exited(0));
+    assert!(usage.max_rss_kib > 0, "{usage:?}");
+}
+
+#[test]
+fn missing_program_is_enoent() {
+    assert_fails(
+        &plan(&["/nonexistent/program"]),
+        SpawnStage::Exec,
+        libc::ENOENT,
+    );
+}
+
+#[test]
+fn error_message_names_stage_and_errno() {
+    let error = spawn(&plan(&["/nonexistent/program"])).unwrap_err();
+    assert_eq!(error.to_string(), "exec failed: No such file or directory");
+}
+
+#[test]
+fn non_executable_is_eacces_even_as_root() {
+    let path = temp_path("not-executable");
+    fs::write(&path, "#!/bin/sh\n").unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+    let path_text = path.to_str().unwrap();
+
+    assert_fails(&plan(&[path_text]), SpawnStage::Exec, libc::EACCES);
+
+    // EACCES is remembered past a later ENOENT, as execvp does.
+    let mut later_missing = plan(&[path_text]);
+    later_missing
+        .exec_candidates
+        .push(c("/nonexistent/program"));
+    assert_fails(&later_missing, SpawnStage::Exec, libc::EACCES);
+
+    // ...and a later candidate that works still wins.
+    let mut later_works = plan(&[path_text]);
+    later_works.exec_candidates.push(c("/bin/true"));
+    assert_eq!(run(later_works), ExitStatus::Exited(0));
+    fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn candidates_are_tried_in_order() {
+    let mut plan = plan(&["true"]);
+    plan.exec_candidates = vec![
+        c("/nonexistent/true"),
+        c("/etc/passwd/true"),
+        c("/bin/true"),
+    ];
+    assert_eq!(run(plan), ExitStatus::Exited(0));
+}
+
+#[test]
+fn other_exec_errors_stop_the_search() {
+    // ENOEXEC is not retried: a later good candidate is not reached.
+    let path = temp_path("garbage");
+    fs::write(&path, [0x7f, b'E', b'L', b'F', 0, 0, 0, 0]).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    let mut plan = plan(&[path.to_str().unwrap()]);
+    plan.exec_candidates.push(c("/bin/true"));
+    assert_fails(&plan, SpawnStage::Exec, libc::ENOEXEC);
+    fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn missing_cwd_is_chdir_enoent() {
+    let mut plan = plan(&["/bin/true"]);
+    plan.cwd = Some(c("/nonexistent/directory"));
+    assert_fails(&plan, SpawnStage::Chdir, libc::ENOENT);
+}
+
+#[test]
+fn cwd_is_applied() {
+    let mut plan = sh("pwd");
+    plan.cwd = Some(c("/usr"));
+    assert_eq!(output(plan), "/usr\n");
+}
+
+#[test]
+fn failed_spawn_leaves_no_zombie() {
+    let Some(before) = own_children() else {
+        eprintln!("skipped: no /proc/thread-self/children (CONFIG_PROC_CHILDREN)");
+        return;
+    };
+    assert_eq!(before.trim(), "");
+    for _ in 0..10 {
+        assert!(spawn(&plan(&["/nonexistent/program"])).is_err());
+    }
+    assert_eq!(own_children().unwrap().trim(), "");
+}
+
+#[test]
+fn fd_table_is_exactly_the_mapping() {
+    let (_read, write) = pipe();
+    let mut plan = plan(&["/bin/sleep", "5"]);
+    plan.fds.push((write, 5));
+    let child = spawn(&plan).unwrap();
+    drop(plan);
+    assert!(try_reap(child.pidfd.as_fd()).unwrap().is_none());
+
+    let fds = settled_fds(&child, &BTreeSet::from([0, 1, 2, 5]));
+    kill_and_reap(&child);
+    assert_eq!(fds, BTreeSet::from([0, 1, 2, 5]));
+}
+
+#[test]
+fn mapped_fd_is_writable_and_inherited() {
+    let (read, write) = pipe();
+    let mut plan = sh("echo hi >&5");
+    plan.fds.push((write, 5));
+    let child = spawn(&plan).unwrap();
+    drop(plan);
+    assert_eq!(read_all(read), "hi\n");
+    assert_eq!(wait(&child).0, ExitStatus::Exited(0));
+}
+
+#[test]
+fn sources_that_collide_with_targets_are_swapped_correctly() {
+    let (read_a, write_a) = pipe();
+    let (read_b, write_b) = pipe();
+    let (a, b) = (write_a.as_raw_fd(), write_b.as_raw_fd());
+    // Pipe A's write end goes to B's number and vice versa: each source
+    // number is the other mapping's target.
+    let mut plan = sh("echo to-a >/proc/self/fd/$1; echo to-b >/proc/self/fd/$2");
+    plan.argv
+        .extend([c("sh"), c(&b.to_string()), c(&a.to_string())]);
+    plan.fds.push((write_a, b));
+    plan.fds.push((write_b, a));
+
+    let child = spawn(&plan).unwrap();
+    drop(plan);
+    assert_eq!(read_all(read_a), "to-a\n");
+    assert_eq!(read_all(read_b), "to-b\n");
+    assert_eq!(wait(&child).0, ExitStatus::Exited(0));
+}
+
+#[test]
+fn umask_is_applied() {
+    let mut plan = sh("umask");
+    plan.umask = Some(0o027);
+    assert_eq!(output(plan), "0027\n");
+}
+
+#[test]
+fn rlimit_is_applied() {
+    let mut plan = sh("ulimit -n; ulimit -c");
+    plan.rlimits = vec![
+        ResourceLimit {
+            resource: libc::RLIMIT_NOFILE,
+            soft: 200,
+            hard: 300,
+        },
+        ResourceLimit {
+            resource: libc::RLIMIT_CORE,
+            soft: u64::MAX,
+            hard: u64::MAX,
+        },
+    ];
+    assert_eq!(output(plan), "200\nunlimited\n");
+}
+
+#[test]
+fn low_nofile_limit_does_not_break_fd_placement() {
+    // rlimits come after fd placement, which needs numbers above the targets.
+    let (_read, write) = pipe();
+    let mut plan = plan(&["/bin/sleep", "5"]);
+    plan.fds.push((write, 5));
+    plan.rlimits = vec![ResourceLimit {
+        resource: libc::RLIMIT_NOFILE,
+        soft: 6,
+        hard: 6,
+    }];
+    let child = spawn(&plan).unwrap();
+    drop(plan);
+    let limits = fs::read_to_string(format!("/proc/{}/limits", child.pid)).unwrap();
+    let fds = settled_fds(&child, &BTreeSet::from([0, 1, 2, 5]));
+    kill_and_reap(&child);
+    let open_files = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .unwrap();
+    assert_eq!(
+        open_files.split_whitespace().collect::<Vec<_>>()[3..5],
+        ["6", "6"]
+    );
+    assert_eq!(fds, BTreeSet::from([0, 1, 2, 5]));
+}
+
+#[test]
+fn new_session_is_created() {
+    let mut plan = plan(&["/bin/sleep", "5"]);
+    plan.new_session = true;
+    plan.process_group = Some(12345); // ignored with new_session
+    let child = spawn(&plan).unwrap();
+    let (pgid, sid) = pgid_and_sid(&child.pid.to_string());
+    kill_and_reap(&child);
+    assert_eq!((pgid, sid), (child.pid.into(), child.pid.into()));
+}
+
+#[test]
+fn process_group_is_created() {
+    let mut plan = plan(&["/bin/sleep", "5"]);
+    plan.process_group = Some(0);
+    let child = spawn(&plan).unwrap();
+    let (pgid, sid) = pgid_and_sid(&child.pid.to_string());
+    kill_and_reap(&child);
+    let (_, own_sid) = pgid_and_sid("self");
+    assert_eq!((pgid, sid), (child.pid.into(), own_sid));
+}
+
+#[test]
+fn bad_process_group_is_setpgid_error() {
+    let mut plan = plan(&["/bin/true"]);
+    plan.process_group = Some(i32::MAX - 1);
+    assert_fails(&plan, SpawnStage::Setpgid, libc::EPERM);
+}
+
+#[test]
+fn duplicate_targets_are_refused() {
+    let mut plan = plan(&["/bin/true"]);
+    plan.fds.push((dev_null(), 1));
+    assert_fails(&plan, SpawnStage::Validate, libc::EINVAL);
+}
+
+#[test]
+fn send_signal_after_reap_fails() {
+    let child = spawn(&plan(&["/bin/true"])).unwrap();
+    wait(&child);
+    let error = send_signal(child.pidfd.as_fd(), libc::SIGTERM).unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(libc::ESRCH));
+    let error = try_reap(child.pidfd.as_fd()).unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(libc::ECHILD));
+}
+
+#[test]
+fn concurrent_spawns_from_many_threads() {
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            std::thread::spawn(move || {
+                for _ in 0..20 {
+                    assert_eq!(run(sh(&format!("exit {i}"))), ExitStatus::Exited(i));
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+}
+
+/// Spawn + reap latency of this module against std, for the table at the
+/// top of `spawn/mod.rs`. Set `ZYGOTE_BENCH_STATIC` to a static binary's
+/// path to measure it too (`gcc -static` of `int main(){return 0;}`).
+#[test]
+#[ignore = "measurement; run with --ignored --nocapture"]
+fn measure() {
+    const RUNS: usize = 1000;
+    fn report(name: &str, mut micros: Vec<f64>) {
+        micros.sort_by(f64::total_cmp);
+        let p50 = micros[micros.len() / 2];
+        let p99 = micros[micros.len() * 99 / 100];
+        println!("{name:<40} p50 {p50:>5.0} us   p99 {p99:>5.0} us");
+    }
+
+    let mut programs = vec!["/bin/true".to_owned()];
+    programs.extend(std::env::var("ZYGOTE_BENCH_STATIC"));
+    for program in &programs {
+        let plan = plan(&[program]);
+        let mut blocked = Vec::with_capacity(RUNS);
+        let mut total = Vec::with_capacity(RUNS);
+        for _ in 0..RUNS {
+            let start = Instant::now();
+            let child = spawn(&plan).unwrap();
+            blocked.push(start.elapsed().as_secs_f64() * 1e6);
+            super::clone::waitid(child.pidfd.as_fd(), true).unwrap();
+            total.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+        let std = (0..RUNS)
+            .map(|_| {
+                let start = Instant::now();
+                let status = std::process::Command::new(program)
+                    .env_clear()
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .unwrap();
+                assert!(status.success());
+                start.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        report(&format!("{program}: clone-vfork spawn+reap"), total);
+        report(&format!("{program}: std Command status()"), std);
+        report(&format!("{program}: clone-vfork spawn() alone"), blocked);
+    }
+}
