@@ -1,1 +1,18 @@
-//! Integration tests.
+//! Integration tests of the zygote workspace, each against a real
+//! `zygote serve` process on its own socket.
+
+// The harness: start_daemon(test_name), /proc helpers.
+mod util;
+
+// The Rust API, async flavour: args, env, cwd, stdio, exit statuses, fds.
+mod spawn;
+
+// The blocking flavour.
+mod blocking;
+
+// The daemon under churn and misbehaving clients: fd and zombie leaks,
+// concurrency, clients that leave mid-spawn, raw protocol errors.
+mod daemon;
+
+// The `zygote run` tool: exit codes, inherited fds, messages.
+mod run;

@@ -95,6 +95,12 @@ impl Daemon {
             .collect()
     }
 
+    /// SIGKILLs the daemon and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+
     /// True while the daemon process runs.
     pub fn is_alive(&mut self) -> bool {
         self.process.try_wait().expect("try_wait").is_none()

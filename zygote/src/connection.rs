@@ -21,7 +21,7 @@ use zygote_proto::{
 };
 
 use crate::server::Daemon;
-use crate::{plan, reaper, spawn};
+use crate::{plan, reaper, spawn, strerror};
 
 /// Children started on one connection that have not been reaped yet, by
 /// spawn id, for [`SignalRequest`]s.
@@ -251,14 +251,14 @@ impl SpawnTask {
         let child = match spawned {
             Ok(child) => child,
             Err(error) => {
-                let reason = std::io::Error::from_raw_os_error(error.errno);
+                let reason = strerror(error.errno);
+                warn!(program, stage = error.stage.name(), reason, "spawn failed");
                 let failed = SpawnFailed {
                     id,
                     stage: error.stage,
                     errno: error.errno,
-                    message: format!("{program}: {}", strip_os_error(&reason)),
+                    message: format!("{program}: {reason}"),
                 };
-                warn!(program, stage = error.stage.name(), %reason, "spawn failed");
                 self.reply(&ServerMessage::SpawnFailed(failed), &[]).await;
                 return;
             }
@@ -314,29 +314,9 @@ impl SpawnTask {
     }
 }
 
-/// `io::Error`'s Display appends " (os error N)"; the errno travels apart.
-fn strip_os_error(error: &std::io::Error) -> String {
-    let text = error.to_string();
-    match text.find(" (os error") {
-        Some(end) => text[..end].to_owned(),
-        None => text,
-    }
-}
-
 impl Daemon {
     fn may_connect(&self, peer: &UCred) -> bool {
         let uid = peer.uid.as_raw();
         uid == self.uid || uid == 0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::strip_os_error;
-
-    #[test]
-    fn os_error_suffix_is_stripped() {
-        let error = std::io::Error::from_raw_os_error(libc::ENOENT);
-        assert_eq!(strip_os_error(&error), "No such file or directory");
     }
 }

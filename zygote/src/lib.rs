@@ -26,3 +26,13 @@ pub mod server;
 pub mod spawn;
 
 pub use error::Error;
+
+/// The C library's message for `errno`, without std's " (os error N)":
+/// the number travels and is printed apart.
+pub(crate) fn strerror(errno: i32) -> String {
+    let text = std::io::Error::from_raw_os_error(errno).to_string();
+    match text.rfind(" (os error ") {
+        Some(end) => text[..end].to_owned(),
+        None => text,
+    }
+}

@@ -1,5 +1,7 @@
 //! Log setup: `tracing` to stderr, filtered by `ZYGOTE_LOG` or `RUST_LOG`.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber. The filter comes from `ZYGOTE_LOG`, then
@@ -14,6 +16,7 @@ pub fn init() {
     });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }

@@ -14,7 +14,7 @@ use zygote_client::{Child, Client, Command, Error};
 use zygote_proto::SpawnStage;
 
 use crate::cli::RunArgs;
-use crate::spawn;
+use crate::{spawn, strerror};
 
 /// Exit code when zygote itself fails (no daemon, protocol error, ...).
 const EXIT_ZYGOTE_FAILED: u8 = 125;
@@ -120,8 +120,7 @@ fn forward_signals(child: &Child) {
 fn report_spawn_error(error: &Error, program: &Path) -> u8 {
     match error {
         Error::Spawn { stage, errno, .. } if *stage == SpawnStage::Exec => {
-            let reason = std::io::Error::from_raw_os_error(*errno);
-            eprintln!("zygote: {}: {}", program.display(), reason);
+            eprintln!("zygote: {}: {}", program.display(), strerror(*errno));
             if *errno == libc::ENOENT {
                 EXIT_NOT_FOUND
             } else {

@@ -40,6 +40,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr;
 
+use crate::strerror;
 use zygote_proto::{ExitStatus, ResourceLimit, ResourceUsage, SpawnStage};
 
 use child::{ChildArgs, Failure, Rlimit64, SignalReset};
@@ -266,15 +267,6 @@ fn null_terminated(strings: &[CString]) -> Vec<*const c_char> {
         .map(|string| string.as_ptr())
         .chain([ptr::null()])
         .collect()
-}
-
-/// The C library's message for `errno`, without std's "(os error N)".
-fn strerror(errno: i32) -> String {
-    let text = io::Error::from_raw_os_error(errno).to_string();
-    match text.rfind(" (os error ") {
-        Some(end) => text[..end].to_owned(),
-        None => text,
-    }
 }
 
 #[cfg(test)]

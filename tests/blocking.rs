@@ -1,0 +1,79 @@
+use std::io::{Read, Write};
+
+use zygote_client::blocking::{Client, Command};
+use zygote_client::{Error, SpawnStage, Stdio};
+
+use crate::util::start_daemon;
+
+#[test]
+fn blocking_client_spawns_pipes_and_waits() {
+    let daemon = start_daemon("blocking");
+    let client = Client::connect(daemon.socket()).expect("connect");
+
+    let output = Command::new(&client, "sh")
+        .args(["-c", "echo out; echo err >&2; exit 4"])
+        .output()
+        .expect("sh");
+    assert_eq!(output.stdout, b"out\n");
+    assert_eq!(output.stderr, b"err\n");
+    assert_eq!(output.status.code(), Some(4));
+
+    let mut child = Command::new(&client, "tr")
+        .args(["a-z", "A-Z"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("tr");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(b"hello").expect("write");
+    drop(stdin);
+    let mut upper = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut upper)
+        .expect("read");
+    assert_eq!(upper, "HELLO");
+    assert!(child.wait().expect("wait").success());
+
+    match Command::new(&client, "zygote-no-such-program").status() {
+        Err(Error::Spawn { stage, errno, .. }) => {
+            assert_eq!((stage, errno), (SpawnStage::Exec, libc::ENOENT));
+        }
+        other => panic!("expected ENOENT, got {other:?}"),
+    }
+}
+
+#[test]
+fn blocking_client_is_shared_by_threads() {
+    let daemon = start_daemon("blocking-threads");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    std::thread::scope(|scope| {
+        for n in 0..8 {
+            let client = &client;
+            scope.spawn(move || {
+                for _ in 0..10 {
+                    let output = Command::new(client, "echo")
+                        .arg(n.to_string())
+                        .output()
+                        .expect("echo");
+                    assert_eq!(output.stdout, format!("{n}\n").as_bytes());
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn blocking_wait_after_the_zygote_died_is_an_error() {
+    let mut daemon = start_daemon("blocking-lost");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let mut child = Command::new(&client, "sleep")
+        .arg("30")
+        .spawn()
+        .expect("sleep");
+    daemon.kill();
+    assert!(matches!(child.wait(), Err(Error::ZygoteLost { .. })));
+    child.kill().expect("kill through the pidfd");
+}

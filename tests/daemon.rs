@@ -1,0 +1,196 @@
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use zygote_client::{Client, Command, Stdio};
+use zygote_proto::{
+    ClientMessage, Hello, PROTOCOL_VERSION, ProtocolErrorKind, RECV_BUFFER_BYTES, ServerMessage,
+    SpawnRequest, StdioSpec, decode, encode, recv_frame, send_frame, socket,
+};
+
+use crate::util::{Daemon, children_of, eventually, start_daemon};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Spawns `/bin/true` `count` times, `parallel` at a time, and waits for
+/// every exit status.
+fn churn(daemon: &Daemon, count: usize, parallel: usize) {
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        let mut started = 0;
+        while started < count {
+            let batch = parallel.min(count - started);
+            let tasks: Vec<_> = (0..batch)
+                .map(|_| {
+                    let client = client.clone();
+                    tokio::spawn(async move {
+                        Command::new(&client, "/bin/true")
+                            .stdin(Stdio::null())
+                            .stdout(Stdio::piped())
+                            .stderr(Stdio::null())
+                            .status()
+                            .await
+                    })
+                })
+                .collect();
+            for task in tasks {
+                let status = task.await.expect("task").expect("spawn and wait");
+                assert!(status.success());
+            }
+            started += batch;
+        }
+    });
+}
+
+#[test]
+fn daemon_fd_count_is_unchanged_after_1000_spawns_and_no_zombies() {
+    let daemon = start_daemon("leaks");
+    // Warm up: the runtime's worker threads and their stacks come first.
+    churn(&daemon, 20, 10);
+    let before = daemon.fd_count();
+    churn(&daemon, 1000, 16);
+    assert!(
+        eventually(Duration::from_secs(5), || daemon.fd_count() == before),
+        "daemon fds: {before} before, {} after",
+        daemon.fd_count()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || daemon.zombies().is_empty()),
+        "zombies: {:?}",
+        daemon.zombies()
+    );
+}
+
+/// A raw connection that has said hello.
+fn raw_connection(daemon: &Daemon) -> std::os::fd::OwnedFd {
+    let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+    let hello = ClientMessage::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        client: "raw test".into(),
+    });
+    send_frame(fd.as_fd(), &encode(&hello).unwrap(), &[]).expect("send hello");
+    let reply = receive(&fd).expect("hello ack");
+    assert!(matches!(reply, ServerMessage::HelloAck(_)), "{reply:?}");
+    fd
+}
+
+fn receive(fd: &std::os::fd::OwnedFd) -> Option<ServerMessage> {
+    let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+    let frame = recv_frame(fd.as_fd(), &mut scratch).expect("recv")?;
+    Some(decode(&frame.bytes).expect("decode"))
+}
+
+fn sleep_request(id: u64, seconds: &str) -> ClientMessage {
+    ClientMessage::Spawn(SpawnRequest {
+        id,
+        program: b"/bin/sleep".to_vec(),
+        argv0: None,
+        args: vec![seconds.as_bytes().to_vec()],
+        env: vec![],
+        cwd: None,
+        stdin: StdioSpec::Null,
+        stdout: StdioSpec::Pipe,
+        stderr: StdioSpec::Null,
+        fd_mappings: vec![],
+        new_session: false,
+        process_group: None,
+        umask: None,
+        rlimits: vec![],
+    })
+}
+
+#[test]
+fn client_that_disconnects_mid_spawn_leaves_the_daemon_serving() {
+    let mut daemon = start_daemon("disconnect");
+    churn(&daemon, 5, 5);
+    let before = daemon.fd_count();
+    for id in 0..20 {
+        let fd = raw_connection(&daemon);
+        let request = encode(&sleep_request(id, "0.2")).unwrap();
+        send_frame(fd.as_fd(), &request, &[]).expect("send spawn");
+        drop(fd); // gone before the reply
+    }
+    // The children still ran and were reaped; the daemon's fds are back.
+    assert!(
+        eventually(Duration::from_secs(10), || children_of(daemon.pid())
+            .is_empty()),
+        "children left: {:?}",
+        children_of(daemon.pid())
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || daemon.fd_count() == before),
+        "daemon fds: {before} before, {} after",
+        daemon.fd_count()
+    );
+    assert!(daemon.is_alive());
+    churn(&daemon, 5, 5);
+}
+
+#[test]
+fn other_clients_children_survive_a_client_leaving() {
+    let daemon = start_daemon("isolation");
+    runtime().block_on(async {
+        let steady = Client::connect(daemon.socket()).await.expect("connect");
+        let mut child = Command::new(&steady, "sleep")
+            .arg("1")
+            .spawn()
+            .await
+            .expect("sleep");
+        let leaving = Client::connect(daemon.socket()).await.expect("connect");
+        let _orphan = Command::new(&leaving, "sleep")
+            .arg("0.5")
+            .spawn()
+            .await
+            .expect("sleep");
+        drop(leaving);
+        assert!(child.wait().await.expect("wait").success());
+    });
+}
+
+#[test]
+fn protocol_errors_close_only_that_connection() {
+    let daemon = start_daemon("protocol");
+    // Garbage instead of a hello.
+    let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+    send_frame(fd.as_fd(), b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", &[]).unwrap();
+    match receive(&fd) {
+        Some(ServerMessage::ProtocolError(error)) => {
+            assert_eq!(error.kind, ProtocolErrorKind::Malformed)
+        }
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+    assert!(receive(&fd).is_none(), "connection closed after the error");
+
+    // A wrong protocol version.
+    let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+    let hello = ClientMessage::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION + 1,
+        client: "future".into(),
+    });
+    send_frame(fd.as_fd(), &encode(&hello).unwrap(), &[]).unwrap();
+    match receive(&fd) {
+        Some(ServerMessage::ProtocolError(error)) => {
+            assert_eq!(error.kind, ProtocolErrorKind::UnsupportedVersion);
+            assert!(error.message.contains("version"), "{}", error.message);
+        }
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+
+    // A request before the handshake.
+    let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+    send_frame(fd.as_fd(), &encode(&sleep_request(1, "0")).unwrap(), &[]).unwrap();
+    match receive(&fd) {
+        Some(ServerMessage::ProtocolError(error)) => {
+            assert_eq!(error.kind, ProtocolErrorKind::UnexpectedMessage)
+        }
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+
+    // The daemon still serves.
+    churn(&daemon, 3, 3);
+}

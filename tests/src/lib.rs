@@ -1,1 +1,0 @@
-//! Test-only crate; the tests live in tests.rs.
