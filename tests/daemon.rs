@@ -157,7 +157,12 @@ fn protocol_errors_close_only_that_connection() {
     let daemon = start_daemon("protocol");
     // Garbage instead of a hello.
     let fd = socket::connect_to(daemon.socket(), false).expect("connect");
-    send_frame(fd.as_fd(), b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", &[]).unwrap();
+    send_frame(
+        fd.as_fd(),
+        b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff",
+        &[],
+    )
+    .unwrap();
     match receive(&fd) {
         Some(ServerMessage::ProtocolError(error)) => {
             assert_eq!(error.kind, ProtocolErrorKind::Malformed)

@@ -16,7 +16,10 @@ fn zygote_run(socket: &std::path::Path, shell: &str) -> Output {
 #[test]
 fn run_exits_with_the_childs_code_or_128_plus_signal() {
     let daemon = start_daemon("run-codes");
-    let out = zygote_run(daemon.socket(), r#""$ZYGOTE" run -- sh -c 'echo hi; exit 42'"#);
+    let out = zygote_run(
+        daemon.socket(),
+        r#""$ZYGOTE" run -- sh -c 'echo hi; exit 42'"#,
+    );
     assert_eq!(out.status.code(), Some(42));
     assert_eq!(out.stdout, b"hi\n");
     let out = zygote_run(daemon.socket(), r#""$ZYGOTE" run -- sh -c 'kill -KILL $$'"#);
@@ -29,14 +32,20 @@ fn run_reports_missing_and_non_executable_programs_like_a_shell() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     std::fs::write(&data, "not a program").expect("write");
-    let out = zygote_run(daemon.socket(), r#""$ZYGOTE" run -- zygote-no-such-program"#);
+    let out = zygote_run(
+        daemon.socket(),
+        r#""$ZYGOTE" run -- zygote-no-such-program"#,
+    );
     assert_eq!(out.status.code(), Some(127));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("zygote-no-such-program: No such file or directory"),
         "{stderr}"
     );
-    let out = zygote_run(daemon.socket(), &format!(r#""$ZYGOTE" run -- '{}'"#, data.display()));
+    let out = zygote_run(
+        daemon.socket(),
+        &format!(r#""$ZYGOTE" run -- '{}'"#, data.display()),
+    );
     assert_eq!(out.status.code(), Some(126));
     assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"));
 }
@@ -73,7 +82,11 @@ fn run_passes_inheritable_fds_unless_close_fds() {
         r#"exec 7</dev/null; "$ZYGOTE" run --close-fds -- sh -c 'ls /proc/$$/fd'"#,
     );
     let fds = String::from_utf8_lossy(&out.stdout).to_string();
-    assert_eq!(fds.lines().collect::<Vec<_>>(), vec!["0", "1", "2"], "{fds}");
+    assert_eq!(
+        fds.lines().collect::<Vec<_>>(),
+        vec!["0", "1", "2"],
+        "{fds}"
+    );
 }
 
 #[test]
@@ -86,6 +99,9 @@ fn run_uses_the_callers_environment_cwd_and_stdin() {
     );
     let out = zygote_run(daemon.socket(), &shell);
     assert!(out.status.success(), "{out:?}");
-    let expected = format!("bar\n{}\npiped\n", dir.path().canonicalize().unwrap().display());
+    let expected = format!(
+        "bar\n{}\npiped\n",
+        dir.path().canonicalize().unwrap().display()
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
 }

@@ -74,7 +74,10 @@ fn environment_is_the_clients_with_changes() {
         let mut expected_path = b"PATH=".to_vec();
         expected_path.extend_from_slice(path.as_bytes());
         let lines: Vec<&[u8]> = output.stdout.split(|&b| b == b'\n').collect();
-        assert!(lines.contains(&expected_path.as_slice()), "PATH not inherited");
+        assert!(
+            lines.contains(&expected_path.as_slice()),
+            "PATH not inherited"
+        );
         assert!(lines.contains(&b"ZYGOTE_TEST_SET=v\xff".as_slice()));
 
         // Removed.
@@ -83,7 +86,12 @@ fn environment_is_the_clients_with_changes() {
             .output()
             .await
             .expect("env runs");
-        assert!(!output.stdout.split(|&b| b == b'\n').any(|line| line.starts_with(b"PATH=")));
+        assert!(
+            !output
+                .stdout
+                .split(|&b| b == b'\n')
+                .any(|line| line.starts_with(b"PATH="))
+        );
 
         // Cleared: exactly what was set afterwards. `env` is found through
         // the client's PATH lookup rules in the daemon's default PATH.
@@ -119,7 +127,11 @@ fn working_directory_is_the_clients_or_the_one_set() {
         assert_eq!(String::from_utf8_lossy(&output.stdout), own);
 
         let missing = dir.path().join("does-not-exist");
-        match Command::new(&client, "pwd").current_dir(&missing).spawn().await {
+        match Command::new(&client, "pwd")
+            .current_dir(&missing)
+            .spawn()
+            .await
+        {
             Err(Error::Spawn { stage, errno, .. }) => {
                 assert_eq!(stage, SpawnStage::Chdir);
                 assert_eq!(errno, libc::ENOENT);
@@ -186,7 +198,10 @@ fn exit_codes_and_signals_are_reported() {
             .status()
             .await
             .expect("sh");
-        assert_eq!((status.code(), status.signal()), (None, Some(libc::SIGTERM)));
+        assert_eq!(
+            (status.code(), status.signal()),
+            (None, Some(libc::SIGTERM))
+        );
 
         let mut child = Command::new(&client, "sleep")
             .arg("30")
@@ -205,7 +220,10 @@ fn exit_codes_and_signals_are_reported() {
             .await
             .expect("sleep");
         child.signal(libc::SIGUSR1).await.expect("signal");
-        assert_eq!(child.wait().await.expect("wait").signal(), Some(libc::SIGUSR1));
+        assert_eq!(
+            child.wait().await.expect("wait").signal(),
+            Some(libc::SIGUSR1)
+        );
 
         // Resource usage travels with the exit status.
         let mut child = Command::new(&client, "sh")
@@ -216,7 +234,10 @@ fn exit_codes_and_signals_are_reported() {
         child.wait().await.expect("wait");
         let usage = child.usage().expect("usage after exit");
         assert!(usage.max_rss_kib > 0, "{usage:?}");
-        assert!(!(usage.user_time + usage.system_time).is_zero(), "{usage:?}");
+        assert!(
+            !(usage.user_time + usage.system_time).is_zero(),
+            "{usage:?}"
+        );
     });
 }
 
@@ -290,7 +311,11 @@ fn child_fd_table_is_exactly_what_was_asked_for() {
         // The dynamic loader may hold an fd for a moment while sleep starts.
         let settled = eventually(Duration::from_secs(5), || open_fds(pid) == vec![0, 1, 2, 7]);
         assert!(settled, "child fds: {:?}", open_fds(pid));
-        assert_eq!(parent_of(pid), Some(daemon.pid()), "the zygote is the parent");
+        assert_eq!(
+            parent_of(pid),
+            Some(daemon.pid()),
+            "the zygote is the parent"
+        );
         child.kill().await.expect("kill");
 
         // Opting in passes the leaky fd at its own number.
@@ -326,9 +351,13 @@ fn passed_fds_land_at_their_numbers() {
             .expect("sh");
         assert!(status.success());
         let mut five = String::new();
-        std::fs::File::from(read5).read_to_string(&mut five).unwrap();
+        std::fs::File::from(read5)
+            .read_to_string(&mut five)
+            .unwrap();
         let mut nine = String::new();
-        std::fs::File::from(read9).read_to_string(&mut nine).unwrap();
+        std::fs::File::from(read9)
+            .read_to_string(&mut nine)
+            .unwrap();
         assert_eq!((five.as_str(), nine.as_str()), ("five\n", "nine\n"));
 
         // A file as stdout.
@@ -373,9 +402,9 @@ fn fifty_concurrent_spawns_from_one_client_do_not_queue() {
             .filter(|child| crate::util::process_state(child.id()).is_some_and(|s| s != 'Z'))
             .count();
         assert_eq!(alive, 50, "all 50 children run at the same time");
-        let waits = children.into_iter().map(|mut child| {
-            tokio::spawn(async move { child.wait().await })
-        });
+        let waits = children
+            .into_iter()
+            .map(|mut child| tokio::spawn(async move { child.wait().await }));
         for wait in waits {
             assert!(wait.await.expect("task").expect("wait").success());
         }

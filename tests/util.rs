@@ -77,7 +77,10 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        panic!("zygote did not listen on {} within 10 s", self.socket.display());
+        panic!(
+            "zygote did not listen on {} within 10 s",
+            self.socket.display()
+        );
     }
 
     /// Number of fds the daemon has open.

@@ -1,1 +1,114 @@
-//! zygote-client
+//! Client of the zygote spawn server: start child processes without
+//! forking this (possibly large, busy) process.
+//!
+//! [`Command`] reads like [`std::process::Command`] and
+//! `tokio::process::Command`; a program switches by changing one import
+//! and passing a [`Client`]. The zygote starts the child and hands back its
+//! pipes, a pidfd and, later, its exit status with resource usage.
+//!
+//! ```no_run
+//! use zygote_client::{Client, Command, Stdio};
+//!
+//! # async fn example() -> zygote_client::Result<()> {
+//! let client = Client::from_env().await?;
+//!
+//! let output = Command::new(&client, "ls").arg("-l").current_dir("/tmp").output().await?;
+//! println!("{}: {}", output.status, String::from_utf8_lossy(&output.stdout));
+//!
+//! let mut child = Command::new(&client, "sleep")
+//!     .arg("60")
+//!     .stdin(Stdio::null())
+//!     .spawn()
+//!     .await?;
+//! child.kill().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Synchronous code uses [`blocking`], which has the same names:
+//!
+//! ```no_run
+//! use zygote_client::blocking::{Client, Command};
+//!
+//! # fn example() -> zygote_client::Result<()> {
+//! let client = Client::from_env()?;
+//! let status = Command::new(&client, "true").status()?;
+//! assert!(status.success());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Transparent by default
+//!
+//! A spawn request carries this process's own state, read at spawn time,
+//! so the child looks as if this process had started it:
+//! - the environment (`environ`, with the command's changes);
+//! - the working directory (a relative `current_dir` is joined onto it);
+//! - the umask, read from `/proc/self/status` (reading it with `umask(2)`
+//!   would briefly change it under other threads);
+//! - every resource limit (`getrlimit` of each `RLIMIT_*`);
+//! - stdio: [`Stdio::inherit`] passes this process's own fd 0, 1 or 2.
+//!
+//! # Departures from std
+//!
+//! - **Fds.** The child gets its three stdio fds plus those mapped with
+//!   [`Command::fd`], nothing else. A std child inherits every fd not
+//!   marked close-on-exec; that leak is what the zygote exists to stop.
+//!   [`Command::inherit_fds`] restores std's behaviour (at most 64 fds).
+//! - **Parent.** The child's parent is the zygote, which reaps it and
+//!   reports the status; [`Child::id`] is a pid in the zygote's pid
+//!   namespace, while [`Child::pidfd`] is always right.
+//! - **Session and process group.** The child starts in the zygote's
+//!   session and process group, not this process's, so a terminal's job
+//!   control (Ctrl-C) does not reach it unless the zygote shares the group.
+//! - **Signals.** The zygote starts the child with default signal
+//!   dispositions and an empty signal mask; signals this process ignores or
+//!   blocks are not carried over (std carries them, except `SIGPIPE`).
+//! - **Closed stdio.** If this process's fd 0, 1 or 2 is closed,
+//!   [`Stdio::inherit`] gives the child `/dev/null` rather than a closed fd.
+//! - **umask.** On kernels before 4.7, `/proc` does not report it, and the
+//!   zygote's umask applies unless [`Command::umask`] sets one.
+//! - **Async spawn.** [`Command::spawn`] is `async` (tokio's is not): it
+//!   waits for the zygote's answer, which arrives after the child's exec.
+//! - **Errors.** Failures are this crate's [`Error`], which names the
+//!   setup step that failed; it converts into [`std::io::Error`] keeping
+//!   the [`ErrorKind`](std::io::ErrorKind) (e.g. `NotFound` for a missing
+//!   program), with the errno available from [`Error::raw_os_error`].
+//!
+//! # Layout
+//!
+//! - [`client`](Client): connecting, the default socket path.
+//! - `connection`: the handshake, and the reader task that dispatches
+//!   replies by request id; no lock is held across an `.await`, so
+//!   concurrent spawns do not queue.
+//! - [`command`](Command) and `request`: the builder, and turning it plus
+//!   the caller's state into a `SpawnRequest` with its fds (pure).
+//! - `transparent`: reading the caller's environment, cwd, umask, rlimits
+//!   and inheritable fds.
+//! - [`child`](Child): the running child, its pidfd and tokio pipes.
+//! - [`Stdio`], [`ExitStatus`], [`Output`], [`ResourceUsage`], [`Error`].
+//! - [`blocking`]: the synchronous flavour.
+//! - `sys`: the one `unsafe` block (borrowing an fd known only by number).
+
+pub mod blocking;
+mod child;
+mod client;
+mod command;
+mod connection;
+mod error;
+mod request;
+mod status;
+mod stdio;
+mod sys;
+mod transparent;
+
+#[cfg(test)]
+mod tests;
+
+pub use child::{Child, ChildStderr, ChildStdin, ChildStdout};
+pub use client::{Client, SOCKET_ENV, default_socket_path};
+pub use command::Command;
+pub use error::{Error, Result};
+pub use status::{ExitStatus, Output, ResourceUsage};
+pub use stdio::Stdio;
+pub use zygote_proto::{Limits, ProtocolErrorKind, SpawnStage};

@@ -1,0 +1,285 @@
+//! The same API without async: [`Client`], [`Command`], [`Child`], with
+//! pipes that are plain `Read`/`Write` files, as in `std::process`.
+//!
+//! A blocking [`Client`] owns one background thread running a small tokio
+//! runtime, which drives the connection; each blocking call runs the async
+//! code on the calling thread with `Handle::block_on`. Any number of
+//! threads may use one client (and its clones) at once.
+//!
+//! # Panics
+//!
+//! The blocking calls panic when made from inside an async runtime (as
+//! `reqwest::blocking` does): use the async [`crate::Client`] there.
+
+use std::ffi::OsStr;
+use std::future::Future;
+use std::os::fd::{OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+use zygote_proto::Limits;
+
+use crate::request::StdioDefaults;
+pub use crate::{Error, ExitStatus, Output, ResourceUsage, Result, Stdio};
+
+mod child;
+
+pub use child::{Child, ChildStderr, ChildStdin, ChildStdout};
+
+/// The background thread and its runtime, shared by a client's clones,
+/// commands and children; stopped when the last of them is dropped.
+#[derive(Debug)]
+struct Runtime {
+    handle: tokio::runtime::Handle,
+    /// Dropping it ends the thread's `block_on`, which drops the runtime.
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Runtime {
+    fn start() -> Result<Arc<Self>> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|error| Error::io("building the zygote client's runtime", error))?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("zygote-client".into())
+            // A current-thread runtime drives IO only inside
+            // `Runtime::block_on`; this thread sits there so that other
+            // threads' `Handle::block_on` calls make progress.
+            .spawn(move || {
+                let _ = runtime.block_on(stopped);
+            })
+            .map_err(|error| Error::io("starting the zygote client's thread", error))?;
+        Ok(Arc::new(Self {
+            handle,
+            stop: Some(stop),
+            thread: Some(thread),
+        }))
+    }
+
+    fn block_on<F: Future>(&self, future: F) -> F::Output {
+        self.handle.block_on(future)
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// A connection to a zygote, for synchronous code; see [`crate::Client`].
+///
+/// Cheap to clone, `Send` and `Sync`.
+#[derive(Debug, Clone)]
+pub struct Client {
+    // Declared first so the connection is released before the runtime
+    // that drives it is stopped.
+    inner: crate::Client,
+    runtime: Arc<Runtime>,
+}
+
+impl Client {
+    fn start<F>(connect: impl FnOnce() -> F) -> Result<Self>
+    where
+        F: Future<Output = Result<crate::Client>>,
+    {
+        let runtime = Runtime::start()?;
+        let inner = runtime.block_on(connect())?;
+        Ok(Self { inner, runtime })
+    }
+
+    /// Connects to the zygote listening at `path`.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Client::connect`], and [`Error::Io`] when the
+    /// background thread cannot start.
+    pub fn connect(path: impl AsRef<Path>) -> Result<Self> {
+        Self::start(|| crate::Client::connect(path))
+    }
+
+    /// Connects to the zygote named by `ZYGOTE_SOCKET`, or else to
+    /// [`default_socket_path`](crate::default_socket_path).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::connect`].
+    pub fn from_env() -> Result<Self> {
+        Self::start(crate::Client::from_env)
+    }
+
+    /// Speaks to a zygote over an already-connected SEQPACKET socket.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Client::from_fd`].
+    pub fn from_fd(socket: OwnedFd) -> Result<Self> {
+        Self::start(|| crate::Client::from_fd(socket))
+    }
+
+    /// A [`Command`] for `program` on this connection.
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        Command::new(self, program)
+    }
+
+    /// The zygote's version, as it announced it.
+    pub fn server_version(&self) -> &str {
+        self.inner.server_version()
+    }
+
+    /// The limits in force on this connection.
+    pub fn limits(&self) -> Limits {
+        self.inner.limits()
+    }
+
+    /// False once the connection has ended.
+    pub fn is_connected(&self) -> bool {
+        self.inner.is_connected()
+    }
+}
+
+/// A process to start through the zygote, for synchronous code; the same
+/// builder as [`crate::Command`] and [`std::process::Command`].
+#[derive(Debug)]
+pub struct Command {
+    inner: crate::Command,
+    runtime: Arc<Runtime>,
+}
+
+/// Builder methods that only forward to the async command.
+macro_rules! forward {
+    ($($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*);)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(&mut self, $($arg: $ty),*) -> &mut Self {
+                self.inner.$name($($arg),*);
+                self
+            }
+        )*
+    };
+}
+
+impl Command {
+    /// A command to run `program` through `client`'s zygote.
+    pub fn new(client: &Client, program: impl AsRef<OsStr>) -> Self {
+        Self {
+            inner: crate::Command::new(&client.inner, program),
+            runtime: Arc::clone(&client.runtime),
+        }
+    }
+
+    forward! {
+        /// Adds an argument.
+        fn arg(arg: impl AsRef<OsStr>);
+        /// Sets `argv[0]`.
+        fn arg0(arg0: impl AsRef<OsStr>);
+        /// Sets an environment variable for the child.
+        fn env(key: impl AsRef<OsStr>, value: impl AsRef<OsStr>);
+        /// Removes a variable from the child's environment.
+        fn env_remove(key: impl AsRef<OsStr>);
+        /// Starts the child's environment empty.
+        fn env_clear();
+        /// Sets the child's working directory (relative: from this
+        /// process's).
+        fn current_dir(dir: impl AsRef<Path>);
+        /// Sets the child's stdin.
+        fn stdin(stdio: impl Into<Stdio>);
+        /// Sets the child's stdout.
+        fn stdout(stdio: impl Into<Stdio>);
+        /// Sets the child's stderr.
+        fn stderr(stdio: impl Into<Stdio>);
+        /// Gives the child `fd` as its fd number `child_fd` (3 or more).
+        fn fd(child_fd: RawFd, fd: impl Into<OwnedFd>);
+        /// Passes every non-close-on-exec fd at its own number; see
+        /// [`crate::Command::inherit_fds`].
+        fn inherit_fds();
+        /// Puts the child in process group `pgid` (0: a new group).
+        fn process_group(pgid: i32);
+        /// Starts the child in a new session.
+        fn setsid(setsid: bool);
+        /// Sets the child's umask instead of copying this process's.
+        fn umask(mask: u32);
+    }
+
+    /// Adds arguments.
+    pub fn args<I, S>(&mut self, args: I) -> &mut Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.inner.args(args);
+        self
+    }
+
+    /// Sets several environment variables.
+    pub fn envs<I, K, V>(&mut self, vars: I) -> &mut Self
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<OsStr>,
+        V: AsRef<OsStr>,
+    {
+        self.inner.envs(vars);
+        self
+    }
+
+    /// The program, as given to [`new`](Command::new).
+    pub fn get_program(&self) -> &OsStr {
+        self.inner.get_program()
+    }
+
+    /// The arguments, without `argv[0]`.
+    pub fn get_args(&self) -> impl Iterator<Item = &OsStr> {
+        self.inner.get_args()
+    }
+
+    /// The environment changes made so far (`None`: removed).
+    pub fn get_envs(&self) -> impl Iterator<Item = (&OsStr, Option<&OsStr>)> {
+        self.inner.get_envs()
+    }
+
+    /// The working directory set with [`current_dir`](Command::current_dir).
+    pub fn get_current_dir(&self) -> Option<&Path> {
+        self.inner.get_current_dir()
+    }
+
+    /// Starts the child; returns once it has exec'd or failed to.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Command::spawn`].
+    pub fn spawn(&mut self) -> Result<Child> {
+        let parts = self
+            .runtime
+            .block_on(self.inner.spawn_parts(StdioDefaults::Inherit))?;
+        Child::from_parts(parts, Arc::clone(&self.runtime))
+    }
+
+    /// Runs the child to completion and collects its output (stdin
+    /// `/dev/null`, stdout and stderr piped unless set; read concurrently).
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Command::output`].
+    pub fn output(&mut self) -> Result<Output> {
+        self.runtime.block_on(self.inner.output())
+    }
+
+    /// Runs the child to completion with inherited stdio (unless set).
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Command::status`].
+    pub fn status(&mut self) -> Result<ExitStatus> {
+        self.spawn()?.wait()
+    }
+}

@@ -1,0 +1,400 @@
+//! [`Child`]: a running child on tokio, with its pipes.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use rustix::io::Errno;
+use rustix::process::{Signal, pidfd_send_signal};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, Interest, ReadBuf};
+use tokio::net::unix::pipe;
+
+use crate::connection::ExitWatch;
+use crate::{Client, Error, ExitStatus, Output, ResourceUsage, Result, Stdio};
+
+/// What both flavours of child share: identity, pidfd, exit slot.
+#[derive(Debug)]
+pub(crate) struct ChildCore {
+    /// Keeps the connection open while the child is tracked.
+    client: Client,
+    /// The spawn request's id, which names the child to the zygote.
+    spawn_id: u64,
+    pid: u32,
+    pidfd: OwnedFd,
+    exit: ExitWatch,
+    finished: Option<(ExitStatus, ResourceUsage)>,
+}
+
+/// A freshly spawned child with its raw pipe ends, before a flavour wraps
+/// them.
+#[derive(Debug)]
+pub(crate) struct SpawnedParts {
+    pub core: ChildCore,
+    pub stdin: Option<OwnedFd>,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+}
+
+impl ChildCore {
+    pub(crate) fn new(
+        client: Client,
+        spawn_id: u64,
+        pid: u32,
+        pidfd: OwnedFd,
+        exit: ExitWatch,
+    ) -> Self {
+        Self {
+            client,
+            spawn_id,
+            pid,
+            pidfd,
+            exit,
+            finished: None,
+        }
+    }
+
+    pub(crate) fn id(&self) -> u32 {
+        self.pid
+    }
+
+    pub(crate) fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    pub(crate) fn usage(&self) -> Option<ResourceUsage> {
+        self.finished.map(|(_, usage)| usage)
+    }
+
+    fn finish(&mut self, notice: zygote_proto::ExitNotice) -> ExitStatus {
+        let status = ExitStatus::from(notice.status);
+        self.finished = Some((status, notice.usage.into()));
+        status
+    }
+
+    pub(crate) fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
+        if let Some((status, _)) = self.finished {
+            return Ok(Some(status));
+        }
+        Ok(self.exit.poll()?.map(|notice| self.finish(notice)))
+    }
+
+    pub(crate) async fn wait(&mut self) -> Result<ExitStatus> {
+        if let Some((status, _)) = self.finished {
+            return Ok(status);
+        }
+        let notice = self.exit.wait().await?;
+        Ok(self.finish(notice))
+    }
+
+    /// SIGKILL through the pidfd: no pid-reuse race, and no need for the
+    /// zygote. A child already reaped counts as killed, as in std.
+    pub(crate) fn start_kill(&self) -> Result<()> {
+        match pidfd_send_signal(&self.pidfd, Signal::KILL) {
+            Ok(()) | Err(Errno::SRCH) => Ok(()),
+            Err(errno) => Err(Error::io(
+                format!("pidfd_send_signal(SIGKILL) to pid {}", self.pid),
+                errno,
+            )),
+        }
+    }
+
+    pub(crate) async fn signal(&self, signal: i32) -> Result<()> {
+        self.client.connection().signal(self.spawn_id, signal).await
+    }
+
+    /// Waits until the pidfd reports the process has terminated, which
+    /// works without the zygote (but gives no status).
+    async fn terminated(&self) -> Result<()> {
+        let what = || format!("waiting on the pidfd of pid {}", self.pid);
+        let pidfd = self
+            .pidfd
+            .try_clone()
+            .map_err(|error| Error::io(what(), error))?;
+        let pidfd = zygote_proto::register(pidfd, Interest::READABLE)
+            .map_err(|error| Error::io(what(), error))?;
+        let _ready = pidfd
+            .readable()
+            .await
+            .map_err(|error| Error::io(what(), error))?;
+        Ok(())
+    }
+
+    /// Kills the child and waits until it is gone; when the zygote is lost
+    /// meanwhile, the pidfd confirms the death instead.
+    pub(crate) async fn kill(&mut self) -> Result<()> {
+        self.start_kill()?;
+        match self.wait().await {
+            Ok(_) => Ok(()),
+            Err(Error::ZygoteLost { .. }) => self.terminated().await,
+            Err(error) => Err(error),
+        }
+    }
+}
+
+/// Reads a pipe to its end; an absent pipe reads as empty.
+pub(crate) async fn read_all<R: AsyncRead + Unpin>(
+    pipe: Option<R>,
+    stream: &str,
+) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    if let Some(mut pipe) = pipe {
+        pipe.read_to_end(&mut bytes)
+            .await
+            .map_err(|error| Error::io(format!("reading the child's {stream}"), error))?;
+    }
+    Ok(bytes)
+}
+
+/// A child started by the zygote, as `tokio::process::Child`.
+///
+/// Dropping it neither kills nor waits for the child: it runs on, and the
+/// zygote reaps it.
+#[derive(Debug)]
+pub struct Child {
+    /// The write end of the child's stdin, when it was
+    /// [`piped`](Stdio::piped).
+    pub stdin: Option<ChildStdin>,
+    /// The read end of the child's stdout, when it was piped.
+    pub stdout: Option<ChildStdout>,
+    /// The read end of the child's stderr, when it was piped.
+    pub stderr: Option<ChildStderr>,
+    core: ChildCore,
+}
+
+impl Child {
+    /// Wraps the pipe ends for tokio. On failure the child is killed, since
+    /// the caller would get no handle on it.
+    pub(crate) fn from_parts(parts: SpawnedParts) -> Result<Self> {
+        let SpawnedParts {
+            core,
+            stdin,
+            stdout,
+            stderr,
+        } = parts;
+        let wrapped = (|| {
+            let stdin = stdin.map(pipe::Sender::from_owned_fd).transpose()?;
+            let stdout = stdout.map(pipe::Receiver::from_owned_fd).transpose()?;
+            let stderr = stderr.map(pipe::Receiver::from_owned_fd).transpose()?;
+            io::Result::Ok((stdin, stdout, stderr))
+        })();
+        match wrapped {
+            Ok((stdin, stdout, stderr)) => Ok(Self {
+                stdin: stdin.map(ChildStdin),
+                stdout: stdout.map(ChildStdout),
+                stderr: stderr.map(ChildStderr),
+                core,
+            }),
+            Err(error) => {
+                let _ = core.start_kill();
+                Err(Error::io("registering the child's pipes with tokio", error))
+            }
+        }
+    }
+
+    /// The child's pid, in the zygote's pid namespace. Prefer
+    /// [`pidfd`](Child::pidfd), which cannot refer to a recycled pid.
+    pub fn id(&self) -> u32 {
+        self.core.id()
+    }
+
+    /// A pidfd for the child (`pidfd_open(2)`), to poll or signal it
+    /// without pid-reuse races.
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.core.pidfd()
+    }
+
+    /// Waits for the child to exit. Closes the child's stdin first, so a
+    /// child reading it sees end-of-file, as tokio and std do. Cancel-safe.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZygoteLost`] when the connection to the zygote ends before
+    /// the exit is reported.
+    pub async fn wait(&mut self) -> Result<ExitStatus> {
+        drop(self.stdin.take());
+        self.core.wait().await
+    }
+
+    /// The exit status if the zygote has already reported it; never waits.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZygoteLost`] when the connection ended before the exit
+    /// was reported.
+    pub fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
+        self.core.try_wait()
+    }
+
+    /// Sends SIGKILL through the pidfd and returns at once. Works even when
+    /// the zygote has died.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] when `pidfd_send_signal` fails; a child already gone
+    /// is not an error.
+    pub fn start_kill(&mut self) -> Result<()> {
+        self.core.start_kill()
+    }
+
+    /// Sends SIGKILL and waits for the child to be gone, as tokio's
+    /// `Child::kill`. If the zygote is lost meanwhile, the pidfd confirms
+    /// the death instead.
+    ///
+    /// # Errors
+    ///
+    /// As [`start_kill`](Child::start_kill) and [`wait`](Child::wait).
+    pub async fn kill(&mut self) -> Result<()> {
+        self.core.kill().await
+    }
+
+    /// Asks the zygote, the child's parent, to send `signal` (e.g.
+    /// `libc::SIGTERM`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Request`] with the zygote's errno (`ESRCH` once the child
+    /// is gone), or [`Error::ZygoteLost`].
+    pub async fn signal(&self, signal: i32) -> Result<()> {
+        self.core.signal(signal).await
+    }
+
+    /// CPU time and peak memory, once the exit has been seen by
+    /// [`wait`](Child::wait) or [`try_wait`](Child::try_wait).
+    pub fn usage(&self) -> Option<ResourceUsage> {
+        self.core.usage()
+    }
+
+    /// Closes stdin, then reads stdout and stderr to their ends
+    /// concurrently while waiting for the exit.
+    ///
+    /// # Errors
+    ///
+    /// As [`wait`](Child::wait), and [`Error::Io`] when reading fails.
+    pub async fn wait_with_output(mut self) -> Result<Output> {
+        drop(self.stdin.take());
+        let stdout = self.stdout.take();
+        let stderr = self.stderr.take();
+        let (status, stdout, stderr) = tokio::try_join!(
+            self.core.wait(),
+            read_all(stdout, "stdout"),
+            read_all(stderr, "stderr"),
+        )?;
+        Ok(Output {
+            status,
+            stdout,
+            stderr,
+        })
+    }
+}
+
+macro_rules! pipe_end {
+    ($(#[$doc:meta])* $name:ident, $inner:ty, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name($inner);
+
+        impl $name {
+            /// The fd, switched back to blocking mode, e.g. to hand it
+            /// to code that is not async.
+            ///
+            /// # Errors
+            ///
+            /// When the fd cannot be switched to blocking mode.
+            pub fn into_owned_fd(self) -> io::Result<OwnedFd> {
+                self.0.into_blocking_fd()
+            }
+        }
+
+        impl AsFd for $name {
+            fn as_fd(&self) -> BorrowedFd<'_> {
+                self.0.as_fd()
+            }
+        }
+
+        impl AsRawFd for $name {
+            fn as_raw_fd(&self) -> RawFd {
+                self.0.as_raw_fd()
+            }
+        }
+
+        #[doc = concat!("Connects another child's stream to this ", $what, " pipe.")]
+        impl TryFrom<$name> for Stdio {
+            type Error = io::Error;
+
+            fn try_from(pipe: $name) -> io::Result<Stdio> {
+                Ok(Stdio::from(pipe.into_owned_fd()?))
+            }
+        }
+    };
+}
+
+pipe_end!(
+    /// The parent's end of a child's stdin: [`AsyncWrite`]. Dropping it
+    /// closes the pipe.
+    ChildStdin,
+    pipe::Sender,
+    "stdin"
+);
+pipe_end!(
+    /// The parent's end of a child's stdout: [`AsyncRead`].
+    ChildStdout,
+    pipe::Receiver,
+    "stdout"
+);
+pipe_end!(
+    /// The parent's end of a child's stderr: [`AsyncRead`].
+    ChildStderr,
+    pipe::Receiver,
+    "stderr"
+);
+
+impl AsyncWrite for ChildStdin {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+impl AsyncRead for ChildStdout {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncRead for ChildStderr {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}

@@ -1,0 +1,284 @@
+//! [`Command`]: the builder, as `std::process::Command` and
+//! `tokio::process::Command`.
+
+use std::ffi::OsStr;
+use std::os::fd::{OwnedFd, RawFd};
+use std::path::Path;
+
+use rustix::process::{Signal, pidfd_send_signal};
+use zygote_proto::ProtocolErrorKind;
+
+use crate::child::{ChildCore, SpawnedParts};
+use crate::connection::SpawnReply;
+use crate::request::{Spec, StdioDefaults};
+use crate::transparent::Snapshot;
+use crate::{Child, Client, Error, ExitStatus, Output, Result, Stdio};
+
+/// A process to start through the zygote, built like
+/// [`std::process::Command`].
+///
+/// By default the child is what this process would have started itself:
+/// the request carries this process's environment (with the changes made
+/// here), working directory, umask and resource limits, and the child's
+/// stdio is this process's own. The departures are listed in the
+/// [crate documentation](crate#departures-from-std); the one to know is
+/// that the child gets only its stdio and the fds mapped with
+/// [`fd`](Command::fd), not every fd this process left inheritable, unless
+/// [`inherit_fds`](Command::inherit_fds) is set.
+///
+/// A command can be spawned more than once: fds given to it are lent to
+/// each request, not consumed.
+#[derive(Debug)]
+pub struct Command {
+    client: Client,
+    spec: Spec,
+}
+
+impl Command {
+    /// A command to run `program` through `client`'s zygote. A program
+    /// without a `/` is looked up in the child's `PATH`.
+    pub fn new(client: &Client, program: impl AsRef<OsStr>) -> Self {
+        Self {
+            client: client.clone(),
+            spec: Spec::new(program.as_ref()),
+        }
+    }
+
+    /// Adds an argument.
+    pub fn arg(&mut self, arg: impl AsRef<OsStr>) -> &mut Self {
+        self.spec.args.push(arg.as_ref().to_owned());
+        self
+    }
+
+    /// Adds arguments.
+    pub fn args<I, S>(&mut self, args: I) -> &mut Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        for arg in args {
+            self.arg(arg);
+        }
+        self
+    }
+
+    /// Sets `argv[0]`, which otherwise is the program as given.
+    pub fn arg0(&mut self, arg0: impl AsRef<OsStr>) -> &mut Self {
+        self.spec.argv0 = Some(arg0.as_ref().to_owned());
+        self
+    }
+
+    /// Sets an environment variable for the child.
+    pub fn env(&mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> &mut Self {
+        self.spec.set_env(key.as_ref(), value.as_ref());
+        self
+    }
+
+    /// Sets several environment variables.
+    pub fn envs<I, K, V>(&mut self, vars: I) -> &mut Self
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<OsStr>,
+        V: AsRef<OsStr>,
+    {
+        for (key, value) in vars {
+            self.env(key, value);
+        }
+        self
+    }
+
+    /// Removes a variable from the child's environment.
+    pub fn env_remove(&mut self, key: impl AsRef<OsStr>) -> &mut Self {
+        self.spec.remove_env(key.as_ref());
+        self
+    }
+
+    /// Starts the child's environment empty instead of from this
+    /// process's, dropping earlier changes.
+    pub fn env_clear(&mut self) -> &mut Self {
+        self.spec.clear_env();
+        self
+    }
+
+    /// Sets the child's working directory. A relative path is taken from
+    /// this process's working directory at spawn time, so it means what it
+    /// would mean to std.
+    pub fn current_dir(&mut self, dir: impl AsRef<Path>) -> &mut Self {
+        self.spec.cwd = Some(dir.as_ref().to_owned());
+        self
+    }
+
+    /// Sets the child's stdin.
+    pub fn stdin(&mut self, stdio: impl Into<Stdio>) -> &mut Self {
+        self.spec.stdio[0] = Some(stdio.into());
+        self
+    }
+
+    /// Sets the child's stdout.
+    pub fn stdout(&mut self, stdio: impl Into<Stdio>) -> &mut Self {
+        self.spec.stdio[1] = Some(stdio.into());
+        self
+    }
+
+    /// Sets the child's stderr.
+    pub fn stderr(&mut self, stdio: impl Into<Stdio>) -> &mut Self {
+        self.spec.stdio[2] = Some(stdio.into());
+        self
+    }
+
+    /// Gives the child `fd` as its fd number `child_fd` (3 or more), like
+    /// systemd's `LISTEN_FDS`. A second call with the same number replaces
+    /// the first.
+    pub fn fd(&mut self, child_fd: RawFd, fd: impl Into<OwnedFd>) -> &mut Self {
+        self.spec.fds.insert(child_fd, fd.into());
+        self
+    }
+
+    /// Passes every fd of this process that is not close-on-exec to the
+    /// child at the same number, as `fork` + `exec` would. Fds mapped with
+    /// [`fd`](Command::fd) take precedence. Opt-in, because leaking fds into
+    /// children is what the zygote exists to prevent.
+    ///
+    /// The fds are listed at each spawn; more than the zygote's per-request
+    /// limit (64) is an [`Error::TooManyFds`].
+    pub fn inherit_fds(&mut self) -> &mut Self {
+        self.spec.inherit_fds = true;
+        self
+    }
+
+    /// Puts the child in process group `pgid` (`setpgid(0, pgid)`); 0
+    /// makes it the leader of a new group. The group must be in the
+    /// zygote's session.
+    pub fn process_group(&mut self, pgid: i32) -> &mut Self {
+        self.spec.process_group = Some(pgid);
+        self
+    }
+
+    /// Starts the child in a new session (`setsid(2)`).
+    pub fn setsid(&mut self, setsid: bool) -> &mut Self {
+        self.spec.setsid = setsid;
+        self
+    }
+
+    /// Sets the child's umask instead of copying this process's.
+    pub fn umask(&mut self, mask: u32) -> &mut Self {
+        self.spec.umask = Some(mask);
+        self
+    }
+
+    /// The program, as given to [`new`](Command::new).
+    pub fn get_program(&self) -> &OsStr {
+        &self.spec.program
+    }
+
+    /// The arguments, without `argv[0]`.
+    pub fn get_args(&self) -> impl Iterator<Item = &OsStr> {
+        self.spec.args.iter().map(|arg| arg.as_os_str())
+    }
+
+    /// The environment changes made so far (`None`: removed).
+    pub fn get_envs(&self) -> impl Iterator<Item = (&OsStr, Option<&OsStr>)> {
+        self.spec
+            .env
+            .iter()
+            .map(|(key, value)| (key.as_os_str(), value.as_deref()))
+    }
+
+    /// The working directory set with [`current_dir`](Command::current_dir).
+    pub fn get_current_dir(&self) -> Option<&Path> {
+        self.spec.cwd.as_deref()
+    }
+
+    /// Starts the child and returns once it has exec'd, or its setup
+    /// failed, as `std::process::Command::spawn` does. Stdio not set
+    /// explicitly is inherited.
+    ///
+    /// Unlike tokio's `spawn`, this is async: the zygote's answer is
+    /// awaited, not the fork.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Spawn`] with the failing step and errno (match
+    /// [`Error::kind`] or [`Error::raw_os_error`] for `ENOENT`, `EACCES`,
+    /// ...), [`Error::InvalidInput`], [`Error::TooManyFds`],
+    /// [`Error::RequestTooLarge`], [`Error::ZygoteLost`].
+    pub async fn spawn(&mut self) -> Result<Child> {
+        Child::from_parts(self.spawn_parts(StdioDefaults::Inherit).await?)
+    }
+
+    /// Runs the child to completion and collects its output. Unless set
+    /// explicitly, stdin is `/dev/null` and stdout and stderr are piped,
+    /// as in std; both are read concurrently.
+    ///
+    /// # Errors
+    ///
+    /// As [`spawn`](Command::spawn) and [`Child::wait_with_output`].
+    pub async fn output(&mut self) -> Result<Output> {
+        Child::from_parts(self.spawn_parts(StdioDefaults::Output).await?)?
+            .wait_with_output()
+            .await
+    }
+
+    /// Runs the child to completion with inherited stdio (unless set) and
+    /// returns its exit status.
+    ///
+    /// # Errors
+    ///
+    /// As [`spawn`](Command::spawn) and [`Child::wait`].
+    pub async fn status(&mut self) -> Result<ExitStatus> {
+        self.spawn().await?.wait().await
+    }
+
+    /// Sends the request and splits the reply into a child and its raw
+    /// pipe ends; both flavours build on this.
+    pub(crate) async fn spawn_parts(&self, defaults: StdioDefaults) -> Result<SpawnedParts> {
+        let snapshot = Snapshot::capture(self.spec.inherit_fds)?;
+        let max_fds = self.client.limits().max_fds_per_frame as usize;
+        let prepared = self.spec.prepare(&snapshot, defaults, max_fds)?;
+        let piped = prepared.piped;
+        let reply = self
+            .client
+            .connection()
+            .spawn(prepared.request, &prepared.fds)
+            .await?;
+        let (spawn_id, pid, fds, exit) = match reply {
+            SpawnReply::Spawned { id, pid, fds, exit } => (id, pid, fds, exit),
+            SpawnReply::Failed(failed) => {
+                return Err(Error::Spawn {
+                    program: self.spec.program.clone(),
+                    stage: failed.stage,
+                    errno: failed.errno,
+                    message: failed.message,
+                });
+            }
+        };
+        let expected = 1 + piped.iter().filter(|piped| **piped).count();
+        if fds.len() != expected {
+            // Without all its fds the caller could not manage the child.
+            if let Some(pidfd) = fds.first() {
+                let _ = pidfd_send_signal(pidfd, Signal::KILL);
+            }
+            return Err(Error::Protocol {
+                endpoint: self.client.connection().endpoint().to_owned(),
+                kind: ProtocolErrorKind::UnexpectedFds,
+                message: format!(
+                    "Spawned for {:?} (pid {pid}) carried {} fds, expected {expected} \
+                     (the pidfd, then one per piped stream); the child was killed",
+                    self.spec.program,
+                    fds.len()
+                ),
+            });
+        }
+        let mut fds = fds.into_iter();
+        let pidfd = fds.next().expect("count checked above");
+        let mut take = |wanted: bool| if wanted { fds.next() } else { None };
+        let (stdin, stdout, stderr) = (take(piped[0]), take(piped[1]), take(piped[2]));
+        let pid = pid.unsigned_abs(); // the dispatcher only passes pid > 0
+        Ok(SpawnedParts {
+            core: ChildCore::new(self.client.clone(), spawn_id, pid, pidfd, exit),
+            stdin,
+            stdout,
+            stderr,
+        })
+    }
+}

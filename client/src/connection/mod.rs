@@ -1,0 +1,312 @@
+//! One connection to the zygote: the handshake, the reader task that
+//! dispatches replies by request id, and the request/reply calls built on
+//! it.
+//!
+//! Senders share the socket (`sendmsg` of a SEQPACKET frame is atomic);
+//! only the reader task receives. Per-id state lives in one mutex that is
+//! never held across an `.await`, so concurrent requests do not queue
+//! behind each other.
+
+use std::collections::HashMap;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::{oneshot, watch};
+use zygote_proto::{
+    AsyncSeqpacket, ClientMessage, ExitNotice, Limits, RequestFailed, ServerMessage, SignalRequest,
+    SpawnFailed, SpawnRequest, encode,
+};
+
+use crate::{Error, Result};
+
+mod handshake;
+mod reader;
+
+/// The name this client gives in its `Hello`.
+const CLIENT_NAME: &str = concat!("zygote-client/", env!("CARGO_PKG_VERSION"));
+
+/// A handshaken connection, shared by the client handles, the reader task
+/// and in-flight requests.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    socket: AsyncSeqpacket,
+    /// Where we connected, for error messages.
+    endpoint: String,
+    server_version: String,
+    limits: Limits,
+    next_id: AtomicU64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Set once, when the connection ends; requests fail fast after that.
+    lost: Option<Arc<Lost>>,
+    /// Requests waiting for their reply, by request id.
+    pending: HashMap<u64, Pending>,
+    /// Children waiting for their exit notice, by spawn id. Registered when
+    /// `Spawned` is dispatched, so an `Exited` right behind it has a slot.
+    exits: HashMap<u64, watch::Sender<ExitState>>,
+}
+
+#[derive(Debug)]
+enum Pending {
+    Spawn(oneshot::Sender<SpawnReply>),
+    Signal(oneshot::Sender<std::result::Result<(), RequestFailed>>),
+}
+
+/// Why the connection ended.
+#[derive(Debug)]
+pub(crate) struct Lost {
+    endpoint: String,
+    reason: String,
+}
+
+impl Lost {
+    pub(crate) fn error(&self) -> Error {
+        Error::ZygoteLost {
+            endpoint: self.endpoint.clone(),
+            reason: self.reason.clone(),
+        }
+    }
+}
+
+/// The reply to a spawn request.
+#[derive(Debug)]
+pub(crate) enum SpawnReply {
+    /// The child exec'd; `fds` are the pidfd, then the pipe ends.
+    Spawned {
+        /// The spawn request's id, which names the child in later requests.
+        id: u64,
+        pid: i32,
+        fds: Vec<OwnedFd>,
+        exit: ExitWatch,
+    },
+    /// The zygote could not start it.
+    Failed(SpawnFailed),
+}
+
+/// Where a child's exit notice will appear.
+#[derive(Debug, Clone)]
+pub(crate) enum ExitState {
+    Running,
+    Exited(ExitNotice),
+    Lost(Arc<Lost>),
+}
+
+/// The receiving side of one child's exit slot.
+#[derive(Debug)]
+pub(crate) struct ExitWatch(watch::Receiver<ExitState>);
+
+impl ExitWatch {
+    /// The notice if it has arrived, without waiting.
+    pub(crate) fn poll(&self) -> Result<Option<ExitNotice>> {
+        match &*self.0.borrow() {
+            ExitState::Running => Ok(None),
+            ExitState::Exited(notice) => Ok(Some(notice.clone())),
+            ExitState::Lost(lost) => Err(lost.error()),
+        }
+    }
+
+    /// Waits for the notice, or for the connection to end.
+    pub(crate) async fn wait(&mut self) -> Result<ExitNotice> {
+        let state = match self
+            .0
+            .wait_for(|state| !matches!(state, ExitState::Running))
+            .await
+        {
+            Ok(state) => state.clone(),
+            // The slot is always resolved before it is dropped; this is a
+            // fallback should that ever change.
+            Err(_) => {
+                return Err(Error::ZygoteLost {
+                    endpoint: String::from("(unknown)"),
+                    reason: "the connection state was dropped".into(),
+                });
+            }
+        };
+        match state {
+            ExitState::Exited(notice) => Ok(notice),
+            ExitState::Lost(lost) => Err(lost.error()),
+            ExitState::Running => unreachable!("wait_for returned a running state"),
+        }
+    }
+}
+
+/// Removes a pending request when its caller stops waiting (the future
+/// was dropped, or sending failed), so late replies find nothing.
+struct Unregister<'a> {
+    connection: &'a Connection,
+    id: u64,
+}
+
+impl Drop for Unregister<'_> {
+    fn drop(&mut self) {
+        self.connection.lock().pending.remove(&self.id);
+    }
+}
+
+impl Connection {
+    pub(crate) fn server_version(&self) -> &str {
+        &self.server_version
+    }
+
+    pub(crate) fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    pub(crate) fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lock().lost.is_some()
+    }
+
+    /// The state lock. A panic while it was held cannot leave the maps
+    /// inconsistent (each update is one insert or remove), so poisoning is
+    /// ignored.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn lost_error(&self) -> Error {
+        match &self.lock().lost {
+            Some(lost) => lost.error(),
+            None => Error::ZygoteLost {
+                endpoint: self.endpoint.clone(),
+                reason: "the connection driver stopped".into(),
+            },
+        }
+    }
+
+    /// Registers a pending request, unless the connection is already lost.
+    fn register(&self, id: u64, pending: Pending) -> Result<Unregister<'_>> {
+        let mut state = self.lock();
+        if let Some(lost) = &state.lost {
+            return Err(lost.error());
+        }
+        state.pending.insert(id, pending);
+        Ok(Unregister {
+            connection: self,
+            id,
+        })
+    }
+
+    /// Sends one request frame.
+    async fn send(&self, message: &ClientMessage, fds: &[BorrowedFd<'_>]) -> Result<()> {
+        let limit = self.limits.max_fds_per_frame as usize;
+        if fds.len() > limit {
+            return Err(Error::TooManyFds {
+                count: fds.len(),
+                limit,
+                inherited: false,
+            });
+        }
+        let bytes = encode(message).map_err(|error| Error::proto("encoding a request", error))?;
+        let limit = self.limits.max_frame_bytes as usize;
+        if bytes.len() > limit {
+            return Err(Error::RequestTooLarge {
+                size: bytes.len(),
+                limit,
+            });
+        }
+        match self.socket.send(&bytes, fds).await {
+            Ok(()) => Ok(()),
+            Err(error) if error.is_disconnect() => Err(Error::ZygoteLost {
+                endpoint: self.endpoint.clone(),
+                reason: format!("sending a request failed: {error}"),
+            }),
+            Err(error) => Err(Error::proto("sending a request to the zygote", error)),
+        }
+    }
+
+    /// Sends a spawn request (its id is assigned here) with its fds and
+    /// waits for the reply.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZygoteLost`] when the connection ends first, or the errors
+    /// of sending.
+    pub(crate) async fn spawn(
+        &self,
+        mut request: SpawnRequest,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<SpawnReply> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        request.id = id;
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let _registered = self.register(id, Pending::Spawn(reply_tx))?;
+        self.send(&ClientMessage::Spawn(request), fds).await?;
+        reply_rx.await.map_err(|_| self.lost_error())
+    }
+
+    /// Asks the zygote to send `signal` to the child of spawn `spawn_id`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Request`] when the zygote refuses or fails (e.g. `ESRCH`),
+    /// [`Error::ZygoteLost`] when the connection ends first.
+    pub(crate) async fn signal(&self, spawn_id: u64, signal: i32) -> Result<()> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let _registered = self.register(id, Pending::Signal(reply_tx))?;
+        let request = ClientMessage::Signal(SignalRequest {
+            id,
+            spawn_id,
+            signal,
+        });
+        self.send(&request, &[]).await?;
+        match reply_rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(failed)) => Err(Error::Request {
+                op: "signal",
+                errno: failed.errno,
+                message: failed.message,
+            }),
+            Err(_) => Err(self.lost_error()),
+        }
+    }
+
+    /// Ends the connection: fails every pending request and every exit
+    /// slot with `reason`. Only the first call has an effect.
+    pub(crate) fn lose(&self, reason: String) {
+        let (pending, exits, lost) = {
+            let mut state = self.lock();
+            if state.lost.is_some() {
+                return;
+            }
+            let lost = Arc::new(Lost {
+                endpoint: self.endpoint.clone(),
+                reason,
+            });
+            state.lost = Some(Arc::clone(&lost));
+            (
+                std::mem::take(&mut state.pending),
+                std::mem::take(&mut state.exits),
+                lost,
+            )
+        };
+        // Dropping a reply sender wakes its waiter, which then reads the
+        // reason from `state.lost`.
+        drop(pending);
+        for (_, slot) in exits {
+            slot.send_replace(ExitState::Lost(Arc::clone(&lost)));
+        }
+    }
+}
+
+fn message_name(message: &ServerMessage) -> &'static str {
+    match message {
+        ServerMessage::HelloAck(_) => "HelloAck",
+        ServerMessage::Spawned(_) => "Spawned",
+        ServerMessage::SpawnFailed(_) => "SpawnFailed",
+        ServerMessage::Exited(_) => "Exited",
+        ServerMessage::SignalSent(_) => "SignalSent",
+        ServerMessage::RequestFailed(_) => "RequestFailed",
+        ServerMessage::ProtocolError(_) => "ProtocolError",
+    }
+}

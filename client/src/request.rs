@@ -1,0 +1,533 @@
+//! Turning a command's settings plus the caller's own state into a
+//! [`SpawnRequest`] and the list of fds to attach to it. Pure: no socket,
+//! no runtime, so it is tested directly.
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::PathBuf;
+
+use zygote_proto::{EnvVar, FdMapping, SpawnRequest, StdioSpec};
+
+use crate::stdio::StdioKind;
+use crate::transparent::Snapshot;
+use crate::{Error, Result, Stdio};
+
+/// Everything a [`Command`](crate::Command) records, apart from its client.
+#[derive(Debug)]
+pub(crate) struct Spec {
+    pub program: OsString,
+    pub argv0: Option<OsString>,
+    pub args: Vec<OsString>,
+    /// Start from an empty environment instead of the caller's.
+    pub env_clear: bool,
+    /// Changes to the environment: `None` removes the variable.
+    pub env: BTreeMap<OsString, Option<OsString>>,
+    pub cwd: Option<PathBuf>,
+    /// `None`: the default of the method that spawns.
+    pub stdio: [Option<Stdio>; 3],
+    /// Extra fds by their number in the child.
+    pub fds: BTreeMap<RawFd, OwnedFd>,
+    pub inherit_fds: bool,
+    pub process_group: Option<i32>,
+    pub setsid: bool,
+    pub umask: Option<u32>,
+}
+
+/// Stdio defaults: `spawn` and `status` inherit all three streams;
+/// `output` gives the child `/dev/null` for stdin and pipes for the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StdioDefaults {
+    Inherit,
+    Output,
+}
+
+/// A request ready to send, with the fds it refers to, borrowed from the
+/// command, the snapshot, or the process's own stdio.
+#[derive(Debug)]
+pub(crate) struct Prepared<'a> {
+    pub request: SpawnRequest,
+    pub fds: Vec<BorrowedFd<'a>>,
+    /// Which of stdin, stdout, stderr will come back as pipes.
+    pub piped: [bool; 3],
+}
+
+impl Spec {
+    pub fn new(program: &OsStr) -> Self {
+        Self {
+            program: program.to_owned(),
+            argv0: None,
+            args: Vec::new(),
+            env_clear: false,
+            env: BTreeMap::new(),
+            cwd: None,
+            stdio: [None, None, None],
+            fds: BTreeMap::new(),
+            inherit_fds: false,
+            process_group: None,
+            setsid: false,
+            umask: None,
+        }
+    }
+
+    pub fn set_env(&mut self, key: &OsStr, value: &OsStr) {
+        self.env.insert(key.to_owned(), Some(value.to_owned()));
+    }
+
+    pub fn remove_env(&mut self, key: &OsStr) {
+        // After a clear there is nothing to remove, as in std.
+        if self.env_clear {
+            self.env.remove(key);
+        } else {
+            self.env.insert(key.to_owned(), None);
+        }
+    }
+
+    pub fn clear_env(&mut self) {
+        self.env_clear = true;
+        self.env.clear();
+    }
+
+    /// The child's whole environment: the caller's (kept in its order)
+    /// unless cleared, with this command's changes applied.
+    fn environment(&self, base: &[(OsString, OsString)]) -> Vec<(OsString, OsString)> {
+        let mut env: Vec<(OsString, OsString)> = if self.env_clear {
+            Vec::new()
+        } else {
+            base.to_vec()
+        };
+        for (key, change) in &self.env {
+            let existing = env.iter().position(|(name, _)| name == key);
+            match (change, existing) {
+                (Some(value), Some(index)) => env[index].1 = value.clone(),
+                (Some(value), None) => env.push((key.clone(), value.clone())),
+                (None, Some(index)) => {
+                    env.remove(index);
+                }
+                (None, None) => {}
+            }
+        }
+        env
+    }
+
+    /// Builds the request for one spawn.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for NUL bytes, bad variable names or child
+    /// fd numbers below 3; [`Error::Io`] when the caller's working
+    /// directory is needed but unknown; [`Error::TooManyFds`] over
+    /// `max_fds`.
+    pub fn prepare<'a>(
+        &'a self,
+        snapshot: &'a Snapshot,
+        defaults: StdioDefaults,
+        max_fds: usize,
+    ) -> Result<Prepared<'a>> {
+        let program = bytes("program", &self.program)?;
+        let argv0 = self
+            .argv0
+            .as_deref()
+            .map(|arg| bytes("argv[0]", arg))
+            .transpose()?;
+        let args = self
+            .args
+            .iter()
+            .map(|arg| bytes("argument", arg))
+            .collect::<Result<Vec<_>>>()?;
+        let env = self
+            .environment(&snapshot.env)
+            .into_iter()
+            .map(|(key, value)| env_var(key, value))
+            .collect::<Result<Vec<_>>>()?;
+        let cwd = self.working_directory(snapshot)?;
+
+        let mut fds: Vec<BorrowedFd<'a>> = Vec::new();
+        let mut attach = |fd: BorrowedFd<'a>| {
+            fds.push(fd);
+            u32::try_from(fds.len() - 1).expect("fd count is far below u32::MAX")
+        };
+        let mut specs = [StdioSpec::Null; 3];
+        let mut piped = [false; 3];
+        for (stream, stdio) in self.stdio.iter().enumerate() {
+            let kind = match (stdio, defaults) {
+                (Some(stdio), _) => &stdio.0,
+                (None, StdioDefaults::Inherit) => &StdioKind::Inherit,
+                (None, StdioDefaults::Output) if stream == 0 => &StdioKind::Null,
+                (None, StdioDefaults::Output) => &StdioKind::Piped,
+            };
+            specs[stream] = match kind {
+                StdioKind::Inherit => match own_stdio(stream) {
+                    Some(fd) => StdioSpec::Fd(attach(fd)),
+                    None => StdioSpec::Null,
+                },
+                StdioKind::Null => StdioSpec::Null,
+                StdioKind::Piped => {
+                    piped[stream] = true;
+                    StdioSpec::Pipe
+                }
+                StdioKind::Fd(fd) => StdioSpec::Fd(attach(fd.as_fd())),
+            };
+        }
+
+        // Explicit mappings win over inherited fds of the same number.
+        let mut mapped: BTreeMap<RawFd, BorrowedFd<'a>> = snapshot
+            .inherited_fds
+            .iter()
+            .map(|(number, fd)| (*number, fd.as_fd()))
+            .collect();
+        for (&child_fd, fd) in &self.fds {
+            if child_fd < 3 {
+                return Err(Error::invalid(format!(
+                    "child fd {child_fd} is stdio; set it with stdin/stdout/stderr, and map extra fds at 3 or above"
+                )));
+            }
+            mapped.insert(child_fd, fd.as_fd());
+        }
+        let fd_mappings = mapped
+            .into_iter()
+            .map(|(child_fd, fd)| FdMapping {
+                attached_index: attach(fd),
+                child_fd,
+            })
+            .collect();
+
+        if fds.len() > max_fds {
+            return Err(Error::TooManyFds {
+                count: fds.len(),
+                limit: max_fds,
+                inherited: self.inherit_fds,
+            });
+        }
+        let request = SpawnRequest {
+            id: 0,
+            program,
+            argv0,
+            args,
+            env,
+            cwd: Some(cwd),
+            stdin: specs[0],
+            stdout: specs[1],
+            stderr: specs[2],
+            fd_mappings,
+            new_session: self.setsid,
+            process_group: self.process_group,
+            umask: self.umask.or(snapshot.umask),
+            rlimits: snapshot.rlimits.clone(),
+        };
+        Ok(Prepared {
+            request,
+            fds,
+            piped,
+        })
+    }
+
+    /// The child's working directory, always absolute: the one set (joined
+    /// onto the caller's when relative) or the caller's own.
+    fn working_directory(&self, snapshot: &Snapshot) -> Result<Vec<u8>> {
+        let path = match &self.cwd {
+            Some(dir) if dir.is_absolute() => dir.clone(),
+            set => {
+                let own = snapshot.cwd.as_ref().map_err(|error| {
+                    Error::io(
+                        "reading the current directory (the child starts in the caller's)",
+                        copy_io_error(error),
+                    )
+                })?;
+                match set {
+                    Some(relative) => own.join(relative),
+                    None => own.clone(),
+                }
+            }
+        };
+        bytes("working directory", path.as_os_str())
+    }
+}
+
+/// The calling process's fd 0, 1 or 2, when it is open.
+fn own_stdio(stream: usize) -> Option<BorrowedFd<'static>> {
+    let fd = match stream {
+        0 => rustix::stdio::stdin(),
+        1 => rustix::stdio::stdout(),
+        _ => rustix::stdio::stderr(),
+    };
+    rustix::io::fcntl_getfd(fd).ok().map(|_| fd)
+}
+
+fn bytes(what: &str, value: &OsStr) -> Result<Vec<u8>> {
+    if value.as_bytes().contains(&0) {
+        return Err(Error::invalid(format!(
+            "{what} {value:?} contains a NUL byte"
+        )));
+    }
+    Ok(value.as_bytes().to_vec())
+}
+
+fn env_var(key: OsString, value: OsString) -> Result<EnvVar> {
+    if key.is_empty() || key.as_bytes().contains(&b'=') {
+        return Err(Error::invalid(format!(
+            "environment variable name {key:?} is empty or contains '='"
+        )));
+    }
+    bytes("environment variable", &key)?;
+    bytes("environment value", &value)?;
+    Ok(EnvVar {
+        key: key.into_vec(),
+        value: value.into_vec(),
+    })
+}
+
+fn copy_io_error(error: &io::Error) -> io::Error {
+    match error.raw_os_error() {
+        Some(errno) => io::Error::from_raw_os_error(errno),
+        None => io::Error::new(error.kind(), error.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+
+    use zygote_proto::ResourceLimit;
+
+    use super::*;
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            env: vec![
+                ("PATH".into(), "/usr/bin:/bin".into()),
+                ("HOME".into(), "/home/u".into()),
+                ("LANG".into(), "C".into()),
+            ],
+            cwd: Ok(PathBuf::from("/srv/work")),
+            umask: Some(0o027),
+            rlimits: vec![ResourceLimit {
+                resource: 7,
+                soft: 1024,
+                hard: u64::MAX,
+            }],
+            inherited_fds: Vec::new(),
+        }
+    }
+
+    fn env_of(request: &SpawnRequest) -> Vec<(&[u8], &[u8])> {
+        request
+            .env
+            .iter()
+            .map(|var| (var.key.as_slice(), var.value.as_slice()))
+            .collect()
+    }
+
+    #[test]
+    fn transparent_defaults() {
+        let spec = Spec::new(OsStr::new("ls"));
+        let snapshot = snapshot();
+        let prepared = spec.prepare(&snapshot, StdioDefaults::Output, 64).unwrap();
+        let request = &prepared.request;
+        assert_eq!(request.program, b"ls");
+        assert_eq!(request.argv0, None);
+        assert_eq!(
+            env_of(request),
+            [
+                (&b"PATH"[..], &b"/usr/bin:/bin"[..]),
+                (b"HOME", b"/home/u"),
+                (b"LANG", b"C")
+            ]
+        );
+        assert_eq!(request.cwd.as_deref(), Some(&b"/srv/work"[..]));
+        assert_eq!(request.umask, Some(0o027));
+        assert_eq!(request.rlimits, snapshot.rlimits);
+        assert_eq!(
+            [request.stdin, request.stdout, request.stderr],
+            [StdioSpec::Null, StdioSpec::Pipe, StdioSpec::Pipe]
+        );
+        assert_eq!(prepared.piped, [false, true, true]);
+        assert!(prepared.fds.is_empty());
+        assert!(!request.new_session);
+    }
+
+    #[test]
+    fn env_changes_apply_like_std() {
+        let snapshot = snapshot();
+        let mut spec = Spec::new(OsStr::new("env"));
+        spec.set_env(OsStr::new("LANG"), OsStr::new("fr_FR.UTF-8"));
+        spec.remove_env(OsStr::new("HOME"));
+        spec.set_env(OsStr::new("NEW"), OsStr::from_bytes(b"\xff\xfe"));
+        spec.remove_env(OsStr::new("ABSENT"));
+        let prepared = spec.prepare(&snapshot, StdioDefaults::Inherit, 64).unwrap();
+        assert_eq!(
+            env_of(&prepared.request),
+            [
+                (&b"PATH"[..], &b"/usr/bin:/bin"[..]),
+                (b"LANG", b"fr_FR.UTF-8"),
+                (b"NEW", b"\xff\xfe")
+            ]
+        );
+
+        // A clear drops the caller's variables and earlier changes; later
+        // changes still apply.
+        spec.clear_env();
+        spec.set_env(OsStr::new("ONLY"), OsStr::new("1"));
+        spec.remove_env(OsStr::new("PATH"));
+        let prepared = spec.prepare(&snapshot, StdioDefaults::Inherit, 64).unwrap();
+        assert_eq!(env_of(&prepared.request), [(&b"ONLY"[..], &b"1"[..])]);
+    }
+
+    #[test]
+    fn relative_cwd_joins_the_callers() {
+        let snapshot = snapshot();
+        let mut spec = Spec::new(OsStr::new("pwd"));
+        spec.cwd = Some("sub/dir".into());
+        let prepared = spec.prepare(&snapshot, StdioDefaults::Inherit, 64).unwrap();
+        assert_eq!(
+            prepared.request.cwd.as_deref(),
+            Some(&b"/srv/work/sub/dir"[..])
+        );
+
+        spec.cwd = Some("/abs".into());
+        let unknown = Snapshot {
+            cwd: Err(io::Error::from_raw_os_error(libc::ENOENT)),
+            ..snapshot
+        };
+        // An absolute directory does not need the caller's.
+        let prepared = spec.prepare(&unknown, StdioDefaults::Inherit, 64).unwrap();
+        assert_eq!(prepared.request.cwd.as_deref(), Some(&b"/abs"[..]));
+        spec.cwd = None;
+        let error = spec
+            .prepare(&unknown, StdioDefaults::Inherit, 64)
+            .unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::ENOENT), "{error}");
+    }
+
+    #[test]
+    fn non_utf8_args_and_argv0_pass_through() {
+        let snapshot = snapshot();
+        let mut spec = Spec::new(OsStr::from_bytes(b"/bin/\xe9cho"));
+        spec.argv0 = Some(OsStr::from_bytes(b"\xffzero").to_owned());
+        spec.args = vec![OsStr::from_bytes(b"a\x80b").to_owned(), OsString::new()];
+        let prepared = spec.prepare(&snapshot, StdioDefaults::Inherit, 64).unwrap();
+        assert_eq!(prepared.request.program, b"/bin/\xe9cho");
+        assert_eq!(prepared.request.argv0.as_deref(), Some(&b"\xffzero"[..]));
+        assert_eq!(prepared.request.args, [b"a\x80b".to_vec(), Vec::new()]);
+    }
+
+    #[test]
+    fn rejects_nul_bad_names_and_low_fds() {
+        let snapshot = snapshot();
+        let mut spec = Spec::new(OsStr::new("x"));
+        spec.args = vec![OsStr::from_bytes(b"a\0b").to_owned()];
+        let error = spec
+            .prepare(&snapshot, StdioDefaults::Inherit, 64)
+            .unwrap_err();
+        assert!(matches!(error, Error::InvalidInput { .. }), "{error}");
+
+        let mut spec = Spec::new(OsStr::new("x"));
+        spec.set_env(OsStr::new("A=B"), OsStr::new("1"));
+        assert!(spec.prepare(&snapshot, StdioDefaults::Inherit, 64).is_err());
+
+        let mut spec = Spec::new(OsStr::new("x"));
+        spec.fds
+            .insert(2, std::fs::File::open("/dev/null").unwrap().into());
+        let error = spec
+            .prepare(&snapshot, StdioDefaults::Inherit, 64)
+            .unwrap_err();
+        assert!(error.to_string().contains("child fd 2"), "{error}");
+    }
+
+    #[test]
+    fn stdio_and_mapped_fds_are_attached_in_order() {
+        let file = |path: &str| std::fs::File::open(path).unwrap();
+        let stdin_file = file("/dev/null");
+        let stdin_raw = stdin_file.as_raw_fd();
+        let five = OwnedFd::from(file("/dev/zero"));
+        let five_raw = five.as_raw_fd();
+        let four = OwnedFd::from(file("/dev/zero"));
+        let four_raw = four.as_raw_fd();
+        let inherited_four = OwnedFd::from(file("/dev/null"));
+        let inherited_nine = OwnedFd::from(file("/dev/null"));
+        let nine_raw = inherited_nine.as_raw_fd();
+
+        let mut spec = Spec::new(OsStr::new("cat"));
+        spec.stdio = [
+            Some(Stdio::from(stdin_file)),
+            Some(Stdio::piped()),
+            Some(Stdio::null()),
+        ];
+        spec.fds.insert(5, five);
+        spec.fds.insert(4, four);
+        spec.setsid = true;
+        spec.process_group = Some(0);
+        spec.umask = Some(0o077);
+        let snapshot = Snapshot {
+            inherited_fds: vec![(4, inherited_four), (9, inherited_nine)],
+            ..snapshot()
+        };
+        let prepared = spec.prepare(&snapshot, StdioDefaults::Inherit, 64).unwrap();
+        let request = &prepared.request;
+        assert_eq!(
+            [request.stdin, request.stdout, request.stderr],
+            [StdioSpec::Fd(0), StdioSpec::Pipe, StdioSpec::Null]
+        );
+        assert_eq!(prepared.piped, [false, true, false]);
+        let raw: Vec<RawFd> = prepared.fds.iter().map(AsRawFd::as_raw_fd).collect();
+        // stdin's fd, then mappings by child number; the explicit fd 4 wins
+        // over the inherited one.
+        assert_eq!(raw, [stdin_raw, four_raw, five_raw, nine_raw]);
+        assert_eq!(
+            request.fd_mappings,
+            [
+                FdMapping {
+                    attached_index: 1,
+                    child_fd: 4
+                },
+                FdMapping {
+                    attached_index: 2,
+                    child_fd: 5
+                },
+                FdMapping {
+                    attached_index: 3,
+                    child_fd: 9
+                },
+            ]
+        );
+        assert!(request.new_session);
+        assert_eq!(request.process_group, Some(0));
+        assert_eq!(request.umask, Some(0o077));
+
+        let error = spec
+            .prepare(&snapshot, StdioDefaults::Inherit, 3)
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                Error::TooManyFds {
+                    count: 4,
+                    limit: 3,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn inherit_borrows_own_stdio() {
+        let spec = Spec::new(OsStr::new("true"));
+        let snapshot = snapshot();
+        let prepared = spec.prepare(&snapshot, StdioDefaults::Inherit, 64).unwrap();
+        // The test harness has its fds 0 to 2 open.
+        let raw: Vec<RawFd> = prepared.fds.iter().map(AsRawFd::as_raw_fd).collect();
+        assert_eq!(raw, [0, 1, 2]);
+        assert_eq!(
+            [
+                prepared.request.stdin,
+                prepared.request.stdout,
+                prepared.request.stderr
+            ],
+            [StdioSpec::Fd(0), StdioSpec::Fd(1), StdioSpec::Fd(2)]
+        );
+    }
+}

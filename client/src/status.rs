@@ -1,0 +1,223 @@
+//! How a child ended: [`ExitStatus`], [`ResourceUsage`] and [`Output`].
+
+use std::fmt;
+use std::time::Duration;
+
+use zygote_proto as proto;
+
+/// How a child ended, as the zygote (its parent) reaped it.
+///
+/// Mirrors [`std::process::ExitStatus`] plus the Unix `ExitStatusExt`
+/// methods, and converts into it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitStatus(proto::ExitStatus);
+
+impl ExitStatus {
+    /// Whether the child exited with code 0.
+    pub fn success(&self) -> bool {
+        matches!(self.0, proto::ExitStatus::Exited(0))
+    }
+
+    /// The exit code, or `None` when a signal ended the child.
+    pub fn code(&self) -> Option<i32> {
+        match self.0 {
+            proto::ExitStatus::Exited(code) => Some(code),
+            proto::ExitStatus::Signaled { .. } => None,
+        }
+    }
+
+    /// The signal that ended the child, if one did.
+    pub fn signal(&self) -> Option<i32> {
+        match self.0 {
+            proto::ExitStatus::Exited(_) => None,
+            proto::ExitStatus::Signaled { signal, .. } => Some(signal),
+        }
+    }
+
+    /// Whether the child dumped core.
+    pub fn core_dumped(&self) -> bool {
+        matches!(
+            self.0,
+            proto::ExitStatus::Signaled {
+                core_dumped: true,
+                ..
+            }
+        )
+    }
+
+    /// The status in `wait(2)` encoding, as `ExitStatusExt::into_raw`.
+    pub fn into_raw(self) -> i32 {
+        match self.0 {
+            proto::ExitStatus::Exited(code) => (code & 0xff) << 8,
+            proto::ExitStatus::Signaled {
+                signal,
+                core_dumped,
+            } => (signal & 0x7f) | if core_dumped { 0x80 } else { 0 },
+        }
+    }
+}
+
+impl From<proto::ExitStatus> for ExitStatus {
+    fn from(status: proto::ExitStatus) -> Self {
+        Self(status)
+    }
+}
+
+impl From<ExitStatus> for std::process::ExitStatus {
+    fn from(status: ExitStatus) -> Self {
+        std::os::unix::process::ExitStatusExt::from_raw(status.into_raw())
+    }
+}
+
+/// Same text as std: `exit status: 3`, `signal: 9 (SIGKILL)`,
+/// `signal: 11 (SIGSEGV) (core dumped)`.
+impl fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            proto::ExitStatus::Exited(code) => write!(f, "exit status: {code}"),
+            proto::ExitStatus::Signaled {
+                signal,
+                core_dumped,
+            } => {
+                write!(f, "signal: {signal}")?;
+                if let Some(name) = signal_name(signal) {
+                    write!(f, " ({name})")?;
+                }
+                if core_dumped {
+                    f.write_str(" (core dumped)")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The Linux name of a standard signal.
+fn signal_name(signal: i32) -> Option<&'static str> {
+    const NAMES: [&str; 31] = [
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
+    ];
+    let index = usize::try_from(signal).ok()?.checked_sub(1)?;
+    NAMES.get(index).copied()
+}
+
+/// What a child used, from the zygote's `waitid(2)` rusage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ResourceUsage {
+    /// CPU time in user mode.
+    pub user_time: Duration,
+    /// CPU time in the kernel.
+    pub system_time: Duration,
+    /// Peak resident set size, in KiB.
+    pub max_rss_kib: u64,
+}
+
+impl From<proto::ResourceUsage> for ResourceUsage {
+    fn from(usage: proto::ResourceUsage) -> Self {
+        Self {
+            user_time: Duration::from_micros(usage.user_micros),
+            system_time: Duration::from_micros(usage.system_micros),
+            max_rss_kib: usage.max_rss_kib,
+        }
+    }
+}
+
+/// A finished child's status and everything it wrote, as
+/// [`std::process::Output`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// How it ended.
+    pub status: ExitStatus,
+    /// All it wrote to stdout.
+    pub stdout: Vec<u8>,
+    /// All it wrote to stderr.
+    pub stderr: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signaled(signal: i32, core_dumped: bool) -> ExitStatus {
+        ExitStatus(proto::ExitStatus::Signaled {
+            signal,
+            core_dumped,
+        })
+    }
+
+    #[test]
+    fn display_matches_std() {
+        assert_eq!(
+            ExitStatus(proto::ExitStatus::Exited(3)).to_string(),
+            "exit status: 3"
+        );
+        assert_eq!(signaled(9, false).to_string(), "signal: 9 (SIGKILL)");
+        assert_eq!(
+            signaled(11, true).to_string(),
+            "signal: 11 (SIGSEGV) (core dumped)"
+        );
+        assert_eq!(signaled(64, false).to_string(), "signal: 64");
+    }
+
+    #[test]
+    fn agrees_with_std_exit_status() {
+        for status in [
+            ExitStatus(proto::ExitStatus::Exited(0)),
+            ExitStatus(proto::ExitStatus::Exited(3)),
+            ExitStatus(proto::ExitStatus::Exited(255)),
+            signaled(9, false),
+            signaled(6, true),
+        ] {
+            let std_status = std::process::ExitStatus::from(status);
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(std_status.success(), status.success());
+            assert_eq!(std_status.code(), status.code());
+            assert_eq!(std_status.signal(), status.signal());
+            assert_eq!(std_status.core_dumped(), status.core_dumped());
+            assert_eq!(std_status.to_string(), status.to_string());
+        }
+    }
+
+    #[test]
+    fn usage_converts_micros() {
+        let usage = ResourceUsage::from(proto::ResourceUsage {
+            user_micros: 1_500_000,
+            system_micros: 20,
+            max_rss_kib: 4096,
+        });
+        assert_eq!(usage.user_time, Duration::from_millis(1500));
+        assert_eq!(usage.system_time, Duration::from_micros(20));
+        assert_eq!(usage.max_rss_kib, 4096);
+    }
+}

@@ -1,0 +1,641 @@
+//! Dispatcher tests against a scripted fake daemon on the other end of a
+//! socketpair. The real daemon's end-to-end tests live in the `tests/`
+//! crate; these check the client's side of the protocol on its own: reply
+//! dispatch by id, fds, exit notices, and failing fast when the peer goes.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rustix::process::{Pid, PidfdFlags, pidfd_open};
+use tokio::io::AsyncReadExt;
+use zygote_proto::{
+    ClientMessage, ExitNotice, HelloAck, LIMITS, PROTOCOL_VERSION, ProtocolError,
+    ProtocolErrorKind, RECV_BUFFER_BYTES, RequestFailed, ResourceUsage as WireUsage, ServerMessage,
+    SignalSent, SpawnFailed, SpawnStage, Spawned, StdioSpec, decode, encode, recv_frame,
+    send_frame, socket,
+};
+
+use crate::{Client, Command, Error, Stdio, blocking};
+
+/// Generous bound on anything that should be prompt.
+const PROMPTLY: Duration = Duration::from_secs(20);
+
+/// The daemon's end of the socketpair, driven synchronously from a thread.
+struct FakeDaemon {
+    socket: OwnedFd,
+    scratch: Vec<u8>,
+}
+
+impl FakeDaemon {
+    /// The next message and its fds; `None` when the client has closed.
+    fn recv(&mut self) -> Option<(ClientMessage, Vec<OwnedFd>)> {
+        let frame = recv_frame(self.socket.as_fd(), &mut self.scratch).unwrap()?;
+        Some((decode(&frame.bytes).unwrap(), frame.fds))
+    }
+
+    fn send(&self, message: ServerMessage, fds: &[BorrowedFd<'_>]) {
+        send_frame(self.socket.as_fd(), &encode(&message).unwrap(), fds).unwrap();
+    }
+
+    fn accept_hello(&mut self) {
+        match self.recv() {
+            Some((ClientMessage::Hello(hello), fds)) => {
+                assert_eq!(hello.protocol_version, PROTOCOL_VERSION);
+                assert!(hello.client.starts_with("zygote-client/"));
+                assert!(fds.is_empty());
+            }
+            other => panic!("expected Hello, got {other:?}"),
+        }
+        self.send(
+            ServerMessage::HelloAck(HelloAck {
+                protocol_version: PROTOCOL_VERSION,
+                server_version: "fake/1".into(),
+                limits: LIMITS,
+            }),
+            &[],
+        );
+    }
+
+    fn spawned(&self, id: u64, pid: i32, fds: &[OwnedFd]) {
+        let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
+        self.send(ServerMessage::Spawned(Spawned { id, pid }), &borrowed);
+    }
+
+    fn exited(&self, id: u64, code: i32) {
+        self.send(
+            ServerMessage::Exited(ExitNotice {
+                id,
+                status: zygote_proto::ExitStatus::Exited(code),
+                usage: WireUsage {
+                    user_micros: 1000,
+                    system_micros: 2000,
+                    max_rss_kib: 3000,
+                },
+            }),
+            &[],
+        );
+    }
+}
+
+/// Runs `script` as the daemon on a thread; returns the client's end.
+fn fake_daemon<T: Send + 'static>(
+    script: impl FnOnce(FakeDaemon) -> T + Send + 'static,
+) -> (OwnedFd, JoinHandle<T>) {
+    let (client_end, daemon_end) = socket::pair(false).unwrap();
+    let daemon = FakeDaemon {
+        socket: daemon_end,
+        scratch: vec![0; RECV_BUFFER_BYTES],
+    };
+    (client_end, std::thread::spawn(move || script(daemon)))
+}
+
+/// Joins the fake daemon's thread without blocking the runtime, whose
+/// reader task must run to close the client's end.
+async fn join<T: Send + 'static>(daemon: JoinHandle<T>) -> T {
+    tokio::task::spawn_blocking(move || daemon.join().unwrap())
+        .await
+        .unwrap()
+}
+
+/// A real process to stand in for the child, with a pidfd on it.
+fn sleeper() -> (std::process::Child, OwnedFd) {
+    let child = std::process::Command::new("sleep")
+        .arg("60")
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pidfd = pidfd_open(Pid::from_child(&child), PidfdFlags::empty()).unwrap();
+    (child, pidfd)
+}
+
+fn reap(mut child: std::process::Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Answers every spawn at once: pid 1000 + N and exit code N, where N is
+/// the first argument; piped stdout gets "out:N", piped stderr "err:N".
+fn serve_echo(mut daemon: FakeDaemon, pidfd: OwnedFd) {
+    daemon.accept_hello();
+    // Stdin read ends stay open so that the client's writes succeed.
+    let mut stdin_readers = Vec::new();
+    while let Some((message, _fds)) = daemon.recv() {
+        match message {
+            ClientMessage::Spawn(request) => {
+                let arg = request
+                    .args
+                    .first()
+                    .map(|arg| String::from_utf8_lossy(arg).into_owned())
+                    .unwrap_or_default();
+                let code: i32 = arg.parse().unwrap_or(0);
+                let mut fds = vec![pidfd.try_clone().unwrap()];
+                let mut writers = Vec::new();
+                let streams = [request.stdin, request.stdout, request.stderr];
+                for (stream, spec) in streams.into_iter().enumerate() {
+                    if spec == StdioSpec::Pipe {
+                        let (read, write) = rustix::pipe::pipe().unwrap();
+                        if stream == 0 {
+                            fds.push(write);
+                            stdin_readers.push(read);
+                        } else {
+                            fds.push(read);
+                            writers.push((stream, write));
+                        }
+                    }
+                }
+                daemon.spawned(request.id, 1000 + code, &fds);
+                drop(fds);
+                for (stream, write) in writers {
+                    let name = if stream == 1 { "out" } else { "err" };
+                    File::from(write)
+                        .write_all(format!("{name}:{arg}").as_bytes())
+                        .unwrap();
+                }
+                daemon.exited(request.id, code);
+            }
+            ClientMessage::Signal(signal) => {
+                daemon.send(ServerMessage::SignalSent(SignalSent { id: signal.id }), &[]);
+            }
+            ClientMessage::Hello(_) => panic!("second Hello"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn spawn_delivers_pidfd_pipes_signals_and_exit() {
+    let (client_end, daemon) = fake_daemon(|mut daemon| {
+        daemon.accept_hello();
+        let Some((ClientMessage::Spawn(request), fds)) = daemon.recv() else {
+            panic!("expected Spawn");
+        };
+        // stdin null, stdout piped, stderr inherited: one fd, the client's 2.
+        assert_eq!(request.program, b"sleep");
+        assert_eq!(request.args, [b"60".to_vec()]);
+        assert_eq!(
+            [request.stdin, request.stdout, request.stderr],
+            [StdioSpec::Null, StdioSpec::Pipe, StdioSpec::Fd(0)]
+        );
+        assert_eq!(fds.len(), 1);
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            request.cwd.as_deref(),
+            Some(cwd.as_os_str().as_encoded_bytes())
+        );
+        let own_env: Vec<(Vec<u8>, Vec<u8>)> = std::env::vars_os()
+            .map(|(key, value)| (key.into_encoded_bytes(), value.into_encoded_bytes()))
+            .collect();
+        let sent_env: Vec<(Vec<u8>, Vec<u8>)> = request
+            .env
+            .iter()
+            .map(|var| (var.key.clone(), var.value.clone()))
+            .collect();
+        assert_eq!(sent_env, own_env);
+        assert_eq!(request.rlimits.len(), 16);
+
+        let (sleep, pidfd) = sleeper();
+        let (read, write) = rustix::pipe::pipe().unwrap();
+        daemon.spawned(
+            request.id,
+            i32::try_from(sleep.id()).unwrap(),
+            &[pidfd, read],
+        );
+        File::from(write).write_all(b"hello\n").unwrap();
+
+        // First signal: delivered; second: the child is gone.
+        for errno in [None, Some(libc::ESRCH)] {
+            let Some((ClientMessage::Signal(signal), _)) = daemon.recv() else {
+                panic!("expected Signal");
+            };
+            assert_eq!(signal.spawn_id, request.id);
+            assert_eq!(signal.signal, libc::SIGTERM);
+            let reply = match errno {
+                None => ServerMessage::SignalSent(SignalSent { id: signal.id }),
+                Some(errno) => ServerMessage::RequestFailed(RequestFailed {
+                    id: signal.id,
+                    errno,
+                    message: "no such process".into(),
+                }),
+            };
+            daemon.send(reply, &[]);
+        }
+        // The client has killed the sleeper through its pidfd by now and
+        // says so with one more request.
+        let Some((ClientMessage::Signal(sync), _)) = daemon.recv() else {
+            panic!("expected Signal");
+        };
+        let mut sleep = sleep;
+        let status = sleep.wait().unwrap();
+        daemon.send(ServerMessage::SignalSent(SignalSent { id: sync.id }), &[]);
+        daemon.exited(request.id, 3);
+        assert!(daemon.recv().is_none(), "client should close");
+        status
+    });
+
+    let run = async {
+        let client = Client::from_fd(client_end).await.unwrap();
+        assert_eq!(client.server_version(), "fake/1");
+        assert!(client.is_connected());
+        let mut child = Command::new(&client, "sleep")
+            .arg("60")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .await
+            .unwrap();
+        assert!(child.stdin.is_none() && child.stderr.is_none());
+        let mut line = Vec::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_end(&mut line)
+            .await
+            .unwrap();
+        assert_eq!(line, b"hello\n");
+        assert!(child.try_wait().unwrap().is_none());
+
+        child.signal(libc::SIGTERM).await.unwrap();
+        let error = child.signal(libc::SIGTERM).await.unwrap_err();
+        assert!(
+            matches!(error, Error::Request { op: "signal", .. }),
+            "{error}"
+        );
+        assert_eq!(error.raw_os_error(), Some(libc::ESRCH));
+
+        child.start_kill().unwrap();
+        child.signal(libc::SIGTERM).await.unwrap();
+        let status = child.wait().await.unwrap();
+        assert_eq!(status.code(), Some(3));
+        assert_eq!(child.try_wait().unwrap(), Some(status));
+        let usage = child.usage().unwrap();
+        assert_eq!(usage.user_time, Duration::from_millis(1));
+        assert_eq!(usage.max_rss_kib, 3000);
+    };
+    tokio::time::timeout(PROMPTLY, run).await.unwrap();
+    let sleeper_status = join(daemon).await;
+    assert_eq!(sleeper_status.signal(), Some(libc::SIGKILL));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_spawns_are_dispatched_by_id() {
+    const COUNT: usize = 50;
+    let (client_end, daemon) = fake_daemon(|mut daemon| {
+        daemon.accept_hello();
+        let (sleep, pidfd) = sleeper();
+        // Every request must arrive before any reply: spawns that queued
+        // behind one another would deadlock here.
+        let mut requests = Vec::new();
+        while requests.len() < COUNT {
+            let Some((ClientMessage::Spawn(request), _)) = daemon.recv() else {
+                panic!("expected Spawn");
+            };
+            requests.push(request);
+        }
+        // Reply in reverse order, each exit right behind its Spawned.
+        for request in requests.iter().rev() {
+            let n: i32 = std::str::from_utf8(&request.args[0])
+                .unwrap()
+                .parse()
+                .unwrap();
+            daemon.spawned(request.id, 1000 + n, &[pidfd.try_clone().unwrap()]);
+            daemon.exited(request.id, n);
+        }
+        assert!(daemon.recv().is_none());
+        reap(sleep);
+    });
+
+    let client = Client::from_fd(client_end).await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..COUNT {
+        let client = client.clone();
+        tasks.spawn(async move {
+            let mut child = Command::new(&client, "worker")
+                .arg(n.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .await
+                .unwrap();
+            assert_eq!(child.id(), 1000 + n as u32);
+            let status = child.wait().await.unwrap();
+            assert_eq!(status.code(), Some(n as i32));
+        });
+    }
+    drop(client);
+    tokio::time::timeout(PROMPTLY, async {
+        while let Some(result) = tasks.join_next().await {
+            result.unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    join(daemon).await;
+}
+
+#[tokio::test]
+async fn losing_the_zygote_fails_waiters_and_requests() {
+    let (client_end, daemon) = fake_daemon(|mut daemon| {
+        daemon.accept_hello();
+        let (sleep, pidfd) = sleeper();
+        let Some((ClientMessage::Spawn(first), _)) = daemon.recv() else {
+            panic!("expected Spawn");
+        };
+        daemon.spawned(first.id, i32::try_from(sleep.id()).unwrap(), &[pidfd]);
+        // Take the second spawn, never answer it, and go away.
+        let Some((ClientMessage::Spawn(_), _)) = daemon.recv() else {
+            panic!("expected Spawn");
+        };
+        sleep
+    });
+
+    let client = Client::from_fd(client_end).await.unwrap();
+    let mut command = Command::new(&client, "sleep");
+    command.stdin(Stdio::null());
+    let run = async {
+        let mut child = command.spawn().await.unwrap();
+        let error = command.spawn().await.unwrap_err();
+        assert!(error.is_zygote_lost(), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("the zygote closed the connection"),
+            "{error}"
+        );
+        let error = child.wait().await.unwrap_err();
+        assert!(error.is_zygote_lost(), "{error}");
+        assert!(child.try_wait().unwrap_err().is_zygote_lost());
+        assert!(!client.is_connected());
+        // New requests fail at once.
+        assert!(command.spawn().await.unwrap_err().is_zygote_lost());
+        assert!(
+            child
+                .signal(libc::SIGTERM)
+                .await
+                .unwrap_err()
+                .is_zygote_lost()
+        );
+        // Killing still works, through the pidfd; the pidfd confirms it.
+        child.kill().await.unwrap();
+    };
+    tokio::time::timeout(PROMPTLY, run).await.unwrap();
+    let mut sleep = join(daemon).await;
+    assert_eq!(sleep.wait().unwrap().signal(), Some(libc::SIGKILL));
+}
+
+#[tokio::test]
+async fn spawn_failure_carries_stage_and_errno() {
+    let (client_end, daemon) = fake_daemon(|mut daemon| {
+        daemon.accept_hello();
+        let Some((ClientMessage::Spawn(request), _)) = daemon.recv() else {
+            panic!("expected Spawn");
+        };
+        daemon.send(
+            ServerMessage::SpawnFailed(SpawnFailed {
+                id: request.id,
+                stage: SpawnStage::Exec,
+                errno: libc::ENOENT,
+                message: "execve(\"nosuch\") failed".into(),
+            }),
+            &[],
+        );
+        assert!(daemon.recv().is_none());
+    });
+    let client = Client::from_fd(client_end).await.unwrap();
+    let error = Command::new(&client, "nosuch").status().await.unwrap_err();
+    match &error {
+        Error::Spawn {
+            program,
+            stage,
+            errno,
+            ..
+        } => {
+            assert_eq!(program, "nosuch");
+            assert_eq!(*stage, SpawnStage::Exec);
+            assert_eq!(*errno, libc::ENOENT);
+        }
+        other => panic!("expected Spawn, got {other:?}"),
+    }
+    assert_eq!(
+        std::io::Error::from(error).kind(),
+        std::io::ErrorKind::NotFound
+    );
+    // A failed spawn does not end the connection.
+    assert!(client.is_connected());
+    drop(client);
+    join(daemon).await;
+}
+
+#[tokio::test]
+async fn handshake_refusal_is_a_protocol_error() {
+    let (client_end, daemon) = fake_daemon(|mut daemon| {
+        assert!(matches!(daemon.recv(), Some((ClientMessage::Hello(_), _))));
+        daemon.send(
+            ServerMessage::ProtocolError(ProtocolError {
+                kind: ProtocolErrorKind::UnsupportedVersion,
+                message: "this daemon speaks version 2".into(),
+            }),
+            &[],
+        );
+    });
+    let error = Client::from_fd(client_end).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::Protocol {
+                kind: ProtocolErrorKind::UnsupportedVersion,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    join(daemon).await;
+
+    let (client_end, daemon) = fake_daemon(|mut daemon| {
+        assert!(matches!(daemon.recv(), Some((ClientMessage::Hello(_), _))));
+    });
+    let error = Client::from_fd(client_end).await.unwrap_err();
+    assert!(matches!(error, Error::Handshake { .. }), "{error}");
+    assert!(error.to_string().contains("expected HelloAck"), "{error}");
+    join(daemon).await;
+}
+
+#[tokio::test]
+async fn protocol_error_mid_connection_fails_pending_requests() {
+    let (client_end, daemon) = fake_daemon(|mut daemon| {
+        daemon.accept_hello();
+        assert!(matches!(daemon.recv(), Some((ClientMessage::Spawn(_), _))));
+        daemon.send(
+            ServerMessage::ProtocolError(ProtocolError {
+                kind: ProtocolErrorKind::Malformed,
+                message: "bad frame".into(),
+            }),
+            &[],
+        );
+    });
+    let client = Client::from_fd(client_end).await.unwrap();
+    let error = tokio::time::timeout(PROMPTLY, Command::new(&client, "x").spawn())
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(error.is_zygote_lost(), "{error}");
+    assert!(error.to_string().contains("malformed"), "{error}");
+    join(daemon).await;
+}
+
+#[tokio::test]
+async fn output_reads_both_pipes_concurrently() {
+    const SIZE: usize = 10 << 20;
+    let (client_end, daemon) = fake_daemon(|mut daemon| {
+        daemon.accept_hello();
+        let Some((ClientMessage::Spawn(request), fds)) = daemon.recv() else {
+            panic!("expected Spawn");
+        };
+        // output()'s defaults.
+        assert_eq!(
+            [request.stdin, request.stdout, request.stderr],
+            [StdioSpec::Null, StdioSpec::Pipe, StdioSpec::Pipe]
+        );
+        assert!(fds.is_empty());
+        let (sleep, pidfd) = sleeper();
+        let (out_read, out_write) = rustix::pipe::pipe().unwrap();
+        let (err_read, err_write) = rustix::pipe::pipe().unwrap();
+        daemon.spawned(request.id, 42, &[pidfd, out_read, err_read]);
+        // All of stderr before any stdout, from one thread: a client that
+        // drained stdout first would deadlock.
+        File::from(err_write).write_all(&vec![b'e'; SIZE]).unwrap();
+        File::from(out_write).write_all(&vec![b'o'; SIZE]).unwrap();
+        daemon.exited(request.id, 0);
+        assert!(daemon.recv().is_none());
+        reap(sleep);
+    });
+    let client = Client::from_fd(client_end).await.unwrap();
+    let output = tokio::time::timeout(PROMPTLY, Command::new(&client, "big").output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(output.status.success());
+    assert_eq!(output.stdout.len(), SIZE);
+    assert_eq!(output.stderr.len(), SIZE);
+    assert!(output.stdout.iter().all(|byte| *byte == b'o'));
+    drop(client);
+    join(daemon).await;
+}
+
+#[test]
+fn blocking_client_serves_many_threads() {
+    let (sleep, pidfd) = sleeper();
+    let (client_end, daemon) = fake_daemon(move |daemon| serve_echo(daemon, pidfd));
+    let client = blocking::Client::from_fd(client_end).unwrap();
+    assert_eq!(client.server_version(), "fake/1");
+    std::thread::scope(|scope| {
+        for thread in 0..8 {
+            let client = &client;
+            scope.spawn(move || {
+                for round in 0..5 {
+                    let n = thread * 10 + round;
+                    let output = blocking::Command::new(client, "echo")
+                        .arg(n.to_string())
+                        .output()
+                        .unwrap();
+                    assert_eq!(output.status.code(), Some(n));
+                    assert_eq!(output.stdout, format!("out:{n}").as_bytes());
+                    assert_eq!(output.stderr, format!("err:{n}").as_bytes());
+                }
+            });
+        }
+    });
+
+    let mut child = client
+        .command("echo")
+        .arg("7")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert_eq!(child.id(), 1007);
+    child.stdin.as_mut().unwrap().write_all(b"ignored").unwrap();
+    let mut text = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    assert_eq!(text, "out:7");
+    child.signal(libc::SIGTERM).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(7));
+    assert!(child.usage().is_some());
+
+    let output = client
+        .command("echo")
+        .arg("9")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(output.stdout, b"out:9");
+    assert_eq!(
+        client.command("x").arg("5").status().unwrap().code(),
+        Some(5)
+    );
+
+    // The connection closes with the last client handle and child.
+    drop(child);
+    drop(client);
+    daemon.join().unwrap();
+    reap(sleep);
+}
+
+#[test]
+fn blocking_wait_fails_when_the_zygote_goes() {
+    let (client_end, daemon) = fake_daemon(|mut daemon| {
+        daemon.accept_hello();
+        let (sleep, pidfd) = sleeper();
+        let Some((ClientMessage::Spawn(request), _)) = daemon.recv() else {
+            panic!("expected Spawn");
+        };
+        daemon.spawned(request.id, 7, &[pidfd]);
+        sleep
+    });
+    let client = blocking::Client::from_fd(client_end).unwrap();
+    let mut child = client
+        .command("sleep")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sleep = daemon.join().unwrap();
+    let error = child.wait().unwrap_err();
+    assert!(error.is_zygote_lost(), "{error}");
+    child.kill().unwrap();
+    reap(sleep);
+}
+
+#[test]
+fn handles_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Client>();
+    send_sync::<blocking::Client>();
+    send_sync::<Command>();
+    send_sync::<crate::Child>();
+    send_sync::<blocking::Child>();
+}
+
+#[test]
+fn spawn_future_is_send() {
+    fn send<T: Send>(_: T) {}
+    // Type-level only: never polled.
+    fn check(command: &mut Command, socket: OwnedFd) {
+        send(Client::from_fd(socket));
+        send(Client::connect("/nonexistent"));
+        send(command.spawn());
+        send(command.output());
+        send(command.status());
+    }
+    let _ = check;
+}

@@ -1,0 +1,208 @@
+//! The calling process's own state, which a spawn request copies so that
+//! the child looks as if this process had started it: environment, working
+//! directory, umask, resource limits, and (on request) inheritable fds.
+//!
+//! Host paths are parameters so tests can point them elsewhere.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use rustix::process::{Resource, getrlimit};
+use zygote_proto::ResourceLimit;
+
+use crate::{Error, Result, sys};
+
+/// Where the kernel reports this process's umask (Linux 4.7 and later).
+pub(crate) const PROC_SELF_STATUS: &str = "/proc/self/status";
+/// The directory listing this process's open fds.
+pub(crate) const PROC_SELF_FD: &str = "/proc/self/fd";
+
+/// Every resource `getrlimit(2)` knows, in `RLIMIT_*` order (0 to
+/// `RLIM_NLIMITS - 1`).
+const RESOURCES: [Resource; 16] = [
+    Resource::Cpu,
+    Resource::Fsize,
+    Resource::Data,
+    Resource::Stack,
+    Resource::Core,
+    Resource::Rss,
+    Resource::Nproc,
+    Resource::Nofile,
+    Resource::Memlock,
+    Resource::As,
+    Resource::Locks,
+    Resource::Sigpending,
+    Resource::Msgqueue,
+    Resource::Nice,
+    Resource::Rtprio,
+    Resource::Rttime,
+];
+
+/// The calling process's state at the moment of one spawn.
+#[derive(Debug)]
+pub(crate) struct Snapshot {
+    /// `environ`, in order.
+    pub env: Vec<(OsString, OsString)>,
+    /// The working directory; an error is kept, not raised, because a
+    /// command with an absolute `current_dir` does not need it.
+    pub cwd: io::Result<PathBuf>,
+    /// `None` when `/proc` does not say (then the zygote's umask applies).
+    pub umask: Option<u32>,
+    /// Every resource limit.
+    pub rlimits: Vec<ResourceLimit>,
+    /// Fds to pass at their own numbers; empty unless asked for.
+    pub inherited_fds: Vec<(RawFd, OwnedFd)>,
+}
+
+impl Snapshot {
+    /// Reads the calling process's state.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] when `/proc/self/fd` cannot be listed and
+    /// `inherit_fds` is set.
+    pub fn capture(inherit_fds: bool) -> Result<Self> {
+        Ok(Self {
+            env: std::env::vars_os().collect(),
+            cwd: std::env::current_dir(),
+            umask: umask_from(Path::new(PROC_SELF_STATUS)),
+            rlimits: rlimits(),
+            inherited_fds: if inherit_fds {
+                inheritable_fds(Path::new(PROC_SELF_FD))?
+            } else {
+                Vec::new()
+            },
+        })
+    }
+}
+
+/// Reads the umask from a `/proc/<pid>/status` file.
+///
+/// umask(2) can only read the value by setting it, which would race with
+/// other threads creating files, so the kernel's report is used instead.
+pub(crate) fn umask_from(status_path: &Path) -> Option<u32> {
+    parse_umask(&std::fs::read_to_string(status_path).ok()?)
+}
+
+/// Finds the `Umask:` line of a `/proc/<pid>/status` text (octal).
+pub(crate) fn parse_umask(status: &str) -> Option<u32> {
+    status.lines().find_map(|line| {
+        let value = line.strip_prefix("Umask:")?.trim();
+        u32::from_str_radix(value, 8)
+            .ok()
+            .filter(|mask| *mask <= 0o777)
+    })
+}
+
+/// Every resource limit of the calling process; `u64::MAX` is infinity.
+pub(crate) fn rlimits() -> Vec<ResourceLimit> {
+    RESOURCES
+        .iter()
+        .map(|&resource| {
+            let limit = getrlimit(resource);
+            ResourceLimit {
+                resource: resource as u32,
+                soft: limit.current.unwrap_or(u64::MAX),
+                hard: limit.maximum.unwrap_or(u64::MAX),
+            }
+        })
+        .collect()
+}
+
+/// Every fd above 2 in `fd_dir` (a `/proc/<pid>/fd` listing of this
+/// process) that is not close-on-exec, each with a close-on-exec duplicate
+/// that keeps it alive until the request is sent. Sorted by number.
+///
+/// # Errors
+///
+/// [`Error::Io`] when the directory cannot be read or an fd cannot be
+/// duplicated.
+pub(crate) fn inheritable_fds(fd_dir: &Path) -> Result<Vec<(RawFd, OwnedFd)>> {
+    let list_error = |error| Error::io(format!("listing {}", fd_dir.display()), error);
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(fd_dir).map_err(list_error)? {
+        let entry = entry.map_err(list_error)?;
+        let Some(raw) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<RawFd>().ok())
+        else {
+            continue;
+        };
+        // 0 to 2 are the stdio settings' business. The listing's own
+        // directory fd, and the duplicates made here, are close-on-exec
+        // and so skip themselves.
+        if raw <= 2 {
+            continue;
+        }
+        if let Some(dup) = sys::dup_if_inheritable(raw)
+            .map_err(|error| Error::io(format!("duplicating inheritable fd {raw}"), error))?
+        {
+            found.push((raw, dup));
+        }
+    }
+    found.sort_by_key(|(raw, _)| *raw);
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    #[test]
+    fn parses_umask_line() {
+        let status = "Name:\tcat\nUmask:\t0027\nState:\tR (running)\n";
+        assert_eq!(parse_umask(status), Some(0o027));
+        assert_eq!(parse_umask("Name:\tcat\n"), None);
+        assert_eq!(parse_umask("Umask:\tzz\n"), None);
+    }
+
+    #[test]
+    fn reads_own_umask() {
+        // Kernels since 4.7 report it; the test hosts are newer.
+        assert!(umask_from(Path::new(PROC_SELF_STATUS)).is_some());
+        assert_eq!(umask_from(Path::new("/nonexistent/status")), None);
+    }
+
+    #[test]
+    fn collects_every_rlimit_in_order() {
+        let limits = rlimits();
+        let numbers: Vec<u32> = limits.iter().map(|limit| limit.resource).collect();
+        assert_eq!(numbers, (0..16).collect::<Vec<u32>>());
+        let nofile = limits
+            .iter()
+            .find(|limit| limit.resource == libc::RLIMIT_NOFILE)
+            .unwrap();
+        let own = getrlimit(Resource::Nofile);
+        assert_eq!(Some(nofile.soft), own.current);
+        assert!(nofile.soft <= nofile.hard);
+    }
+
+    #[test]
+    fn lists_inheritable_fds_only() {
+        let cloexec = std::fs::File::open("/dev/null").unwrap();
+        // rustix's dup does not set close-on-exec.
+        let inheritable = rustix::io::dup(&cloexec).unwrap();
+        let listed = inheritable_fds(Path::new(PROC_SELF_FD)).unwrap();
+        let numbers: Vec<RawFd> = listed.iter().map(|(raw, _)| *raw).collect();
+        assert!(numbers.contains(&inheritable.as_raw_fd()), "{numbers:?}");
+        assert!(!numbers.contains(&cloexec.as_raw_fd()), "{numbers:?}");
+        assert!(numbers.iter().all(|raw| *raw > 2));
+        // The duplicates are close-on-exec and distinct from the originals.
+        for (raw, dup) in &listed {
+            assert_ne!(*raw, dup.as_raw_fd());
+            let flags = rustix::io::fcntl_getfd(dup).unwrap();
+            assert!(flags.contains(rustix::io::FdFlags::CLOEXEC));
+        }
+    }
+
+    #[test]
+    fn missing_fd_dir_is_an_error() {
+        let error = inheritable_fds(Path::new("/nonexistent/fd")).unwrap_err();
+        assert!(error.to_string().contains("/nonexistent/fd"), "{error}");
+    }
+}
