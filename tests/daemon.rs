@@ -101,6 +101,9 @@ fn sleep_request(id: u64, seconds: &str) -> ClientMessage {
         process_group: None,
         umask: None,
         rlimits: vec![],
+        user: None,
+        kill_on_close: None,
+        timeout: None,
     })
 }
 

@@ -216,6 +216,9 @@ impl Spec {
             process_group: self.process_group,
             umask: self.umask.or(snapshot.umask),
             rlimits: snapshot.rlimits.clone(),
+            user: None,
+            kill_on_close: None,
+            timeout: None,
         };
         Ok(Prepared {
             request,

@@ -15,6 +15,8 @@ pub enum ClientMessage {
     Spawn(SpawnRequest),
     /// Send a signal to a child started on this connection.
     Signal(SignalRequest),
+    /// Ask for the daemon's counters (`zygote status`).
+    Status(StatusRequest),
 }
 
 /// Everything the daemon may send.
@@ -35,6 +37,8 @@ pub enum ServerMessage {
     RequestFailed(RequestFailed),
     /// The connection is unusable; the daemon closes it after this frame.
     ProtocolError(ProtocolError),
+    /// Answer to a [`StatusRequest`].
+    Status(StatusReply),
 }
 
 /// Opens the conversation and states the protocol version the client speaks.
@@ -142,6 +146,43 @@ pub struct SpawnRequest {
     pub umask: Option<u32>,
     /// Resource limits set in the child before exec.
     pub rlimits: Vec<ResourceLimit>,
+    /// Credentials to run the child with; the peer's own when absent.
+    pub user: Option<UserSpec>,
+    /// Signal the child when this connection closes, as `PR_SET_PDEATHSIG`
+    /// does for a direct parent.
+    pub kill_on_close: Option<KillOnClose>,
+    /// End the child if it runs longer than this.
+    pub timeout: Option<Timeout>,
+}
+
+/// Who the child runs as.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserSpec {
+    /// Real, effective and saved uid.
+    pub uid: u32,
+    /// Real, effective and saved gid.
+    pub gid: u32,
+    /// Supplementary groups, replacing the daemon's.
+    pub groups: Vec<u32>,
+}
+
+/// What to do to a child when its client's connection closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KillOnClose {
+    /// The signal to send.
+    pub signal: i32,
+    /// Signal the child's whole process group instead of the child alone.
+    pub process_group: bool,
+}
+
+/// A limit on a child's run time: SIGTERM when it expires, then SIGKILL
+/// after the grace period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timeout {
+    /// Run time before SIGTERM, in milliseconds.
+    pub millis: u64,
+    /// Time between SIGTERM and SIGKILL, in milliseconds.
+    pub grace_millis: u64,
 }
 
 /// The step of child setup that failed.
@@ -169,6 +210,15 @@ pub enum SpawnStage {
     CloseFds,
     /// `execve(2)`.
     Exec,
+    /// The daemon refused for lack of capacity or by policy, before
+    /// anything was created (`EAGAIN` when busy, `EPERM` by policy).
+    Admission,
+    /// `setgroups(2)`.
+    Setgroups,
+    /// `setresgid(2)`.
+    Setgid,
+    /// `setresuid(2)`.
+    Setuid,
 }
 
 impl SpawnStage {
@@ -186,6 +236,10 @@ impl SpawnStage {
             Self::Dup => "dup",
             Self::CloseFds => "close_fds",
             Self::Exec => "exec",
+            Self::Admission => "admission",
+            Self::Setgroups => "setgroups",
+            Self::Setgid => "setgid",
+            Self::Setuid => "setuid",
         }
     }
 }
@@ -246,6 +300,8 @@ pub struct ExitNotice {
     pub status: ExitStatus,
     /// What it used.
     pub usage: ResourceUsage,
+    /// The daemon ended it because its [`Timeout`] expired.
+    pub timed_out: bool,
 }
 
 /// Asks the daemon to signal a child this connection started.
@@ -294,6 +350,8 @@ pub enum ProtocolErrorKind {
     UnexpectedFds,
     /// The peer is not allowed to use this daemon.
     PermissionDenied,
+    /// The daemon is at its connection limit.
+    Busy,
 }
 
 impl ProtocolErrorKind {
@@ -306,6 +364,7 @@ impl ProtocolErrorKind {
             Self::UnexpectedMessage => "unexpected_message",
             Self::UnexpectedFds => "unexpected_fds",
             Self::PermissionDenied => "permission_denied",
+            Self::Busy => "busy",
         }
     }
 }
@@ -317,4 +376,34 @@ pub struct ProtocolError {
     pub kind: ProtocolErrorKind,
     /// A sentence for humans.
     pub message: String,
+}
+
+/// Asks for the daemon's counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusRequest {
+    /// This request's own id.
+    pub id: u64,
+}
+
+/// The daemon's counters, as `zygote status` prints them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReply {
+    /// The status request's id.
+    pub id: u64,
+    /// The daemon's package version.
+    pub server_version: String,
+    /// The daemon's pid.
+    pub pid: i32,
+    /// Time since the daemon started, in milliseconds.
+    pub uptime_millis: u64,
+    /// Connections open now, this one included.
+    pub connections_open: u64,
+    /// Connections accepted since start.
+    pub connections_accepted: u64,
+    /// Children started and not yet reaped.
+    pub children_running: u64,
+    /// Spawns whose child exec'd, since start.
+    pub spawns_succeeded: u64,
+    /// Spawns that failed or were refused, since start.
+    pub spawns_failed: u64,
 }

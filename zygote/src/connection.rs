@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 use zygote_proto::{
     AsyncSeqpacket, ClientMessage, ExitNotice, Frame, HelloAck, LIMITS, PROTOCOL_VERSION,
     ProtoError, ProtocolError, ProtocolErrorKind, RECV_BUFFER_BYTES, RequestFailed, ServerMessage,
-    SignalRequest, SignalSent, SpawnFailed, SpawnRequest, Spawned, UCred, decode,
+    SignalRequest, SignalSent, SpawnFailed, SpawnRequest, Spawned, StatusReply, UCred, decode,
 };
 
 use crate::server::Daemon;
@@ -30,6 +30,13 @@ type Children = Arc<Mutex<HashMap<u64, Arc<AsyncFd<OwnedFd>>>>>;
 /// Serves one connection until the client closes it or breaks the
 /// protocol.
 pub async fn serve(socket: AsyncSeqpacket, peer: UCred, daemon: Arc<Daemon>) {
+    daemon.connections_accepted.fetch_add(1, Ordering::Relaxed);
+    daemon.connections_open.fetch_add(1, Ordering::Relaxed);
+    serve_counted(socket, peer, &daemon).await;
+    daemon.connections_open.fetch_sub(1, Ordering::Relaxed);
+}
+
+async fn serve_counted(socket: AsyncSeqpacket, peer: UCred, daemon: &Arc<Daemon>) {
     let socket = Arc::new(socket);
     let peer_desc = format!(
         "pid {} uid {}",
@@ -71,7 +78,7 @@ pub async fn serve(socket: AsyncSeqpacket, peer: UCred, daemon: Arc<Daemon>) {
                 break;
             }
         };
-        if let Err((kind, message)) = dispatch(frame, &socket, &children, &daemon).await {
+        if let Err((kind, message)) = dispatch(frame, &socket, &children, daemon).await {
             warn!(peer = %peer_desc, reason = %message, "closing connection");
             close_with(&socket, kind, message).await;
             break;
@@ -136,6 +143,7 @@ fn message_name(message: &ClientMessage) -> &'static str {
         ClientMessage::Hello(_) => "Hello",
         ClientMessage::Spawn(_) => "Spawn",
         ClientMessage::Signal(_) => "Signal",
+        ClientMessage::Status(_) => "Status",
     }
 }
 
@@ -166,6 +174,14 @@ async fn dispatch(
                 return Err(unexpected_fds("Signal", frame.fds.len()));
             }
             let reply = signal(&request, children);
+            send_reply(socket, &reply, &[]).await;
+            Ok(())
+        }
+        ClientMessage::Status(request) => {
+            if !frame.fds.is_empty() {
+                return Err(unexpected_fds("Status", frame.fds.len()));
+            }
+            let reply = ServerMessage::Status(daemon.status(request.id));
             send_reply(socket, &reply, &[]).await;
             Ok(())
         }
@@ -241,6 +257,7 @@ impl SpawnTask {
                     message: refusal.message,
                 };
                 warn!(program, reason = %failed.message, "spawn refused");
+                self.daemon.spawns_failed.fetch_add(1, Ordering::Relaxed);
                 self.reply(&ServerMessage::SpawnFailed(failed), &[]).await;
                 return;
             }
@@ -253,6 +270,7 @@ impl SpawnTask {
             Err(error) => {
                 let reason = strerror(error.errno);
                 warn!(program, stage = error.stage.name(), reason, "spawn failed");
+                self.daemon.spawns_failed.fetch_add(1, Ordering::Relaxed);
                 let failed = SpawnFailed {
                     id,
                     stage: error.stage,
@@ -273,6 +291,7 @@ impl SpawnTask {
                 return;
             }
         };
+        self.daemon.spawns_succeeded.fetch_add(1, Ordering::Relaxed);
         self.daemon.children_running.fetch_add(1, Ordering::Relaxed);
         self.children
             .lock()
@@ -300,7 +319,12 @@ impl SpawnTask {
         match exit {
             Ok((status, usage)) => {
                 debug!(pid, ?status, "child exited");
-                let notice = ExitNotice { id, status, usage };
+                let notice = ExitNotice {
+                    id,
+                    status,
+                    usage,
+                    timed_out: false,
+                };
                 self.reply(&ServerMessage::Exited(notice), &[]).await;
             }
             Err(error) => warn!(pid, %error, "failed to reap a child"),
@@ -315,6 +339,21 @@ impl SpawnTask {
 }
 
 impl Daemon {
+    fn status(&self, id: u64) -> StatusReply {
+        let load = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
+        StatusReply {
+            id,
+            server_version: env!("CARGO_PKG_VERSION").to_owned(),
+            pid: rustix::process::getpid().as_raw_nonzero().get(),
+            uptime_millis: self.started.elapsed().as_millis() as u64,
+            connections_open: load(&self.connections_open),
+            connections_accepted: load(&self.connections_accepted),
+            children_running: load(&self.children_running),
+            spawns_succeeded: load(&self.spawns_succeeded),
+            spawns_failed: load(&self.spawns_failed),
+        }
+    }
+
     fn may_connect(&self, peer: &UCred) -> bool {
         let uid = peer.uid.as_raw();
         uid == self.uid || uid == 0

@@ -62,6 +62,13 @@ fn c_string(what: &str, bytes: &[u8]) -> Result<CString, Refusal> {
 /// Every attached fd must be used; unused ones are refused (and closed by
 /// the caller dropping them) so that a client cannot park fds here.
 pub fn prepare(request: &SpawnRequest, attached: Vec<OwnedFd>) -> Result<Prepared, Refusal> {
+    if request.user.is_some() || request.kill_on_close.is_some() || request.timeout.is_some() {
+        return Err(Refusal {
+            stage: SpawnStage::Validate,
+            errno: Errno::OPNOTSUPP,
+            message: "user, kill_on_close and timeout are not supported yet".into(),
+        });
+    }
     if request.program.is_empty() {
         return Err(Refusal::invalid("program is empty"));
     }
@@ -261,6 +268,9 @@ mod tests {
             process_group: None,
             umask: None,
             rlimits: vec![],
+            user: None,
+            kill_on_close: None,
+            timeout: None,
         }
     }
 

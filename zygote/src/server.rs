@@ -6,7 +6,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
@@ -26,7 +26,15 @@ pub struct Daemon {
     /// When the daemon started serving.
     pub started: Instant,
     /// Children started and not yet reaped.
-    pub children_running: AtomicUsize,
+    pub children_running: AtomicU64,
+    /// Connections open now.
+    pub connections_open: AtomicU64,
+    /// Connections accepted since start.
+    pub connections_accepted: AtomicU64,
+    /// Spawns whose child exec'd.
+    pub spawns_succeeded: AtomicU64,
+    /// Spawns that failed or were refused.
+    pub spawns_failed: AtomicU64,
 }
 
 impl Daemon {
@@ -35,7 +43,11 @@ impl Daemon {
         Self {
             uid: rustix::process::geteuid().as_raw(),
             started: Instant::now(),
-            children_running: AtomicUsize::new(0),
+            children_running: AtomicU64::new(0),
+            connections_open: AtomicU64::new(0),
+            connections_accepted: AtomicU64::new(0),
+            spawns_succeeded: AtomicU64::new(0),
+            spawns_failed: AtomicU64::new(0),
         }
     }
 }

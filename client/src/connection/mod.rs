@@ -308,5 +308,6 @@ fn message_name(message: &ServerMessage) -> &'static str {
         ServerMessage::SignalSent(_) => "SignalSent",
         ServerMessage::RequestFailed(_) => "RequestFailed",
         ServerMessage::ProtocolError(_) => "ProtocolError",
+        ServerMessage::Status(_) => "Status",
     }
 }

@@ -93,6 +93,8 @@ impl Connection {
             ServerMessage::HelloAck(_) => {
                 return Err("expected a reply, received a second HelloAck".into());
             }
+            // This client does not ask for status yet.
+            ServerMessage::Status(status) => return Err(wrong_reply("Status", status.id)),
             ServerMessage::ProtocolError(error) => {
                 return Err(format!(
                     "the zygote reported a protocol error ({}): {}",
