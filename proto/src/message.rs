@@ -7,6 +7,9 @@
 use serde::{Deserialize, Serialize};
 
 /// Everything a client may send.
+// One message lives per frame, briefly; boxing the spawn request would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClientMessage {
     /// First frame on every connection.
