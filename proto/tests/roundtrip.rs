@@ -8,10 +8,10 @@ use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 
 use zygote_proto::{
-    ClientMessage, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck, Limits, ProtoError,
-    ProtocolError, ProtocolErrorKind, RequestFailed, ResourceLimit, ResourceUsage, ServerMessage,
-    SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage, Spawned, StdioSpec, decode,
-    encode,
+    ClientMessage, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck, KillOnClose, Limits,
+    ProtoError, ProtocolError, ProtocolErrorKind, RequestFailed, ResourceLimit, ResourceUsage,
+    ServerMessage, SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage, Spawned,
+    StatusReply, StatusRequest, StdioSpec, Timeout, UserSpec, decode, encode,
 };
 
 fn bytes() -> impl Strategy<Value = Vec<u8>> {
@@ -43,6 +43,10 @@ fn stage() -> impl Strategy<Value = SpawnStage> {
         SpawnStage::Dup,
         SpawnStage::CloseFds,
         SpawnStage::Exec,
+        SpawnStage::Admission,
+        SpawnStage::Setgroups,
+        SpawnStage::Setgid,
+        SpawnStage::Setuid,
     ])
 }
 
@@ -54,6 +58,7 @@ fn protocol_error_kind() -> impl Strategy<Value = ProtocolErrorKind> {
         ProtocolErrorKind::UnexpectedMessage,
         ProtocolErrorKind::UnexpectedFds,
         ProtocolErrorKind::PermissionDenied,
+        ProtocolErrorKind::Busy,
     ])
 }
 
@@ -106,12 +111,35 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
             prop::option::of(any::<u32>()),
             rlimits,
         ),
+        (
+            prop::option::of(
+                (
+                    any::<u32>(),
+                    any::<u32>(),
+                    prop::collection::vec(any::<u32>(), 0..4),
+                )
+                    .prop_map(|(uid, gid, groups)| UserSpec { uid, gid, groups }),
+            ),
+            prop::option::of(
+                (any::<i32>(), any::<bool>()).prop_map(|(signal, process_group)| KillOnClose {
+                    signal,
+                    process_group,
+                }),
+            ),
+            prop::option::of(
+                (any::<u64>(), any::<u64>()).prop_map(|(millis, grace_millis)| Timeout {
+                    millis,
+                    grace_millis,
+                }),
+            ),
+        ),
     )
         .prop_map(
             |(
                 (id, program, argv0, args, env, cwd),
                 (stdin, stdout, stderr),
                 (fd_mappings, new_session, process_group, umask, rlimits),
+                (user, kill_on_close, timeout),
             )| SpawnRequest {
                 id,
                 program,
@@ -127,6 +155,9 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
                 process_group,
                 umask,
                 rlimits,
+                user,
+                kill_on_close,
+                timeout,
             },
         )
 }
@@ -147,6 +178,7 @@ fn client_message() -> impl Strategy<Value = ClientMessage> {
                 signal,
             })
         }),
+        any::<u64>().prop_map(|id| ClientMessage::Status(StatusRequest { id })),
     ]
 }
 
@@ -179,19 +211,23 @@ fn server_message() -> impl Strategy<Value = ServerMessage> {
             exit_status(),
             any::<u64>(),
             any::<u64>(),
-            any::<u64>()
+            any::<u64>(),
+            any::<bool>()
         )
-            .prop_map(|(id, status, user_micros, system_micros, max_rss_kib)| {
-                ServerMessage::Exited(ExitNotice {
-                    id,
-                    status,
-                    usage: ResourceUsage {
-                        user_micros,
-                        system_micros,
-                        max_rss_kib,
-                    },
-                })
-            }),
+            .prop_map(
+                |(id, status, user_micros, system_micros, max_rss_kib, timed_out)| {
+                    ServerMessage::Exited(ExitNotice {
+                        id,
+                        status,
+                        usage: ResourceUsage {
+                            user_micros,
+                            system_micros,
+                            max_rss_kib,
+                        },
+                        timed_out,
+                    })
+                }
+            ),
         any::<u64>().prop_map(|id| ServerMessage::SignalSent(SignalSent { id })),
         (any::<u64>(), any::<i32>(), text()).prop_map(|(id, errno, message)| {
             ServerMessage::RequestFailed(RequestFailed { id, errno, message })
@@ -199,6 +235,40 @@ fn server_message() -> impl Strategy<Value = ServerMessage> {
         (protocol_error_kind(), text()).prop_map(|(kind, message)| {
             ServerMessage::ProtocolError(ProtocolError { kind, message })
         }),
+        (
+            (any::<u64>(), text(), any::<i32>(), any::<u64>()),
+            (
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>()
+            ),
+        )
+            .prop_map(
+                |(
+                    (id, server_version, pid, uptime_millis),
+                    (
+                        connections_open,
+                        connections_accepted,
+                        children_running,
+                        spawns_succeeded,
+                        spawns_failed,
+                    ),
+                )| {
+                    ServerMessage::Status(StatusReply {
+                        id,
+                        server_version,
+                        pid,
+                        uptime_millis,
+                        connections_open,
+                        connections_accepted,
+                        children_running,
+                        spawns_succeeded,
+                        spawns_failed,
+                    })
+                }
+            ),
     ]
 }
 
@@ -326,8 +396,8 @@ fn invalid_values_are_malformed() {
             "{bytes:02x?} should be malformed"
         );
     };
-    // Variant index 7 does not exist.
-    malformed(&[0x07]);
+    // Variant index 8 does not exist.
+    malformed(&[0x08]);
     // An Exited notice whose `core_dumped` is 2.
     malformed(&[0x03, 0x07, 0x01, 0x12, 0x02, 0x00, 0x00, 0x00]);
     // A SpawnFailed whose message is not UTF-8.

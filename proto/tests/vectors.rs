@@ -11,10 +11,10 @@
 use std::collections::BTreeMap;
 
 use zygote_proto::{
-    ClientMessage, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck, Limits,
+    ClientMessage, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck, KillOnClose, Limits,
     ProtocolError, ProtocolErrorKind, RequestFailed, ResourceLimit, ResourceUsage, ServerMessage,
-    SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage, Spawned, StdioSpec, decode,
-    encode,
+    SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage, Spawned, StatusReply,
+    StatusRequest, StdioSpec, Timeout, UserSpec, decode, encode,
 };
 
 /// A whole frame: what a client or the daemon sends.
@@ -56,6 +56,8 @@ const NAMES: &[&str] = &[
     "signal_sent",
     "request_failed",
     "protocol_error",
+    "status_request",
+    "status_reply",
 ];
 
 fn env(key: &str, value: &str) -> EnvVar {
@@ -102,6 +104,19 @@ fn value(name: &str) -> Option<Frame> {
                 soft: 1024,
                 hard: u64::MAX,
             }],
+            user: Some(UserSpec {
+                uid: 1000,
+                gid: 100,
+                groups: vec![100, 27],
+            }),
+            kill_on_close: Some(KillOnClose {
+                signal: 9,
+                process_group: true,
+            }),
+            timeout: Some(Timeout {
+                millis: 5000,
+                grace_millis: 200,
+            }),
         })),
         "spawn_minimal" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
             id: 300,
@@ -118,6 +133,9 @@ fn value(name: &str) -> Option<Frame> {
             process_group: None,
             umask: None,
             rlimits: vec![],
+            user: None,
+            kill_on_close: None,
+            timeout: None,
         })),
         "signal" => Frame::Client(ClientMessage::Signal(SignalRequest {
             id: 8,
@@ -139,6 +157,7 @@ fn value(name: &str) -> Option<Frame> {
                 system_micros: 250,
                 max_rss_kib: 3072,
             },
+            timed_out: false,
         })),
         "exited_signal" => Frame::Server(ServerMessage::Exited(ExitNotice {
             id: 7,
@@ -147,6 +166,19 @@ fn value(name: &str) -> Option<Frame> {
                 core_dumped: false,
             },
             usage: ResourceUsage::default(),
+            timed_out: true,
+        })),
+        "status_request" => Frame::Client(ClientMessage::Status(StatusRequest { id: 11 })),
+        "status_reply" => Frame::Server(ServerMessage::Status(StatusReply {
+            id: 11,
+            server_version: "0.1.0".to_owned(),
+            pid: 812,
+            uptime_millis: 90_000,
+            connections_open: 2,
+            connections_accepted: 17,
+            children_running: 3,
+            spawns_succeeded: 1000,
+            spawns_failed: 4,
         })),
         "signal_sent" => Frame::Server(ServerMessage::SignalSent(SignalSent { id: 8 })),
         "request_failed" => Frame::Server(ServerMessage::RequestFailed(RequestFailed {
@@ -312,6 +344,10 @@ fn variant_indices_match_the_tables() {
         SpawnStage::Dup,
         SpawnStage::CloseFds,
         SpawnStage::Exec,
+        SpawnStage::Admission,
+        SpawnStage::Setgroups,
+        SpawnStage::Setgid,
+        SpawnStage::Setuid,
     ]);
     check(&[
         ProtocolErrorKind::Malformed,
@@ -320,6 +356,7 @@ fn variant_indices_match_the_tables() {
         ProtocolErrorKind::UnexpectedMessage,
         ProtocolErrorKind::UnexpectedFds,
         ProtocolErrorKind::PermissionDenied,
+        ProtocolErrorKind::Busy,
     ]);
     assert_eq!(encode(&ExitStatus::Exited(0)).expect("encodes"), [0, 0]);
     assert_eq!(
