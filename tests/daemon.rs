@@ -4,7 +4,8 @@ use std::time::Duration;
 use zygote_client::{Client, Command, Stdio};
 use zygote_proto::{
     ClientMessage, Hello, PROTOCOL_VERSION, ProtocolErrorKind, RECV_BUFFER_BYTES, ServerMessage,
-    SpawnRequest, StdioSpec, decode, encode, recv_frame, send_frame, socket,
+    SpawnRequest, StatusReply, StatusRequest, StdioSpec, decode, encode, recv_frame, send_frame,
+    socket,
 };
 
 use crate::util::{Daemon, children_of, eventually, start_daemon};
@@ -85,6 +86,17 @@ fn receive(fd: &std::os::fd::OwnedFd) -> Option<ServerMessage> {
     Some(decode(&frame.bytes).expect("decode"))
 }
 
+/// The daemon's counters, through the protocol.
+fn status(daemon: &Daemon) -> StatusReply {
+    let fd = raw_connection(daemon);
+    let request = ClientMessage::Status(StatusRequest { id: 1 });
+    send_frame(fd.as_fd(), &encode(&request).unwrap(), &[]).expect("send status");
+    match receive(&fd) {
+        Some(ServerMessage::Status(status)) => status,
+        other => panic!("expected a status reply, got {other:?}"),
+    }
+}
+
 fn sleep_request(id: u64, seconds: &str) -> ClientMessage {
     ClientMessage::Spawn(SpawnRequest {
         id,
@@ -119,12 +131,12 @@ fn client_that_disconnects_mid_spawn_leaves_the_daemon_serving() {
         drop(fd); // gone before the reply
     }
     // The children still ran and were reaped; the daemon's fds are back.
-    assert!(
-        eventually(Duration::from_secs(10), || children_of(daemon.pid())
-            .is_empty()),
-        "children left: {:?}",
-        children_of(daemon.pid())
-    );
+    let settled = eventually(Duration::from_secs(10), || {
+        let status = status(&daemon);
+        status.spawns_succeeded == 25 && status.children_running == 0
+    });
+    assert!(settled, "{:?}", status(&daemon));
+    assert!(children_of(daemon.pid()).is_empty());
     assert!(
         eventually(Duration::from_secs(5), || daemon.fd_count() == before),
         "daemon fds: {before} before, {} after",
