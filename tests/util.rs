@@ -90,6 +90,21 @@ impl Daemon {
             .count()
     }
 
+    /// The daemon's fd count once it has stopped changing: connections a
+    /// test just closed take a moment to be seen and closed by the daemon.
+    pub fn settled_fd_count(&self) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut last = self.fd_count();
+        let mut steady = 0;
+        while steady < 5 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = self.fd_count();
+            steady = if now == last { steady + 1 } else { 0 };
+            last = now;
+        }
+        last
+    }
+
     /// Pids of the daemon's zombie children.
     pub fn zombies(&self) -> Vec<u32> {
         children_of(self.pid())
