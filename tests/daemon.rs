@@ -8,15 +8,7 @@ use zygote_proto::{
     socket,
 };
 
-use crate::util::{Daemon, children_of, eventually, start_daemon};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
+use crate::util::{Daemon, children_of, eventually, runtime, start_daemon};
 
 /// Spawns `/bin/true` `count` times, `parallel` at a time, and waits for
 /// every exit status.

@@ -8,15 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zygote_client::{Client, Command, Error, SpawnStage, Stdio};
 
-use crate::util::{eventually, open_fds, parent_of, start_daemon};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
+use crate::util::{eventually, open_fds, parent_of, runtime, start_daemon};
 
 #[test]
 fn args_keep_spaces_quotes_and_non_utf8_bytes() {

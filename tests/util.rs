@@ -195,3 +195,12 @@ pub fn eventually(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A two-worker tokio runtime, as a client program would have.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
