@@ -206,3 +206,39 @@ fn protocol_errors_close_only_that_connection() {
     // The daemon still serves.
     churn(&daemon, 3, 3);
 }
+
+/// `flags:` of `/proc/PID/fdinfo/FD`, in octal as the kernel prints it.
+fn fd_flags(pid: u32, fd: i32) -> Option<u32> {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
+    let flags = info.lines().find_map(|line| line.strip_prefix("flags:"))?;
+    u32::from_str_radix(flags.trim(), 8).ok()
+}
+
+#[test]
+fn every_daemon_fd_beyond_stdio_is_close_on_exec() {
+    let daemon = start_daemon("cloexec");
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        // A child running and a connection open, so that their fds exist.
+        let mut child = Command::new(&client, "sleep")
+            .arg("30")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .await
+            .expect("sleep");
+        let fds = crate::util::open_fds(daemon.pid());
+        assert!(fds.len() > 3, "{fds:?}");
+        for fd in fds.into_iter().filter(|fd| *fd > 2) {
+            // The fd may close between listing and reading; skip it then.
+            if let Some(flags) = fd_flags(daemon.pid(), fd) {
+                assert_ne!(
+                    flags & libc::O_CLOEXEC as u32,
+                    0,
+                    "daemon fd {fd} is not close-on-exec (flags {flags:o})"
+                );
+            }
+        }
+        child.kill().await.expect("kill");
+    });
+}

@@ -14,6 +14,10 @@ use crate::{Error, server, spawn};
 /// When the kernel is too old, the socket cannot be bound, or the runtime
 /// cannot start.
 pub fn serve(args: &ServeArgs) -> Result<(), Error> {
+    // First, before any thread exists or any fd of ours is opened.
+    if let Err(error) = spawn::mark_inherited_fds_cloexec() {
+        tracing::warn!(%error, "could not mark inherited fds close-on-exec (needs Linux 5.11)");
+    }
     spawn::check_kernel_support().map_err(Error::KernelUnsupported)?;
     let path = args
         .socket

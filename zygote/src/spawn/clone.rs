@@ -340,6 +340,25 @@ pub(super) fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: c_int) -> io::Res
     Ok(())
 }
 
+/// `close_range(first, ~0, CLOSE_RANGE_CLOEXEC)`: marks every fd from
+/// `first` up close-on-exec without closing it (Linux 5.11).
+pub(super) fn cloexec_from(first: c_uint) -> io::Result<()> {
+    // SAFETY: with CLOSE_RANGE_CLOEXEC nothing is closed, so no owner of an
+    // fd in the range is invalidated; only the flag changes.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Probes, by using them, the kernel features `spawn` needs.
 pub(super) fn check_kernel_support() -> Result<(), String> {
     // close_range (5.9): an empty range above any open fd closes nothing.

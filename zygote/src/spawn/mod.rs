@@ -150,6 +150,18 @@ pub fn send_signal(pidfd: BorrowedFd<'_>, signal: i32) -> io::Result<()> {
     clone::pidfd_send_signal(pidfd, signal)
 }
 
+/// Marks every fd from 3 up close-on-exec, so that nothing the daemon's
+/// parent left open can reach a child, even by a bug of ours.
+///
+/// # Errors
+///
+/// `EINVAL` before Linux 5.11, which lacks `CLOSE_RANGE_CLOEXEC`; children
+/// are still safe then, because each child closes every fd it was not
+/// given before exec.
+pub fn mark_inherited_fds_cloexec() -> io::Result<()> {
+    clone::cloexec_from(3)
+}
+
 /// Checks at daemon start that the kernel has what [`spawn`] needs: clone
 /// with `CLONE_PIDFD` (5.2, else `pidfd_open`, 5.3), `waitid(P_PIDFD)`
 /// (5.4) and `close_range` (5.9).
