@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use zygote_proto::{Limits, ProtoError};
 
 use crate::connection::Connection;
-use crate::{Command, Error, Result};
+use crate::{Command, DaemonStatus, Error, Result};
 
 /// The environment variable naming the zygote's socket, read by
 /// [`Client::from_env`].
@@ -147,6 +147,20 @@ impl Client {
     /// and this crate's).
     pub fn limits(&self) -> Limits {
         self.inner.connection.limits()
+    }
+
+    /// Asks the zygote for its version, uptime and counters (what
+    /// `zygote status` prints).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZygoteLost`] when the connection ends first.
+    pub async fn status(&self) -> Result<DaemonStatus> {
+        self.inner
+            .connection
+            .status()
+            .await
+            .map(DaemonStatus::from_reply)
     }
 
     /// False once the connection has ended; every request then fails with

@@ -87,6 +87,7 @@
 //!   and inheritable fds.
 //! - [`child`](Child): the running child, its pidfd and tokio pipes.
 //! - [`Stdio`], [`ExitStatus`], [`Output`], [`ResourceUsage`], [`Error`].
+//! - [`DaemonStatus`]: the zygote's counters, from [`Client::status`].
 //! - [`blocking`]: the synchronous flavour.
 //! - `sys`: the one `unsafe` block (borrowing an fd known only by number).
 
@@ -95,6 +96,7 @@ mod child;
 mod client;
 mod command;
 mod connection;
+mod daemon_status;
 mod error;
 mod request;
 mod status;
@@ -108,6 +110,7 @@ mod tests;
 pub use child::{Child, ChildStderr, ChildStdin, ChildStdout};
 pub use client::{Client, SOCKET_ENV, default_socket_path};
 pub use command::Command;
+pub use daemon_status::DaemonStatus;
 pub use error::{Error, Result};
 pub use status::{ExitStatus, Output, ResourceUsage};
 pub use stdio::Stdio;

@@ -142,6 +142,15 @@ impl Client {
         self.inner.limits()
     }
 
+    /// Asks the zygote for its version, uptime and counters.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Client::status`].
+    pub fn status(&self) -> Result<crate::DaemonStatus> {
+        self.runtime.block_on(self.inner.status())
+    }
+
     /// False once the connection has ended.
     pub fn is_connected(&self) -> bool {
         self.inner.is_connected()

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{oneshot, watch};
 use zygote_proto::{
     AsyncSeqpacket, ClientMessage, ExitNotice, Limits, RequestFailed, ServerMessage, SignalRequest,
-    SpawnFailed, SpawnRequest, encode,
+    SpawnFailed, SpawnRequest, StatusReply, StatusRequest, encode,
 };
 
 use crate::{Error, Result};
@@ -54,6 +54,7 @@ struct State {
 enum Pending {
     Spawn(oneshot::Sender<SpawnReply>),
     Signal(oneshot::Sender<std::result::Result<(), RequestFailed>>),
+    Status(oneshot::Sender<StatusReply>),
 }
 
 /// Why the connection ended.
@@ -269,6 +270,21 @@ impl Connection {
             }),
             Err(_) => Err(self.lost_error()),
         }
+    }
+
+    /// Asks the zygote for its counters.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZygoteLost`] when the connection ends first (a zygote
+    /// that predates status requests closes it with a protocol error).
+    pub(crate) async fn status(&self) -> Result<StatusReply> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let _registered = self.register(id, Pending::Status(reply_tx))?;
+        self.send(&ClientMessage::Status(StatusRequest { id }), &[])
+            .await?;
+        reply_rx.await.map_err(|_| self.lost_error())
     }
 
     /// Ends the connection: fails every pending request and every exit

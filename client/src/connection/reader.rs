@@ -93,8 +93,16 @@ impl Connection {
             ServerMessage::HelloAck(_) => {
                 return Err("expected a reply, received a second HelloAck".into());
             }
-            // This client does not ask for status yet.
-            ServerMessage::Status(status) => return Err(wrong_reply("Status", status.id)),
+            ServerMessage::Status(status) => match state.pending.remove(&status.id) {
+                Some(Pending::Status(reply)) => {
+                    let _ = reply.send(status);
+                }
+                Some(other) => {
+                    state.pending.insert(status.id, other);
+                    return Err(wrong_reply("Status", status.id));
+                }
+                None => {}
+            },
             ServerMessage::ProtocolError(error) => {
                 return Err(format!(
                     "the zygote reported a protocol error ({}): {}",
