@@ -1,9 +1,12 @@
 //! Command-line arguments of the `zygote` binary.
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+
+use crate::logging::LogFormat;
 
 /// A spawn server: large processes start children without forking.
 #[derive(Debug, Parser)]
@@ -21,6 +24,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run a command through a running zygote, as if run directly.
     Run(RunArgs),
+    /// Ask a running zygote for its version, uptime and counters.
+    Status(StatusArgs),
 }
 
 /// Arguments of `zygote serve`.
@@ -28,6 +33,25 @@ pub enum Command {
 pub struct ServeArgs {
     /// Socket to listen on [default: $XDG_RUNTIME_DIR/zygote.sock, or
     /// /run/zygote/zygote.sock as root].
+    ///
+    /// Not allowed when systemd passes the spawn socket (socket activation).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g.
+    /// 127.0.0.1:9478). systemd can pass this socket instead, named
+    /// "metrics".
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log format; auto is the journal when stderr is the journal, else
+    /// text. The filter comes from ZYGOTE_LOG, else RUST_LOG (default info).
+    #[arg(long, value_enum, default_value_t = LogFormat::Auto)]
+    pub log_format: LogFormat,
+}
+
+/// Arguments of `zygote status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Socket of the zygote [default: $ZYGOTE_SOCKET, else as for serve].
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
 }

@@ -4,65 +4,147 @@
 //! the child and send its exit notice. That task holds the socket only
 //! weakly: a client that leaves closes its connection at once, and its
 //! children are still reaped.
+//!
+//! When the daemon stops, a connection refuses new spawns, keeps answering
+//! signal and status requests and delivering exit notices, and closes once
+//! it has nothing in flight and no child running (see `server::run_with`).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
+use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
 use zygote_proto::{
     AsyncSeqpacket, ClientMessage, ExitNotice, Frame, HelloAck, LIMITS, PROTOCOL_VERSION,
     ProtoError, ProtocolError, ProtocolErrorKind, RECV_BUFFER_BYTES, RequestFailed, ServerMessage,
-    SignalRequest, SignalSent, SpawnFailed, SpawnRequest, Spawned, StatusReply, UCred, decode,
+    SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage, Spawned, StatusReply, UCred,
+    decode,
 };
 
+use crate::metrics::SpawnResult;
 use crate::server::Daemon;
+use crate::shutdown::Shutdown;
 use crate::{plan, reaper, spawn, strerror};
 
 /// Children started on one connection that have not been reaped yet, by
 /// spawn id, for [`SignalRequest`]s.
 type Children = Arc<Mutex<HashMap<u64, Arc<AsyncFd<OwnedFd>>>>>;
 
-/// Serves one connection until the client closes it or breaks the
-/// protocol.
-pub async fn serve(socket: AsyncSeqpacket, peer: UCred, daemon: Arc<Daemon>) {
-    daemon.connections_accepted.fetch_add(1, Ordering::Relaxed);
-    daemon.connections_open.fetch_add(1, Ordering::Relaxed);
-    serve_counted(socket, peer, &daemon).await;
-    daemon.connections_open.fetch_sub(1, Ordering::Relaxed);
+/// What one connection's tasks share.
+#[derive(Clone)]
+struct Shared {
+    daemon: Arc<Daemon>,
+    peer: Peer,
+    children: Children,
+    /// Spawns whose reply has not been sent yet.
+    in_flight: Arc<AtomicUsize>,
+    /// Woken when a spawn is answered or a child is reaped, so that a
+    /// stopping connection notices it has become idle.
+    changed: Arc<Notify>,
+    /// Set when the connection has ended: its children's exits have
+    /// nobody left to be told.
+    left: watch::Receiver<bool>,
 }
 
-async fn serve_counted(socket: AsyncSeqpacket, peer: UCred, daemon: &Arc<Daemon>) {
+/// The peer's kernel-reported credentials, for logs.
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    pid: i32,
+    uid: u32,
+}
+
+impl Shared {
+    fn is_idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+            && self
+                .children
+                .lock()
+                .expect("children lock poisoned")
+                .is_empty()
+    }
+}
+
+/// Serves one connection until the client closes it or breaks the
+/// protocol, or the daemon stops and the connection has become idle.
+pub async fn serve(socket: AsyncSeqpacket, peer: UCred, daemon: Arc<Daemon>, shutdown: Shutdown) {
+    daemon.metrics.connection_opened();
+    let (left_tx, left) = watch::channel(false);
+    let shared = Shared {
+        daemon: Arc::clone(&daemon),
+        peer: Peer {
+            pid: peer.pid.as_raw_nonzero().get(),
+            uid: peer.uid.as_raw(),
+        },
+        children: Arc::default(),
+        in_flight: Arc::default(),
+        changed: Arc::default(),
+        left,
+    };
+    serve_counted(socket, &shared, shutdown).await;
+    left_tx.send_replace(true);
+    daemon.metrics.connection_closed();
+}
+
+async fn serve_counted(socket: AsyncSeqpacket, shared: &Shared, mut shutdown: Shutdown) {
     let socket = Arc::new(socket);
-    let peer_desc = format!(
-        "pid {} uid {}",
-        peer.pid.as_raw_nonzero(),
-        peer.uid.as_raw()
-    );
-    if !daemon.may_connect(&peer) {
-        warn!(peer = %peer_desc, "refusing a peer of another uid");
+    let daemon = &shared.daemon;
+    let Peer { pid, uid } = shared.peer;
+    if !daemon.may_connect(uid) {
+        warn!(
+            peer_pid = pid,
+            peer_uid = uid,
+            "refusing a peer of another uid"
+        );
         let message = format!(
-            "uid {} may not use this zygote, which serves uid {}",
-            peer.uid.as_raw(),
+            "uid {uid} may not use this zygote, which serves uid {}",
             daemon.uid
         );
-        close_with(&socket, ProtocolErrorKind::PermissionDenied, message).await;
+        close_with(
+            &socket,
+            daemon,
+            ProtocolErrorKind::PermissionDenied,
+            message,
+        )
+        .await;
         return;
     }
     let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
-    if let Err(failure) = handshake(&socket, &mut scratch).await {
-        debug!(peer = %peer_desc, reason = %failure.1, "handshake failed");
-        close_with(&socket, failure.0, failure.1).await;
+    let handshaken = tokio::select! {
+        handshaken = handshake(&socket, &mut scratch) => handshaken,
+        // A client that has not said hello has nothing to finish.
+        () = shutdown.stopping() => return,
+    };
+    if let Err(failure) = handshaken {
+        debug!(peer_pid = pid, peer_uid = uid, reason = %failure.1, "handshake failed");
+        close_with(&socket, daemon, failure.0, failure.1).await;
         return;
     }
-    debug!(peer = %peer_desc, "client connected");
-    let children: Children = Arc::default();
+    debug!(peer_pid = pid, peer_uid = uid, "client connected");
+    let mut stopping = false;
     loop {
-        let frame = match socket.recv(&mut scratch).await {
+        if stopping && shared.is_idle() {
+            debug!(
+                peer_pid = pid,
+                peer_uid = uid,
+                "closing an idle connection: stopping"
+            );
+            break;
+        }
+        let received = tokio::select! {
+            received = socket.recv(&mut scratch) => received,
+            () = shutdown.stopping(), if !stopping => {
+                stopping = true;
+                continue;
+            }
+            () = shared.changed.notified(), if stopping => continue,
+        };
+        let received_at = Instant::now();
+        let frame = match received {
             Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(error) if error.is_disconnect() => break,
@@ -73,18 +155,32 @@ async fn serve_counted(socket: AsyncSeqpacket, peer: UCred, daemon: &Arc<Daemon>
                     }
                     _ => ProtocolErrorKind::Malformed,
                 };
-                warn!(peer = %peer_desc, %error, "closing connection");
-                close_with(&socket, kind, error.to_string()).await;
+                warn!(peer_pid = pid, peer_uid = uid, %error, "closing connection");
+                close_with(&socket, daemon, kind, error.to_string()).await;
                 break;
             }
         };
-        if let Err((kind, message)) = dispatch(frame, &socket, &children, daemon).await {
-            warn!(peer = %peer_desc, reason = %message, "closing connection");
-            close_with(&socket, kind, message).await;
+        let request = Request {
+            frame,
+            received_at,
+            stopping,
+        };
+        if let Err((kind, message)) = dispatch(request, &socket, shared, &shutdown).await {
+            warn!(peer_pid = pid, peer_uid = uid, reason = %message, "closing connection");
+            close_with(&socket, daemon, kind, message).await;
             break;
         }
     }
-    debug!(peer = %peer_desc, "client left");
+    debug!(peer_pid = pid, peer_uid = uid, "client left");
+}
+
+/// One frame from the client, as received.
+struct Request {
+    frame: Frame,
+    /// When it arrived: the start of a spawn's latency.
+    received_at: Instant,
+    /// Whether the daemon was stopping then.
+    stopping: bool,
 }
 
 type Fatal = (ProtocolErrorKind, String);
@@ -148,21 +244,44 @@ fn message_name(message: &ClientMessage) -> &'static str {
 }
 
 async fn dispatch(
-    frame: Frame,
+    request: Request,
     socket: &Arc<AsyncSeqpacket>,
-    children: &Children,
-    daemon: &Arc<Daemon>,
+    shared: &Shared,
+    shutdown: &Shutdown,
 ) -> Result<(), Fatal> {
+    let Request {
+        frame,
+        received_at,
+        stopping,
+    } = request;
     match decode_client(&frame)? {
         ClientMessage::Hello(_) => Err((
             ProtocolErrorKind::UnexpectedMessage,
             "received a second Hello".into(),
         )),
+        ClientMessage::Spawn(request) if stopping => {
+            drop(frame.fds);
+            let refused = SpawnFailed {
+                id: request.id,
+                stage: SpawnStage::Admission,
+                errno: libc::ESHUTDOWN,
+                message: "the zygote is shutting down".into(),
+            };
+            send_reply(socket, &ServerMessage::SpawnFailed(refused), &[]).await;
+            shared
+                .daemon
+                .metrics
+                .spawn_done(SpawnResult::Refused, received_at.elapsed());
+            Ok(())
+        }
         ClientMessage::Spawn(request) => {
+            shared.in_flight.fetch_add(1, Ordering::AcqRel);
             let task = SpawnTask {
                 socket: Arc::downgrade(socket),
-                children: Arc::clone(children),
-                daemon: Arc::clone(daemon),
+                shared: shared.clone(),
+                shutdown: shutdown.clone(),
+                received_at,
+                answered: false,
             };
             // A task per spawn, so that concurrent requests on one
             // connection do not queue behind each other's exec.
@@ -173,7 +292,7 @@ async fn dispatch(
             if !frame.fds.is_empty() {
                 return Err(unexpected_fds("Signal", frame.fds.len()));
             }
-            let reply = signal(&request, children);
+            let reply = signal(&request, &shared.children);
             send_reply(socket, &reply, &[]).await;
             Ok(())
         }
@@ -181,7 +300,7 @@ async fn dispatch(
             if !frame.fds.is_empty() {
                 return Err(unexpected_fds("Status", frame.fds.len()));
             }
-            let reply = ServerMessage::Status(daemon.status(request.id));
+            let reply = ServerMessage::Status(shared.daemon.status(request.id));
             send_reply(socket, &reply, &[]).await;
             Ok(())
         }
@@ -230,7 +349,13 @@ async fn send_reply(socket: &AsyncSeqpacket, message: &ServerMessage, fds: &[Bor
     }
 }
 
-async fn close_with(socket: &AsyncSeqpacket, kind: ProtocolErrorKind, message: String) {
+async fn close_with(
+    socket: &AsyncSeqpacket,
+    daemon: &Daemon,
+    kind: ProtocolErrorKind,
+    message: String,
+) {
+    daemon.metrics.protocol_error(kind);
     let reply = ServerMessage::ProtocolError(ProtocolError { kind, message });
     send_reply(socket, &reply, &[]).await;
 }
@@ -238,15 +363,22 @@ async fn close_with(socket: &AsyncSeqpacket, kind: ProtocolErrorKind, message: S
 /// One spawn, from request to exit notice.
 struct SpawnTask {
     socket: Weak<AsyncSeqpacket>,
-    children: Children,
-    daemon: Arc<Daemon>,
+    shared: Shared,
+    /// Held until the task ends: the daemon's stop waits for it.
+    shutdown: Shutdown,
+    received_at: Instant,
+    /// Whether the reply has been sent (and `in_flight` decremented).
+    answered: bool,
 }
 
 impl SpawnTask {
-    async fn run(self, request: SpawnRequest, attached: Vec<OwnedFd>) {
-        let started = Instant::now();
+    async fn run(mut self, request: SpawnRequest, attached: Vec<OwnedFd>) {
         let id = request.id;
         let program = String::from_utf8_lossy(&request.program).into_owned();
+        let Peer {
+            pid: peer_pid,
+            uid: peer_uid,
+        } = self.shared.peer;
         let prepared = match plan::prepare(&request, attached) {
             Ok(prepared) => prepared,
             Err(refusal) => {
@@ -256,9 +388,13 @@ impl SpawnTask {
                     errno: refusal.errno.raw_os_error(),
                     message: refusal.message,
                 };
-                warn!(program, reason = %failed.message, "spawn refused");
-                self.daemon.spawns_failed.fetch_add(1, Ordering::Relaxed);
-                self.reply(&ServerMessage::SpawnFailed(failed), &[]).await;
+                warn!(peer_pid, peer_uid, program, stage = failed.stage.name(), reason = %failed.message, "spawn refused");
+                self.answer(
+                    &ServerMessage::SpawnFailed(failed),
+                    &[],
+                    SpawnResult::Refused,
+                )
+                .await;
                 return;
             }
         };
@@ -269,15 +405,30 @@ impl SpawnTask {
             Ok(child) => child,
             Err(error) => {
                 let reason = strerror(error.errno);
-                warn!(program, stage = error.stage.name(), reason, "spawn failed");
-                self.daemon.spawns_failed.fetch_add(1, Ordering::Relaxed);
+                warn!(
+                    peer_pid,
+                    peer_uid,
+                    program,
+                    stage = error.stage.name(),
+                    errno = error.errno,
+                    reason,
+                    "spawn failed"
+                );
+                if error.stage == SpawnStage::Exec {
+                    self.shared.daemon.metrics.exec_failed(error.errno);
+                }
                 let failed = SpawnFailed {
                     id,
                     stage: error.stage,
                     errno: error.errno,
                     message: format!("{program}: {reason}"),
                 };
-                self.reply(&ServerMessage::SpawnFailed(failed), &[]).await;
+                self.answer(
+                    &ServerMessage::SpawnFailed(failed),
+                    &[],
+                    SpawnResult::Failed,
+                )
+                .await;
                 return;
             }
         };
@@ -288,34 +439,51 @@ impl SpawnTask {
                 // Cannot happen short of epoll failing; the child is then
                 // neither watched nor reported, so say so loudly.
                 warn!(pid, %error, "failed to watch a child's pidfd; it will not be reaped");
+                self.finish_in_flight();
                 return;
             }
         };
-        self.daemon.spawns_succeeded.fetch_add(1, Ordering::Relaxed);
-        self.daemon.children_running.fetch_add(1, Ordering::Relaxed);
-        self.children
+        let metrics = &self.shared.daemon.metrics;
+        metrics.child_started();
+        self.shared
+            .children
             .lock()
             .expect("children lock poisoned")
             .insert(id, Arc::clone(&pidfd));
         let mut fds: Vec<BorrowedFd<'_>> = vec![pidfd.get_ref().as_fd()];
         fds.extend(prepared.client_ends.iter().map(AsFd::as_fd));
-        self.reply(&ServerMessage::Spawned(Spawned { id, pid }), &fds)
+        let latency = self
+            .answer(
+                &ServerMessage::Spawned(Spawned { id, pid }),
+                &fds,
+                SpawnResult::Ok,
+            )
             .await;
         drop(fds);
         drop(prepared.client_ends);
         debug!(
+            peer_pid,
+            peer_uid,
             program,
             pid,
-            latency_us = started.elapsed().as_micros() as u64,
+            latency_us = latency.as_micros() as u64,
             "spawned"
         );
 
-        let exit = reaper::wait_exit(&pidfd).await;
-        self.children
+        let exit = tokio::select! {
+            exit = reaper::wait_exit(&pidfd) => exit,
+            () = self.abandoned() => {
+                debug!(pid, "leaving a child to the system's reaper: the daemon is stopping and its client has left");
+                return;
+            }
+        };
+        self.shared
+            .children
             .lock()
             .expect("children lock poisoned")
             .remove(&id);
-        self.daemon.children_running.fetch_sub(1, Ordering::Relaxed);
+        let metrics = &self.shared.daemon.metrics;
+        metrics.child_reaped(exit.as_ref().ok().map(|(status, _)| status));
         match exit {
             Ok((status, usage)) => {
                 debug!(pid, ?status, "child exited");
@@ -329,6 +497,39 @@ impl SpawnTask {
             }
             Err(error) => warn!(pid, %error, "failed to reap a child"),
         }
+        self.shared.changed.notify_one();
+    }
+
+    /// Resolves when nobody will ever want this child's exit: the daemon
+    /// is stopping and the child's client has gone.
+    async fn abandoned(&self) {
+        let mut shutdown = self.shutdown.clone();
+        let mut left = self.shared.left.clone();
+        shutdown.stopping().await;
+        let _ = left.wait_for(|left| *left).await;
+    }
+
+    /// Sends the spawn's reply, records its result and latency, and
+    /// returns the latency.
+    async fn answer(
+        &mut self,
+        message: &ServerMessage,
+        fds: &[BorrowedFd<'_>],
+        result: SpawnResult,
+    ) -> std::time::Duration {
+        self.reply(message, fds).await;
+        let latency = self.received_at.elapsed();
+        self.shared.daemon.metrics.spawn_done(result, latency);
+        self.finish_in_flight();
+        latency
+    }
+
+    fn finish_in_flight(&mut self) {
+        if !self.answered {
+            self.answered = true;
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            self.shared.changed.notify_one();
+        }
     }
 
     async fn reply(&self, message: &ServerMessage, fds: &[BorrowedFd<'_>]) {
@@ -338,24 +539,32 @@ impl SpawnTask {
     }
 }
 
+impl Drop for SpawnTask {
+    /// A task that ends early (the runtime is dropped) must not leave its
+    /// connection waiting for it.
+    fn drop(&mut self) {
+        self.finish_in_flight();
+    }
+}
+
 impl Daemon {
     fn status(&self, id: u64) -> StatusReply {
-        let load = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
+        let metrics = &self.metrics;
         StatusReply {
             id,
             server_version: env!("CARGO_PKG_VERSION").to_owned(),
             pid: rustix::process::getpid().as_raw_nonzero().get(),
             uptime_millis: self.started.elapsed().as_millis() as u64,
-            connections_open: load(&self.connections_open),
-            connections_accepted: load(&self.connections_accepted),
-            children_running: load(&self.children_running),
-            spawns_succeeded: load(&self.spawns_succeeded),
-            spawns_failed: load(&self.spawns_failed),
+            connections_open: metrics.connections_open(),
+            connections_accepted: metrics.connections_accepted(),
+            children_running: metrics.children_running(),
+            spawns_succeeded: metrics.spawns(SpawnResult::Ok),
+            spawns_failed: metrics.spawns(SpawnResult::Failed)
+                + metrics.spawns(SpawnResult::Refused),
         }
     }
 
-    fn may_connect(&self, peer: &UCred) -> bool {
-        let uid = peer.uid.as_raw();
+    fn may_connect(&self, uid: u32) -> bool {
         uid == self.uid || uid == 0
     }
 }

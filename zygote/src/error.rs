@@ -40,4 +40,30 @@ pub enum Error {
     /// Accepting connections failed for good.
     #[error("failed to accept connections: {0}")]
     Accept(#[source] ProtoError),
+    /// `LISTEN_FDS`/`LISTEN_FDNAMES` are malformed.
+    #[error(
+        "invalid socket activation variables (LISTEN_FDS, LISTEN_FDNAMES): {0}; \
+         check the socket unit"
+    )]
+    Activation(#[source] io::Error),
+    /// A socket-activated fd is not what its name promises.
+    #[error("socket-activated socket {name:?} {problem}")]
+    ActivatedSocket {
+        /// Its `FileDescriptorName=`.
+        name: String,
+        /// What is wrong and what to change.
+        problem: String,
+    },
+    /// The metrics listener could not be bound or registered.
+    #[error("failed to listen for metrics on {address}: {source}")]
+    MetricsListen {
+        /// The address.
+        address: String,
+        /// The error from the kernel.
+        #[source]
+        source: io::Error,
+    },
+    /// Two sources for one listener.
+    #[error("{0}")]
+    Conflict(String),
 }

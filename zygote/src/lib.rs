@@ -10,20 +10,31 @@
 //! - [`spawn`]: creating the child; the only module with unsafe process
 //!   code.
 //! - `reaper`: waiting for each child's exit on its pidfd.
-//! - [`serve`]: the `zygote serve` command around [`server::run`].
+//! - `shutdown`: the stop notice and completion guard of a graceful stop.
+//! - [`metrics`]: the counters, as Prometheus metrics; `exporter` serves
+//!   them over HTTP.
+//! - [`activation`]: what systemd hands over: sockets, the notify socket,
+//!   the watchdog.
+//! - [`serve`]: the `zygote serve` command around [`server::run_with`].
 //! - [`run`]: the `zygote run` command, a client of the daemon.
+//! - [`status`]: the `zygote status` command.
 //! - [`cli`], [`logging`]: flags and log setup of the binary.
 
+pub mod activation;
 pub mod cli;
 mod connection;
 mod error;
+mod exporter;
 pub mod logging;
+pub mod metrics;
 mod plan;
 mod reaper;
 pub mod run;
 pub mod serve;
 pub mod server;
+mod shutdown;
 pub mod spawn;
+pub mod status;
 
 pub use error::Error;
 

@@ -1,18 +1,22 @@
 //! The `zygote` binary: `zygote serve` runs the daemon, `zygote run` runs a
-//! command through it. Exit codes are decided here and nowhere else.
+//! command through it, `zygote status` asks it for its counters. Exit codes
+//! are decided here and nowhere else.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use zygote::cli::{Cli, Command};
-use zygote::{logging, run, serve};
+use zygote::{activation, logging, run, serve, status};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            logging::init();
-            match serve::serve(&args) {
+            // First, while this is the only thread: take systemd's fds
+            // (close-on-exec) and variables out of the environment.
+            let activation = activation::take();
+            logging::init(args.log_format);
+            match activation.and_then(|activation| serve::serve(&args, activation)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     tracing::error!("{error}");
@@ -22,5 +26,6 @@ fn main() -> ExitCode {
             }
         }
         Command::Run(args) => ExitCode::from(run::run(args)),
+        Command::Status(args) => ExitCode::from(status::status(&args)),
     }
 }

@@ -1,30 +1,87 @@
-//! `zygote serve`: check the kernel, bind, and serve until SIGTERM/SIGINT.
+//! `zygote serve`: take what systemd hands over, check the kernel, bind,
+//! and serve until SIGTERM/SIGINT.
 
 use std::thread::available_parallelism;
 
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
 
+use crate::activation::Activation;
 use crate::cli::ServeArgs;
-use crate::{Error, server, spawn};
+use crate::server::{self, Options};
+use crate::{Error, spawn};
 
-/// Runs the daemon until SIGTERM or SIGINT.
+/// Runs the daemon until SIGTERM or SIGINT, then stops gracefully (see
+/// [`server::run_with`]); a second signal ends the stop at once.
+///
+/// `activation` is what [`crate::activation::take`] took at startup.
 ///
 /// # Errors
 ///
-/// When the kernel is too old, the socket cannot be bound, or the runtime
-/// cannot start.
-pub fn serve(args: &ServeArgs) -> Result<(), Error> {
-    // First, before any thread exists or any fd of ours is opened.
+/// When the kernel is too old, a socket cannot be bound or was passed
+/// twice, or the runtime cannot start.
+pub fn serve(args: &ServeArgs, activation: Activation) -> Result<(), Error> {
+    // Before any thread exists or any fd of ours is opened (the activated
+    // sockets already are close-on-exec).
     if let Err(error) = spawn::mark_inherited_fds_cloexec() {
         tracing::warn!(%error, "could not mark inherited fds close-on-exec (needs Linux 5.11)");
     }
     spawn::check_kernel_support().map_err(Error::KernelUnsupported)?;
-    let path = args
-        .socket
-        .clone()
-        .unwrap_or_else(zygote_client::default_socket_path);
-    let bound = server::bind(&path)?;
-    tracing::info!(socket = %path.display(), "listening");
+    let Activation {
+        spawn: activated_spawn,
+        metrics: activated_metrics,
+        notifier,
+        watchdog,
+        warnings,
+    } = activation;
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
+    let mut options = Options {
+        notifier,
+        watchdog,
+        ..Options::default()
+    };
+    let listener = match (activated_spawn, &args.socket) {
+        (Some(_), Some(path)) => {
+            return Err(Error::Conflict(format!(
+                "systemd passed a spawn socket, and --socket {} names another; drop --socket",
+                path.display()
+            )));
+        }
+        (Some(fd), None) => {
+            tracing::info!("listening on the socket-activated spawn socket");
+            fd
+        }
+        (None, path) => {
+            let path = path
+                .clone()
+                .unwrap_or_else(zygote_client::default_socket_path);
+            let bound = server::bind(&path)?;
+            tracing::info!(socket = %path.display(), "listening");
+            let fd = bound.fd.try_clone().map_err(Error::Runtime)?;
+            options.bound = Some(bound);
+            fd
+        }
+    };
+    options.metrics_listener = match (activated_metrics, args.metrics_listen) {
+        (Some(_), Some(address)) => {
+            return Err(Error::Conflict(format!(
+                "systemd passed a metrics socket, and --metrics-listen {address} names another; \
+                 drop --metrics-listen"
+            )));
+        }
+        (Some(fd), None) => Some(std::net::TcpListener::from(fd)),
+        (None, Some(address)) => {
+            Some(
+                std::net::TcpListener::bind(address).map_err(|source| Error::MetricsListen {
+                    address: address.to_string(),
+                    source,
+                })?,
+            )
+        }
+        (None, None) => None,
+    };
     // Sized by the cgroup-aware CPU count: threads a CPU quota cannot run
     // only add latency.
     let workers = available_parallelism().map_or(1, |n| n.get());
@@ -33,18 +90,37 @@ pub fn serve(args: &ServeArgs) -> Result<(), Error> {
         .enable_all()
         .build()
         .map_err(Error::Runtime)?;
-    let listener = bound.fd.try_clone().map_err(Error::Runtime)?;
     runtime.block_on(async {
-        let mut terminate = signal(SignalKind::terminate()).map_err(Error::Runtime)?;
-        let mut interrupt = signal(SignalKind::interrupt()).map_err(Error::Runtime)?;
-        let shutdown = async move {
+        let signals = count_signals()?;
+        let first = wait_for_signals(signals.clone(), 1);
+        let second = wait_for_signals(signals, 2);
+        tokio::select! {
+            served = server::run_with(listener, options, first) => served,
+            () = second => {
+                tracing::warn!("second signal: exiting without waiting for the stop to finish");
+                Ok(())
+            }
+        }
+    })
+}
+
+/// Counts SIGTERM and SIGINT deliveries.
+fn count_signals() -> Result<watch::Receiver<u32>, Error> {
+    let mut terminate = signal(SignalKind::terminate()).map_err(Error::Runtime)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(Error::Runtime)?;
+    let (count_tx, count) = watch::channel(0u32);
+    tokio::spawn(async move {
+        loop {
             tokio::select! {
                 _ = terminate.recv() => {}
                 _ = interrupt.recv() => {}
             }
-        };
-        server::run(listener, shutdown).await
-    })?;
-    drop(bound);
-    Ok(())
+            count_tx.send_modify(|count| *count += 1);
+        }
+    });
+    Ok(count)
+}
+
+async fn wait_for_signals(mut count: watch::Receiver<u32>, at_least: u32) {
+    let _ = count.wait_for(|count| *count >= at_least).await;
 }

@@ -6,13 +6,16 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
+use sd_notify::NotifyState;
 use tracing::{error, info, warn};
 use zygote_proto::{AsyncSeqpacketListener, ProtoError, socket};
 
-use crate::{Error, connection};
+use crate::activation::Notifier;
+use crate::metrics::Metrics;
+use crate::shutdown::Coordinator;
+use crate::{Error, connection, exporter};
 
 /// Mode of a socket the daemon binds itself: only its own uid may connect.
 /// A wider audience is the job of a socket unit's `SocketMode=`.
@@ -25,16 +28,9 @@ pub struct Daemon {
     pub uid: u32,
     /// When the daemon started serving.
     pub started: Instant,
-    /// Children started and not yet reaped.
-    pub children_running: AtomicU64,
-    /// Connections open now.
-    pub connections_open: AtomicU64,
-    /// Connections accepted since start.
-    pub connections_accepted: AtomicU64,
-    /// Spawns whose child exec'd.
-    pub spawns_succeeded: AtomicU64,
-    /// Spawns that failed or were refused.
-    pub spawns_failed: AtomicU64,
+    /// Every counter, as Prometheus metrics; the `Status` reply reads them
+    /// too, so the two never disagree.
+    pub metrics: Metrics,
 }
 
 impl Daemon {
@@ -43,11 +39,7 @@ impl Daemon {
         Self {
             uid: rustix::process::geteuid().as_raw(),
             started: Instant::now(),
-            children_running: AtomicU64::new(0),
-            connections_open: AtomicU64::new(0),
-            connections_accepted: AtomicU64::new(0),
-            spawns_succeeded: AtomicU64::new(0),
-            spawns_failed: AtomicU64::new(0),
+            metrics: Metrics::new(),
         }
     }
 }
@@ -119,31 +111,160 @@ pub fn bind(path: &Path) -> Result<BoundSocket, Error> {
     Ok(bound)
 }
 
-/// Accepts and serves connections until `shutdown` resolves.
-///
-/// Children are reaped by their own tasks, which end with the runtime; see
-/// the README's known limits for what a stop does to running children.
+/// What the daemon serves besides the spawn socket, and how it talks to
+/// the service manager.
+#[derive(Debug, Default)]
+pub struct Options {
+    /// The socket file the daemon bound itself; removed when accepting
+    /// stops, so that new clients fail fast instead of queueing.
+    pub bound: Option<BoundSocket>,
+    /// Where to serve `/metrics`.
+    pub metrics_listener: Option<std::net::TcpListener>,
+    /// The service manager's notify socket (`Type=notify`).
+    pub notifier: Option<Notifier>,
+    /// The watchdog interval; pinged at half of it from the accept loop.
+    pub watchdog: Option<Duration>,
+}
+
+/// Accepts and serves connections until `shutdown` resolves, then stops
+/// gracefully; see [`run_with`].
 ///
 /// # Errors
 ///
-/// [`Error::Accept`] when the listener cannot be registered.
+/// As [`run_with`].
 pub async fn run(listener: OwnedFd, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    run_with(listener, Options::default(), shutdown).await
+}
+
+/// Accepts and serves connections until `shutdown` resolves, then stops
+/// gracefully and returns:
+///
+/// 1. it stops accepting, and removes the socket file it bound;
+/// 2. spawns in flight finish and their replies are sent; new spawn
+///    requests are refused (`Admission`, `ESHUTDOWN`), while signal and
+///    status requests are still answered;
+/// 3. children keep being reaped and their exit notices delivered to
+///    clients still connected; a connection with no spawn in flight and no
+///    child running is closed;
+/// 4. it returns once every connection is closed. Children whose client
+///    has left are not waited for: they are left to the system's reaper.
+///
+/// A client that keeps a long-running child holds the stop up; the
+/// caller's backstop (a second signal, systemd's `TimeoutStopSec=`) ends
+/// it.
+///
+/// # Errors
+///
+/// [`Error::Accept`] when the listener cannot be registered,
+/// [`Error::MetricsListen`] when the metrics listener cannot be.
+pub async fn run_with(
+    listener: OwnedFd,
+    options: Options,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
     let listener = AsyncSeqpacketListener::new(listener).map_err(Error::Accept)?;
     let daemon = Arc::new(Daemon::new());
+    let exporter = match options.metrics_listener {
+        Some(metrics) => {
+            let address = metrics.local_addr().ok();
+            let metrics = metrics
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpListener::from_std(metrics))
+                .map_err(|source| Error::MetricsListen {
+                    address: address.map_or_else(|| "(unknown)".into(), |a| a.to_string()),
+                    source,
+                })?;
+            if let Some(address) = address {
+                info!(%address, "serving /metrics");
+            }
+            Some(AbortOnDrop(tokio::spawn(exporter::serve(
+                metrics,
+                daemon.metrics.clone(),
+            ))))
+        }
+        None => None,
+    };
+    let notifier = options.notifier;
+    let notify = |states: &[NotifyState<'_>]| {
+        if let Some(notifier) = &notifier {
+            notifier.notify(states);
+        }
+    };
+    let mut watchdog = Watchdog::new(options.watchdog);
+    let coordinator = Coordinator::new();
     info!("serving");
+    notify(&[NotifyState::Ready, NotifyState::Status("serving")]);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            () = &mut shutdown => {
-                info!("shutting down");
-                return Ok(());
-            }
+            () = &mut shutdown => break,
+            () = watchdog.tick() => notify(&[NotifyState::Watchdog]),
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
-                    tokio::spawn(connection::serve(socket, peer, Arc::clone(&daemon)));
+                    let task = connection::serve(socket, peer, Arc::clone(&daemon), coordinator.handle());
+                    tokio::spawn(task);
                 }
                 Err(error) => back_off(&error).await,
             },
+        }
+    }
+    drop(listener);
+    drop(options.bound);
+    let metrics = &daemon.metrics;
+    let draining = || {
+        format!(
+            "stopping: {} connections, {} children running",
+            metrics.connections_open(),
+            metrics.children_running()
+        )
+    };
+    info!(
+        connections = metrics.connections_open(),
+        children = metrics.children_running(),
+        "stopping: no longer accepting; finishing spawns in flight"
+    );
+    notify(&[NotifyState::Stopping, NotifyState::Status(&draining())]);
+    let stopped = coordinator.stop();
+    tokio::pin!(stopped);
+    loop {
+        tokio::select! {
+            () = &mut stopped => break,
+            () = watchdog.tick() => notify(&[NotifyState::Watchdog, NotifyState::Status(&draining())]),
+        }
+    }
+    drop(exporter);
+    info!("stopped");
+    Ok(())
+}
+
+/// Ends a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// `WATCHDOG=1` at half the service manager's interval, as
+/// `sd_watchdog_enabled(3)` advises; never ticks without a watchdog.
+struct Watchdog(Option<tokio::time::Interval>);
+
+impl Watchdog {
+    fn new(interval: Option<Duration>) -> Self {
+        Self(interval.filter(|i| !i.is_zero()).map(|interval| {
+            let mut ticks = tokio::time::interval(interval / 2);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks
+        }))
+    }
+
+    async fn tick(&mut self) {
+        match &mut self.0 {
+            Some(ticks) => {
+                ticks.tick().await;
+            }
+            None => std::future::pending().await,
         }
     }
 }

@@ -1,0 +1,94 @@
+//! `zygote status`: ask a running zygote for its version, uptime and
+//! counters, and print them.
+
+use std::time::Duration;
+
+use zygote_client::{Client, DaemonStatus};
+
+use crate::cli::StatusArgs;
+
+/// Exit code when the zygote cannot be asked.
+const EXIT_FAILED: u8 = 1;
+
+/// Prints the status of the zygote at `args.socket` and returns the exit
+/// code: 0, or 1 when it cannot be reached.
+pub fn status(args: &StatusArgs) -> u8 {
+    let path = args
+        .socket
+        .clone()
+        .or_else(|| std::env::var_os(zygote_client::SOCKET_ENV).map(Into::into))
+        .unwrap_or_else(zygote_client::default_socket_path);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("zygote: failed to start the async runtime: {error}");
+            return EXIT_FAILED;
+        }
+    };
+    let asked = runtime.block_on(async {
+        let client = Client::connect(&path).await?;
+        client.status().await
+    });
+    match asked {
+        Ok(status) => {
+            print!("{}", render(&path.display().to_string(), &status));
+            0
+        }
+        Err(error) => {
+            eprintln!("zygote: {error}");
+            EXIT_FAILED
+        }
+    }
+}
+
+fn render(socket: &str, status: &DaemonStatus) -> String {
+    format!(
+        "socket:            {socket}\n\
+         version:           {}\n\
+         pid:               {}\n\
+         uptime:            {}\n\
+         connections:       {} open, {} accepted\n\
+         children running:  {}\n\
+         spawns:            {} succeeded, {} failed\n",
+        status.server_version,
+        status.pid,
+        human_duration(status.uptime),
+        status.connections_open,
+        status.connections_accepted,
+        status.children_running,
+        status.spawns_succeeded,
+        status.spawns_failed,
+    )
+}
+
+/// `1d 2h 3m 4s`, leaving out leading zero units.
+fn human_duration(duration: Duration) -> String {
+    let secs = duration.as_secs();
+    let parts = [
+        (secs / 86_400, "d"),
+        (secs / 3_600 % 24, "h"),
+        (secs / 60 % 60, "m"),
+        (secs % 60, "s"),
+    ];
+    let first = parts.iter().position(|(n, _)| *n != 0).unwrap_or(3);
+    parts[first..]
+        .iter()
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_drop_leading_zero_units() {
+        assert_eq!(human_duration(Duration::from_millis(900)), "0s");
+        assert_eq!(human_duration(Duration::from_secs(61)), "1m 1s");
+        assert_eq!(human_duration(Duration::from_secs(90_061)), "1d 1h 1m 1s");
+    }
+}
