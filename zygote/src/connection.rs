@@ -119,10 +119,18 @@ async fn serve_counted(socket: AsyncSeqpacket, shared: &Shared, mut shutdown: Sh
         // A client that has not said hello has nothing to finish.
         () = shutdown.stopping() => return,
     };
-    if let Err(failure) = handshaken {
-        debug!(peer_pid = pid, peer_uid = uid, reason = %failure.1, "handshake failed");
-        close_with(&socket, daemon, failure.0, failure.1).await;
-        return;
+    match handshaken {
+        Ok(()) => {}
+        // A probe (connect, then close) is not a protocol error.
+        Err(None) => {
+            debug!(peer_pid = pid, peer_uid = uid, "client left before hello");
+            return;
+        }
+        Err(Some(failure)) => {
+            debug!(peer_pid = pid, peer_uid = uid, reason = %failure.1, "handshake failed");
+            close_with(&socket, daemon, failure.0, failure.1).await;
+            return;
+        }
     }
     debug!(peer_pid = pid, peer_uid = uid, "client connected");
     let mut stopping = false;
@@ -185,13 +193,19 @@ struct Request {
 
 type Fatal = (ProtocolErrorKind, String);
 
-async fn handshake(socket: &AsyncSeqpacket, scratch: &mut [u8]) -> Result<(), Fatal> {
+/// The handshake; `Err(None)` when the client left before saying hello.
+async fn handshake(socket: &AsyncSeqpacket, scratch: &mut [u8]) -> Result<(), Option<Fatal>> {
     let frame = match socket.recv(scratch).await {
         Ok(Some(frame)) => frame,
-        Ok(None) => return Err((ProtocolErrorKind::Malformed, "closed before hello".into())),
-        Err(error) => return Err((ProtocolErrorKind::Malformed, error.to_string())),
+        Ok(None) => return Err(None),
+        Err(error) if error.is_disconnect() => return Err(None),
+        Err(error) => return Err(Some((ProtocolErrorKind::Malformed, error.to_string()))),
     };
-    let hello = match decode_client(&frame)? {
+    answer_hello(socket, &frame).await.map_err(Some)
+}
+
+async fn answer_hello(socket: &AsyncSeqpacket, frame: &Frame) -> Result<(), Fatal> {
+    let hello = match decode_client(frame)? {
         ClientMessage::Hello(hello) => hello,
         other => {
             return Err((

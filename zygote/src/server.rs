@@ -13,13 +13,16 @@ use tracing::{error, info, warn};
 use zygote_proto::{AsyncSeqpacketListener, ProtoError, socket};
 
 use crate::activation::Notifier;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SpawnResult};
 use crate::shutdown::Coordinator;
 use crate::{Error, connection, exporter};
 
 /// Mode of a socket the daemon binds itself: only its own uid may connect.
 /// A wider audience is the job of a socket unit's `SocketMode=`.
 const SOCKET_MODE: u32 = 0o600;
+
+/// How often the `STATUS=` line is refreshed for `systemctl status`.
+const STATUS_EVERY: Duration = Duration::from_secs(5);
 
 /// State shared by every connection.
 #[derive(Debug)]
@@ -190,15 +193,31 @@ pub async fn run_with(
             notifier.notify(states);
         }
     };
-    let mut watchdog = Watchdog::new(options.watchdog);
+    // WATCHDOG=1 at half the service manager's interval, as
+    // sd_watchdog_enabled(3) advises, from this loop: a stuck loop is
+    // what the watchdog must catch.
+    let mut watchdog = Ticker::every(options.watchdog.map(|interval| interval / 2));
     let coordinator = Coordinator::new();
     info!("serving");
     notify(&[NotifyState::Ready, NotifyState::Status("serving")]);
+    // `systemctl status` shows the last STATUS= line; keep it current.
+    let mut status_every = Ticker::every(notifier.as_ref().map(|_| STATUS_EVERY));
+    let serving = || {
+        let metrics = &daemon.metrics;
+        format!(
+            "serving: {} connections, {} children running, {} spawns ok, {} failed",
+            metrics.connections_open(),
+            metrics.children_running(),
+            metrics.spawns(SpawnResult::Ok),
+            metrics.spawns(SpawnResult::Failed) + metrics.spawns(SpawnResult::Refused),
+        )
+    };
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             () = watchdog.tick() => notify(&[NotifyState::Watchdog]),
+            () = status_every.tick() => notify(&[NotifyState::Status(&serving())]),
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
                     let task = connection::serve(socket, peer, Arc::clone(&daemon), coordinator.handle());
@@ -246,14 +265,16 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// `WATCHDOG=1` at half the service manager's interval, as
-/// `sd_watchdog_enabled(3)` advises; never ticks without a watchdog.
-struct Watchdog(Option<tokio::time::Interval>);
+/// A periodic tick in a `select!` loop, or never.
+struct Ticker(Option<tokio::time::Interval>);
 
-impl Watchdog {
-    fn new(interval: Option<Duration>) -> Self {
-        Self(interval.filter(|i| !i.is_zero()).map(|interval| {
-            let mut ticks = tokio::time::interval(interval / 2);
+impl Ticker {
+    /// Ticks every `period` (the first after one period); never for `None`
+    /// or zero.
+    fn every(period: Option<Duration>) -> Self {
+        Self(period.filter(|p| !p.is_zero()).map(|period| {
+            let start = tokio::time::Instant::now() + period;
+            let mut ticks = tokio::time::interval_at(start, period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticks
         }))
