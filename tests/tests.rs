@@ -16,3 +16,12 @@ mod daemon;
 
 // The `zygote run` tool: exit codes, inherited fds, messages.
 mod run;
+
+// The harness for tests driving outside tools: tool checks, HTTP, ports.
+mod tools;
+
+// As a systemd service: unit files, socket activation, sd_notify, stop.
+mod service;
+
+// Prometheus: the /metrics exposition, promtool, a real scraping server.
+mod metrics;

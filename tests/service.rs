@@ -1,0 +1,407 @@
+//! zygote as a systemd service, checked with systemd's own tools: the unit
+//! files, socket activation, sd_notify, graceful stop, logs and status.
+
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use zygote_client::blocking::Client;
+use zygote_client::{Error, SpawnStage};
+
+use crate::tools::{Process, have_tool, serve, temp_dir};
+use crate::util::{eventually, zygote_bin};
+
+/// `deploy/systemd` in the source tree.
+fn units_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/systemd")
+}
+
+/// Copies the unit files of `from` into a temp dir, pointing `ExecStart=`
+/// at the binary under test (verify checks that the program exists).
+fn staged_units(from: &Path, into: &Path) -> Vec<PathBuf> {
+    let mut units = Vec::new();
+    for entry in std::fs::read_dir(from).expect("read units dir").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !(name.ends_with(".service") || name.ends_with(".socket")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).expect("read unit");
+        let text = text.replace("/usr/bin/zygote", &zygote_bin().display().to_string());
+        let staged = into.join(&name);
+        std::fs::write(&staged, text).expect("write unit");
+        units.push(staged);
+    }
+    units.sort();
+    units
+}
+
+fn verify(user: bool, units: &[PathBuf], runtime_dir: &Path) {
+    let mut command = Command::new("systemd-analyze");
+    if user {
+        command.arg("--user").env("XDG_RUNTIME_DIR", runtime_dir);
+    }
+    let output = command
+        .arg("verify")
+        .args(units)
+        .output()
+        .expect("run systemd-analyze");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // Unknown keys and bad values are warnings with exit code 0: any
+    // output at all is a failure.
+    assert!(
+        output.status.success() && stderr.trim().is_empty() && output.stdout.is_empty(),
+        "systemd-analyze verify {units:?}: {}\n{stderr}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout)
+    );
+}
+
+#[test]
+fn unit_files_pass_systemd_analyze_verify() {
+    if !have_tool("systemd-analyze", "systemd") {
+        return;
+    }
+    let dir = temp_dir("verify");
+    let system = dir.path().join("system");
+    let user = dir.path().join("user");
+    let runtime = dir.path().join("run");
+    for path in [&system, &user, &runtime] {
+        std::fs::create_dir(path).unwrap();
+    }
+    let system_units = staged_units(&units_dir(), &system);
+    assert_eq!(system_units.len(), 3, "{system_units:?}");
+    verify(false, &system_units, &runtime);
+    let user_units = staged_units(&units_dir().join("user"), &user);
+    assert_eq!(user_units.len(), 2, "{user_units:?}");
+    verify(true, &user_units, &runtime);
+}
+
+/// Variables the service manager sets for the daemon alone.
+const SERVICE_VARS: [&str; 7] = [
+    "LISTEN_PID",
+    "LISTEN_FDS",
+    "LISTEN_FDNAMES",
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "INVOCATION_ID",
+];
+
+/// `systemd-socket-activate --seqpacket` owning the socket at `socket`,
+/// ready to exec `zygote serve` on the first connection.
+fn socket_activate(socket: &Path, fdname: &str, env: &[(&str, &str)]) -> Process {
+    let mut command = Command::new("systemd-socket-activate");
+    command
+        .arg("--seqpacket")
+        .arg("--listen")
+        .arg(socket)
+        .arg(format!("--fdname={fdname}"));
+    for (key, value) in env {
+        command.arg(format!("--setenv={key}={value}"));
+    }
+    command
+        .arg(zygote_bin())
+        .arg("serve")
+        .env("ZYGOTE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    let process = Process::start(&mut command, "systemd-socket-activate");
+    assert!(
+        eventually(Duration::from_secs(10), || socket.exists()),
+        "systemd-socket-activate did not create {}",
+        socket.display()
+    );
+    process
+}
+
+fn exe_of(pid: u32) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
+/// The `flags:` of `/proc/PID/fdinfo/FD`, octal.
+fn fd_flags(pid: u32, fd: i32) -> u32 {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).expect("fdinfo");
+    let flags = info
+        .lines()
+        .find_map(|line| line.strip_prefix("flags:"))
+        .expect("flags line");
+    u32::from_str_radix(flags.trim(), 8).expect("octal flags")
+}
+
+#[test]
+fn socket_activation_starts_the_daemon_on_first_connection() {
+    if !have_tool("systemd-socket-activate", "systemd") {
+        return;
+    }
+    let dir = temp_dir("activate");
+    let socket = dir.path().join("zygote.sock");
+    let notify = dir.path().join("notify");
+    let notify_socket = UnixDatagram::bind(&notify).unwrap();
+    let notify_path = notify.display().to_string();
+    let env = [
+        ("NOTIFY_SOCKET", notify_path.as_str()),
+        ("INVOCATION_ID", "0123456789abcdef0123456789abcdef"),
+        ("WATCHDOG_USEC", "60000000"),
+    ];
+    let mut activator = socket_activate(&socket, "spawn", &env);
+    let pid = activator.pid();
+    // Nothing runs zygote before a client arrives.
+    assert_ne!(exe_of(pid), Some(zygote_bin().canonicalize().unwrap()));
+
+    let client = Client::connect(&socket).expect("connect through the activated socket");
+    assert_eq!(exe_of(pid), Some(zygote_bin().canonicalize().unwrap()));
+    let status = client.status().expect("status");
+    assert_eq!(
+        status.pid as u32, pid,
+        "the daemon is the activated process"
+    );
+
+    // The inherited listener (fd 3) is close-on-exec in the daemon.
+    assert_ne!(fd_flags(pid, 3) & libc::O_CLOEXEC as u32, 0);
+
+    // A child sees the client's environment, never the daemon's: the
+    // service manager's variables reach the daemon (above), not the child.
+    let output = client
+        .command("env")
+        .env_clear()
+        .env("FROM_CLIENT", "yes")
+        .output()
+        .expect("spawn env through the activated daemon");
+    assert!(output.status.success());
+    let env_text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(env_text.trim(), "FROM_CLIENT=yes");
+    // ... unless the client itself passes one on, as std would.
+    let output = client
+        .command("printenv")
+        .arg("INVOCATION_ID")
+        .env("INVOCATION_ID", "client's own")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "client's own"
+    );
+    for var in SERVICE_VARS {
+        if std::env::var_os(var).is_none() {
+            let output = client.command("printenv").arg(var).output().unwrap();
+            assert!(!output.status.success(), "{var} reached a child");
+        }
+    }
+
+    // READY=1 reached the notify socket the activator passed on.
+    notify_socket
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buffer = [0u8; 1024];
+    let received = notify_socket.recv(&mut buffer).expect("a notify datagram");
+    let text = String::from_utf8_lossy(&buffer[..received]);
+    assert!(text.contains("READY=1\n"), "{text:?}");
+
+    drop(client);
+    activator.signal(libc::SIGTERM);
+    let exit = activator.expect_exit(Duration::from_secs(10));
+    assert!(exit.success(), "{exit}: {}", activator.stderr());
+}
+
+#[test]
+fn socket_activation_tells_sockets_apart_by_name() {
+    if !have_tool("systemd-socket-activate", "systemd") {
+        return;
+    }
+    // A SEQPACKET socket named "metrics" is a configuration mistake: the
+    // daemon must say what to change, not serve it as metrics.
+    let dir = temp_dir("fdname");
+    let socket = dir.path().join("zygote.sock");
+    let mut activator = socket_activate(&socket, "metrics", &[]);
+    let _ = zygote_proto::socket::connect_to(&socket, false);
+    let exit = activator.expect_exit(Duration::from_secs(10));
+    let stderr = activator.stderr();
+    assert!(!exit.success());
+    assert!(
+        stderr.contains("\"metrics\"") && stderr.contains("ListenStream="),
+        "{stderr}"
+    );
+}
+
+/// Receives notify datagrams until one contains `line`, for up to `timeout`.
+fn wait_for_notify(socket: &UnixDatagram, line: &str, timeout: Duration) -> Vec<String> {
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + timeout;
+    let mut buffer = [0u8; 4096];
+    while std::time::Instant::now() < deadline {
+        if let Ok(n) = socket.recv(&mut buffer) {
+            let text = String::from_utf8_lossy(&buffer[..n]).into_owned();
+            let done = text.lines().any(|l| l == line);
+            seen.push(text);
+            if done {
+                return seen;
+            }
+        }
+    }
+    panic!("no {line:?} within {timeout:?}; saw {seen:?}");
+}
+
+#[test]
+fn notify_socket_gets_ready_status_watchdog_and_stopping() {
+    let dir = temp_dir("notify");
+    let notify = dir.path().join("notify");
+    let notify_socket = UnixDatagram::bind(&notify).unwrap();
+    let notify_path = notify.display().to_string();
+    let env = [
+        ("NOTIFY_SOCKET", notify_path.as_str()),
+        ("WATCHDOG_USEC", "200000"),
+    ];
+    let (mut daemon, socket) = serve(dir.path(), &[], &env);
+    let seen = wait_for_notify(&notify_socket, "READY=1", Duration::from_secs(5));
+    assert!(
+        seen.iter().any(|text| text.contains("STATUS=serving")),
+        "{seen:?}"
+    );
+    // Pinged at half of WATCHDOG_USEC, from the accept loop.
+    wait_for_notify(&notify_socket, "WATCHDOG=1", Duration::from_secs(2));
+    wait_for_notify(&notify_socket, "WATCHDOG=1", Duration::from_secs(2));
+
+    daemon.signal(libc::SIGTERM);
+    let seen = wait_for_notify(&notify_socket, "STOPPING=1", Duration::from_secs(5));
+    assert!(seen.last().unwrap().contains("STATUS=stopping"), "{seen:?}");
+    let exit = daemon.expect_exit(Duration::from_secs(10));
+    assert!(exit.success(), "{exit}: {}", daemon.stderr());
+    assert!(!socket.exists(), "the daemon removes the socket it bound");
+}
+
+#[test]
+fn sigterm_finishes_spawns_keeps_reaping_then_exits() {
+    let dir = temp_dir("graceful");
+    let (mut daemon, socket) = serve(dir.path(), &[], &[]);
+    let client = Client::connect(&socket).unwrap();
+    let mut child = client
+        .command("sleep")
+        .arg("1")
+        .spawn()
+        .expect("spawn sleep");
+    daemon.signal(libc::SIGTERM);
+    // Accepting stops at once, and the socket file goes with it.
+    assert!(eventually(Duration::from_secs(5), || !socket.exists()));
+    assert!(zygote_proto::socket::connect_to(&socket, false).is_err());
+    // The connected client is still served: new spawns are refused ...
+    match client.command("true").status() {
+        Err(Error::Spawn { stage, errno, .. }) => {
+            assert_eq!(stage, SpawnStage::Admission);
+            assert_eq!(errno, libc::ESHUTDOWN);
+        }
+        other => panic!("expected a refusal while stopping, got {other:?}"),
+    }
+    // ... status is answered, and the running child's exit is delivered.
+    assert_eq!(client.status().unwrap().children_running, 1);
+    assert!(daemon.wait_timeout(Duration::from_millis(200)).is_none());
+    let status = child.wait().expect("exit notice while stopping");
+    assert!(status.success());
+    // With nothing left running, the daemon exits by itself.
+    let exit = daemon.expect_exit(Duration::from_secs(10));
+    assert!(exit.success(), "{exit}: {}", daemon.stderr());
+}
+
+#[test]
+fn sigterm_does_not_wait_for_children_whose_client_left() {
+    let dir = temp_dir("abandon");
+    let (mut daemon, socket) = serve(dir.path(), &[], &[]);
+    let client = Client::connect(&socket).unwrap();
+    let child = client.command("sleep").arg("30").spawn().unwrap();
+    let pid = child.id();
+    drop(child);
+    drop(client);
+    daemon.signal(libc::SIGTERM);
+    let exit = daemon.expect_exit(Duration::from_secs(10));
+    assert!(exit.success(), "{exit}: {}", daemon.stderr());
+    // The child outlives the daemon (KillMode=process semantics); end it.
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    );
+}
+
+#[test]
+fn json_logs_carry_one_debug_line_per_spawn() {
+    let dir = temp_dir("json");
+    let (mut daemon, socket) = serve(
+        dir.path(),
+        &["--log-format", "json"],
+        &[("ZYGOTE_LOG", "debug")],
+    );
+    let client = Client::connect(&socket).unwrap();
+    assert!(client.command("true").status().unwrap().success());
+    assert!(client.command("zygote-no-such-program").status().is_err());
+    drop(client);
+    daemon.signal(libc::SIGTERM);
+    daemon.expect_exit(Duration::from_secs(10));
+    let logs = daemon.stderr();
+    let lines: Vec<&str> = logs.lines().collect();
+    assert!(lines.iter().all(|line| line.starts_with('{')), "{logs}");
+    let spawned: Vec<&&str> = lines
+        .iter()
+        .filter(|line| line.contains("\"message\":\"spawned\""))
+        .collect();
+    assert_eq!(spawned.len(), 1, "{logs}");
+    for field in [
+        "\"level\":\"DEBUG\"",
+        "\"peer_pid\":",
+        "\"peer_uid\":",
+        "\"program\":\"true\"",
+        "\"pid\":",
+        "\"latency_us\":",
+    ] {
+        assert!(spawned[0].contains(field), "{field} in {}", spawned[0]);
+    }
+    let failed = lines
+        .iter()
+        .find(|line| line.contains("\"message\":\"spawn failed\""))
+        .expect("a spawn failed line");
+    assert!(failed.contains("\"level\":\"WARN\""), "{failed}");
+    assert!(failed.contains("\"peer_pid\":"), "{failed}");
+}
+
+#[test]
+fn zygote_status_prints_version_uptime_and_counters() {
+    let dir = temp_dir("status");
+    let (_daemon, socket) = serve(dir.path(), &[], &[]);
+    let client = Client::connect(&socket).unwrap();
+    assert!(client.command("true").status().unwrap().success());
+    assert!(client.command("zygote-no-such-program").status().is_err());
+    let output = Command::new(zygote_bin())
+        .arg("status")
+        .arg("--socket")
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("version:           {}", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    assert!(text.contains("uptime:"), "{text}");
+    // This connection and the status command's own are open; the
+    // harness's readiness probe was accepted too.
+    assert!(
+        text.contains("connections:       2 open, 3 accepted"),
+        "{text}"
+    );
+    assert!(text.contains("children running:  0"), "{text}");
+    assert!(
+        text.contains("spawns:            1 succeeded, 1 failed"),
+        "{text}"
+    );
+
+    let missing = Command::new(zygote_bin())
+        .arg("status")
+        .arg("--socket")
+        .arg(dir.path().join("nothing.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no zygote is listening"));
+}
