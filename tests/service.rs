@@ -9,7 +9,7 @@ use std::time::Duration;
 use zygote_client::blocking::Client;
 use zygote_client::{Error, SpawnStage};
 
-use crate::tools::{Process, have_tool, serve, temp_dir};
+use crate::tools::{Process, free_port, have_tool, http_get, serve, temp_dir};
 use crate::util::{eventually, zygote_bin};
 
 /// `deploy/systemd` in the source tree.
@@ -404,4 +404,51 @@ fn zygote_status_prints_version_uptime_and_counters() {
         .unwrap();
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no zygote is listening"));
+}
+
+#[test]
+fn socket_activated_metrics_socket_serves_metrics() {
+    if !have_tool("systemd-socket-activate", "systemd") {
+        return;
+    }
+    let dir = temp_dir("activate-metrics");
+    let socket = dir.path().join("zygote.sock");
+    let address = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, free_port()));
+    let mut command = Command::new("systemd-socket-activate");
+    command
+        .arg(format!("--listen={address}"))
+        .arg("--fdname=metrics")
+        .arg(zygote_bin())
+        .arg("serve")
+        .arg("--socket")
+        .arg(&socket)
+        .env("ZYGOTE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut activator = Process::start(&mut command, "systemd-socket-activate");
+    // The first scrape starts the daemon, which answers it.
+    let mut scraped = None;
+    let ready = eventually(Duration::from_secs(10), || {
+        scraped = http_get(address, "/metrics").ok();
+        scraped.is_some()
+    });
+    assert!(ready, "no answer on {address}: {}", {
+        activator.signal(libc::SIGKILL);
+        activator.stderr()
+    });
+    let (code, text) = scraped.unwrap();
+    assert_eq!(code, 200, "{text}");
+    assert!(text.contains("# HELP zygote_spawns_total "), "{text}");
+    assert_eq!(
+        exe_of(activator.pid()),
+        Some(zygote_bin().canonicalize().unwrap())
+    );
+    // The spawn socket is the daemon's own, bound from --socket.
+    let client = Client::connect(&socket).unwrap();
+    assert!(client.command("true").status().unwrap().success());
+    let (_, text) = http_get(address, "/metrics").unwrap();
+    assert!(
+        text.contains("zygote_spawns_total{result=\"ok\"} 1"),
+        "{text}"
+    );
 }
