@@ -280,7 +280,7 @@ fn sigterm_finishes_spawns_keeps_reaping_then_exits() {
     let client = Client::connect(&socket).unwrap();
     let mut child = client
         .command("sleep")
-        .arg("1")
+        .arg("3")
         .spawn()
         .expect("spawn sleep");
     daemon.signal(libc::SIGTERM);
