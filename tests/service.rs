@@ -452,3 +452,50 @@ fn socket_activated_metrics_socket_serves_metrics() {
         "{text}"
     );
 }
+
+/// Runs a daemon with stderr on a pipe and `JOURNAL_STREAM` set by
+/// `journal_stream` from the pipe's device and inode; returns its stderr.
+fn stderr_with_journal_stream(
+    test_name: &str,
+    journal_stream: impl Fn(u64, u64) -> String,
+) -> String {
+    let dir = temp_dir(test_name);
+    let socket = dir.path().join("zygote.sock");
+    let (read, write) = rustix::pipe::pipe().unwrap();
+    let stat = rustix::fs::fstat(&write).unwrap();
+    let mut command = Command::new(zygote_bin());
+    command
+        .arg("serve")
+        .arg("--socket")
+        .arg(&socket)
+        .env("ZYGOTE_LOG", "info")
+        .env("JOURNAL_STREAM", journal_stream(stat.st_dev, stat.st_ino))
+        .stdin(Stdio::null())
+        .stderr(Stdio::from(write));
+    let mut daemon = Process::start(&mut command, "zygote serve");
+    drop(command);
+    assert!(eventually(Duration::from_secs(10), || socket.exists()));
+    daemon.signal(libc::SIGTERM);
+    daemon.expect_exit(Duration::from_secs(10));
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::fs::File::from(read), &mut text).unwrap();
+    text
+}
+
+#[test]
+fn logs_go_to_the_journal_only_when_stderr_is_the_journal() {
+    // Not the journal: text on stderr.
+    let text = stderr_with_journal_stream("not-journal", |dev, ino| format!("{dev}:{}", ino + 1));
+    assert!(text.contains("listening"), "{text}");
+    // The journal: nothing on stderr, or (without journald on this
+    // machine) a note that the journal cannot be reached.
+    let text = stderr_with_journal_stream("journal", |dev, ino| format!("{dev}:{ino}"));
+    let journald = std::os::unix::net::UnixDatagram::unbound()
+        .and_then(|socket| socket.connect("/run/systemd/journal/socket"))
+        .is_ok();
+    if journald {
+        assert!(!text.contains("listening"), "{text}");
+    } else {
+        assert!(text.contains("cannot log to the journal"), "{text}");
+    }
+}

@@ -45,7 +45,11 @@ pub fn init(format: LogFormat) {
             .with_writer(std::io::stderr)
             .boxed(),
         LogFormat::Journald => match tracing_journald::layer() {
-            Ok(journal) => journal.with_syslog_identifier("zygote".into()).boxed(),
+            // Fields become ZYGOTE_PEER_PID, ZYGOTE_PROGRAM, ...: journalctl -o verbose.
+            Ok(journal) => journal
+                .with_syslog_identifier("zygote".into())
+                .with_field_prefix(Some("ZYGOTE".into()))
+                .boxed(),
             Err(error) => {
                 eprintln!("zygote: cannot log to the journal ({error}); logging to stderr");
                 text_layer()
