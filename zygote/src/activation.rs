@@ -14,7 +14,7 @@
 //! inherited fds and changing the environment.
 
 use std::io;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::time::Duration;
@@ -69,11 +69,9 @@ pub struct Activation {
 /// [`Error::ActivatedSocket`] when a socket is of the wrong kind or has an
 /// unknown name.
 ///
-/// # Panics
-///
-/// Never; but it must be called while the process has a single thread
-/// (before the runtime starts), which it checks: with more threads it
-/// leaves the environment alone and logs why.
+/// Call it while the process has a single thread (before the runtime
+/// starts). It checks: with more threads it leaves the environment alone
+/// and says so in [`Activation::warnings`].
 pub fn take() -> Result<Activation, Error> {
     let named: Vec<(RawFd, String)> = sd_notify::listen_fds_with_names()
         .map_err(Error::Activation)?
@@ -156,7 +154,7 @@ fn sort_by_name(fds: Vec<(OwnedFd, String)>) -> Result<(Option<OwnedFd>, Option<
                 "fd {} is not expected; name the SEQPACKET socket \
                  FileDescriptorName={SPAWN_NAME} and the metrics socket \
                  FileDescriptorName={METRICS_NAME}",
-                std::os::fd::AsRawFd::as_raw_fd(fd)
+                fd.as_raw_fd()
             ),
         });
     }
