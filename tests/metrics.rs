@@ -153,6 +153,7 @@ fn prometheus_scrapes_the_spawn_count() {
         ),
     )
     .unwrap();
+    let log = dir.path().join("prometheus.log");
     let mut server = Process::start(
         Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
@@ -163,7 +164,8 @@ fn prometheus_scrapes_the_spawn_count() {
             .arg(format!("--web.listen-address={web}"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped()),
+            // A file, not a pipe nobody reads until the end.
+            .stderr(std::fs::File::create(&log).unwrap()),
         "prometheus",
     );
 
@@ -182,7 +184,8 @@ fn prometheus_scrapes_the_spawn_count() {
             break;
         }
         if let Some(exit) = server.wait_timeout(Duration::from_millis(500)) {
-            panic!("prometheus exited: {exit}\n{}", server.stderr());
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("prometheus exited: {exit}\n{log}");
         }
     }
     assert_eq!(
