@@ -30,6 +30,11 @@ pub struct ServeArgs {
     /// /run/zygote/zygote.sock as root].
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// Private mode: serve only the connected socket inherited at fd FD,
+    /// for its owner (same uid), and exit once it closes and every child
+    /// is reaped. `zygote_client`'s `launch_private` passes fd 0.
+    #[arg(long, value_name = "FD", conflicts_with = "socket")]
+    pub private_fd: Option<i32>,
 }
 
 /// Arguments of `zygote run`.

@@ -11,6 +11,9 @@
 //!   code.
 //! - `reaper`: waiting for each child's exit on its pidfd.
 //! - [`serve`]: the `zygote serve` command around [`server::run`].
+//! - [`private`]: a zygote serving one owner over one socket, launched
+//!   (`zygote serve --private-fd`) or forked ([`template`]).
+//! - [`template`]: [`template::fork_template`], first in a Rust `main`.
 //! - [`run`]: the `zygote run` command, a client of the daemon.
 //! - [`cli`], [`logging`]: flags and log setup of the binary.
 
@@ -19,11 +22,13 @@ mod connection;
 mod error;
 pub mod logging;
 mod plan;
+pub mod private;
 mod reaper;
 pub mod run;
 pub mod serve;
 pub mod server;
 pub mod spawn;
+pub mod template;
 
 pub use error::Error;
 

@@ -1,11 +1,12 @@
-//! `zygote serve`: check the kernel, bind, and serve until SIGTERM/SIGINT.
+//! `zygote serve`: check the kernel, bind, and serve until SIGTERM/SIGINT;
+//! or, with `--private-fd`, serve one inherited socket as a private zygote.
 
 use std::thread::available_parallelism;
 
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::ServeArgs;
-use crate::{Error, server, spawn};
+use crate::{Error, private, server, spawn};
 
 /// Runs the daemon until SIGTERM or SIGINT.
 ///
@@ -15,6 +16,11 @@ use crate::{Error, server, spawn};
 /// cannot start.
 pub fn serve(args: &ServeArgs) -> Result<(), Error> {
     spawn::check_kernel_support().map_err(Error::KernelUnsupported)?;
+    if let Some(fd) = args.private_fd {
+        let socket =
+            spawn::take_inherited_fd(fd).map_err(|source| Error::InheritedFd { fd, source })?;
+        return private::serve_private(socket);
+    }
     let path = args
         .socket
         .clone()
