@@ -120,6 +120,33 @@ impl Client {
         Self::start(socket, endpoint).await
     }
 
+    /// Launches a private zygote, serving only this process, and connects
+    /// to it; see [`crate::private`] for where the binary is found and
+    /// how long the zygote lives. Call it at program start, before the
+    /// process grows or opens anything sensitive.
+    ///
+    /// ```no_run
+    /// # async fn example() -> zygote_client::Result<()> {
+    /// let client = zygote_client::Client::launch_private().await?;
+    /// let status = client.command("true").status().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZygoteNotFound`], [`Error::Launch`], or as
+    /// [`Client::from_fd`].
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub async fn launch_private() -> Result<Self> {
+        let (socket, zygote) = crate::private::launch()?;
+        let endpoint = format!("private zygote pid {}", zygote.id());
+        Self::start(socket, endpoint).await
+    }
+
     async fn start(socket: OwnedFd, endpoint: String) -> Result<Self> {
         let (connection, scratch) = Connection::handshake(socket, endpoint).await?;
         let (stop_tx, stop_rx) = oneshot::channel();

@@ -88,6 +88,8 @@
 //! - [`child`](Child): the running child, its pidfd and tokio pipes.
 //! - [`Stdio`], [`ExitStatus`], [`Output`], [`ResourceUsage`], [`Error`].
 //! - [`blocking`]: the synchronous flavour.
+//! - [`private`]: finding and launching the `zygote` binary as a private
+//!   zygote ([`Client::launch_private`]).
 //! - `sys`: the one `unsafe` block (borrowing an fd known only by number).
 
 pub mod blocking;
@@ -96,6 +98,7 @@ mod client;
 mod command;
 mod connection;
 mod error;
+pub mod private;
 mod request;
 mod status;
 mod stdio;

@@ -127,6 +127,16 @@ impl Client {
         Self::start(|| crate::Client::from_fd(socket))
     }
 
+    /// Launches a private zygote serving only this process, and connects
+    /// to it; see [`crate::Client::launch_private`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Client::launch_private`].
+    pub fn launch_private() -> Result<Self> {
+        Self::start(crate::Client::launch_private)
+    }
+
     /// A [`Command`] for `program` on this connection.
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
         Command::new(self, program)
