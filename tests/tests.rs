@@ -16,3 +16,7 @@ mod daemon;
 
 // The `zygote run` tool: exit codes, inherited fds, messages.
 mod run;
+
+// Private zygotes (launched binary, forked template) serving a 2 GiB
+// program, and dying with it.
+mod private;
