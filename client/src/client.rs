@@ -4,12 +4,13 @@ use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 use zygote_proto::{Limits, ProtoError};
 
 use crate::connection::Connection;
+use crate::transparent::ProcessSettings;
 use crate::{Command, Error, Result};
 
 /// The environment variable naming the zygote's socket, read by
@@ -48,6 +49,9 @@ pub struct Client {
 
 struct Inner {
     connection: Arc<Connection>,
+    /// umask and rlimits, read at the first spawn and kept until
+    /// [`Client::refresh_process_state`].
+    settings: Mutex<Option<Arc<ProcessSettings>>>,
     /// Dropped with the last handle, which stops the reader task.
     _stop_reader: oneshot::Sender<()>,
 }
@@ -154,6 +158,7 @@ impl Client {
         Ok(Self {
             inner: Arc::new(Inner {
                 connection,
+                settings: Mutex::new(None),
                 _stop_reader: stop_tx,
             }),
         })
@@ -180,6 +185,21 @@ impl Client {
     /// [`Error::ZygoteLost`] and a new `Client` is needed.
     pub fn is_connected(&self) -> bool {
         !self.inner.connection.is_lost()
+    }
+
+    /// Makes the next spawn read this process's umask and resource limits
+    /// again. A client reads them at its first spawn and reuses them, as
+    /// reading them costs more than the rest of a request; call this after
+    /// changing either (`umask(2)`, `setrlimit(2)`) for children to see
+    /// the change. Clones share one copy.
+    pub fn refresh_process_state(&self) {
+        *self.inner.settings.lock().expect("settings lock poisoned") = None;
+    }
+
+    /// The umask and rlimits for a request, read on first use.
+    pub(crate) fn process_settings(&self) -> Arc<ProcessSettings> {
+        let mut cached = self.inner.settings.lock().expect("settings lock poisoned");
+        Arc::clone(cached.get_or_insert_with(|| Arc::new(ProcessSettings::read())))
     }
 
     pub(crate) fn connection(&self) -> &Connection {

@@ -156,6 +156,12 @@ impl Client {
     pub fn is_connected(&self) -> bool {
         self.inner.is_connected()
     }
+
+    /// Makes the next spawn read this process's umask and resource limits
+    /// again; see [`crate::Client::refresh_process_state`].
+    pub fn refresh_process_state(&self) {
+        self.inner.refresh_process_state();
+    }
 }
 
 /// A process to start through the zygote, for synchronous code; the same
