@@ -63,9 +63,21 @@ struct Args {
     /// Children kept running while each zygote's RSS is read.
     #[arg(long, default_value_t = 100)]
     resident_children: usize,
+    /// Only these methods besides the floor (for profiling one): std-spawn,
+    /// std-fork, zygote-shared, zygote-private, zygote-template.
+    #[arg(long, value_delimiter = ',')]
+    methods: Vec<String>,
     /// Also write the results as JSON here.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+}
+
+impl Args {
+    fn wants(&self, method: Method) -> bool {
+        method == Method::Floor
+            || self.methods.is_empty()
+            || self.methods.iter().any(|name| name == method.key())
+    }
 }
 
 fn main() -> ExitCode {
@@ -192,6 +204,9 @@ fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
                 for (child, program) in &children {
                     let mut floor_summary = None;
                     for method in Method::ALL {
+                        if !args.wants(method) {
+                            continue;
+                        }
                         eprintln!(
                             "zygote-bench: {child} rss={rss} fds={fds} c={concurrency} {}",
                             method.name()
@@ -219,7 +234,12 @@ fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
         }
         fd_table.set(0)?;
         if rss > 0 && args.cow_rounds > 0 {
-            cow.extend(measure_cow(&mut bench, &mut memory, args.cow_rounds)?);
+            cow.extend(measure_cow(
+                &mut bench,
+                &mut memory,
+                args.cow_rounds,
+                |m| args.wants(m),
+            )?);
         }
     }
 
@@ -366,7 +386,12 @@ fn median(mut values: Vec<Duration>) -> Duration {
 
 /// Rewrite time after one spawn by each parent-side method, against the
 /// same without a spawn.
-fn measure_cow(bench: &mut Bench, memory: &mut Memory, rounds: usize) -> Result<Vec<Cow>> {
+fn measure_cow(
+    bench: &mut Bench,
+    memory: &mut Memory,
+    rounds: usize,
+    wants: impl Fn(Method) -> bool,
+) -> Result<Vec<Cow>> {
     eprintln!("zygote-bench: copy-on-write tax at {} GiB", memory.gib());
     let program = Path::new("/bin/true");
     // Earlier fork-path cells left pages write-protected: clear that.
@@ -378,7 +403,10 @@ fn measure_cow(bench: &mut Bench, memory: &mut Memory, rounds: usize) -> Result<
         rewrite_ms: baseline.as_secs_f64() * 1e3,
         vs_baseline: 1.0,
     }];
-    for method in Method::ALL.into_iter().filter(|m| *m != Method::Floor) {
+    for method in Method::ALL
+        .into_iter()
+        .filter(|m| *m != Method::Floor && wants(*m))
+    {
         let mut times = Vec::with_capacity(rounds);
         for _ in 0..rounds {
             let budget = Budget {

@@ -46,6 +46,18 @@ impl Method {
         Method::ZygoteTemplate,
     ];
 
+    /// The name for `--methods`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Method::Floor => "floor",
+            Method::StdSpawn => "std-spawn",
+            Method::StdFork => "std-fork",
+            Method::ZygoteShared => "zygote-shared",
+            Method::ZygotePrivate => "zygote-private",
+            Method::ZygoteTemplate => "zygote-template",
+        }
+    }
+
     /// The name in tables.
     pub fn name(self) -> &'static str {
         match self {
