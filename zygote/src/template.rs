@@ -28,8 +28,9 @@
 //! [`Error::TemplateTooLate`] when there is more than one.
 //!
 //! The template is a copy of the program at that moment: whatever it has
-//! open or in memory then, the template has too. It closes every fd above
-//! 2 except its socket at once, runs no code of the program, and exits
+//! in memory then, the template has too. It closes every fd above 2 except
+//! its socket at once, puts `/dev/null` on its stdin and stdout (keeping
+//! stderr for its errors), runs no code of the program, and exits
 //! (via `_exit`, so the program's exit handlers never run twice) once the
 //! handle's socket closes and its children are reaped; see
 //! [`crate::private`].
@@ -108,11 +109,27 @@ pub fn fork_template() -> Result<Template, Error> {
     }
 }
 
+/// Lets go of what the template inherited: every fd above 2 but its
+/// socket, and stdin and stdout (replaced by `/dev/null`), so that a pipe
+/// on the program's stdout sees EOF when the program exits, not when the
+/// template does. stderr stays, for the template's own errors. Children
+/// never get these: `Stdio::inherit` passes the client's own fds.
+fn detach_from_program(socket: &OwnedFd) -> std::io::Result<()> {
+    spawn::close_fds_above_2_except(socket)?;
+    let null = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    rustix::stdio::dup2_stdin(&null)?;
+    rustix::stdio::dup2_stdout(&null)?;
+    Ok(())
+}
+
 /// The template's whole life; never returns into the program's code.
 fn run_template(socket: OwnedFd) -> ! {
     let code = catch_unwind(AssertUnwindSafe(|| {
-        if let Err(error) = spawn::close_fds_above_2_except(&socket) {
-            eprintln!("zygote template: failed to close inherited fds: {error}");
+        if let Err(error) = detach_from_program(&socket) {
+            eprintln!("zygote template: failed to let go of inherited fds: {error}");
             return 1;
         }
         match private::serve_private(socket) {
