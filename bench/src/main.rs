@@ -57,8 +57,9 @@ struct Args {
     /// the first concurrency.
     #[arg(long)]
     full: bool,
-    /// Spawn + rewrite rounds per method for the copy-on-write tax.
-    #[arg(long, default_value_t = 3)]
+    /// Rounds per method for the copy-on-write tax (each: rewrite, spawn,
+    /// rewrite).
+    #[arg(long, default_value_t = 7)]
     cow_rounds: usize,
     /// Children kept running while each zygote's RSS is read.
     #[arg(long, default_value_t = 100)]
@@ -385,7 +386,8 @@ fn median(mut values: Vec<Duration>) -> Duration {
 }
 
 /// Rewrite time after one spawn by each parent-side method, against the
-/// same without a spawn.
+/// same without a spawn. Each round measures both back to back, so that
+/// other load on the machine hits both alike.
 fn measure_cow(
     bench: &mut Bench,
     memory: &mut Memory,
@@ -396,34 +398,43 @@ fn measure_cow(
     let program = Path::new("/bin/true");
     // Earlier fork-path cells left pages write-protected: clear that.
     memory.rewrite();
-    let baseline = median((0..rounds).map(|_| memory.rewrite()).collect());
-    let mut out = vec![Cow {
-        rss_gib: memory.gib(),
-        method: None,
-        rewrite_ms: baseline.as_secs_f64() * 1e3,
-        vs_baseline: 1.0,
-    }];
+    let mut baselines = Vec::new();
+    let mut out = Vec::new();
     for method in Method::ALL
         .into_iter()
         .filter(|m| *m != Method::Floor && wants(*m))
     {
-        let mut times = Vec::with_capacity(rounds);
+        let mut before = Vec::with_capacity(rounds);
+        let mut after = Vec::with_capacity(rounds);
         for _ in 0..rounds {
+            before.push(memory.rewrite());
             let budget = Budget {
                 n: 1,
                 concurrency: 1,
                 deadline: Instant::now(),
             };
             bench.run_cell(method, program, budget)?;
-            times.push(memory.rewrite());
+            after.push(memory.rewrite());
         }
-        let time = median(times);
+        baselines.extend(before.iter().copied());
+        let (before, after) = (median(before), median(after));
         out.push(Cow {
             rss_gib: memory.gib(),
             method: Some(method),
-            rewrite_ms: time.as_secs_f64() * 1e3,
-            vs_baseline: time.as_secs_f64() / baseline.as_secs_f64(),
+            rewrite_ms: after.as_secs_f64() * 1e3,
+            vs_baseline: after.as_secs_f64() / before.as_secs_f64(),
         });
+    }
+    if !baselines.is_empty() {
+        out.insert(
+            0,
+            Cow {
+                rss_gib: memory.gib(),
+                method: None,
+                rewrite_ms: median(baselines).as_secs_f64() * 1e3,
+                vs_baseline: 1.0,
+            },
+        );
     }
     Ok(out)
 }

@@ -70,7 +70,7 @@ pub struct Cow {
     pub method: Option<Method>,
     /// Median time to write every page once, ms.
     pub rewrite_ms: f64,
-    /// Over the baseline's.
+    /// Over the median rewrite just before the spawns of the same rounds.
     pub vs_baseline: f64,
 }
 
@@ -163,8 +163,9 @@ impl Report {
         }
         out.push_str(
             "\n#### Copy-on-write tax\n\nTime for the parent to write one byte in every page \
-             of its memory right after one spawn + wait, against the same without a spawn \
-             (median).\n\n| RSS GiB | spawned by | rewrite ms | ×baseline |\n|---|---|---|---|\n",
+             of its memory right after one spawn + wait, against the same just before the \
+             spawn (medians over the rounds; the baseline row is the median of all \
+             before-rewrites).\n\n| RSS GiB | spawned by | rewrite ms | ×baseline |\n|---|---|---|---|\n",
         );
         for cow in &self.cow {
             let _ = writeln!(
