@@ -9,7 +9,7 @@
 //! # Lifetime
 //!
 //! The owner's end closing (the owner dropped its client, or died) ends
-//! the connection. The zygote then calls [`owner_gone`], where
+//! the connection. The zygote then calls `owner_gone`, where
 //! kill-on-close children are signalled, and keeps running until every
 //! child has been reaped, then exits. Children that are not kill-on-close
 //! outlive their owner, as with std, and keep the zygote (a few MiB)
