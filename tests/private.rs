@@ -14,6 +14,7 @@ struct Report {
     rss_kib: u64,
     child: u32,
     ppid_seen: u32,
+    sleeper: u32,
 }
 
 fn parse(line: &str) -> Report {
@@ -26,6 +27,7 @@ fn parse(line: &str) -> Report {
         rss_kib: field("rss_kib"),
         child: u32::try_from(field("child")).unwrap(),
         ppid_seen: u32::try_from(field("ppid_seen")).unwrap(),
+        sleeper: u32::try_from(field("sleeper")).unwrap(),
     }
 }
 
@@ -61,19 +63,36 @@ fn private_zygote_serves_a_large_owner(mode: &str) {
     assert_eq!(parent_of(report.child), Some(zygote), "cat's parent");
     assert_eq!(report.ppid_seen, zygote, "$PPID seen by a child");
     assert_ne!(zygote, helper_pid);
+    let leaked: Vec<String> = std::fs::read_dir(format!("/proc/{zygote}/fd"))
+        .expect("list the zygote's fds")
+        .flatten()
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+        .map(|target| target.display().to_string())
+        .filter(|target| target == "/dev/zero")
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "{mode} zygote kept the owner's fd: {leaked:?}"
+    );
 
     helper.kill().expect("SIGKILL the helper");
     helper.wait().expect("reap the helper");
-    // The owner's end closes with it: cat sees EOF, the zygote reaps it
-    // and exits.
+    // The owner's end closes with it: cat sees EOF, the zygote reaps it,
+    // waits for the sleeper (~3 s more) and reaps it too, then exits.
     assert!(
-        eventually(Duration::from_secs(10), || gone(zygote)),
-        "{mode} zygote {zygote} still runs 10 s after its owner died"
+        eventually(Duration::from_secs(15), || gone(zygote)),
+        "{mode} zygote {zygote} still runs 15 s after its owner died"
     );
     assert!(
         gone(report.child),
         "cat {} outlived its zygote",
         report.child
+    );
+    assert!(
+        gone(report.sleeper),
+        "the zygote exited before reaping sleep {} (now a child of {:?})",
+        report.sleeper,
+        parent_of(report.sleeper)
     );
 }
 
@@ -96,4 +115,20 @@ fn fork_template_refuses_once_threads_exist() {
         "{error:?}"
     );
     assert!(error.to_string().contains("first in main"), "{error}");
+}
+
+#[test]
+fn private_fd_that_is_not_a_socket_is_refused() {
+    let output = Command::new(zygote_bin())
+        .args(["serve", "--private-fd", "0"])
+        .env("ZYGOTE_LOG", "off")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run zygote serve --private-fd");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("private zygote's socket") && stderr.contains("non-socket"),
+        "{stderr}"
+    );
 }

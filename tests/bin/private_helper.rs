@@ -3,11 +3,15 @@
 //! then spawns through it and reports on stdout:
 //!
 //! ```text
-//! rss_kib <helper's VmRSS> child <pid of a running cat> ppid_seen <$PPID of a child>
+//! rss_kib <VmRSS> child <pid of a running cat> ppid_seen <$PPID of a child> sleeper <pid>
 //! ```
 //!
 //! It then waits until its stdin closes. The `cat` reads a pipe from this
-//! process, so it exits when this process dies.
+//! process, so it exits when this process dies; the sleeper (`sleep 3`)
+//! outlives it, so the zygote must wait for it.
+//!
+//! Before anything else it opens `/dev/zero` on an inheritable fd: neither
+//! kind of private zygote may keep it open.
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -16,7 +20,10 @@ use zygote_client::Stdio;
 use zygote_client::blocking::{Client, Command};
 
 fn main() -> ExitCode {
-    // First: the template must be forked while this is the only thread.
+    // Opening a file starts no thread; the zygote must not keep it.
+    let leak = std::fs::File::open("/dev/zero").expect("open /dev/zero");
+    let leak = rustix::io::dup(&leak).expect("dup without close-on-exec");
+    // Then the template, while this is the only thread.
     let mode = std::env::args().nth(1).unwrap_or_default();
     let client = match mode.as_str() {
         "template" => zygote::template::fork_template()
@@ -50,16 +57,22 @@ fn main() -> ExitCode {
         .output()
         .expect("run sh");
     let ppid_seen = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let sleeper = Command::new(&client, "sleep")
+        .arg("3")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn sleep");
     println!(
-        "rss_kib {} child {} ppid_seen {ppid_seen}",
+        "rss_kib {} child {} ppid_seen {ppid_seen} sleeper {}",
         rss_kib(),
-        cat.id()
+        cat.id(),
+        sleeper.id()
     );
     std::io::stdout().flush().expect("flush");
 
     let mut line = String::new();
     let _ = std::io::stdin().lock().read_line(&mut line);
-    std::hint::black_box(&ballast);
+    std::hint::black_box((&ballast, &leak));
     drop(cat.stdin.take());
     let _ = cat.wait();
     ExitCode::SUCCESS
