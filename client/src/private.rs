@@ -8,7 +8,9 @@
 //! socketpair as its stdin: std moves it there in the child, so no other
 //! fd of this process is ever made inheritable, not even for a moment.
 //! The zygote then moves the socket off fd 0, puts `/dev/null` there, and
-//! closes every other fd it may have inherited.
+//! closes every other fd it may have inherited. It writes to this
+//! program's stderr, warnings only unless `ZYGOTE_LOG` or `RUST_LOG` says
+//! otherwise.
 //!
 //! The zygote exits once this process's end of the socket closes (the last
 //! [`Client`](crate::Client) handle and child are dropped, or the process
@@ -25,6 +27,9 @@ use crate::{Error, Result};
 
 /// The environment variable naming the `zygote` binary to launch.
 pub const BINARY_ENV: &str = "ZYGOTE_BIN";
+
+/// The zygote's log filter variable.
+const LOG_ENV: &str = "ZYGOTE_LOG";
 
 /// The binary's file name, next to the executable and on `PATH`.
 const BINARY_NAME: &str = "zygote";
@@ -100,15 +105,19 @@ pub(crate) fn launch() -> Result<(OwnedFd, std::process::Child)> {
     let binary = find_binary()?;
     let (ours, theirs) = zygote_proto::socket::pair(false)
         .map_err(|error| Error::proto("creating the private zygote's socketpair", error))?;
-    let child = std::process::Command::new(&binary)
+    let mut command = std::process::Command::new(&binary);
+    command
         .args(["serve", "--private-fd", "0"])
         .stdin(Stdio::from(theirs))
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|source| Error::Launch {
-            binary: binary.clone(),
-            source,
-        })?;
+        .stdout(Stdio::null());
+    // It shares this program's stderr: only warnings, unless asked.
+    if std::env::var_os(LOG_ENV).is_none() && std::env::var_os("RUST_LOG").is_none() {
+        command.env(LOG_ENV, "warn");
+    }
+    let child = command.spawn().map_err(|source| Error::Launch {
+        binary: binary.clone(),
+        source,
+    })?;
     Ok((ours, child))
 }
 
