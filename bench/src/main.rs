@@ -4,6 +4,17 @@
 //! zygote's size. Prints markdown, writes JSON with `--json`.
 //!
 //! See the README's "Benchmark" section for how to read it.
+//!
+//! # Layout
+//!
+//! - this file: flags, the run loop over conditions, the CoW tax;
+//! - `helpers`: the C floor helper and static child, built with `cc`;
+//! - `zygotes`: starting the three zygotes, and their size;
+//! - `methods`: the six ways to spawn + wait, each timed the same way;
+//! - `ballast`: growing the parent (memory, fds);
+//! - `stats`, `report`, `targets`: summaries, markdown/JSON, the issue's
+//!   targets;
+//! - `sys`: the one `unsafe` (std's fork path).
 
 mod ballast;
 mod error;
@@ -12,19 +23,21 @@ mod methods;
 mod report;
 mod stats;
 mod sys;
+mod targets;
+mod zygotes;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use zygote_client::Client;
 
 use ballast::{Fds, Memory};
 use error::{Error, Result};
 use methods::{Budget, CellRun, Floor, Method};
-use report::{Cell, Cow, Meta, Report, Resident, Target};
+use report::{Cell, Cow, Meta, Report};
 use stats::Summary;
+use zygotes::Zygotes;
 
 /// Fds kept free for pipes, pidfds and sockets while the parent holds
 /// "max" fds (50 spawns in flight need a few each).
@@ -34,7 +47,7 @@ const FD_HEADROOM: usize = 300;
 /// and zygote (shared, private, template) from a parent of growing size.
 #[derive(Debug, Parser)]
 #[command(name = "zygote-bench", version)]
-struct Args {
+pub(crate) struct Args {
     /// Parent sizes: GiB of touched memory, grown in this order.
     #[arg(long, value_delimiter = ',', default_value = "0,1,4,8")]
     rss_gib: Vec<usize>,
@@ -44,7 +57,7 @@ struct Args {
     fds: Vec<String>,
     /// Spawns in flight at once.
     #[arg(long, value_delimiter = ',', default_value = "1,8,50")]
-    concurrency: Vec<usize>,
+    pub(crate) concurrency: Vec<usize>,
     /// Spawns per cell (fewer when --cell-seconds runs out first).
     #[arg(long, default_value_t = 400)]
     iterations: usize,
@@ -110,27 +123,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// The zygote clients, one per mode, and the shared daemon's process.
-struct Zygotes {
-    shared: Client,
-    private: Client,
-    template: Client,
-    daemon: Child,
-    private_pid: Option<u32>,
-    template_pid: u32,
-}
-
-impl Drop for Zygotes {
-    fn drop(&mut self) {
-        let _ = self.daemon.kill();
-        let _ = self.daemon.wait();
-    }
-}
-
-struct Bench {
-    runtime: tokio::runtime::Runtime,
+/// What the cells run on: the async runtime, the floor helper, the
+/// zygotes.
+pub(crate) struct Bench {
+    /// Drives the zygote clients.
+    pub(crate) runtime: tokio::runtime::Runtime,
     floor: Floor,
-    zygotes: Zygotes,
+    pub(crate) zygotes: Zygotes,
 }
 
 impl Bench {
@@ -159,7 +158,7 @@ fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
         .map_err(Error::io("creating a temp dir"))?;
     let (static_child, static_kind) = helpers::build_static_child(dir.path())?;
     let floor = Floor::start(&helpers::build_floor(dir.path())?)?;
-    let zygotes = start_zygotes(&runtime, template, dir.path())?;
+    let zygotes = zygotes::start_zygotes(&runtime, template, dir.path())?;
     let mut bench = Bench {
         runtime,
         floor,
@@ -167,7 +166,7 @@ fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
     };
     let meta = meta(static_kind);
 
-    let resident = measure_resident(&bench, args.resident_children)?;
+    let resident = zygotes::measure_resident(&bench, args.resident_children)?;
 
     let mut fd_table = Fds::new()?;
     let fd_levels = args
@@ -244,7 +243,7 @@ fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
         }
     }
 
-    let targets = evaluate(&cells, &cow, &resident, args);
+    let targets = targets::evaluate(&cells, &cow, &resident, args);
     Ok(Report {
         meta,
         cells,
@@ -252,132 +251,6 @@ fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
         resident,
         targets,
     })
-}
-
-fn start_zygotes(
-    runtime: &tokio::runtime::Runtime,
-    template: zygote::template::Template,
-    dir: &Path,
-) -> Result<Zygotes> {
-    let binary = zygote_client::private::find_binary()?;
-    let socket = dir.join("zygote.sock");
-    let daemon = Command::new(&binary)
-        .arg("serve")
-        .arg("--socket")
-        .arg(&socket)
-        .env("ZYGOTE_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(Error::io(format!("starting {}", binary.display())))?;
-    let daemon_pid = daemon.id();
-    let template_pid = template.pid().unsigned_abs();
-    let (shared, private, template) = runtime.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let shared = loop {
-            match Client::connect(&socket).await {
-                Ok(client) => break client,
-                Err(error) if Instant::now() > deadline => return Err(Error::from(error)),
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        };
-        let private = Client::launch_private().await?;
-        let template = template.client().await?;
-        Ok::<_, Error>((shared, private, template))
-    })?;
-    Ok(Zygotes {
-        shared,
-        private,
-        template,
-        daemon,
-        private_pid: private_zygote_pid(daemon_pid),
-        template_pid,
-    })
-}
-
-/// The launched private zygote: our child named `zygote` that is not the
-/// shared daemon.
-fn private_zygote_pid(daemon_pid: u32) -> Option<u32> {
-    let me = std::process::id();
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let comm = &stat[stat.find('(')? + 1..stat.rfind(')')?];
-            let ppid: u32 = stat[stat.rfind(')')? + 2..]
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            (ppid == me && comm == "zygote" && pid != daemon_pid).then_some(pid)
-        })
-}
-
-fn vm_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()
-}
-
-/// Each zygote's RSS while `count` children (`cat`, waiting on a pipe
-/// from us) run.
-fn measure_resident(bench: &Bench, count: usize) -> Result<Vec<Resident>> {
-    let zygotes = &bench.zygotes;
-    let list = [
-        (
-            Method::ZygoteShared,
-            &zygotes.shared,
-            Some(zygotes.daemon.id()),
-        ),
-        (Method::ZygotePrivate, &zygotes.private, zygotes.private_pid),
-        (
-            Method::ZygoteTemplate,
-            &zygotes.template,
-            Some(zygotes.template_pid),
-        ),
-    ];
-    let mut resident = Vec::new();
-    for (method, client, pid) in list {
-        let Some(pid) = pid else {
-            eprintln!("zygote-bench: cannot find the pid of {}", method.name());
-            continue;
-        };
-        let rss_kib = bench.runtime.block_on(async {
-            let mut children = Vec::with_capacity(count);
-            for _ in 0..count {
-                let child = client
-                    .command("cat")
-                    .stdin(zygote_client::Stdio::piped())
-                    .stdout(zygote_client::Stdio::null())
-                    .spawn()
-                    .await?;
-                children.push(child);
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let rss = vm_rss_kib(pid).unwrap_or(0);
-            for child in &mut children {
-                drop(child.stdin.take());
-            }
-            for child in &mut children {
-                child.wait().await?;
-            }
-            Ok::<_, Error>(rss)
-        })?;
-        resident.push(Resident {
-            method,
-            children: count,
-            rss_kib,
-        });
-    }
-    Ok(resident)
 }
 
 fn median(mut values: Vec<Duration>) -> Duration {
@@ -437,124 +310,6 @@ fn measure_cow(
         );
     }
     Ok(out)
-}
-
-const ZYGOTES: [Method; 3] = [
-    Method::ZygoteShared,
-    Method::ZygotePrivate,
-    Method::ZygoteTemplate,
-];
-
-/// The targets, from the largest parent measured.
-fn evaluate(cells: &[Cell], cow: &[Cow], resident: &[Resident], args: &Args) -> Vec<Target> {
-    let mut targets = Vec::new();
-    let Some(max_rss) = cells.iter().map(|c| c.rss_gib).max() else {
-        return targets;
-    };
-    let min_rss = cells.iter().map(|c| c.rss_gib).min().unwrap_or(0);
-    let fds0 = cells.iter().map(|c| c.fds).min().unwrap_or(0);
-    let max_fds = cells.iter().map(|c| c.fds).max().unwrap_or(0);
-    let conc1 = args.concurrency.iter().copied().min().unwrap_or(1);
-    let max_conc = args.concurrency.iter().copied().max().unwrap_or(1);
-    let find = |child: &str, rss, fds, conc, method| {
-        cells.iter().find(|c| {
-            c.child == child
-                && c.rss_gib == rss
-                && c.fds == fds
-                && c.concurrency == conc
-                && c.method == method
-        })
-    };
-    let mut push = |name: String, value: f64, target: &str, met: bool| {
-        targets.push(Target {
-            name,
-            value,
-            target: target.to_owned(),
-            met,
-        });
-    };
-    for child in ["dynamic", "static"] {
-        for method in ZYGOTES {
-            let name = method.name();
-            if let Some(cell) = find(child, max_rss, fds0, conc1, method) {
-                let ratio = cell.p50_vs_floor;
-                push(
-                    format!("{child}: {name} p50 / floor p50, {max_rss} GiB, c={conc1}"),
-                    ratio,
-                    "<= 1.25",
-                    ratio <= 1.25,
-                );
-                if let Some(fork) = find(child, max_rss, fds0, conc1, Method::StdFork) {
-                    let speedup = fork.summary.p50_us / cell.summary.p50_us;
-                    push(
-                        format!("{child}: fork path p50 / {name} p50, {max_rss} GiB"),
-                        speedup,
-                        ">= 50",
-                        speedup >= 50.0,
-                    );
-                }
-            }
-            if max_fds > fds0 {
-                if let (Some(cell), Some(std)) = (
-                    find(child, min_rss, max_fds, conc1, method),
-                    find(child, min_rss, max_fds, conc1, Method::StdSpawn),
-                ) {
-                    let ratio = cell.summary.p50_us / std.summary.p50_us;
-                    push(
-                        format!("{child}: {name} p50 / std posix_spawn p50, {max_fds} fds"),
-                        ratio,
-                        "<= 0.5",
-                        ratio <= 0.5,
-                    );
-                }
-            }
-            if max_conc > conc1 {
-                if let Some(cell) = find(child, max_rss, fds0, max_conc, method) {
-                    let ratio = cell.throughput_vs_floor;
-                    push(
-                        format!("{child}: {name} spawns/s / floor, c={max_conc}, {max_rss} GiB"),
-                        ratio,
-                        ">= 0.75",
-                        ratio >= 0.75,
-                    );
-                }
-            }
-        }
-    }
-    for method in ZYGOTES {
-        let name = method.name();
-        if let Some(cell) = find("dynamic", max_rss, fds0, conc1, method) {
-            if let Some(blocked) = cell.summary.blocked_p50_us {
-                push(
-                    format!("{name}: calling thread blocked per spawn µs (p50), {max_rss} GiB"),
-                    blocked,
-                    "<= 50",
-                    blocked <= 50.0,
-                );
-            }
-        }
-        if let Some(tax) = cow
-            .iter()
-            .find(|c| c.rss_gib == max_rss && c.method == Some(method))
-        {
-            push(
-                format!("{name}: copy-on-write tax, {max_rss} GiB"),
-                tax.vs_baseline,
-                "<= 1.1",
-                tax.vs_baseline <= 1.1,
-            );
-        }
-        if let Some(size) = resident.iter().find(|r| r.method == method) {
-            let mib = size.rss_kib as f64 / 1024.0;
-            push(
-                format!("{name}: RSS MiB with {} children", size.children),
-                mib,
-                "< 16",
-                mib < 16.0,
-            );
-        }
-    }
-    targets
 }
 
 fn meta(static_kind: &str) -> Meta {
