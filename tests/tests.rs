@@ -25,3 +25,7 @@ mod service;
 
 // Prometheus: the /metrics exposition, promtool, a real scraping server.
 mod metrics;
+
+// Private zygotes (launched binary, forked template) serving a 2 GiB
+// program, and dying with it.
+mod private;

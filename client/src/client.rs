@@ -4,12 +4,13 @@ use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 use zygote_proto::{Limits, ProtoError};
 
 use crate::connection::Connection;
+use crate::transparent::ProcessSettings;
 use crate::{Command, DaemonStatus, Error, Result};
 
 /// The environment variable naming the zygote's socket, read by
@@ -48,6 +49,9 @@ pub struct Client {
 
 struct Inner {
     connection: Arc<Connection>,
+    /// umask and rlimits, read at the first spawn and kept until
+    /// [`Client::refresh_process_state`].
+    settings: Mutex<Option<Arc<ProcessSettings>>>,
     /// Dropped with the last handle, which stops the reader task.
     _stop_reader: oneshot::Sender<()>,
 }
@@ -120,6 +124,33 @@ impl Client {
         Self::start(socket, endpoint).await
     }
 
+    /// Launches a private zygote, serving only this process, and connects
+    /// to it; see [`crate::private`] for where the binary is found and
+    /// how long the zygote lives. Call it at program start, before the
+    /// process grows or opens anything sensitive.
+    ///
+    /// ```no_run
+    /// # async fn example() -> zygote_client::Result<()> {
+    /// let client = zygote_client::Client::launch_private().await?;
+    /// let status = client.command("true").status().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZygoteNotFound`], [`Error::Launch`], or as
+    /// [`Client::from_fd`].
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub async fn launch_private() -> Result<Self> {
+        let (socket, zygote) = crate::private::launch()?;
+        let endpoint = format!("private zygote pid {}", zygote.id());
+        Self::start(socket, endpoint).await
+    }
+
     async fn start(socket: OwnedFd, endpoint: String) -> Result<Self> {
         let (connection, scratch) = Connection::handshake(socket, endpoint).await?;
         let (stop_tx, stop_rx) = oneshot::channel();
@@ -127,6 +158,7 @@ impl Client {
         Ok(Self {
             inner: Arc::new(Inner {
                 connection,
+                settings: Mutex::new(None),
                 _stop_reader: stop_tx,
             }),
         })
@@ -167,6 +199,21 @@ impl Client {
     /// [`Error::ZygoteLost`] and a new `Client` is needed.
     pub fn is_connected(&self) -> bool {
         !self.inner.connection.is_lost()
+    }
+
+    /// Makes the next spawn read this process's umask and resource limits
+    /// again. A client reads them at its first spawn and reuses them, as
+    /// reading them costs more than the rest of a request; call this after
+    /// changing either (`umask(2)`, `setrlimit(2)`) for children to see
+    /// the change. Clones share one copy.
+    pub fn refresh_process_state(&self) {
+        *self.inner.settings.lock().expect("settings lock poisoned") = None;
+    }
+
+    /// The umask and rlimits for a request, read on first use.
+    pub(crate) fn process_settings(&self) -> Arc<ProcessSettings> {
+        let mut cached = self.inner.settings.lock().expect("settings lock poisoned");
+        Arc::clone(cached.get_or_insert_with(|| Arc::new(ProcessSettings::read())))
     }
 
     pub(crate) fn connection(&self) -> &Connection {

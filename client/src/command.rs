@@ -232,7 +232,8 @@ impl Command {
     /// Sends the request and splits the reply into a child and its raw
     /// pipe ends; both flavours build on this.
     pub(crate) async fn spawn_parts(&self, defaults: StdioDefaults) -> Result<SpawnedParts> {
-        let snapshot = Snapshot::capture(self.spec.inherit_fds)?;
+        let settings = self.client.process_settings();
+        let snapshot = Snapshot::capture(self.spec.inherit_fds, &settings)?;
         let max_fds = self.client.limits().max_fds_per_frame as usize;
         let prepared = self.spec.prepare(&snapshot, defaults, max_fds)?;
         let piped = prepared.piped;

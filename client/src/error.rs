@@ -115,6 +115,22 @@ pub enum Error {
         /// The zygote's description.
         message: String,
     },
+    /// No `zygote` binary to launch a private zygote from.
+    #[error("{}", not_found_message(.env.as_deref(), .exe_dir.as_deref()))]
+    ZygoteNotFound {
+        /// `$ZYGOTE_BIN`, if it was set.
+        env: Option<PathBuf>,
+        /// The current executable's directory, if known.
+        exe_dir: Option<PathBuf>,
+    },
+    /// Starting the `zygote` binary failed.
+    #[error("failed to launch a private zygote from {binary}: {source}")]
+    Launch {
+        /// The binary.
+        binary: PathBuf,
+        /// The error from spawning it.
+        source: io::Error,
+    },
     /// The command cannot be expressed (a NUL byte in an argument, a child
     /// fd number below 3, ...). Nothing was sent.
     #[error("invalid command: {reason}")]
@@ -138,6 +154,21 @@ fn connect_message(path: &Path, source: &io::Error) -> String {
     }
 }
 
+fn not_found_message(env: Option<&Path>, exe_dir: Option<&Path>) -> String {
+    let env = match env {
+        Some(path) => format!("ZYGOTE_BIN={} is not an executable file", path.display()),
+        None => "ZYGOTE_BIN is not set".to_owned(),
+    };
+    let exe = match exe_dir {
+        Some(dir) => format!("{} does not exist", dir.join("zygote").display()),
+        None => "the current executable's directory is unknown".to_owned(),
+    };
+    format!(
+        "no zygote binary found to launch a private zygote: {env}, {exe}, and no `zygote` \
+         is on PATH; install it, or set ZYGOTE_BIN to its path"
+    )
+}
+
 impl Error {
     /// The OS error number behind this error, when there is one: the
     /// zygote's `errno` for [`Spawn`](Error::Spawn) and
@@ -149,7 +180,9 @@ impl Error {
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
             Self::Spawn { errno, .. } | Self::Request { errno, .. } => Some(*errno),
-            Self::Connect { source, .. } | Self::Io { source, .. } => source.raw_os_error(),
+            Self::Connect { source, .. }
+            | Self::Io { source, .. }
+            | Self::Launch { source, .. } => source.raw_os_error(),
             Self::RequestTooLarge { .. } => Some(libc::E2BIG),
             _ => None,
         }
@@ -161,7 +194,10 @@ impl Error {
             return io::Error::from_raw_os_error(errno).kind();
         }
         match self {
-            Self::Connect { source, .. } | Self::Io { source, .. } => source.kind(),
+            Self::Connect { source, .. }
+            | Self::Io { source, .. }
+            | Self::Launch { source, .. } => source.kind(),
+            Self::ZygoteNotFound { .. } => io::ErrorKind::NotFound,
             Self::ZygoteLost { .. } => io::ErrorKind::ConnectionAborted,
             Self::Protocol {
                 kind: ProtocolErrorKind::PermissionDenied,

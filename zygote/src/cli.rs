@@ -46,6 +46,11 @@ pub struct ServeArgs {
     /// text. The filter comes from ZYGOTE_LOG, else RUST_LOG (default info).
     #[arg(long, value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
+    /// Private mode: serve only the connected socket inherited at fd FD,
+    /// for its owner (same uid), and exit once it closes and every child
+    /// is reaped. `zygote_client`'s `launch_private` passes fd 0.
+    #[arg(long, value_name = "FD", conflicts_with_all = ["socket", "metrics_listen"])]
+    pub private_fd: Option<i32>,
 }
 
 /// Arguments of `zygote status`.

@@ -37,6 +37,42 @@ pub enum Error {
     /// The async runtime could not be built.
     #[error("failed to start the async runtime: {0}")]
     Runtime(#[source] io::Error),
+    /// A private zygote's socket is not a connected Unix socket, or could
+    /// not be set up.
+    #[error("failed to set up the private zygote's socket: {0}")]
+    PrivateSocket(#[source] ProtoError),
+    /// `--private-fd` named an fd that could not be taken over.
+    #[error("failed to take over inherited fd {fd} (--private-fd): {source}")]
+    InheritedFd {
+        /// The fd number given.
+        fd: i32,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The peer of a private zygote's socket is of another uid.
+    #[error(
+        "the private zygote's peer has uid {peer}, but the zygote serves only its owner, uid {uid}"
+    )]
+    NotOwner {
+        /// The peer's uid.
+        peer: u32,
+        /// Our uid.
+        uid: u32,
+    },
+    /// [`fork_template`](crate::template::fork_template) was called after
+    /// a thread had started.
+    #[error(
+        "fork_template must be called before any thread starts, but this process already has \
+         {threads} threads: call it first in main, before any runtime, thread pool or logger"
+    )]
+    TemplateTooLate {
+        /// Threads found in `/proc/self/task`.
+        threads: usize,
+    },
+    /// Forking the template failed.
+    #[error("failed to fork the template zygote: {0}")]
+    Fork(#[source] crate::spawn::ForkError),
     /// Accepting connections failed for good.
     #[error("failed to accept connections: {0}")]
     Accept(#[source] ProtoError),

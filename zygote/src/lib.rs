@@ -16,6 +16,9 @@
 //! - [`activation`]: what systemd hands over: sockets, the notify socket,
 //!   the watchdog.
 //! - [`serve`]: the `zygote serve` command around [`server::run_with`].
+//! - [`private`]: a zygote serving one owner over one socket, launched
+//!   (`zygote serve --private-fd`) or forked ([`template`]).
+//! - [`template`]: [`template::fork_template`], first in a Rust `main`.
 //! - [`run`]: the `zygote run` command, a client of the daemon.
 //! - [`status`]: the `zygote status` command.
 //! - [`cli`], [`logging`]: flags and log setup of the binary.
@@ -28,6 +31,7 @@ mod exporter;
 pub mod logging;
 pub mod metrics;
 mod plan;
+pub mod private;
 mod reaper;
 pub mod run;
 pub mod serve;
@@ -35,6 +39,7 @@ pub mod server;
 mod shutdown;
 pub mod spawn;
 pub mod status;
+pub mod template;
 
 pub use error::Error;
 

@@ -1,5 +1,6 @@
 //! `zygote serve`: take what systemd hands over, check the kernel, bind,
-//! and serve until SIGTERM/SIGINT.
+//! and serve until SIGTERM/SIGINT; or, with `--private-fd`, serve one
+//! inherited socket as a private zygote.
 
 use std::thread::available_parallelism;
 
@@ -9,7 +10,7 @@ use tokio::sync::watch;
 use crate::activation::Activation;
 use crate::cli::ServeArgs;
 use crate::server::{self, Options};
-use crate::{Error, spawn};
+use crate::{Error, private, spawn};
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops gracefully (see
 /// [`server::run_with`]); a second signal ends the stop at once.
@@ -27,6 +28,11 @@ pub fn serve(args: &ServeArgs, activation: Activation) -> Result<(), Error> {
         tracing::warn!(%error, "could not mark inherited fds close-on-exec (needs Linux 5.11)");
     }
     spawn::check_kernel_support().map_err(Error::KernelUnsupported)?;
+    if let Some(fd) = args.private_fd {
+        let socket =
+            spawn::take_inherited_fd(fd).map_err(|source| Error::InheritedFd { fd, source })?;
+        return private::serve_private(socket);
+    }
     let Activation {
         spawn: activated_spawn,
         metrics: activated_metrics,

@@ -127,6 +127,16 @@ impl Client {
         Self::start(|| crate::Client::from_fd(socket))
     }
 
+    /// Launches a private zygote serving only this process, and connects
+    /// to it; see [`crate::Client::launch_private`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Client::launch_private`].
+    pub fn launch_private() -> Result<Self> {
+        Self::start(crate::Client::launch_private)
+    }
+
     /// A [`Command`] for `program` on this connection.
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
         Command::new(self, program)
@@ -154,6 +164,12 @@ impl Client {
     /// False once the connection has ended.
     pub fn is_connected(&self) -> bool {
         self.inner.is_connected()
+    }
+
+    /// Makes the next spawn read this process's umask and resource limits
+    /// again; see [`crate::Client::refresh_process_state`].
+    pub fn refresh_process_state(&self) {
+        self.inner.refresh_process_state();
     }
 }
 

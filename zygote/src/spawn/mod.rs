@@ -8,6 +8,9 @@
 //! - `clone`: the parent's side: the child's stack, `clone(2)`, and the raw
 //!   pidfd syscalls.
 //! - `child`: what runs in the child until exec; async-signal-safe only.
+//! - `fork`: whole-process operations of the private zygote: `fork(2)` of
+//!   a single-threaded program into a template, and taking over an
+//!   inherited socket.
 //!
 //! # Primitive, decided by measurement
 //!
@@ -33,6 +36,12 @@
 
 mod child;
 mod clone;
+mod fork;
+
+pub use fork::{
+    ForkError, Forked, close_fds_above_2_except, exit_now, fork_single_threaded, take_inherited_fd,
+    thread_count,
+};
 
 use std::cell::Cell;
 use std::ffi::{CString, c_char, c_int, c_uint};

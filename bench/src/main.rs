@@ -1,0 +1,331 @@
+//! `zygote-bench`: spawn + wait of the same child by six methods, side by
+//! side in one run, from a parent grown to the sizes asked for; plus the
+//! parent's own cost (calling-thread block, copy-on-write tax) and the
+//! zygote's size. Prints markdown, writes JSON with `--json`.
+//!
+//! See the README's "Benchmark" section for how to read it.
+//!
+//! # Layout
+//!
+//! - this file: flags, the run loop over conditions, the CoW tax;
+//! - `helpers`: the C floor helper and static child, built with `cc`;
+//! - `zygotes`: starting the three zygotes, and their size;
+//! - `methods`: the six ways to spawn + wait, each timed the same way;
+//! - `ballast`: growing the parent (memory, fds);
+//! - `stats`, `report`, `targets`: summaries, markdown/JSON, the issue's
+//!   targets;
+//! - `sys`: the one `unsafe` (std's fork path).
+
+mod ballast;
+mod error;
+mod helpers;
+mod methods;
+mod report;
+mod stats;
+mod sys;
+mod targets;
+mod zygotes;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+
+use ballast::{Fds, Memory};
+use error::{Error, Result};
+use methods::{Budget, CellRun, Floor, Method};
+use report::{Cell, Cow, Meta, Report};
+use stats::Summary;
+use zygotes::Zygotes;
+
+/// Fds kept free for pipes, pidfds and sockets while the parent holds
+/// "max" fds (50 spawns in flight need a few each).
+const FD_HEADROOM: usize = 300;
+
+/// Measures spawn + wait by posix_spawn (floor), std Command (both paths)
+/// and zygote (shared, private, template) from a parent of growing size.
+#[derive(Debug, Parser)]
+#[command(name = "zygote-bench", version)]
+pub(crate) struct Args {
+    /// Parent sizes: GiB of touched memory, grown in this order.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,4,8")]
+    rss_gib: Vec<usize>,
+    /// Extra open fds in the parent: numbers, or `max` (the hard
+    /// RLIMIT_NOFILE minus headroom; the soft limit is raised to it).
+    #[arg(long, value_delimiter = ',', default_value = "0,10000,max")]
+    fds: Vec<String>,
+    /// Spawns in flight at once.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,50")]
+    pub(crate) concurrency: Vec<usize>,
+    /// Spawns per cell (fewer when --cell-seconds runs out first).
+    #[arg(long, default_value_t = 400)]
+    iterations: usize,
+    /// Time budget per cell: no new spawn starts after it (the fork path
+    /// from 8 GiB takes ~0.25 s per spawn).
+    #[arg(long, default_value_t = 3.0)]
+    cell_seconds: f64,
+    /// Measure every combination of fds and concurrency; by default
+    /// concurrency is swept only with the first fds value, and fds only at
+    /// the first concurrency.
+    #[arg(long)]
+    full: bool,
+    /// Rounds per method for the copy-on-write tax (each: rewrite, spawn,
+    /// rewrite).
+    #[arg(long, default_value_t = 7)]
+    cow_rounds: usize,
+    /// Children kept running while each zygote's RSS is read.
+    #[arg(long, default_value_t = 100)]
+    resident_children: usize,
+    /// Only these methods besides the floor (for profiling one): std-spawn,
+    /// std-fork, zygote-shared, zygote-private, zygote-template.
+    #[arg(long, value_delimiter = ',')]
+    methods: Vec<String>,
+    /// Also write the results as JSON here.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+}
+
+impl Args {
+    fn wants(&self, method: Method) -> bool {
+        method == Method::Floor
+            || self.methods.is_empty()
+            || self.methods.iter().any(|name| name == method.key())
+    }
+}
+
+fn main() -> ExitCode {
+    // First, while this process is small and has only one thread.
+    let template = match zygote::template::fork_template() {
+        Ok(template) => template,
+        Err(error) => {
+            eprintln!("zygote-bench: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let args = Args::parse();
+    match run(template, &args) {
+        Ok(report) => {
+            print!("{}", report.markdown());
+            if let Some(path) = &args.json {
+                let json = serde_json::to_string_pretty(&report).expect("serializable");
+                if let Err(error) = std::fs::write(path, json + "\n") {
+                    eprintln!("zygote-bench: failed to write {}: {error}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("zygote-bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// What the cells run on: the async runtime, the floor helper, the
+/// zygotes.
+pub(crate) struct Bench {
+    /// Drives the zygote clients.
+    pub(crate) runtime: tokio::runtime::Runtime,
+    floor: Floor,
+    pub(crate) zygotes: Zygotes,
+}
+
+impl Bench {
+    fn run_cell(&mut self, method: Method, program: &Path, budget: Budget) -> Result<CellRun> {
+        let client = match method {
+            Method::Floor => return self.floor.run(program, budget.n, budget.concurrency),
+            Method::StdSpawn => return methods::run_std(program, false, budget),
+            Method::StdFork => return methods::run_std(program, true, budget),
+            Method::ZygoteShared => &self.zygotes.shared,
+            Method::ZygotePrivate => &self.zygotes.private,
+            Method::ZygoteTemplate => &self.zygotes.template,
+        };
+        self.runtime
+            .block_on(methods::run_zygote(client, program, budget))
+    }
+}
+
+fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::io("building the runtime"))?;
+    let dir = tempfile::Builder::new()
+        .prefix("zygote-bench-")
+        .tempdir()
+        .map_err(Error::io("creating a temp dir"))?;
+    let (static_child, static_kind) = helpers::build_static_child(dir.path())?;
+    let floor = Floor::start(&helpers::build_floor(dir.path())?)?;
+    let zygotes = zygotes::start_zygotes(&runtime, template, dir.path())?;
+    let mut bench = Bench {
+        runtime,
+        floor,
+        zygotes,
+    };
+    let meta = meta(static_kind);
+
+    let resident = zygotes::measure_resident(&bench, args.resident_children)?;
+
+    let mut fd_table = Fds::new()?;
+    let fd_levels = args
+        .fds
+        .iter()
+        .map(|value| match value.as_str() {
+            "max" => Ok(fd_table.max_extra(FD_HEADROOM)),
+            number => number.parse().map_err(|_| Error::Flag {
+                flag: "fds",
+                value: value.clone(),
+                reason: "expected a number or `max`",
+            }),
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    let mut rss_levels = args.rss_gib.clone();
+    rss_levels.sort_unstable();
+    rss_levels.dedup();
+    let children = [
+        ("dynamic", PathBuf::from("/bin/true")),
+        ("static", static_child),
+    ];
+
+    let mut memory = Memory::default();
+    let mut cells = Vec::new();
+    let mut cow = Vec::new();
+    for &rss in &rss_levels {
+        eprintln!("zygote-bench: growing to {rss} GiB");
+        memory.grow_to(rss);
+        for (fi, &fds) in fd_levels.iter().enumerate() {
+            fd_table.set(fds)?;
+            for (ci, &concurrency) in args.concurrency.iter().enumerate() {
+                if !(args.full || fi == 0 || ci == 0) {
+                    continue;
+                }
+                for (child, program) in &children {
+                    let mut floor_summary = None;
+                    for method in Method::ALL {
+                        if !args.wants(method) {
+                            continue;
+                        }
+                        eprintln!(
+                            "zygote-bench: {child} rss={rss} fds={fds} c={concurrency} {}",
+                            method.name()
+                        );
+                        let budget = Budget {
+                            n: args.iterations.max(concurrency),
+                            concurrency,
+                            deadline: Instant::now() + Duration::from_secs_f64(args.cell_seconds),
+                        };
+                        let summary = Summary::of(&bench.run_cell(method, program, budget)?);
+                        let floor: &Summary = floor_summary.get_or_insert_with(|| summary.clone());
+                        cells.push(Cell {
+                            child,
+                            rss_gib: memory.gib(),
+                            fds,
+                            concurrency,
+                            method,
+                            p50_vs_floor: summary.p50_us / floor.p50_us,
+                            throughput_vs_floor: summary.spawns_per_s / floor.spawns_per_s,
+                            summary,
+                        });
+                    }
+                }
+            }
+        }
+        fd_table.set(0)?;
+        if rss > 0 && args.cow_rounds > 0 {
+            cow.extend(measure_cow(
+                &mut bench,
+                &mut memory,
+                args.cow_rounds,
+                |m| args.wants(m),
+            )?);
+        }
+    }
+
+    let targets = targets::evaluate(&cells, &cow, &resident, args);
+    Ok(Report {
+        meta,
+        cells,
+        cow,
+        resident,
+        targets,
+    })
+}
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort_unstable();
+    values[values.len() / 2]
+}
+
+/// Rewrite time after one spawn by each parent-side method, against the
+/// same without a spawn. Each round measures both back to back, so that
+/// other load on the machine hits both alike.
+fn measure_cow(
+    bench: &mut Bench,
+    memory: &mut Memory,
+    rounds: usize,
+    wants: impl Fn(Method) -> bool,
+) -> Result<Vec<Cow>> {
+    eprintln!("zygote-bench: copy-on-write tax at {} GiB", memory.gib());
+    let program = Path::new("/bin/true");
+    // Earlier fork-path cells left pages write-protected: clear that.
+    memory.rewrite();
+    let mut baselines = Vec::new();
+    let mut out = Vec::new();
+    for method in Method::ALL
+        .into_iter()
+        .filter(|m| *m != Method::Floor && wants(*m))
+    {
+        let mut before = Vec::with_capacity(rounds);
+        let mut after = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            before.push(memory.rewrite());
+            let budget = Budget {
+                n: 1,
+                concurrency: 1,
+                deadline: Instant::now(),
+            };
+            bench.run_cell(method, program, budget)?;
+            after.push(memory.rewrite());
+        }
+        baselines.extend(before.iter().copied());
+        let (before, after) = (median(before), median(after));
+        out.push(Cow {
+            rss_gib: memory.gib(),
+            method: Some(method),
+            rewrite_ms: after.as_secs_f64() * 1e3,
+            vs_baseline: after.as_secs_f64() / before.as_secs_f64(),
+        });
+    }
+    if !baselines.is_empty() {
+        out.insert(
+            0,
+            Cow {
+                rss_gib: memory.gib(),
+                method: None,
+                rewrite_ms: median(baselines).as_secs_f64() * 1e3,
+                vs_baseline: 1.0,
+            },
+        );
+    }
+    Ok(out)
+}
+
+fn meta(static_kind: &str) -> Meta {
+    let output = |program: &str, arg: &str| {
+        Command::new(program)
+            .arg(arg)
+            .output()
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    Meta {
+        date: output("date", "-u"),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        kernel: output("uname", "-r"),
+        release_build: !cfg!(debug_assertions),
+        static_child: static_kind.to_owned(),
+    }
+}

@@ -1,0 +1,310 @@
+//! The six ways to spawn + wait a child, each timed the same way.
+
+use std::future::Future;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::pin::Pin;
+use std::process::{ChildStdin, ChildStdout, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::task::JoinSet;
+use zygote_client::Client;
+
+use crate::error::{Error, Result};
+use crate::sys;
+
+/// A way to start the child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Method {
+    /// posix_spawn + waitpid from a tiny C helper: the floor.
+    Floor,
+    /// std `Command` from the large parent: posix_spawn (vfork) path.
+    StdSpawn,
+    /// std `Command` with a no-op `pre_exec`: fork + exec path.
+    StdFork,
+    /// zygote: the shared daemon (`zygote serve`).
+    ZygoteShared,
+    /// zygote: a private zygote launched by this process.
+    ZygotePrivate,
+    /// zygote: a template forked from this process at the start of main.
+    ZygoteTemplate,
+}
+
+impl Method {
+    /// Every method, in table order.
+    pub const ALL: [Method; 6] = [
+        Method::Floor,
+        Method::StdSpawn,
+        Method::StdFork,
+        Method::ZygoteShared,
+        Method::ZygotePrivate,
+        Method::ZygoteTemplate,
+    ];
+
+    /// The name for `--methods`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Method::Floor => "floor",
+            Method::StdSpawn => "std-spawn",
+            Method::StdFork => "std-fork",
+            Method::ZygoteShared => "zygote-shared",
+            Method::ZygotePrivate => "zygote-private",
+            Method::ZygoteTemplate => "zygote-template",
+        }
+    }
+
+    /// The name in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Floor => "floor: posix_spawn, tiny C",
+            Method::StdSpawn => "std Command (posix_spawn)",
+            Method::StdFork => "std Command + pre_exec (fork)",
+            Method::ZygoteShared => "zygote, shared daemon",
+            Method::ZygotePrivate => "zygote, private launched",
+            Method::ZygoteTemplate => "zygote, forked template",
+        }
+    }
+}
+
+/// One spawn + wait.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    /// From the call until the exit is seen.
+    pub latency: Duration,
+    /// How long the calling thread was busy with it: the whole `spawn()`
+    /// call for std, the time inside the spawn and wait futures' polls for
+    /// the async zygote client. None for the floor.
+    pub blocked: Option<Duration>,
+}
+
+/// The samples of one cell, and its wall time.
+#[derive(Debug, Default)]
+pub struct CellRun {
+    /// One per spawn.
+    pub samples: Vec<Sample>,
+    /// From the first spawn to the last exit.
+    pub wall: Duration,
+    /// CPU time of the calling thread per spawn (zygote methods only;
+    /// includes the client's reader task, which runs on the same thread).
+    pub cpu_per_spawn: Option<Duration>,
+}
+
+/// The floor helper process, started while the bench is still small.
+pub struct Floor {
+    child: std::process::Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Floor {
+    /// Starts the compiled helper at `binary`.
+    ///
+    /// # Errors
+    ///
+    /// When it cannot be started.
+    pub fn start(binary: &Path) -> Result<Self> {
+        let mut child = std::process::Command::new(binary)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(Error::io("starting the floor helper"))?;
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// `n` spawns of `program`, `concurrency` at a time, in the helper.
+    ///
+    /// # Errors
+    ///
+    /// When the helper fails or answers nonsense.
+    pub fn run(&mut self, program: &Path, n: usize, concurrency: usize) -> Result<CellRun> {
+        writeln!(self.stdin, "{} {n} {concurrency}", program.display())
+            .and_then(|()| self.stdin.flush())
+            .map_err(Error::io("writing to the floor helper"))?;
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .map_err(Error::io("reading the floor helper"))?;
+        let samples = line
+            .split_whitespace()
+            .map(|ns| {
+                ns.parse::<u64>().map(|ns| Sample {
+                    latency: Duration::from_nanos(ns),
+                    blocked: None,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| Error::Floor(format!("unexpected answer {line:?}")))?;
+        line.clear();
+        self.stdout
+            .read_line(&mut line)
+            .map_err(Error::io("reading the floor helper"))?;
+        let wall = line
+            .strip_prefix("wall ")
+            .and_then(|ns| ns.trim().parse().ok())
+            .map(Duration::from_nanos)
+            .ok_or_else(|| Error::Floor(format!("unexpected wall line {line:?}")))?;
+        Ok(CellRun {
+            samples,
+            wall,
+            cpu_per_spawn: None,
+        })
+    }
+}
+
+impl Drop for Floor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// When a cell stops: after `n` spawns, or once `deadline` has passed
+/// (each worker still does at least one).
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    /// Spawns wanted.
+    pub n: usize,
+    /// Spawns in flight.
+    pub concurrency: usize,
+    /// No new spawn starts after this.
+    pub deadline: Instant,
+}
+
+/// std `Command` from this (large) process, `concurrency` threads.
+///
+/// # Errors
+///
+/// The first spawn or wait error.
+pub fn run_std(program: &Path, fork_path: bool, budget: Budget) -> Result<CellRun> {
+    let taken = AtomicUsize::new(0);
+    let started = Instant::now();
+    let per_thread = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..budget.concurrency)
+            .map(|_| {
+                scope.spawn(|| -> std::io::Result<Vec<Sample>> {
+                    let mut samples = Vec::new();
+                    while taken.fetch_add(1, Ordering::Relaxed) < budget.n
+                        && (samples.is_empty() || Instant::now() < budget.deadline)
+                    {
+                        let mut command = std::process::Command::new(program);
+                        if fork_path {
+                            sys::force_fork_path(&mut command);
+                        }
+                        let start = Instant::now();
+                        let mut child = command.spawn()?;
+                        let blocked = start.elapsed();
+                        child.wait()?;
+                        samples.push(Sample {
+                            latency: start.elapsed(),
+                            blocked: Some(blocked),
+                        });
+                    }
+                    Ok(samples)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| worker.join().expect("std worker panicked"))
+            .collect::<std::io::Result<Vec<_>>>()
+    })
+    .map_err(Error::io("std Command spawn"))?;
+    Ok(CellRun {
+        samples: per_thread.into_iter().flatten().collect(),
+        wall: started.elapsed(),
+        cpu_per_spawn: None,
+    })
+}
+
+/// Through a zygote `client`, `concurrency` tasks on the current
+/// (single-threaded) runtime.
+///
+/// # Errors
+///
+/// The first spawn or wait error.
+pub async fn run_zygote(client: &Client, program: &Path, budget: Budget) -> Result<CellRun> {
+    let taken = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let cpu_before = thread_cpu();
+    let mut tasks = JoinSet::new();
+    for _ in 0..budget.concurrency {
+        let client = client.clone();
+        let program = program.to_owned();
+        let taken = Arc::clone(&taken);
+        tasks.spawn(async move {
+            let mut samples = Vec::new();
+            while taken.fetch_add(1, Ordering::Relaxed) < budget.n
+                && (samples.is_empty() || Instant::now() < budget.deadline)
+            {
+                let mut blocked = Duration::ZERO;
+                let start = Instant::now();
+                let mut command = client.command(&program);
+                let mut child = Timed::new(command.spawn(), &mut blocked).await?;
+                Timed::new(child.wait(), &mut blocked).await?;
+                samples.push(Sample {
+                    latency: start.elapsed(),
+                    blocked: Some(blocked),
+                });
+            }
+            Ok::<_, zygote_client::Error>(samples)
+        });
+    }
+    let mut samples = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        samples.extend(joined.expect("zygote task panicked")?);
+    }
+    let cpu = thread_cpu().saturating_sub(cpu_before);
+    let count = u32::try_from(samples.len().max(1)).unwrap_or(u32::MAX);
+    Ok(CellRun {
+        wall: started.elapsed(),
+        cpu_per_spawn: Some(cpu / count),
+        samples,
+    })
+}
+
+/// CPU time of the calling thread.
+pub fn thread_cpu() -> Duration {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(now.tv_sec).unwrap_or(0),
+        u32::try_from(now.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// A future that adds the time spent inside its `poll` calls to a
+/// counter: how long it kept the calling thread busy, waiting excluded.
+struct Timed<'a, F> {
+    inner: Pin<Box<F>>,
+    spent: &'a mut Duration,
+}
+
+impl<'a, F> Timed<'a, F> {
+    fn new(inner: F, spent: &'a mut Duration) -> Self {
+        Self {
+            inner: Box::pin(inner),
+            spent,
+        }
+    }
+}
+
+impl<F: Future> Future for Timed<'_, F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let start = Instant::now();
+        let result = self.inner.as_mut().poll(cx);
+        *self.spent += start.elapsed();
+        result
+    }
+}

@@ -1,0 +1,162 @@
+//! The three zygotes under test, started while the bench is small, and
+//! their size with many children running.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use zygote_client::Client;
+
+use crate::Bench;
+use crate::error::{Error, Result};
+use crate::methods::Method;
+use crate::report::Resident;
+
+/// The zygote clients, one per mode, and the shared daemon's process.
+pub struct Zygotes {
+    pub shared: Client,
+    pub private: Client,
+    pub template: Client,
+    pub daemon: Child,
+    pub private_pid: Option<u32>,
+    pub template_pid: u32,
+}
+
+impl Drop for Zygotes {
+    fn drop(&mut self) {
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+    }
+}
+
+/// Starts the shared daemon on a socket in `dir`, launches a private
+/// zygote, and connects to all three.
+///
+/// # Errors
+///
+/// When the binary is missing or a zygote does not answer.
+pub fn start_zygotes(
+    runtime: &tokio::runtime::Runtime,
+    template: zygote::template::Template,
+    dir: &Path,
+) -> Result<Zygotes> {
+    let binary = zygote_client::private::find_binary()?;
+    let socket = dir.join("zygote.sock");
+    let daemon = Command::new(&binary)
+        .arg("serve")
+        .arg("--socket")
+        .arg(&socket)
+        .env("ZYGOTE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(Error::io(format!("starting {}", binary.display())))?;
+    let daemon_pid = daemon.id();
+    let template_pid = template.pid().unsigned_abs();
+    let (shared, private, template) = runtime.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let shared = loop {
+            match Client::connect(&socket).await {
+                Ok(client) => break client,
+                Err(error) if Instant::now() > deadline => return Err(Error::from(error)),
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        let private = Client::launch_private().await?;
+        let template = template.client().await?;
+        Ok::<_, Error>((shared, private, template))
+    })?;
+    Ok(Zygotes {
+        shared,
+        private,
+        template,
+        daemon,
+        private_pid: private_zygote_pid(daemon_pid),
+        template_pid,
+    })
+}
+
+/// The launched private zygote: our child named `zygote` that is not the
+/// shared daemon.
+fn private_zygote_pid(daemon_pid: u32) -> Option<u32> {
+    let me = std::process::id();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let comm = &stat[stat.find('(')? + 1..stat.rfind(')')?];
+            let ppid: u32 = stat[stat.rfind(')')? + 2..]
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == me && comm == "zygote" && pid != daemon_pid).then_some(pid)
+        })
+}
+
+fn vm_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Each zygote's RSS while `count` children (`cat`, waiting on a pipe
+/// from us) run.
+pub fn measure_resident(bench: &Bench, count: usize) -> Result<Vec<Resident>> {
+    let zygotes = &bench.zygotes;
+    let list = [
+        (
+            Method::ZygoteShared,
+            &zygotes.shared,
+            Some(zygotes.daemon.id()),
+        ),
+        (Method::ZygotePrivate, &zygotes.private, zygotes.private_pid),
+        (
+            Method::ZygoteTemplate,
+            &zygotes.template,
+            Some(zygotes.template_pid),
+        ),
+    ];
+    let mut resident = Vec::new();
+    for (method, client, pid) in list {
+        let Some(pid) = pid else {
+            eprintln!("zygote-bench: cannot find the pid of {}", method.name());
+            continue;
+        };
+        let rss_kib = bench.runtime.block_on(async {
+            let mut children = Vec::with_capacity(count);
+            for _ in 0..count {
+                let child = client
+                    .command("cat")
+                    .stdin(zygote_client::Stdio::piped())
+                    .stdout(zygote_client::Stdio::null())
+                    .spawn()
+                    .await?;
+                children.push(child);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let rss = vm_rss_kib(pid).unwrap_or(0);
+            for child in &mut children {
+                drop(child.stdin.take());
+            }
+            for child in &mut children {
+                child.wait().await?;
+            }
+            Ok::<_, Error>(rss)
+        })?;
+        resident.push(Resident {
+            method,
+            children: count,
+            rss_kib,
+        });
+    }
+    Ok(resident)
+}

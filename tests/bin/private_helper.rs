@@ -1,0 +1,98 @@
+//! A program for the private-zygote tests: starts a private zygote
+//! (`launched` or `template`), grows to the given GiB of touched memory,
+//! then spawns through it and reports on stdout:
+//!
+//! ```text
+//! rss_kib <VmRSS> child <pid of a running cat> ppid_seen <$PPID of a child> sleeper <pid>
+//! ```
+//!
+//! It then waits until its stdin closes. The `cat` reads a pipe from this
+//! process, so it exits when this process dies; the sleeper (`sleep 3`)
+//! outlives it, so the zygote must wait for it.
+//!
+//! Before anything else it opens `/dev/zero` on an inheritable fd: neither
+//! kind of private zygote may keep it open.
+
+use std::io::{BufRead, Write};
+use std::process::ExitCode;
+
+use zygote_client::Stdio;
+use zygote_client::blocking::{Client, Command};
+
+fn main() -> ExitCode {
+    // Opening a file starts no thread; the zygote must not keep it.
+    let leak = std::fs::File::open("/dev/zero").expect("open /dev/zero");
+    let leak = rustix::io::dup(&leak).expect("dup without close-on-exec");
+    // Then the template, while this is the only thread.
+    let mode = std::env::args().nth(1).unwrap_or_default();
+    let client = match mode.as_str() {
+        "template" => zygote::template::fork_template()
+            .map_err(|error| error.to_string())
+            .and_then(|template| template.blocking_client().map_err(|e| e.to_string())),
+        "launched" => Client::launch_private().map_err(|error| error.to_string()),
+        other => Err(format!(
+            "usage: private_helper launched|template GIB (got {other:?})"
+        )),
+    };
+    let client = match client {
+        Ok(client) => client,
+        Err(error) => {
+            eprintln!("private_helper: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let gib: usize = std::env::args()
+        .nth(2)
+        .and_then(|arg| arg.parse().ok())
+        .unwrap_or(2);
+    let ballast = grow(gib);
+
+    let mut cat = Command::new(&client, "cat")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn cat");
+    let output = Command::new(&client, "sh")
+        .args(["-c", "echo $PPID"])
+        .output()
+        .expect("run sh");
+    let ppid_seen = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let sleeper = Command::new(&client, "sleep")
+        .arg("3")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn sleep");
+    println!(
+        "rss_kib {} child {} ppid_seen {ppid_seen} sleeper {}",
+        rss_kib(),
+        cat.id(),
+        sleeper.id()
+    );
+    std::io::stdout().flush().expect("flush");
+
+    let mut line = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut line);
+    std::hint::black_box((&ballast, &leak));
+    drop(cat.stdin.take());
+    let _ = cat.wait();
+    ExitCode::SUCCESS
+}
+
+/// `gib` GiB of memory with every page written.
+fn grow(gib: usize) -> Vec<u8> {
+    let len = gib << 30;
+    let mut ballast = vec![0u8; len];
+    for page in ballast.chunks_mut(4096) {
+        page[0] = 1;
+    }
+    ballast
+}
+
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("read status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}

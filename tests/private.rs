@@ -1,0 +1,134 @@
+//! Private zygotes: a program grown to 2 GiB spawns through each mode; its
+//! children's parent is the zygote; killing the program ends the zygote.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::util::{children_of, eventually, parent_of, process_state, zygote_bin};
+
+const HELPER: &str = env!("CARGO_BIN_EXE_zygote-private-helper");
+
+/// What the helper reported.
+struct Report {
+    rss_kib: u64,
+    child: u32,
+    ppid_seen: u32,
+    sleeper: u32,
+}
+
+fn parse(line: &str) -> Report {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let field = |name: &str| -> u64 {
+        let at = words.iter().position(|w| *w == name).expect(name);
+        words[at + 1].parse().expect(name)
+    };
+    Report {
+        rss_kib: field("rss_kib"),
+        child: u32::try_from(field("child")).unwrap(),
+        ppid_seen: u32::try_from(field("ppid_seen")).unwrap(),
+        sleeper: u32::try_from(field("sleeper")).unwrap(),
+    }
+}
+
+fn gone(pid: u32) -> bool {
+    matches!(process_state(pid), None | Some('Z'))
+}
+
+fn private_zygote_serves_a_large_owner(mode: &str) {
+    let mut helper = Command::new(HELPER)
+        .args([mode, "2"])
+        .env("ZYGOTE_BIN", zygote_bin())
+        .env("ZYGOTE_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the helper");
+    let mut line = String::new();
+    BufReader::new(helper.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("read the helper's report");
+    assert!(!line.is_empty(), "the helper reported nothing ({mode})");
+    let report = parse(&line);
+    assert!(
+        report.rss_kib >= 2 << 20,
+        "helper RSS {} KiB is under 2 GiB",
+        report.rss_kib
+    );
+
+    let helper_pid = helper.id();
+    let zygotes = children_of(helper_pid);
+    assert_eq!(zygotes.len(), 1, "helper's children: {zygotes:?}");
+    let zygote = zygotes[0];
+    assert_eq!(parent_of(report.child), Some(zygote), "cat's parent");
+    assert_eq!(report.ppid_seen, zygote, "$PPID seen by a child");
+    assert_ne!(zygote, helper_pid);
+    let leaked: Vec<String> = std::fs::read_dir(format!("/proc/{zygote}/fd"))
+        .expect("list the zygote's fds")
+        .flatten()
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+        .map(|target| target.display().to_string())
+        .filter(|target| target == "/dev/zero")
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "{mode} zygote kept the owner's fd: {leaked:?}"
+    );
+
+    helper.kill().expect("SIGKILL the helper");
+    helper.wait().expect("reap the helper");
+    // The owner's end closes with it: cat sees EOF, the zygote reaps it,
+    // waits for the sleeper (~3 s more) and reaps it too, then exits.
+    assert!(
+        eventually(Duration::from_secs(15), || gone(zygote)),
+        "{mode} zygote {zygote} still runs 15 s after its owner died"
+    );
+    assert!(
+        gone(report.child),
+        "cat {} outlived its zygote",
+        report.child
+    );
+    assert!(
+        gone(report.sleeper),
+        "the zygote exited before reaping sleep {} (now a child of {:?})",
+        report.sleeper,
+        parent_of(report.sleeper)
+    );
+}
+
+#[test]
+fn launched_private_zygote_serves_a_2gib_owner_and_exits_with_it() {
+    private_zygote_serves_a_large_owner("launched");
+}
+
+#[test]
+fn forked_template_serves_a_2gib_owner_and_exits_with_it() {
+    private_zygote_serves_a_large_owner("template");
+}
+
+#[test]
+fn fork_template_refuses_once_threads_exist() {
+    // The test harness runs this on a thread of its own: always too late.
+    let error = zygote::template::fork_template().expect_err("must refuse");
+    assert!(
+        matches!(error, zygote::Error::TemplateTooLate { threads } if threads > 1),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("first in main"), "{error}");
+}
+
+#[test]
+fn private_fd_that_is_not_a_socket_is_refused() {
+    let output = Command::new(zygote_bin())
+        .args(["serve", "--private-fd", "0"])
+        .env("ZYGOTE_LOG", "off")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run zygote serve --private-fd");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("private zygote's socket") && stderr.contains("non-socket"),
+        "{stderr}"
+    );
+}
