@@ -30,6 +30,22 @@ pub struct ServeArgs {
     /// /run/zygote/zygote.sock as root].
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// Policy file (TOML): who may connect, as whom they may run children,
+    /// and limits [default: built-in policy; see the README's "Security
+    /// model"].
+    #[arg(long, value_name = "PATH")]
+    pub policy: Option<PathBuf>,
+    /// Permission bits of the socket, in octal: who may connect at all
+    /// (e.g. 0666 for every local user of a root zygote).
+    #[arg(long, value_name = "MODE", default_value = "0600", value_parser = parse_mode)]
+    pub socket_mode: u32,
+}
+
+fn parse_mode(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|mode| *mode <= 0o777)
+        .ok_or_else(|| format!("{text:?} is not an octal mode such as 0660"))
 }
 
 /// Arguments of `zygote run`.

@@ -1,66 +1,80 @@
-//! One client's conversation: handshake, then requests until it leaves.
+//! One client's conversation: identify the peer, handshake, then
+//! requests until it leaves.
 //!
-//! Each spawn runs in a task of its own, which after replying stays to reap
-//! the child and send its exit notice. That task holds the socket only
-//! weakly: a client that leaves closes its connection at once, and its
-//! children are still reaped.
+//! Each spawn runs in a task of its own (`lifetime`), which after replying
+//! stays to reap the child and send its exit notice. That task holds the
+//! socket only weakly: a client that leaves closes its connection at once,
+//! and its children are still reaped.
 
-use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
 
-use tokio::io::Interest;
-use tokio::io::unix::AsyncFd;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 use zygote_proto::{
-    AsyncSeqpacket, ClientMessage, ExitNotice, Frame, HelloAck, LIMITS, PROTOCOL_VERSION,
-    ProtoError, ProtocolError, ProtocolErrorKind, RECV_BUFFER_BYTES, RequestFailed, ServerMessage,
-    SignalRequest, SignalSent, SpawnFailed, SpawnRequest, Spawned, StatusReply, UCred, decode,
+    AsyncSeqpacket, ClientMessage, Frame, HelloAck, LIMITS, PROTOCOL_VERSION, ProtoError,
+    ProtocolError, ProtocolErrorKind, RECV_BUFFER_BYTES, RequestFailed, ServerMessage,
+    SignalRequest, SignalSent, SpawnFailed, SpawnStage, StatusReply, UCred, decode,
 };
 
+use crate::lifetime::{self, Connection, SpawnTask};
+use crate::peer::Peer;
 use crate::server::Daemon;
-use crate::{plan, reaper, spawn, strerror};
-
-/// Children started on one connection that have not been reaped yet, by
-/// spawn id, for [`SignalRequest`]s.
-type Children = Arc<Mutex<HashMap<u64, Arc<AsyncFd<OwnedFd>>>>>;
+use crate::spawn;
 
 /// Serves one connection until the client closes it or breaks the
 /// protocol.
-pub async fn serve(socket: AsyncSeqpacket, peer: UCred, daemon: Arc<Daemon>) {
+pub async fn serve(socket: AsyncSeqpacket, cred: UCred, daemon: Arc<Daemon>) {
     daemon.connections_accepted.fetch_add(1, Ordering::Relaxed);
-    daemon.connections_open.fetch_add(1, Ordering::Relaxed);
-    serve_counted(socket, peer, &daemon).await;
+    let open = daemon.connections_open.fetch_add(1, Ordering::Relaxed) + 1;
+    let limit = daemon.policy.limits.max_connections;
+    if open > limit as u64 {
+        warn!(
+            pid = cred.pid.as_raw_nonzero(),
+            uid = cred.uid.as_raw(),
+            "refusing a connection: at the connection limit"
+        );
+        let message = format!("busy: the zygote has {limit} connections open, its limit");
+        close_with(&socket, ProtocolErrorKind::Busy, message).await;
+    } else {
+        serve_counted(socket, &cred, &daemon).await;
+    }
     daemon.connections_open.fetch_sub(1, Ordering::Relaxed);
 }
 
-async fn serve_counted(socket: AsyncSeqpacket, peer: UCred, daemon: &Arc<Daemon>) {
+async fn serve_counted(socket: AsyncSeqpacket, cred: &UCred, daemon: &Arc<Daemon>) {
     let socket = Arc::new(socket);
-    let peer_desc = format!(
-        "pid {} uid {}",
-        peer.pid.as_raw_nonzero(),
-        peer.uid.as_raw()
-    );
-    if !daemon.may_connect(&peer) {
-        warn!(peer = %peer_desc, "refusing a peer of another uid");
-        let message = format!(
-            "uid {} may not use this zygote, which serves uid {}",
-            peer.uid.as_raw(),
-            daemon.uid
-        );
-        close_with(&socket, ProtocolErrorKind::PermissionDenied, message).await;
-        return;
-    }
+    let peer = match Peer::identify(socket.as_fd(), cred, Path::new("/proc")) {
+        Ok(peer) => peer,
+        Err(error) => {
+            warn!(%error, "refusing a peer that cannot be identified");
+            let message = format!("cannot identify this peer: {error}");
+            close_with(&socket, ProtocolErrorKind::PermissionDenied, message).await;
+            return;
+        }
+    };
+    let grant = match daemon.policy.admit(&peer, daemon.uid) {
+        Ok(grant) => grant,
+        Err(denied) => {
+            warn!(%peer, reason = %denied.0, "refusing a peer by policy");
+            close_with(&socket, ProtocolErrorKind::PermissionDenied, denied.0).await;
+            return;
+        }
+    };
     let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
     if let Err(failure) = handshake(&socket, &mut scratch).await {
-        debug!(peer = %peer_desc, reason = %failure.1, "handshake failed");
+        debug!(%peer, reason = %failure.1, "handshake failed");
         close_with(&socket, failure.0, failure.1).await;
         return;
     }
-    debug!(peer = %peer_desc, "client connected");
-    let children: Children = Arc::default();
+    info!(%peer, groups = ?peer.groups, "client connected");
+    let connection = Arc::new(Connection {
+        socket: Arc::downgrade(&socket),
+        peer,
+        grant,
+        state: Mutex::default(),
+    });
     loop {
         let frame = match socket.recv(&mut scratch).await {
             Ok(Some(frame)) => frame,
@@ -73,18 +87,19 @@ async fn serve_counted(socket: AsyncSeqpacket, peer: UCred, daemon: &Arc<Daemon>
                     }
                     _ => ProtocolErrorKind::Malformed,
                 };
-                warn!(peer = %peer_desc, %error, "closing connection");
+                warn!(peer = %connection.peer, %error, "closing connection");
                 close_with(&socket, kind, error.to_string()).await;
                 break;
             }
         };
-        if let Err((kind, message)) = dispatch(frame, &socket, &children, daemon).await {
-            warn!(peer = %peer_desc, reason = %message, "closing connection");
+        if let Err((kind, message)) = dispatch(frame, &socket, &connection, daemon).await {
+            warn!(peer = %connection.peer, reason = %message, "closing connection");
             close_with(&socket, kind, message).await;
             break;
         }
     }
-    debug!(peer = %peer_desc, "client left");
+    lifetime::connection_closed(&connection);
+    info!(peer = %connection.peer, "client left");
 }
 
 type Fatal = (ProtocolErrorKind, String);
@@ -150,7 +165,7 @@ fn message_name(message: &ClientMessage) -> &'static str {
 async fn dispatch(
     frame: Frame,
     socket: &Arc<AsyncSeqpacket>,
-    children: &Children,
+    connection: &Arc<Connection>,
     daemon: &Arc<Daemon>,
 ) -> Result<(), Fatal> {
     match decode_client(&frame)? {
@@ -159,9 +174,23 @@ async fn dispatch(
             "received a second Hello".into(),
         )),
         ClientMessage::Spawn(request) => {
+            if !connection.claim_id(request.id) {
+                // Never overwrite: the running spawn keeps the id; the
+                // frame's fds are closed with `frame`.
+                let failed = SpawnFailed {
+                    id: request.id,
+                    stage: SpawnStage::Validate,
+                    errno: libc::EEXIST,
+                    message: format!(
+                        "request id {} is already in use on this connection",
+                        request.id
+                    ),
+                };
+                send_reply(socket, &ServerMessage::SpawnFailed(failed), &[]).await;
+                return Ok(());
+            }
             let task = SpawnTask {
-                socket: Arc::downgrade(socket),
-                children: Arc::clone(children),
+                connection: Arc::clone(connection),
                 daemon: Arc::clone(daemon),
             };
             // A task per spawn, so that concurrent requests on one
@@ -173,7 +202,7 @@ async fn dispatch(
             if !frame.fds.is_empty() {
                 return Err(unexpected_fds("Signal", frame.fds.len()));
             }
-            let reply = signal(&request, children);
+            let reply = signal(&request, connection);
             send_reply(socket, &reply, &[]).await;
             Ok(())
         }
@@ -181,19 +210,30 @@ async fn dispatch(
             if !frame.fds.is_empty() {
                 return Err(unexpected_fds("Status", frame.fds.len()));
             }
-            let reply = ServerMessage::Status(daemon.status(request.id));
+            let reply = if connection.id_in_use(request.id) {
+                in_use(request.id)
+            } else {
+                ServerMessage::Status(daemon.status(request.id))
+            };
             send_reply(socket, &reply, &[]).await;
             Ok(())
         }
     }
 }
 
-fn signal(request: &SignalRequest, children: &Children) -> ServerMessage {
-    let pidfd = children
-        .lock()
-        .expect("children lock poisoned")
-        .get(&request.spawn_id)
-        .cloned();
+fn in_use(id: u64) -> ServerMessage {
+    ServerMessage::RequestFailed(RequestFailed {
+        id,
+        errno: libc::EEXIST,
+        message: format!("request id {id} is already in use by a spawn on this connection"),
+    })
+}
+
+fn signal(request: &SignalRequest, connection: &Connection) -> ServerMessage {
+    if connection.id_in_use(request.id) {
+        return in_use(request.id);
+    }
+    let pidfd = connection.pidfd(request.spawn_id);
     let result = match pidfd {
         None => Err((
             libc::ESRCH,
@@ -222,7 +262,11 @@ fn signal(request: &SignalRequest, children: &Children) -> ServerMessage {
 }
 
 /// Sends a reply; a client that already left is not an error.
-async fn send_reply(socket: &AsyncSeqpacket, message: &ServerMessage, fds: &[BorrowedFd<'_>]) {
+pub(crate) async fn send_reply(
+    socket: &AsyncSeqpacket,
+    message: &ServerMessage,
+    fds: &[BorrowedFd<'_>],
+) {
     if let Err(error) = socket.send_message(message, fds).await {
         if !error.is_disconnect() {
             warn!(%error, "failed to send a reply");
@@ -233,109 +277,6 @@ async fn send_reply(socket: &AsyncSeqpacket, message: &ServerMessage, fds: &[Bor
 async fn close_with(socket: &AsyncSeqpacket, kind: ProtocolErrorKind, message: String) {
     let reply = ServerMessage::ProtocolError(ProtocolError { kind, message });
     send_reply(socket, &reply, &[]).await;
-}
-
-/// One spawn, from request to exit notice.
-struct SpawnTask {
-    socket: Weak<AsyncSeqpacket>,
-    children: Children,
-    daemon: Arc<Daemon>,
-}
-
-impl SpawnTask {
-    async fn run(self, request: SpawnRequest, attached: Vec<OwnedFd>) {
-        let started = Instant::now();
-        let id = request.id;
-        let program = String::from_utf8_lossy(&request.program).into_owned();
-        let prepared = match plan::prepare(&request, attached) {
-            Ok(prepared) => prepared,
-            Err(refusal) => {
-                let failed = SpawnFailed {
-                    id,
-                    stage: refusal.stage,
-                    errno: refusal.errno.raw_os_error(),
-                    message: refusal.message,
-                };
-                warn!(program, reason = %failed.message, "spawn refused");
-                self.daemon.spawns_failed.fetch_add(1, Ordering::Relaxed);
-                self.reply(&ServerMessage::SpawnFailed(failed), &[]).await;
-                return;
-            }
-        };
-        let spawned = spawn::spawn(&prepared.plan);
-        // The daemon's copies of the child's fds must not outlive the spawn.
-        drop(prepared.plan);
-        let child = match spawned {
-            Ok(child) => child,
-            Err(error) => {
-                let reason = strerror(error.errno);
-                warn!(program, stage = error.stage.name(), reason, "spawn failed");
-                self.daemon.spawns_failed.fetch_add(1, Ordering::Relaxed);
-                let failed = SpawnFailed {
-                    id,
-                    stage: error.stage,
-                    errno: error.errno,
-                    message: format!("{program}: {reason}"),
-                };
-                self.reply(&ServerMessage::SpawnFailed(failed), &[]).await;
-                return;
-            }
-        };
-        let pid = child.pid;
-        let pidfd = match zygote_proto::register(child.pidfd, Interest::READABLE) {
-            Ok(pidfd) => Arc::new(pidfd),
-            Err(error) => {
-                // Cannot happen short of epoll failing; the child is then
-                // neither watched nor reported, so say so loudly.
-                warn!(pid, %error, "failed to watch a child's pidfd; it will not be reaped");
-                return;
-            }
-        };
-        self.daemon.spawns_succeeded.fetch_add(1, Ordering::Relaxed);
-        self.daemon.children_running.fetch_add(1, Ordering::Relaxed);
-        self.children
-            .lock()
-            .expect("children lock poisoned")
-            .insert(id, Arc::clone(&pidfd));
-        let mut fds: Vec<BorrowedFd<'_>> = vec![pidfd.get_ref().as_fd()];
-        fds.extend(prepared.client_ends.iter().map(AsFd::as_fd));
-        self.reply(&ServerMessage::Spawned(Spawned { id, pid }), &fds)
-            .await;
-        drop(fds);
-        drop(prepared.client_ends);
-        debug!(
-            program,
-            pid,
-            latency_us = started.elapsed().as_micros() as u64,
-            "spawned"
-        );
-
-        let exit = reaper::wait_exit(&pidfd).await;
-        self.children
-            .lock()
-            .expect("children lock poisoned")
-            .remove(&id);
-        self.daemon.children_running.fetch_sub(1, Ordering::Relaxed);
-        match exit {
-            Ok((status, usage)) => {
-                debug!(pid, ?status, "child exited");
-                let notice = ExitNotice {
-                    id,
-                    status,
-                    usage,
-                    timed_out: false,
-                };
-                self.reply(&ServerMessage::Exited(notice), &[]).await;
-            }
-            Err(error) => warn!(pid, %error, "failed to reap a child"),
-        }
-    }
-
-    async fn reply(&self, message: &ServerMessage, fds: &[BorrowedFd<'_>]) {
-        if let Some(socket) = self.socket.upgrade() {
-            send_reply(&socket, message, fds).await;
-        }
-    }
 }
 
 impl Daemon {
@@ -352,10 +293,5 @@ impl Daemon {
             spawns_succeeded: load(&self.spawns_succeeded),
             spawns_failed: load(&self.spawns_failed),
         }
-    }
-
-    fn may_connect(&self, peer: &UCred) -> bool {
-        let uid = peer.uid.as_raw();
-        uid == self.uid || uid == 0
     }
 }

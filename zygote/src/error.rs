@@ -37,6 +37,14 @@ pub enum Error {
     /// The async runtime could not be built.
     #[error("failed to start the async runtime: {0}")]
     Runtime(#[source] io::Error),
+    /// The policy file could not be read or parsed.
+    #[error("failed to load policy {path}: {message}")]
+    Policy {
+        /// The policy file.
+        path: PathBuf,
+        /// What went wrong, with line and column for a parse error.
+        message: String,
+    },
     /// Accepting connections failed for good.
     #[error("failed to accept connections: {0}")]
     Accept(#[source] ProtoError),

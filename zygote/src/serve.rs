@@ -5,6 +5,7 @@ use std::thread::available_parallelism;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::ServeArgs;
+use crate::policy::Policy;
 use crate::{Error, server, spawn};
 
 /// Runs the daemon until SIGTERM or SIGINT.
@@ -15,11 +16,17 @@ use crate::{Error, server, spawn};
 /// cannot start.
 pub fn serve(args: &ServeArgs) -> Result<(), Error> {
     spawn::check_kernel_support().map_err(Error::KernelUnsupported)?;
+    let uid = rustix::process::geteuid().as_raw();
+    let policy = match &args.policy {
+        Some(path) => Policy::load(path, uid)?,
+        None => Policy::default_for(uid),
+    };
+    tracing::info!(limits = ?policy.limits, "policy loaded");
     let path = args
         .socket
         .clone()
         .unwrap_or_else(zygote_client::default_socket_path);
-    let bound = server::bind(&path)?;
+    let bound = server::bind(&path, args.socket_mode)?;
     tracing::info!(socket = %path.display(), "listening");
     // Sized by the cgroup-aware CPU count: threads a CPU quota cannot run
     // only add latency.
@@ -39,7 +46,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), Error> {
                 _ = interrupt.recv() => {}
             }
         };
-        server::run(listener, shutdown).await
+        server::run(listener, policy, shutdown).await
     })?;
     drop(bound);
     Ok(())

@@ -12,17 +12,28 @@ use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 use zygote_proto::{AsyncSeqpacketListener, ProtoError, socket};
 
+use crate::admission::ChildCounts;
+use crate::policy::Policy;
+use crate::spawn::Credentials;
 use crate::{Error, connection};
 
-/// Mode of a socket the daemon binds itself: only its own uid may connect.
-/// A wider audience is the job of a socket unit's `SocketMode=`.
-const SOCKET_MODE: u32 = 0o600;
+/// Default mode of a socket the daemon binds itself: only its own uid may
+/// connect. A wider audience is the job of `--socket-mode` or a socket
+/// unit's `SocketMode=`.
+pub const SOCKET_MODE: u32 = 0o600;
 
 /// State shared by every connection.
 #[derive(Debug)]
 pub struct Daemon {
-    /// The daemon's effective uid; peers of this uid (and root) are served.
+    /// The daemon's effective uid.
     pub uid: u32,
+    /// The daemon's own credentials, which children keep unless they
+    /// switch.
+    pub credentials: Credentials,
+    /// Who may connect, and what each peer may ask for.
+    pub policy: Policy,
+    /// Children running or being started, per peer uid and in total.
+    pub(crate) child_counts: std::sync::Mutex<ChildCounts>,
     /// When the daemon started serving.
     pub started: Instant,
     /// Children started and not yet reaped.
@@ -38,10 +49,26 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// State for a daemon starting now.
+    /// State for a daemon starting now, under the default policy.
     pub fn new() -> Self {
+        Self::with_policy(Policy::default_for(rustix::process::geteuid().as_raw()))
+    }
+
+    /// State for a daemon starting now, under `policy`.
+    pub fn with_policy(policy: Policy) -> Self {
+        let uid = rustix::process::geteuid().as_raw();
+        let groups = rustix::process::getgroups()
+            .map(|groups| groups.into_iter().map(|gid| gid.as_raw()).collect())
+            .unwrap_or_default();
         Self {
-            uid: rustix::process::geteuid().as_raw(),
+            uid,
+            credentials: Credentials {
+                uid,
+                gid: rustix::process::getegid().as_raw(),
+                groups,
+            },
+            policy,
+            child_counts: std::sync::Mutex::default(),
             started: Instant::now(),
             children_running: AtomicU64::new(0),
             connections_open: AtomicU64::new(0),
@@ -72,7 +99,8 @@ impl Drop for BoundSocket {
     }
 }
 
-/// Binds a listening socket at `path`, mode 0600, creating its directory.
+/// Binds a listening socket at `path` with permission bits `mode`,
+/// creating its directory.
 ///
 /// A leftover socket file that nobody listens on is replaced; a live one is
 /// [`Error::AlreadyListening`].
@@ -80,7 +108,7 @@ impl Drop for BoundSocket {
 /// # Errors
 ///
 /// [`Error::AlreadyListening`], [`Error::SocketPath`] or [`Error::Listen`].
-pub fn bind(path: &Path) -> Result<BoundSocket, Error> {
+pub fn bind(path: &Path, mode: u32) -> Result<BoundSocket, Error> {
     let path_error = |source: io::Error| Error::SocketPath {
         path: path.to_owned(),
         source,
@@ -114,12 +142,12 @@ pub fn bind(path: &Path) -> Result<BoundSocket, Error> {
         fd,
         path: path.to_owned(),
     };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
-        .map_err(path_error)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(path_error)?;
     Ok(bound)
 }
 
-/// Accepts and serves connections until `shutdown` resolves.
+/// Accepts and serves connections under `policy` until `shutdown`
+/// resolves.
 ///
 /// Children are reaped by their own tasks, which end with the runtime; see
 /// the README's known limits for what a stop does to running children.
@@ -127,9 +155,13 @@ pub fn bind(path: &Path) -> Result<BoundSocket, Error> {
 /// # Errors
 ///
 /// [`Error::Accept`] when the listener cannot be registered.
-pub async fn run(listener: OwnedFd, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+pub async fn run(
+    listener: OwnedFd,
+    policy: Policy,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
     let listener = AsyncSeqpacketListener::new(listener).map_err(Error::Accept)?;
-    let daemon = Arc::new(Daemon::new());
+    let daemon = Arc::new(Daemon::with_policy(policy));
     info!("serving");
     tokio::pin!(shutdown);
     loop {
