@@ -75,6 +75,7 @@ impl FakeDaemon {
                     system_micros: 2000,
                     max_rss_kib: 3000,
                 },
+                timed_out: false,
             }),
             &[],
         );
@@ -161,6 +162,7 @@ fn serve_echo(mut daemon: FakeDaemon, pidfd: OwnedFd) {
                 daemon.send(ServerMessage::SignalSent(SignalSent { id: signal.id }), &[]);
             }
             ClientMessage::Hello(_) => panic!("second Hello"),
+            ClientMessage::Status(_) => panic!("unexpected Status"),
         }
     }
 }
