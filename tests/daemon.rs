@@ -52,7 +52,7 @@ fn daemon_fd_count_is_unchanged_after_1000_spawns_and_no_zombies() {
     let daemon = start_daemon("leaks");
     // Warm up: the runtime's worker threads and their stacks come first.
     churn(&daemon, 20, 10);
-    let before = daemon.fd_count();
+    let before = daemon.settled_fd_count();
     churn(&daemon, 1000, 16);
     assert!(
         eventually(Duration::from_secs(5), || daemon.fd_count() == before),
@@ -111,7 +111,7 @@ fn sleep_request(id: u64, seconds: &str) -> ClientMessage {
 fn client_that_disconnects_mid_spawn_leaves_the_daemon_serving() {
     let mut daemon = start_daemon("disconnect");
     churn(&daemon, 5, 5);
-    let before = daemon.fd_count();
+    let before = daemon.settled_fd_count();
     for id in 0..20 {
         let fd = raw_connection(&daemon);
         let request = encode(&sleep_request(id, "0.2")).unwrap();

@@ -4,6 +4,10 @@
 // The harness: start_daemon(test_name), /proc helpers.
 mod util;
 
+// Client processes of their own (killed, another uid, load), re-executed
+// from this binary.
+mod helper;
+
 // The Rust API, async flavour: args, env, cwd, stdio, exit statuses, fds.
 mod spawn;
 
@@ -16,3 +20,15 @@ mod daemon;
 
 // The `zygote run` tool: exit codes, inherited fds, messages.
 mod run;
+
+// Hostile and broken input on the raw protocol; the daemon keeps serving.
+mod hostile;
+
+// The security invariant, policy and admission limits.
+mod security;
+
+// Kill-on-close, timeouts, killed clients and a killed daemon.
+mod lifetimes;
+
+// 10,000 spawns from several processes; nothing leaks.
+mod load;

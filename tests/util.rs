@@ -36,15 +36,33 @@ pub fn zygote_bin() -> PathBuf {
 /// Starts `zygote serve` on a fresh socket in a temp dir and waits until
 /// it accepts connections.
 pub fn start_daemon(test_name: &str) -> Daemon {
+    start_daemon_with(test_name, None, &[])
+}
+
+/// As [`start_daemon`], with a policy file of this text and extra `serve`
+/// flags. The temp dir is world-searchable, so that a client of another
+/// uid can reach a socket whose mode lets it in.
+pub fn start_daemon_with(test_name: &str, policy: Option<&str>, flags: &[&str]) -> Daemon {
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::Builder::new()
         .prefix(&format!("zygote-{test_name}-"))
         .tempdir()
         .expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod tempdir");
     let socket = dir.path().join("zygote.sock");
-    let process = Command::new(zygote_bin())
+    let mut command = Command::new(zygote_bin());
+    command
         .arg("serve")
         .arg("--socket")
         .arg(&socket)
+        .args(flags);
+    if let Some(policy) = policy {
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, policy).expect("write policy");
+        command.arg("--policy").arg(path);
+    }
+    let process = command
         .env("ZYGOTE_LOG", "warn")
         .stdin(Stdio::null())
         .spawn()
@@ -88,6 +106,33 @@ impl Daemon {
         std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
             .expect("read daemon fds")
             .count()
+    }
+
+    /// The daemon's fd count once it has stopped changing (five equal
+    /// reads 20 ms apart, within 5 s): connections a client just closed
+    /// take the daemon a moment to notice.
+    pub fn settled_fd_count(&self) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut last = self.fd_count();
+        let mut same = 0;
+        while same < 5 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = self.fd_count();
+            same = if now == last { same + 1 } else { 0 };
+            last = now;
+        }
+        last
+    }
+
+    /// The daemon's resident set size in KiB (`VmRSS`).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read daemon status");
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .expect("VmRSS in /proc/PID/status")
     }
 
     /// Pids of the daemon's zombie children.

@@ -36,7 +36,7 @@ pub async fn serve(socket: AsyncSeqpacket, cred: UCred, daemon: Arc<Daemon>) {
             "refusing a connection: at the connection limit"
         );
         let message = format!("busy: the zygote has {limit} connections open, its limit");
-        close_with(&socket, ProtocolErrorKind::Busy, message).await;
+        refuse(&socket, ProtocolErrorKind::Busy, message).await;
     } else {
         serve_counted(socket, &cred, &daemon).await;
     }
@@ -50,7 +50,7 @@ async fn serve_counted(socket: AsyncSeqpacket, cred: &UCred, daemon: &Arc<Daemon
         Err(error) => {
             warn!(%error, "refusing a peer that cannot be identified");
             let message = format!("cannot identify this peer: {error}");
-            close_with(&socket, ProtocolErrorKind::PermissionDenied, message).await;
+            refuse(&socket, ProtocolErrorKind::PermissionDenied, message).await;
             return;
         }
     };
@@ -58,7 +58,7 @@ async fn serve_counted(socket: AsyncSeqpacket, cred: &UCred, daemon: &Arc<Daemon
         Ok(grant) => grant,
         Err(denied) => {
             warn!(%peer, reason = %denied.0, "refusing a peer by policy");
-            close_with(&socket, ProtocolErrorKind::PermissionDenied, denied.0).await;
+            refuse(&socket, ProtocolErrorKind::PermissionDenied, denied.0).await;
             return;
         }
     };
@@ -273,6 +273,19 @@ pub(crate) async fn send_reply(
         }
     }
 }
+
+/// Refuses a connection before its handshake: reads the client's hello
+/// first (waiting a second at most), then answers it with the error.
+/// Closing with the hello unread would make the kernel report
+/// `ECONNRESET` to the client instead of our reason.
+async fn refuse(socket: &AsyncSeqpacket, kind: ProtocolErrorKind, message: String) {
+    let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+    let _ = tokio::time::timeout(REFUSAL_WAIT, socket.recv(&mut scratch)).await;
+    close_with(socket, kind, message).await;
+}
+
+/// How long a refused client has to send its hello.
+const REFUSAL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn close_with(socket: &AsyncSeqpacket, kind: ProtocolErrorKind, message: String) {
     let reply = ServerMessage::ProtocolError(ProtocolError { kind, message });

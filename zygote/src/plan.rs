@@ -100,6 +100,18 @@ pub fn prepare(
         return Err(Refusal::invalid("program is empty"));
     }
     check_size(request, max_argv_env_bytes)?;
+    if let Some(user) = &request.user {
+        // -1 tells setresuid/setresgid "leave unchanged": the child would
+        // keep the daemon's id.
+        let ids = [user.uid, user.gid]
+            .into_iter()
+            .chain(user.groups.iter().copied());
+        if ids.into_iter().any(|id| id == u32::MAX) {
+            return Err(Refusal::invalid(
+                "user: id 4294967295 (-1) is not a valid uid or gid",
+            ));
+        }
+    }
     let on_close = check_on_close(request)?;
     if let Some(timeout) = request.timeout {
         if timeout.millis == 0 {
@@ -461,6 +473,19 @@ mod tests {
             "{}",
             refused.message
         );
+    }
+
+    #[test]
+    fn id_minus_one_is_refused() {
+        for (uid, gid, groups) in [
+            (u32::MAX, 1, vec![]),
+            (1, u32::MAX, vec![]),
+            (1, 1, vec![u32::MAX]),
+        ] {
+            let mut request = request();
+            request.user = Some(zygote_proto::UserSpec { uid, gid, groups });
+            assert!(refusal(&request, vec![]).message.contains("-1"));
+        }
     }
 
     #[test]

@@ -265,6 +265,18 @@ impl<'a> Prepared<'a> {
         close_ranges.push((next, c_uint::MAX));
         let dup_floor = RawFd::try_from(next).map_err(|_| invalid)?;
 
+        if let Some(credentials) = &plan.credentials {
+            // -1 means "unchanged" to the set*id syscalls: never let it
+            // through, or the child would keep the daemon's ids.
+            let ids = [credentials.uid, credentials.gid];
+            if ids
+                .iter()
+                .chain(&credentials.groups)
+                .any(|id| *id == u32::MAX)
+            {
+                return Err(invalid);
+            }
+        }
         let rlimits = plan
             .rlimits
             .iter()
