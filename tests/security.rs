@@ -10,7 +10,7 @@ use zygote_client::blocking::{Client, Command};
 use zygote_client::{Error, ProtocolErrorKind, SpawnStage, Stdio};
 
 use crate::helper::{findings, helper};
-use crate::util::start_daemon_with;
+use crate::util::{start_daemon_as, start_daemon_with};
 
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()
@@ -79,6 +79,47 @@ fn socket_mode_decides_who_may_connect_at_all() {
     assert!(!output.status.success());
     let text = String::from_utf8_lossy(&output.stderr) + String::from_utf8_lossy(&output.stdout);
     assert!(text.contains("ermission denied"), "{text}");
+}
+
+#[test]
+fn non_root_zygote_serves_only_its_uid_and_root_and_cannot_switch() {
+    if !is_root() {
+        eprintln!("skipped: starting a zygote of another uid needs root");
+        return;
+    }
+    let daemon = start_daemon_as("non-root", Some(65534), None, &["--socket-mode", "0666"]);
+    // Root may connect; its children run as the daemon, never as root.
+    let client = Client::connect(daemon.socket()).expect("root connects");
+    let output = Command::new(&client, "id")
+        .arg("-u")
+        .current_dir("/")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "65534");
+    // Asking for root is passed to the kernel, which refuses it.
+    match Command::new(&client, "true")
+        .uid(0)
+        .gid(0)
+        .current_dir("/")
+        .status()
+    {
+        Err(Error::Spawn { stage, errno, .. }) => {
+            assert_eq!((stage, errno), (SpawnStage::Setgroups, libc::EPERM));
+        }
+        other => panic!("expected a setgroups failure, got {other:?}"),
+    }
+    // A third uid may not connect at all.
+    let output = helper("other-uid", daemon.socket())
+        .uid(4242)
+        .gid(4242)
+        .stdout(StdStdio::piped())
+        .stderr(StdStdio::piped())
+        .output()
+        .expect("run helper as uid 4242");
+    assert!(!output.status.success());
+    let text = String::from_utf8_lossy(&output.stderr) + String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("PermissionDenied"), "{text}");
+    assert!(text.contains("uid 4242 may not use this zygote"), "{text}");
 }
 
 #[test]

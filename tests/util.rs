@@ -43,15 +43,36 @@ pub fn start_daemon(test_name: &str) -> Daemon {
 /// flags. The temp dir is world-searchable, so that a client of another
 /// uid can reach a socket whose mode lets it in.
 pub fn start_daemon_with(test_name: &str, policy: Option<&str>, flags: &[&str]) -> Daemon {
+    start_daemon_as(test_name, None, policy, flags)
+}
+
+/// As [`start_daemon_with`], with the daemon running as `uid` (and gid
+/// `uid`) when given; needs root for that.
+pub fn start_daemon_as(
+    test_name: &str,
+    uid: Option<u32>,
+    policy: Option<&str>,
+    flags: &[&str],
+) -> Daemon {
     use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
     let dir = tempfile::Builder::new()
         .prefix(&format!("zygote-{test_name}-"))
         .tempdir()
         .expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
         .expect("chmod tempdir");
-    let socket = dir.path().join("zygote.sock");
+    // The daemon's own directory, where it may create its socket.
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).expect("mkdir run");
+    if let Some(uid) = uid {
+        std::os::unix::fs::chown(&run, Some(uid), Some(uid)).expect("chown run dir");
+    }
+    let socket = run.join("zygote.sock");
     let mut command = Command::new(zygote_bin());
+    if let Some(uid) = uid {
+        command.uid(uid).gid(uid);
+    }
     command
         .arg("serve")
         .arg("--socket")
