@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 use zygote_proto::{
     AsyncSeqpacket, ClientMessage, Frame, HelloAck, LIMITS, PROTOCOL_VERSION, ProtoError,
@@ -22,6 +23,10 @@ use crate::lifetime::{self, Connection, SpawnTask};
 use crate::peer::Peer;
 use crate::server::Daemon;
 use crate::spawn;
+
+/// Spawns of one connection that may be in flight beyond its child limit:
+/// refusals being sent, and final replies a slow client has not read.
+const IN_FLIGHT_HEADROOM: usize = 256;
 
 /// Serves one connection until the client closes it or breaks the
 /// protocol.
@@ -69,11 +74,17 @@ async fn serve_counted(socket: AsyncSeqpacket, cred: &UCred, daemon: &Arc<Daemon
         return;
     }
     info!(%peer, groups = ?peer.groups, "client connected");
+    // Running children are capped by admission; the headroom is for
+    // requests being refused or replies the client has not read yet.
+    let in_flight = Arc::new(Semaphore::new(
+        grant.max_children.saturating_add(IN_FLIGHT_HEADROOM),
+    ));
     let connection = Arc::new(Connection {
         socket: Arc::downgrade(&socket),
         peer,
         grant,
         state: Mutex::default(),
+        in_flight,
     });
     loop {
         let frame = match socket.recv(&mut scratch).await {
@@ -189,9 +200,15 @@ async fn dispatch(
                 send_reply(socket, &ServerMessage::SpawnFailed(failed), &[]).await;
                 return Ok(());
             }
+            // Backpressure, not an unbounded pile of tasks: at the cap we
+            // stop reading this client's socket until a spawn finishes.
+            let Ok(permit) = Arc::clone(&connection.in_flight).acquire_owned().await else {
+                return Ok(());
+            };
             let task = SpawnTask {
                 connection: Arc::clone(connection),
                 daemon: Arc::clone(daemon),
+                _permit: permit,
             };
             // A task per spawn, so that concurrent requests on one
             // connection do not queue behind each other's exec.

@@ -38,6 +38,9 @@ pub struct Connection {
     pub grant: Grant,
     /// Its children and request ids.
     pub state: Mutex<State>,
+    /// Caps the spawn tasks of this connection, each holding a permit
+    /// until its last reply is sent.
+    pub in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 /// The mutable part of a [`Connection`].
@@ -127,6 +130,8 @@ pub struct SpawnTask {
     pub connection: Arc<Connection>,
     /// The daemon.
     pub daemon: Arc<Daemon>,
+    /// This task's share of [`Connection::in_flight`].
+    pub _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl SpawnTask {
@@ -192,6 +197,7 @@ impl SpawnTask {
                 // Cannot happen short of epoll failing; the child is then
                 // neither watched nor reported, so say so loudly.
                 warn!(pid, %error, "failed to watch a child's pidfd; it will not be reaped");
+                self.connection.lock().ids.remove(&id);
                 return Ok(());
             }
         };

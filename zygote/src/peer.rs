@@ -164,10 +164,7 @@ fn peer_pidfd(socket: BorrowedFd<'_>, pid: i32) -> Option<OwnedFd> {
                     );
                 }
             }
-            Err(error) => {
-                tracing::warn!(pid, %error, "SO_PEERPIDFD failed");
-                return None;
-            }
+            Err(error) => tracing::warn!(pid, %error, "SO_PEERPIDFD failed; trying pidfd_open"),
         }
     }
     spawn::open_pidfd(pid).ok()
