@@ -102,6 +102,28 @@ fn kill_on_close_signals_children_when_the_client_leaves() {
 }
 
 #[test]
+fn daemon_shutdown_closes_connections_with_their_kill_on_close() {
+    let mut daemon = start_daemon("shutdown");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let doomed = Command::new(&client, "sleep")
+        .arg("30")
+        .kill_on_close(libc::SIGKILL)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let kept = Command::new(&client, "sleep")
+        .arg("30")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(daemon.terminate().success());
+    assert!(eventually(Duration::from_secs(5), || dead(doomed.id())));
+    // Children outlive a stopped daemon by default, as the README says.
+    assert!(!dead(kept.id()));
+    rustix::process::pidfd_send_signal(kept.pidfd(), rustix::process::Signal::KILL).unwrap();
+}
+
+#[test]
 fn kill_on_drop_kills_when_the_child_handle_is_dropped() {
     let daemon = start_daemon("kill-on-drop");
     let client = Client::connect(daemon.socket()).expect("connect");

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 /// A daemon started for one test; killed and reaped on drop.
 pub struct Daemon {
     process: Child,
+    /// Stopped on purpose with [`Daemon::terminate`].
+    terminated: bool,
     socket: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -90,6 +92,7 @@ pub fn start_daemon_as(
         .expect("start zygote serve");
     let daemon = Daemon {
         process,
+        terminated: false,
         socket,
         _dir: dir,
     };
@@ -170,6 +173,15 @@ impl Daemon {
         let _ = self.process.wait();
     }
 
+    /// Stops the daemon with SIGTERM, as systemd would, and returns how it
+    /// exited.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = rustix::process::Pid::from_raw(self.pid() as i32).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+        self.terminated = true;
+        self.process.wait().expect("wait for the daemon")
+    }
+
     /// True while the daemon process runs.
     pub fn is_alive(&mut self) -> bool {
         self.process.try_wait().expect("try_wait").is_none()
@@ -181,7 +193,10 @@ impl Drop for Daemon {
         let _ = self.process.kill();
         if let Ok(status) = self.process.wait() {
             // A daemon that died on its own (not by our SIGKILL) is a bug.
-            if status.signal() != Some(libc::SIGKILL) && !std::thread::panicking() {
+            if status.signal() != Some(libc::SIGKILL)
+                && !self.terminated
+                && !std::thread::panicking()
+            {
                 panic!("zygote exited unexpectedly: {status}");
             }
         }

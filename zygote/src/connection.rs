@@ -86,6 +86,7 @@ async fn serve_counted(socket: AsyncSeqpacket, cred: &UCred, daemon: &Arc<Daemon
         state: Mutex::default(),
         in_flight,
     });
+    daemon.register(&connection);
     loop {
         let frame = match socket.recv(&mut scratch).await {
             Ok(Some(frame)) => frame,

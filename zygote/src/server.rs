@@ -13,6 +13,7 @@ use tracing::{error, info, warn};
 use zygote_proto::{AsyncSeqpacketListener, ProtoError, socket};
 
 use crate::admission::ChildCounts;
+use crate::lifetime::{self, Connection};
 use crate::policy::Policy;
 use crate::spawn::Credentials;
 use crate::{Error, connection};
@@ -34,6 +35,9 @@ pub struct Daemon {
     pub policy: Policy,
     /// Children running or being started, per peer uid and in total.
     pub(crate) child_counts: std::sync::Mutex<ChildCounts>,
+    /// Open connections, so that a shutdown closes them all the way a
+    /// leaving client does (kill-on-close included).
+    pub(crate) connections: std::sync::Mutex<Vec<std::sync::Weak<Connection>>>,
     /// When the daemon started serving.
     pub started: Instant,
     /// Children started and not yet reaped.
@@ -69,12 +73,31 @@ impl Daemon {
             },
             policy,
             child_counts: std::sync::Mutex::default(),
+            connections: std::sync::Mutex::default(),
             started: Instant::now(),
             children_running: AtomicU64::new(0),
             connections_open: AtomicU64::new(0),
             connections_accepted: AtomicU64::new(0),
             spawns_succeeded: AtomicU64::new(0),
             spawns_failed: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Daemon {
+    /// Remembers an open connection; forgets closed ones on the way.
+    pub(crate) fn register(&self, connection: &Arc<Connection>) {
+        let mut connections = self.connections.lock().expect("connections poisoned");
+        connections.retain(|weak| weak.strong_count() > 0);
+        connections.push(Arc::downgrade(connection));
+    }
+
+    /// At shutdown: every connection ends as if its client had left, so
+    /// kill-on-close children get their signal.
+    fn close_all(&self) {
+        let connections = std::mem::take(&mut *self.connections.lock().expect("poisoned"));
+        for connection in connections.iter().filter_map(std::sync::Weak::upgrade) {
+            lifetime::connection_closed(&connection);
         }
     }
 }
@@ -168,6 +191,7 @@ pub async fn run(
         tokio::select! {
             () = &mut shutdown => {
                 info!("shutting down");
+                daemon.close_all();
                 return Ok(());
             }
             accepted = listener.accept() => match accepted {
