@@ -134,6 +134,15 @@ fn fault(socket: &Path) {
 /// Run as another uid under a policy that lets it run as uid 4321 only:
 /// reports its children's ids and the refusals it gets.
 fn other_uid(socket: &Path) {
+    // A hard limit below the daemon's, which it must not hand our children.
+    rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(100),
+            maximum: Some(200),
+        },
+    )
+    .expect("lower our own NOFILE limit");
     let client = zygote_client::blocking::Client::connect(socket).expect("connect");
     let ids = |command: &mut zygote_client::blocking::Command| match command
         .args(["-c", "echo $(id -u) $(id -g) $(id -G)"])
@@ -161,13 +170,13 @@ fn other_uid(socket: &Path) {
     });
     send_frame(fd.as_fd(), &encode(&hello).unwrap(), &[]).expect("hello");
     let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
-    let mut receive = || -> ServerMessage {
-        let frame = recv_frame(fd.as_fd(), &mut scratch)
+    let receive = |scratch: &mut [u8]| -> ServerMessage {
+        let frame = recv_frame(fd.as_fd(), scratch)
             .expect("recv")
             .expect("a reply");
         decode(&frame.bytes).expect("decode")
     };
-    receive();
+    receive(&mut scratch);
     let own_hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .maximum
         .expect("finite hard limit");
@@ -195,7 +204,7 @@ fn other_uid(socket: &Path) {
         timeout: None,
     });
     send_frame(fd.as_fd(), &encode(&request).unwrap(), &[]).expect("spawn");
-    match receive() {
+    match receive(&mut scratch) {
         ServerMessage::SpawnFailed(failed) if failed.stage == SpawnStage::Admission => {
             say(&format!(
                 "rlimit refused {} {}",
@@ -204,4 +213,26 @@ fn other_uid(socket: &Path) {
         }
         other => say(&format!("rlimit {other:?}")),
     }
+
+    // A request that sets no limits: the child must not get the daemon's.
+    let mut bare = match request {
+        ClientMessage::Spawn(request) => request,
+        _ => unreachable!(),
+    };
+    bare.id = 2;
+    bare.program = b"/bin/sh".to_vec();
+    bare.args = vec![b"-c".to_vec(), b"ulimit -Hn".to_vec()];
+    bare.stdout = StdioSpec::Pipe;
+    bare.rlimits = vec![];
+    let frame = encode(&ClientMessage::Spawn(bare)).unwrap();
+    send_frame(fd.as_fd(), &frame, &[]).expect("spawn");
+    let reply = recv_frame(fd.as_fd(), &mut scratch)
+        .expect("recv")
+        .expect("reply");
+    let mut out = String::new();
+    if let Some(stdout) = reply.fds.get(1) {
+        let mut stdout = std::fs::File::from(stdout.try_clone().expect("dup"));
+        std::io::Read::read_to_string(&mut stdout, &mut out).expect("read child's stdout");
+    }
+    say(&format!("unset-rlimit {}", out.trim()));
 }

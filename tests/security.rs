@@ -59,6 +59,8 @@ fn root_zygote_runs_children_as_the_peer_and_refuses_more() {
         "{rlimit}"
     );
     assert!(rlimit.contains("hard limit"), "{rlimit}");
+    // Limits a request leaves unset are clamped to the peer's own.
+    assert!(found.contains(&"unset-rlimit 200".to_owned()), "{found:?}");
 }
 
 #[test]

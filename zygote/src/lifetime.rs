@@ -183,6 +183,12 @@ impl SpawnTask {
             refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
         })?;
         prepared.plan.credentials = credentials;
+        let clamped = self.connection.grant.clamp_unset_rlimits(
+            peer,
+            &request.rlimits,
+            &self.daemon.own_limits,
+        );
+        prepared.plan.rlimits.extend(clamped);
         let spawned = spawn::spawn(&prepared.plan);
         // The daemon's copies of the child's fds must not outlive the spawn.
         drop(prepared.plan);

@@ -128,7 +128,11 @@ impl Peer {
             path: dir.join(name).display().to_string(),
         };
         let status = parse_status(&read("status")?).ok_or_else(|| parse_error("status"))?;
-        let hard_limits = parse_limits(&read("limits")?).ok_or_else(|| parse_error("limits"))?;
+        let hard_limits = parse_limits(&read("limits")?)
+            .ok_or_else(|| parse_error("limits"))?
+            .into_iter()
+            .map(|(resource, _, hard)| (resource, hard))
+            .collect();
         // Signal 0 checks existence only; EPERM also proves it exists.
         let alive =
             pidfd
@@ -199,21 +203,34 @@ fn parse_status(text: &str) -> Option<Status> {
     })
 }
 
-/// Hard limits from `/proc/<pid>/limits`, whose rows follow the header in
-/// `RLIMIT_*` number order (the kernel prints its rlimit array).
-fn parse_limits(text: &str) -> Option<Vec<(u32, u64)>> {
+/// The daemon's own `(RLIMIT_* number, soft, hard)` limits, from
+/// `/proc/self/limits`; empty if unreadable.
+pub fn own_limits() -> Vec<(u32, u64, u64)> {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|text| parse_limits(&text))
+        .unwrap_or_default()
+}
+
+/// `(resource, soft, hard)` from `/proc/<pid>/limits`, whose rows follow
+/// the header in `RLIMIT_*` number order (the kernel prints its rlimit
+/// array).
+fn parse_limits(text: &str) -> Option<Vec<(u32, u64, u64)>> {
+    let value = |text: &str| {
+        if text == "unlimited" {
+            Some(u64::MAX)
+        } else {
+            text.parse().ok()
+        }
+    };
     let mut limits = Vec::new();
     for (resource, line) in (0u32..).zip(text.lines().skip(1)) {
         // "Max open files            1024                 524288               files"
         // The name column is 25 characters wide; values follow.
-        let values = line.get(25..)?;
-        let hard = values.split_whitespace().nth(1)?;
-        let hard = if hard == "unlimited" {
-            u64::MAX
-        } else {
-            hard.parse().ok()?
-        };
-        limits.push((resource, hard));
+        let mut values = line.get(25..)?.split_whitespace();
+        let soft = value(values.next()?)?;
+        let hard = value(values.next()?)?;
+        limits.push((resource, soft, hard));
     }
     (!limits.is_empty()).then_some(limits)
 }
@@ -250,9 +267,10 @@ mod tests {
     #[test]
     fn limits_are_numbered_by_row() {
         let limits = parse_limits(LIMITS).unwrap();
-        assert_eq!(limits[0], (0, u64::MAX));
-        assert_eq!(limits[6], (6, 62450));
-        assert_eq!(limits[7], (7, 524_288));
+        assert_eq!(limits[0], (0, u64::MAX, u64::MAX));
+        assert_eq!(limits[6], (6, 62450, 62450));
+        assert_eq!(limits[7], (7, 1024, 524_288));
+        assert!(own_limits().len() >= 16);
         assert_eq!(parse_limits("header only\n"), None);
     }
 

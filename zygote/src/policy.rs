@@ -307,6 +307,33 @@ impl Grant {
         })
     }
 
+    /// Limits to add to a request that leaves some resources unset, so that
+    /// the child does not inherit daemon limits above the peer's hard ones
+    /// (the client library sets them all; a raw client need not).
+    /// `daemon_limits` are the daemon's `(resource, soft, hard)`.
+    pub fn clamp_unset_rlimits(
+        &self,
+        peer: &Peer,
+        requested: &[ResourceLimit],
+        daemon_limits: &[(u32, u64, u64)],
+    ) -> Vec<ResourceLimit> {
+        if self.rule.raise_rlimits {
+            return Vec::new();
+        }
+        daemon_limits
+            .iter()
+            .filter(|(resource, _, _)| !requested.iter().any(|r| r.resource == *resource))
+            .filter_map(|&(resource, soft, hard)| {
+                let own = peer.hard_limit(resource)?;
+                (hard > own).then_some(ResourceLimit {
+                    resource,
+                    soft: soft.min(own),
+                    hard: own,
+                })
+            })
+            .collect()
+    }
+
     fn check_user(&self, peer: &Peer, uid: u32, gid: u32, groups: &[u32]) -> Result<(), Denied> {
         if self.rule.run_as_any {
             return Ok(());
@@ -471,6 +498,31 @@ mod tests {
         }];
         let denied = grant.check(&alice, &above, &ROOT).unwrap_err();
         assert!(denied.0.contains("unlimited"), "{}", denied.0);
+    }
+
+    #[test]
+    fn unset_limits_above_the_peer_are_clamped() {
+        let policy = Policy::default_for(0);
+        let alice = peer(1000, 1000, &[]);
+        let grant = policy.admit(&alice, 0).unwrap();
+        // The daemon's NOFILE hard limit is above Alice's 1024.
+        let daemon = [(7, 4096, 8192), (3, 100, 200)];
+        let added = grant.clamp_unset_rlimits(&alice, &[], &daemon);
+        assert_eq!(
+            added,
+            vec![ResourceLimit {
+                resource: 7,
+                soft: 1024,
+                hard: 1024
+            }]
+        );
+        // Set in the request: left to the request (checked elsewhere).
+        let set = [ResourceLimit {
+            resource: 7,
+            soft: 10,
+            hard: 10,
+        }];
+        assert!(grant.clamp_unset_rlimits(&alice, &set, &daemon).is_empty());
     }
 
     #[test]

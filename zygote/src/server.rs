@@ -35,6 +35,9 @@ pub struct Daemon {
     pub policy: Policy,
     /// Children running or being started, per peer uid and in total.
     pub(crate) child_counts: std::sync::Mutex<ChildCounts>,
+    /// The daemon's own `(resource, soft, hard)` limits, which children
+    /// inherit for resources a request leaves unset.
+    pub(crate) own_limits: Vec<(u32, u64, u64)>,
     /// Open connections, so that a shutdown closes them all the way a
     /// leaving client does (kill-on-close included).
     pub(crate) connections: std::sync::Mutex<Vec<std::sync::Weak<Connection>>>,
@@ -74,6 +77,7 @@ impl Daemon {
             policy,
             child_counts: std::sync::Mutex::default(),
             connections: std::sync::Mutex::default(),
+            own_limits: crate::peer::own_limits(),
             started: Instant::now(),
             children_running: AtomicU64::new(0),
             connections_open: AtomicU64::new(0),
