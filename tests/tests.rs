@@ -4,6 +4,10 @@
 // The harness: start_daemon(test_name), /proc helpers.
 mod util;
 
+// Client processes of their own (killed, another uid, load), re-executed
+// from this binary.
+mod helper;
+
 // The Rust API, async flavour: args, env, cwd, stdio, exit statuses, fds.
 mod spawn;
 
@@ -29,3 +33,15 @@ mod metrics;
 // Private zygotes (launched binary, forked template) serving a 2 GiB
 // program, and dying with it.
 mod private;
+
+// Hostile and broken input on the raw protocol; the daemon keeps serving.
+mod hostile;
+
+// The security invariant, policy and admission limits.
+mod security;
+
+// Kill-on-close, timeouts, killed clients and a killed daemon.
+mod lifetimes;
+
+// 10,000 spawns from several processes; nothing leaks.
+mod load;

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 /// A daemon started for one test; killed and reaped on drop.
 pub struct Daemon {
     process: Child,
+    /// Stopped on purpose with [`Daemon::terminate`].
+    terminated: bool,
     socket: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -36,21 +38,64 @@ pub fn zygote_bin() -> PathBuf {
 /// Starts `zygote serve` on a fresh socket in a temp dir and waits until
 /// it accepts connections.
 pub fn start_daemon(test_name: &str) -> Daemon {
+    start_daemon_with(test_name, None, &[])
+}
+
+/// As [`start_daemon`], with a policy file of this text and extra `serve`
+/// flags. The temp dir is world-searchable, so that a client of another
+/// uid can reach a socket whose mode lets it in.
+pub fn start_daemon_with(test_name: &str, policy: Option<&str>, flags: &[&str]) -> Daemon {
+    start_daemon_as(test_name, None, policy, flags)
+}
+
+/// As [`start_daemon_with`], with the daemon running as `uid` (and gid
+/// `uid`) when given; needs root for that.
+pub fn start_daemon_as(
+    test_name: &str,
+    uid: Option<u32>,
+    policy: Option<&str>,
+    flags: &[&str],
+) -> Daemon {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
     let dir = tempfile::Builder::new()
         .prefix(&format!("zygote-{test_name}-"))
         .tempdir()
         .expect("tempdir");
-    let socket = dir.path().join("zygote.sock");
-    let process = Command::new(zygote_bin())
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod tempdir");
+    // The daemon's own directory, where it may create its socket.
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).expect("mkdir run");
+    if let Some(uid) = uid {
+        std::os::unix::fs::chown(&run, Some(uid), Some(uid)).expect("chown run dir");
+    }
+    let socket = run.join("zygote.sock");
+    let mut command = Command::new(zygote_bin());
+    if let Some(uid) = uid {
+        command.uid(uid).gid(uid);
+    }
+    command
         .arg("serve")
         .arg("--socket")
         .arg(&socket)
-        .env("ZYGOTE_LOG", "warn")
+        .args(flags);
+    if let Some(policy) = policy {
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, policy).expect("write policy");
+        command.arg("--policy").arg(path);
+    }
+    let process = command
+        .env(
+            "ZYGOTE_LOG",
+            std::env::var("ZYGOTE_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdin(Stdio::null())
         .spawn()
         .expect("start zygote serve");
     let daemon = Daemon {
         process,
+        terminated: false,
         socket,
         _dir: dir,
     };
@@ -90,19 +135,31 @@ impl Daemon {
             .count()
     }
 
-    /// The daemon's fd count once it has stopped changing: connections a
-    /// test just closed take a moment to be seen and closed by the daemon.
+    /// The daemon's fd count once it has stopped changing (five equal
+    /// reads 20 ms apart, within 5 s): connections a client just closed
+    /// take the daemon a moment to notice.
     pub fn settled_fd_count(&self) -> usize {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut last = self.fd_count();
-        let mut steady = 0;
-        while steady < 5 && Instant::now() < deadline {
+        let mut same = 0;
+        while same < 5 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
             let now = self.fd_count();
-            steady = if now == last { steady + 1 } else { 0 };
+            same = if now == last { same + 1 } else { 0 };
             last = now;
         }
         last
+    }
+
+    /// The daemon's resident set size in KiB (`VmRSS`).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read daemon status");
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .expect("VmRSS in /proc/PID/status")
     }
 
     /// Pids of the daemon's zombie children.
@@ -119,6 +176,15 @@ impl Daemon {
         let _ = self.process.wait();
     }
 
+    /// Stops the daemon with SIGTERM, as systemd would, and returns how it
+    /// exited.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = rustix::process::Pid::from_raw(self.pid() as i32).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+        self.terminated = true;
+        self.process.wait().expect("wait for the daemon")
+    }
+
     /// True while the daemon process runs.
     pub fn is_alive(&mut self) -> bool {
         self.process.try_wait().expect("try_wait").is_none()
@@ -130,7 +196,10 @@ impl Drop for Daemon {
         let _ = self.process.kill();
         if let Ok(status) = self.process.wait() {
             // A daemon that died on its own (not by our SIGKILL) is a bug.
-            if status.signal() != Some(libc::SIGKILL) && !std::thread::panicking() {
+            if status.signal() != Some(libc::SIGKILL)
+                && !self.terminated
+                && !std::thread::panicking()
+            {
                 panic!("zygote exited unexpectedly: {status}");
             }
         }

@@ -24,6 +24,8 @@ pub(crate) struct ChildCore {
     pidfd: OwnedFd,
     exit: ExitWatch,
     finished: Option<(ExitStatus, ResourceUsage)>,
+    /// SIGKILL the child on drop unless it was seen to exit.
+    kill_on_drop: bool,
 }
 
 /// A freshly spawned child with its raw pipe ends, before a flavour wraps
@@ -51,7 +53,13 @@ impl ChildCore {
             pidfd,
             exit,
             finished: None,
+            kill_on_drop: false,
         }
+    }
+
+    pub(crate) fn kill_on_drop(mut self, kill: bool) -> Self {
+        self.kill_on_drop = kill;
+        self
     }
 
     pub(crate) fn id(&self) -> u32 {
@@ -67,7 +75,7 @@ impl ChildCore {
     }
 
     fn finish(&mut self, notice: zygote_proto::ExitNotice) -> ExitStatus {
-        let status = ExitStatus::from(notice.status);
+        let status = ExitStatus::from(&notice);
         self.finished = Some((status, notice.usage.into()));
         status
     }
@@ -128,6 +136,16 @@ impl ChildCore {
             Ok(_) => Ok(()),
             Err(Error::ZygoteLost { .. }) => self.terminated().await,
             Err(error) => Err(error),
+        }
+    }
+}
+
+impl Drop for ChildCore {
+    fn drop(&mut self) {
+        if self.kill_on_drop && self.finished.is_none() {
+            // Through the pidfd: a reaped child's pid may be reused, its
+            // pidfd never is. An exited child makes this ESRCH, ignored.
+            let _ = pidfd_send_signal(&self.pidfd, Signal::KILL);
         }
     }
 }

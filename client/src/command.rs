@@ -4,9 +4,10 @@
 use std::ffi::OsStr;
 use std::os::fd::{OwnedFd, RawFd};
 use std::path::Path;
+use std::time::Duration;
 
 use rustix::process::{Signal, pidfd_send_signal};
-use zygote_proto::ProtocolErrorKind;
+use zygote_proto::{KillOnClose, ProtocolErrorKind};
 
 use crate::child::{ChildCore, SpawnedParts};
 use crate::connection::SpawnReply;
@@ -166,6 +167,77 @@ impl Command {
         self
     }
 
+    /// Runs the child as `uid` (as std's `CommandExt::uid`). Without
+    /// [`groups`](Command::groups) the child then has no supplementary
+    /// groups. The zygote refuses (stage `Admission`, `EPERM`) ids other
+    /// than this process's own unless its policy allows them.
+    pub fn uid(&mut self, uid: u32) -> &mut Self {
+        self.spec.uid = Some(uid);
+        self
+    }
+
+    /// Runs the child with primary group `gid`; see [`uid`](Command::uid).
+    pub fn gid(&mut self, gid: u32) -> &mut Self {
+        self.spec.gid = Some(gid);
+        self
+    }
+
+    /// Sets the child's supplementary groups; see [`uid`](Command::uid).
+    pub fn groups(&mut self, groups: &[u32]) -> &mut Self {
+        self.spec.groups = Some(groups.to_vec());
+        self
+    }
+
+    /// Kills the child with SIGKILL when its [`Child`] is dropped before
+    /// the child exited, and (by the zygote) when this client's connection
+    /// closes, e.g. because this process died. As tokio's `kill_on_drop`,
+    /// plus the `PR_SET_PDEATHSIG`-like second half.
+    pub fn kill_on_drop(&mut self, kill: bool) -> &mut Self {
+        self.spec.kill_on_drop = kill;
+        self.spec.kill_on_close = kill.then_some(KillOnClose {
+            signal: libc::SIGKILL,
+            process_group: false,
+        });
+        self
+    }
+
+    /// Has the zygote send `signal` to the child when this client's
+    /// connection closes (every [`Client`] clone dropped, or this process
+    /// died), as `PR_SET_PDEATHSIG` does for a direct parent.
+    pub fn kill_on_close(&mut self, signal: i32) -> &mut Self {
+        self.spec.kill_on_close = Some(KillOnClose {
+            signal,
+            process_group: false,
+        });
+        self
+    }
+
+    /// As [`kill_on_close`](Command::kill_on_close), but signals the
+    /// child's whole process group. The child must lead or join a group of
+    /// its own ([`process_group`](Command::process_group) or
+    /// [`setsid`](Command::setsid)); the zygote refuses otherwise.
+    pub fn kill_process_group_on_close(&mut self, signal: i32) -> &mut Self {
+        self.spec.kill_on_close = Some(KillOnClose {
+            signal,
+            process_group: true,
+        });
+        self
+    }
+
+    /// Ends the child if it runs longer than `limit`: SIGTERM, then SIGKILL
+    /// after the grace period ([`timeout_grace`](Command::timeout_grace),
+    /// 5 s by default). Its [`ExitStatus::timed_out`] is then true.
+    pub fn timeout(&mut self, limit: Duration) -> &mut Self {
+        self.spec.timeout = Some(limit);
+        self
+    }
+
+    /// Time between the timeout's SIGTERM and its SIGKILL.
+    pub fn timeout_grace(&mut self, grace: Duration) -> &mut Self {
+        self.spec.timeout_grace = grace;
+        self
+    }
+
     /// The program, as given to [`new`](Command::new).
     pub fn get_program(&self) -> &OsStr {
         &self.spec.program
@@ -276,7 +348,8 @@ impl Command {
         let (stdin, stdout, stderr) = (take(piped[0]), take(piped[1]), take(piped[2]));
         let pid = pid.unsigned_abs(); // the dispatcher only passes pid > 0
         Ok(SpawnedParts {
-            core: ChildCore::new(self.client.clone(), spawn_id, pid, pidfd, exit),
+            core: ChildCore::new(self.client.clone(), spawn_id, pid, pidfd, exit)
+                .kill_on_drop(self.spec.kill_on_drop),
             stdin,
             stdout,
             stderr,

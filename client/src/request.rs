@@ -8,8 +8,9 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
+use std::time::Duration;
 
-use zygote_proto::{EnvVar, FdMapping, SpawnRequest, StdioSpec};
+use zygote_proto::{EnvVar, FdMapping, KillOnClose, SpawnRequest, StdioSpec, Timeout, UserSpec};
 
 use crate::stdio::StdioKind;
 use crate::transparent::Snapshot;
@@ -34,6 +35,22 @@ pub(crate) struct Spec {
     pub process_group: Option<i32>,
     pub setsid: bool,
     pub umask: Option<u32>,
+    /// `uid`, `gid` and `groups` as set; unset parts default at spawn.
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub groups: Option<Vec<u32>>,
+    pub kill_on_close: Option<KillOnClose>,
+    /// Also SIGKILL the child when its `Child` is dropped.
+    pub kill_on_drop: bool,
+    pub timeout: Option<Duration>,
+    pub timeout_grace: Duration,
+}
+
+/// Grace period between a timeout's SIGTERM and SIGKILL, unless set.
+const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Stdio defaults: `spawn` and `status` inherit all three streams;
@@ -69,7 +86,39 @@ impl Spec {
             process_group: None,
             setsid: false,
             umask: None,
+            uid: None,
+            gid: None,
+            groups: None,
+            kill_on_close: None,
+            kill_on_drop: false,
+            timeout: None,
+            timeout_grace: DEFAULT_GRACE,
         }
+    }
+
+    /// The request's `user`: `None` (the peer's own ids) unless one of
+    /// `uid`, `gid`, `groups` was set; unset parts are this process's, except
+    /// that a set uid drops the supplementary groups, as std does.
+    fn user(&self) -> Option<UserSpec> {
+        if self.uid.is_none() && self.gid.is_none() && self.groups.is_none() {
+            return None;
+        }
+        let groups = match (&self.groups, self.uid) {
+            (Some(groups), _) => groups.clone(),
+            (None, Some(_)) => Vec::new(),
+            (None, None) => rustix::process::getgroups()
+                .map(|groups| groups.into_iter().map(|gid| gid.as_raw()).collect())
+                .unwrap_or_default(),
+        };
+        Some(UserSpec {
+            uid: self
+                .uid
+                .unwrap_or_else(|| rustix::process::geteuid().as_raw()),
+            gid: self
+                .gid
+                .unwrap_or_else(|| rustix::process::getegid().as_raw()),
+            groups,
+        })
     }
 
     pub fn set_env(&mut self, key: &OsStr, value: &OsStr) {
@@ -216,9 +265,12 @@ impl Spec {
             process_group: self.process_group,
             umask: self.umask.or(snapshot.umask),
             rlimits: snapshot.rlimits.clone(),
-            user: None,
-            kill_on_close: None,
-            timeout: None,
+            user: self.user(),
+            kill_on_close: self.kill_on_close,
+            timeout: self.timeout.map(|limit| Timeout {
+                millis: millis(limit).max(1),
+                grace_millis: millis(self.timeout_grace),
+            }),
         };
         Ok(Prepared {
             request,
@@ -350,6 +402,40 @@ mod tests {
         assert_eq!(prepared.piped, [false, true, true]);
         assert!(prepared.fds.is_empty());
         assert!(!request.new_session);
+        assert_eq!(request.user, None);
+        assert_eq!(request.kill_on_close, None);
+        assert_eq!(request.timeout, None);
+    }
+
+    #[test]
+    fn user_lifetime_and_timeout_are_carried() {
+        let mut spec = Spec::new(OsStr::new("ls"));
+        spec.uid = Some(65534);
+        spec.kill_on_close = Some(KillOnClose {
+            signal: 15,
+            process_group: false,
+        });
+        spec.timeout = Some(Duration::from_micros(1500));
+        let snapshot = snapshot();
+        let request = spec
+            .prepare(&snapshot, StdioDefaults::Output, 64)
+            .unwrap()
+            .request;
+        let user = request.user.expect("uid set");
+        // A set uid drops the groups, as std does; the gid stays ours.
+        assert_eq!(
+            (user.uid, user.gid, user.groups),
+            (65534, rustix::process::getegid().as_raw(), vec![])
+        );
+        assert_eq!(request.kill_on_close.unwrap().signal, 15);
+        // Rounded down to 1 ms, never 0; the default grace is 5 s.
+        assert_eq!(
+            request.timeout,
+            Some(Timeout {
+                millis: 1,
+                grace_millis: 5000
+            })
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use zygote_proto as proto;
 /// Mirrors [`std::process::ExitStatus`] plus the Unix `ExitStatusExt`
 /// methods, and converts into it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExitStatus(proto::ExitStatus);
+pub struct ExitStatus(proto::ExitStatus, bool);
 
 impl ExitStatus {
     /// Whether the child exited with code 0.
@@ -45,6 +45,13 @@ impl ExitStatus {
         )
     }
 
+    /// Whether the zygote ended the child because its
+    /// [`timeout`](crate::Command::timeout) expired (the signal then is
+    /// SIGTERM or SIGKILL, or the child's own exit if it handled SIGTERM).
+    pub fn timed_out(&self) -> bool {
+        self.1
+    }
+
     /// The status in `wait(2)` encoding, as `ExitStatusExt::into_raw`.
     pub fn into_raw(self) -> i32 {
         match self.0 {
@@ -59,7 +66,13 @@ impl ExitStatus {
 
 impl From<proto::ExitStatus> for ExitStatus {
     fn from(status: proto::ExitStatus) -> Self {
-        Self(status)
+        Self(status, false)
+    }
+}
+
+impl From<&proto::ExitNotice> for ExitStatus {
+    fn from(notice: &proto::ExitNotice) -> Self {
+        Self(notice.status, notice.timed_out)
     }
 }
 
@@ -170,7 +183,7 @@ mod tests {
     use super::*;
 
     fn signaled(signal: i32, core_dumped: bool) -> ExitStatus {
-        ExitStatus(proto::ExitStatus::Signaled {
+        ExitStatus::from(proto::ExitStatus::Signaled {
             signal,
             core_dumped,
         })
@@ -179,7 +192,7 @@ mod tests {
     #[test]
     fn display_matches_std() {
         assert_eq!(
-            ExitStatus(proto::ExitStatus::Exited(3)).to_string(),
+            ExitStatus::from(proto::ExitStatus::Exited(3)).to_string(),
             "exit status: 3"
         );
         assert_eq!(signaled(9, false).to_string(), "signal: 9 (SIGKILL)");
@@ -193,9 +206,9 @@ mod tests {
     #[test]
     fn agrees_with_std_exit_status() {
         for status in [
-            ExitStatus(proto::ExitStatus::Exited(0)),
-            ExitStatus(proto::ExitStatus::Exited(3)),
-            ExitStatus(proto::ExitStatus::Exited(255)),
+            ExitStatus::from(proto::ExitStatus::Exited(0)),
+            ExitStatus::from(proto::ExitStatus::Exited(3)),
+            ExitStatus::from(proto::ExitStatus::Exited(255)),
             signaled(9, false),
             signaled(6, true),
         ] {

@@ -46,6 +46,15 @@ pub struct ServeArgs {
     /// text. The filter comes from ZYGOTE_LOG, else RUST_LOG (default info).
     #[arg(long, value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
+    /// Policy file (TOML): who may connect, as whom they may run children,
+    /// and limits [default: built-in policy; see the README's "Security
+    /// model"].
+    #[arg(long, value_name = "PATH")]
+    pub policy: Option<PathBuf>,
+    /// Permission bits of the socket, in octal: who may connect at all
+    /// (e.g. 0666 for every local user of a root zygote).
+    #[arg(long, value_name = "MODE", default_value = "0600", value_parser = parse_mode)]
+    pub socket_mode: u32,
     /// Private mode: serve only the connected socket inherited at fd FD,
     /// for its owner (same uid), and exit once it closes and every child
     /// is reaped. `zygote_client`'s `launch_private` passes fd 0.
@@ -59,6 +68,13 @@ pub struct StatusArgs {
     /// Socket of the zygote [default: $ZYGOTE_SOCKET, else as for serve].
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+}
+
+fn parse_mode(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|mode| *mode <= 0o777)
+        .ok_or_else(|| format!("{text:?} is not an octal mode such as 0660"))
 }
 
 /// Arguments of `zygote run`.

@@ -1,118 +1,95 @@
-//! One client's conversation: handshake, then requests until it leaves.
+//! One client's conversation: identify the peer, handshake, then
+//! requests until it leaves.
 //!
-//! Each spawn runs in a task of its own, which after replying stays to reap
-//! the child and send its exit notice. That task holds the socket only
-//! weakly: a client that leaves closes its connection at once, and its
-//! children are still reaped.
+//! Each spawn runs in a task of its own (`lifetime`), which after replying
+//! stays to reap the child and send its exit notice. That task holds the
+//! socket only weakly: a client that leaves closes its connection at once,
+//! and its children are still reaped.
 //!
 //! When the daemon stops, a connection refuses new spawns, keeps answering
 //! signal and status requests and delivering exit notices, and closes once
 //! it has nothing in flight and no child running (see `server::run_with`).
 
-use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tokio::io::Interest;
-use tokio::io::unix::AsyncFd;
-use tokio::sync::{Notify, watch};
-use tracing::{debug, warn};
+use tokio::sync::{Notify, Semaphore, watch};
+use tracing::{debug, info, warn};
 use zygote_proto::{
-    AsyncSeqpacket, ClientMessage, ExitNotice, Frame, HelloAck, LIMITS, PROTOCOL_VERSION,
-    ProtoError, ProtocolError, ProtocolErrorKind, RECV_BUFFER_BYTES, RequestFailed, ServerMessage,
-    SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage, Spawned, StatusReply, UCred,
-    decode,
+    AsyncSeqpacket, ClientMessage, Frame, HelloAck, LIMITS, PROTOCOL_VERSION, ProtoError,
+    ProtocolError, ProtocolErrorKind, RECV_BUFFER_BYTES, RequestFailed, ServerMessage,
+    SignalRequest, SignalSent, SpawnFailed, SpawnStage, StatusReply, UCred, decode,
 };
 
+use crate::lifetime::{self, Connection, SpawnTask};
 use crate::metrics::SpawnResult;
+use crate::peer::Peer;
 use crate::server::Daemon;
 use crate::shutdown::Shutdown;
-use crate::{plan, reaper, spawn, strerror};
+use crate::spawn;
 
-/// Children started on one connection that have not been reaped yet, by
-/// spawn id, for [`SignalRequest`]s.
-type Children = Arc<Mutex<HashMap<u64, Arc<AsyncFd<OwnedFd>>>>>;
-
-/// What one connection's tasks share.
-#[derive(Clone)]
-struct Shared {
-    daemon: Arc<Daemon>,
-    peer: Peer,
-    children: Children,
-    /// Spawns whose reply has not been sent yet.
-    in_flight: Arc<AtomicUsize>,
-    /// Woken when a spawn is answered or a child is reaped, so that a
-    /// stopping connection notices it has become idle.
-    changed: Arc<Notify>,
-    /// Set when the connection has ended: its children's exits have
-    /// nobody left to be told.
-    left: watch::Receiver<bool>,
-}
-
-/// The peer's kernel-reported credentials, for logs.
-#[derive(Debug, Clone, Copy)]
-struct Peer {
-    pid: i32,
-    uid: u32,
-}
-
-impl Shared {
-    fn is_idle(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) == 0
-            && self
-                .children
-                .lock()
-                .expect("children lock poisoned")
-                .is_empty()
-    }
-}
+/// Spawns of one connection that may be in flight beyond its child limit:
+/// refusals being sent, and final replies a slow client has not read.
+const IN_FLIGHT_HEADROOM: usize = 256;
 
 /// Serves one connection until the client closes it or breaks the
 /// protocol, or the daemon stops and the connection has become idle.
-pub async fn serve(socket: AsyncSeqpacket, peer: UCred, daemon: Arc<Daemon>, shutdown: Shutdown) {
+pub async fn serve(socket: AsyncSeqpacket, cred: UCred, daemon: Arc<Daemon>, shutdown: Shutdown) {
     daemon.metrics.connection_opened();
-    let (left_tx, left) = watch::channel(false);
-    let shared = Shared {
-        daemon: Arc::clone(&daemon),
-        peer: Peer {
-            pid: peer.pid.as_raw_nonzero().get(),
-            uid: peer.uid.as_raw(),
-        },
-        children: Arc::default(),
-        in_flight: Arc::default(),
-        changed: Arc::default(),
-        left,
-    };
-    serve_counted(socket, &shared, shutdown).await;
-    left_tx.send_replace(true);
+    let open = daemon.metrics.connections_open();
+    let limit = daemon.policy.limits.max_connections;
+    if open > limit as u64 {
+        warn!(
+            pid = cred.pid.as_raw_nonzero(),
+            uid = cred.uid.as_raw(),
+            "refusing a connection: at the connection limit"
+        );
+        let message = format!("busy: the zygote has {limit} connections open, its limit");
+        refuse(&socket, &daemon, ProtocolErrorKind::Busy, message).await;
+    } else {
+        serve_counted(socket, &cred, &daemon, shutdown).await;
+    }
     daemon.metrics.connection_closed();
 }
 
-async fn serve_counted(socket: AsyncSeqpacket, shared: &Shared, mut shutdown: Shutdown) {
+async fn serve_counted(
+    socket: AsyncSeqpacket,
+    cred: &UCred,
+    daemon: &Arc<Daemon>,
+    mut shutdown: Shutdown,
+) {
     let socket = Arc::new(socket);
-    let daemon = &shared.daemon;
-    let Peer { pid, uid } = shared.peer;
-    if !daemon.may_connect(uid) {
-        warn!(
-            peer_pid = pid,
-            peer_uid = uid,
-            "refusing a peer of another uid"
-        );
-        let message = format!(
-            "uid {uid} may not use this zygote, which serves uid {}",
-            daemon.uid
-        );
-        close_with(
-            &socket,
-            daemon,
-            ProtocolErrorKind::PermissionDenied,
-            message,
-        )
-        .await;
-        return;
-    }
+    let peer = match Peer::identify(socket.as_fd(), cred, Path::new("/proc")) {
+        Ok(peer) => peer,
+        Err(error) => {
+            warn!(%error, "refusing a peer that cannot be identified");
+            let message = format!("cannot identify this peer: {error}");
+            refuse(
+                &socket,
+                daemon,
+                ProtocolErrorKind::PermissionDenied,
+                message,
+            )
+            .await;
+            return;
+        }
+    };
+    let grant = match daemon.policy.admit(&peer, daemon.uid) {
+        Ok(grant) => grant,
+        Err(denied) => {
+            warn!(%peer, reason = %denied.0, "refusing a peer by policy");
+            refuse(
+                &socket,
+                daemon,
+                ProtocolErrorKind::PermissionDenied,
+                denied.0,
+            )
+            .await;
+            return;
+        }
+    };
     let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
     let handshaken = tokio::select! {
         handshaken = handshake(&socket, &mut scratch) => handshaken,
@@ -123,24 +100,35 @@ async fn serve_counted(socket: AsyncSeqpacket, shared: &Shared, mut shutdown: Sh
         Ok(()) => {}
         // A probe (connect, then close) is not a protocol error.
         Err(None) => {
-            debug!(peer_pid = pid, peer_uid = uid, "client left before hello");
+            debug!(%peer, "client left before hello");
             return;
         }
         Err(Some(failure)) => {
-            debug!(peer_pid = pid, peer_uid = uid, reason = %failure.1, "handshake failed");
+            debug!(%peer, reason = %failure.1, "handshake failed");
             close_with(&socket, daemon, failure.0, failure.1).await;
             return;
         }
     }
-    debug!(peer_pid = pid, peer_uid = uid, "client connected");
+    info!(%peer, groups = ?peer.groups, "client connected");
+    // Running children are capped by admission; the headroom is for
+    // requests being refused or replies the client has not read yet.
+    let max_in_flight = grant.max_children.saturating_add(IN_FLIGHT_HEADROOM);
+    let (left, _) = watch::channel(false);
+    let connection = Arc::new(Connection {
+        socket: Arc::downgrade(&socket),
+        peer,
+        grant,
+        state: Mutex::default(),
+        in_flight: Arc::new(Semaphore::new(max_in_flight)),
+        max_in_flight,
+        changed: Notify::new(),
+        left,
+    });
+    daemon.register(&connection);
     let mut stopping = false;
     loop {
-        if stopping && shared.is_idle() {
-            debug!(
-                peer_pid = pid,
-                peer_uid = uid,
-                "closing an idle connection: stopping"
-            );
+        if stopping && connection.is_idle() {
+            debug!(peer = %connection.peer, "closing an idle connection: stopping");
             break;
         }
         let received = tokio::select! {
@@ -149,7 +137,7 @@ async fn serve_counted(socket: AsyncSeqpacket, shared: &Shared, mut shutdown: Sh
                 stopping = true;
                 continue;
             }
-            () = shared.changed.notified(), if stopping => continue,
+            () = connection.changed.notified(), if stopping => continue,
         };
         let received_at = Instant::now();
         let frame = match received {
@@ -163,7 +151,7 @@ async fn serve_counted(socket: AsyncSeqpacket, shared: &Shared, mut shutdown: Sh
                     }
                     _ => ProtocolErrorKind::Malformed,
                 };
-                warn!(peer_pid = pid, peer_uid = uid, %error, "closing connection");
+                warn!(peer = %connection.peer, %error, "closing connection");
                 close_with(&socket, daemon, kind, error.to_string()).await;
                 break;
             }
@@ -173,13 +161,16 @@ async fn serve_counted(socket: AsyncSeqpacket, shared: &Shared, mut shutdown: Sh
             received_at,
             stopping,
         };
-        if let Err((kind, message)) = dispatch(request, &socket, shared, &shutdown).await {
-            warn!(peer_pid = pid, peer_uid = uid, reason = %message, "closing connection");
+        if let Err((kind, message)) =
+            dispatch(request, &socket, &connection, daemon, &shutdown).await
+        {
+            warn!(peer = %connection.peer, reason = %message, "closing connection");
             close_with(&socket, daemon, kind, message).await;
             break;
         }
     }
-    debug!(peer_pid = pid, peer_uid = uid, "client left");
+    lifetime::connection_closed(&connection);
+    info!(peer = %connection.peer, "client left");
 }
 
 /// One frame from the client, as received.
@@ -260,7 +251,8 @@ fn message_name(message: &ClientMessage) -> &'static str {
 async fn dispatch(
     request: Request,
     socket: &Arc<AsyncSeqpacket>,
-    shared: &Shared,
+    connection: &Arc<Connection>,
+    daemon: &Arc<Daemon>,
     shutdown: &Shutdown,
 ) -> Result<(), Fatal> {
     let Request {
@@ -282,20 +274,41 @@ async fn dispatch(
                 message: "the zygote is shutting down".into(),
             };
             send_reply(socket, &ServerMessage::SpawnFailed(refused), &[]).await;
-            shared
-                .daemon
+            daemon
                 .metrics
                 .spawn_done(SpawnResult::Refused, received_at.elapsed());
             Ok(())
         }
         ClientMessage::Spawn(request) => {
-            shared.in_flight.fetch_add(1, Ordering::AcqRel);
+            if !connection.claim_id(request.id) {
+                // Never overwrite: the running spawn keeps the id; the
+                // frame's fds are closed with `frame`.
+                let failed = SpawnFailed {
+                    id: request.id,
+                    stage: SpawnStage::Validate,
+                    errno: libc::EEXIST,
+                    message: format!(
+                        "request id {} is already in use on this connection",
+                        request.id
+                    ),
+                };
+                send_reply(socket, &ServerMessage::SpawnFailed(failed), &[]).await;
+                daemon
+                    .metrics
+                    .spawn_done(SpawnResult::Refused, received_at.elapsed());
+                return Ok(());
+            }
+            // Backpressure, not an unbounded pile of tasks: at the cap we
+            // stop reading this client's socket until a spawn finishes.
+            let Ok(permit) = Arc::clone(&connection.in_flight).acquire_owned().await else {
+                return Ok(());
+            };
             let task = SpawnTask {
-                socket: Arc::downgrade(socket),
-                shared: shared.clone(),
+                connection: Arc::clone(connection),
+                daemon: Arc::clone(daemon),
                 shutdown: shutdown.clone(),
                 received_at,
-                answered: false,
+                _permit: permit,
             };
             // A task per spawn, so that concurrent requests on one
             // connection do not queue behind each other's exec.
@@ -306,7 +319,7 @@ async fn dispatch(
             if !frame.fds.is_empty() {
                 return Err(unexpected_fds("Signal", frame.fds.len()));
             }
-            let reply = signal(&request, &shared.children);
+            let reply = signal(&request, connection);
             send_reply(socket, &reply, &[]).await;
             Ok(())
         }
@@ -314,19 +327,30 @@ async fn dispatch(
             if !frame.fds.is_empty() {
                 return Err(unexpected_fds("Status", frame.fds.len()));
             }
-            let reply = ServerMessage::Status(shared.daemon.status(request.id));
+            let reply = if connection.id_in_use(request.id) {
+                in_use(request.id)
+            } else {
+                ServerMessage::Status(daemon.status(request.id))
+            };
             send_reply(socket, &reply, &[]).await;
             Ok(())
         }
     }
 }
 
-fn signal(request: &SignalRequest, children: &Children) -> ServerMessage {
-    let pidfd = children
-        .lock()
-        .expect("children lock poisoned")
-        .get(&request.spawn_id)
-        .cloned();
+fn in_use(id: u64) -> ServerMessage {
+    ServerMessage::RequestFailed(RequestFailed {
+        id,
+        errno: libc::EEXIST,
+        message: format!("request id {id} is already in use by a spawn on this connection"),
+    })
+}
+
+fn signal(request: &SignalRequest, connection: &Connection) -> ServerMessage {
+    if connection.id_in_use(request.id) {
+        return in_use(request.id);
+    }
+    let pidfd = connection.pidfd(request.spawn_id);
     let result = match pidfd {
         None => Err((
             libc::ESRCH,
@@ -355,13 +379,35 @@ fn signal(request: &SignalRequest, children: &Children) -> ServerMessage {
 }
 
 /// Sends a reply; a client that already left is not an error.
-async fn send_reply(socket: &AsyncSeqpacket, message: &ServerMessage, fds: &[BorrowedFd<'_>]) {
+pub(crate) async fn send_reply(
+    socket: &AsyncSeqpacket,
+    message: &ServerMessage,
+    fds: &[BorrowedFd<'_>],
+) {
     if let Err(error) = socket.send_message(message, fds).await {
         if !error.is_disconnect() {
             warn!(%error, "failed to send a reply");
         }
     }
 }
+
+/// Refuses a connection before its handshake: reads the client's hello
+/// first (waiting a second at most), then answers it with the error.
+/// Closing with the hello unread would make the kernel report
+/// `ECONNRESET` to the client instead of our reason.
+async fn refuse(
+    socket: &AsyncSeqpacket,
+    daemon: &Daemon,
+    kind: ProtocolErrorKind,
+    message: String,
+) {
+    let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+    let _ = tokio::time::timeout(REFUSAL_WAIT, socket.recv(&mut scratch)).await;
+    close_with(socket, daemon, kind, message).await;
+}
+
+/// How long a refused client has to send its hello.
+const REFUSAL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn close_with(
     socket: &AsyncSeqpacket,
@@ -372,193 +418,6 @@ async fn close_with(
     daemon.metrics.protocol_error(kind);
     let reply = ServerMessage::ProtocolError(ProtocolError { kind, message });
     send_reply(socket, &reply, &[]).await;
-}
-
-/// One spawn, from request to exit notice.
-struct SpawnTask {
-    socket: Weak<AsyncSeqpacket>,
-    shared: Shared,
-    /// Held until the task ends: the daemon's stop waits for it.
-    shutdown: Shutdown,
-    received_at: Instant,
-    /// Whether the reply has been sent (and `in_flight` decremented).
-    answered: bool,
-}
-
-impl SpawnTask {
-    async fn run(mut self, request: SpawnRequest, attached: Vec<OwnedFd>) {
-        let id = request.id;
-        let program = String::from_utf8_lossy(&request.program).into_owned();
-        let Peer {
-            pid: peer_pid,
-            uid: peer_uid,
-        } = self.shared.peer;
-        let prepared = match plan::prepare(&request, attached) {
-            Ok(prepared) => prepared,
-            Err(refusal) => {
-                let failed = SpawnFailed {
-                    id,
-                    stage: refusal.stage,
-                    errno: refusal.errno.raw_os_error(),
-                    message: refusal.message,
-                };
-                warn!(peer_pid, peer_uid, program, stage = failed.stage.name(), reason = %failed.message, "spawn refused");
-                self.answer(
-                    &ServerMessage::SpawnFailed(failed),
-                    &[],
-                    SpawnResult::Refused,
-                )
-                .await;
-                return;
-            }
-        };
-        let spawned = spawn::spawn(&prepared.plan);
-        // The daemon's copies of the child's fds must not outlive the spawn.
-        drop(prepared.plan);
-        let child = match spawned {
-            Ok(child) => child,
-            Err(error) => {
-                let reason = strerror(error.errno);
-                warn!(
-                    peer_pid,
-                    peer_uid,
-                    program,
-                    stage = error.stage.name(),
-                    errno = error.errno,
-                    reason,
-                    "spawn failed"
-                );
-                if error.stage == SpawnStage::Exec {
-                    self.shared.daemon.metrics.exec_failed(error.errno);
-                }
-                let failed = SpawnFailed {
-                    id,
-                    stage: error.stage,
-                    errno: error.errno,
-                    message: format!("{program}: {reason}"),
-                };
-                self.answer(
-                    &ServerMessage::SpawnFailed(failed),
-                    &[],
-                    SpawnResult::Failed,
-                )
-                .await;
-                return;
-            }
-        };
-        let pid = child.pid;
-        let pidfd = match zygote_proto::register(child.pidfd, Interest::READABLE) {
-            Ok(pidfd) => Arc::new(pidfd),
-            Err(error) => {
-                // Cannot happen short of epoll failing; the child is then
-                // neither watched nor reported, so say so loudly.
-                warn!(pid, %error, "failed to watch a child's pidfd; it will not be reaped");
-                self.finish_in_flight();
-                return;
-            }
-        };
-        let metrics = &self.shared.daemon.metrics;
-        metrics.child_started();
-        self.shared
-            .children
-            .lock()
-            .expect("children lock poisoned")
-            .insert(id, Arc::clone(&pidfd));
-        let mut fds: Vec<BorrowedFd<'_>> = vec![pidfd.get_ref().as_fd()];
-        fds.extend(prepared.client_ends.iter().map(AsFd::as_fd));
-        let latency = self
-            .answer(
-                &ServerMessage::Spawned(Spawned { id, pid }),
-                &fds,
-                SpawnResult::Ok,
-            )
-            .await;
-        drop(fds);
-        drop(prepared.client_ends);
-        debug!(
-            peer_pid,
-            peer_uid,
-            program,
-            pid,
-            latency_us = latency.as_micros() as u64,
-            "spawned"
-        );
-
-        let exit = tokio::select! {
-            exit = reaper::wait_exit(&pidfd) => exit,
-            () = self.abandoned() => {
-                debug!(pid, "leaving a child to the system's reaper: the daemon is stopping and its client has left");
-                return;
-            }
-        };
-        self.shared
-            .children
-            .lock()
-            .expect("children lock poisoned")
-            .remove(&id);
-        let metrics = &self.shared.daemon.metrics;
-        metrics.child_reaped(exit.as_ref().ok().map(|(status, _)| status));
-        match exit {
-            Ok((status, usage)) => {
-                debug!(pid, ?status, "child exited");
-                let notice = ExitNotice {
-                    id,
-                    status,
-                    usage,
-                    timed_out: false,
-                };
-                self.reply(&ServerMessage::Exited(notice), &[]).await;
-            }
-            Err(error) => warn!(pid, %error, "failed to reap a child"),
-        }
-        self.shared.changed.notify_one();
-    }
-
-    /// Resolves when nobody will ever want this child's exit: the daemon
-    /// is stopping and the child's client has gone.
-    async fn abandoned(&self) {
-        let mut shutdown = self.shutdown.clone();
-        let mut left = self.shared.left.clone();
-        shutdown.stopping().await;
-        let _ = left.wait_for(|left| *left).await;
-    }
-
-    /// Sends the spawn's reply, records its result and latency, and
-    /// returns the latency.
-    async fn answer(
-        &mut self,
-        message: &ServerMessage,
-        fds: &[BorrowedFd<'_>],
-        result: SpawnResult,
-    ) -> std::time::Duration {
-        self.reply(message, fds).await;
-        let latency = self.received_at.elapsed();
-        self.shared.daemon.metrics.spawn_done(result, latency);
-        self.finish_in_flight();
-        latency
-    }
-
-    fn finish_in_flight(&mut self) {
-        if !self.answered {
-            self.answered = true;
-            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-            self.shared.changed.notify_one();
-        }
-    }
-
-    async fn reply(&self, message: &ServerMessage, fds: &[BorrowedFd<'_>]) {
-        if let Some(socket) = self.socket.upgrade() {
-            send_reply(&socket, message, fds).await;
-        }
-    }
-}
-
-impl Drop for SpawnTask {
-    /// A task that ends early (the runtime is dropped) must not leave its
-    /// connection waiting for it.
-    fn drop(&mut self) {
-        self.finish_in_flight();
-    }
 }
 
 impl Daemon {
@@ -576,9 +435,5 @@ impl Daemon {
             spawns_failed: metrics.spawns(SpawnResult::Failed)
                 + metrics.spawns(SpawnResult::Refused),
         }
-    }
-
-    fn may_connect(&self, uid: u32) -> bool {
-        uid == self.uid || uid == 0
     }
 }

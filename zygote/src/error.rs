@@ -73,6 +73,14 @@ pub enum Error {
     /// Forking the template failed.
     #[error("failed to fork the template zygote: {0}")]
     Fork(#[source] crate::spawn::ForkError),
+    /// The policy file could not be read or parsed.
+    #[error("failed to load policy {path}: {message}")]
+    Policy {
+        /// The policy file.
+        path: PathBuf,
+        /// What went wrong, with line and column for a parse error.
+        message: String,
+    },
     /// Accepting connections failed for good.
     #[error("failed to accept connections: {0}")]
     Accept(#[source] ProtoError),

@@ -4,7 +4,14 @@
 //! # Layout
 //!
 //! - [`server`]: binding the socket and the accept loop ([`server::run`]).
-//! - `connection`: one client's conversation: handshake, requests, replies.
+//! - `connection`: one client's conversation: peer check, handshake,
+//!   requests, replies.
+//! - `peer`: who the peer is, from `SO_PEERCRED`, `SO_PEERPIDFD` and
+//!   `/proc`.
+//! - [`policy`]: the policy file; who may connect and ask for what.
+//! - `admission`: child slots per peer and in total.
+//! - `lifetime`: one spawn from request to exit notice: timeouts and
+//!   kill-on-close.
 //! - `plan`: checking a [`SpawnRequest`](zygote_proto::SpawnRequest) and
 //!   turning it into a [`spawn::SpawnPlan`] before any process exists.
 //! - [`spawn`]: creating the child; the only module with unsafe process
@@ -24,13 +31,19 @@
 //! - [`cli`], [`logging`]: flags and log setup of the binary.
 
 pub mod activation;
+mod admission;
 pub mod cli;
 mod connection;
 mod error;
 mod exporter;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
+mod lifetime;
 pub mod logging;
 pub mod metrics;
+mod peer;
 mod plan;
+pub mod policy;
 pub mod private;
 mod reaper;
 pub mod run;

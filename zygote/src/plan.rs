@@ -8,7 +8,7 @@ use std::os::fd::{OwnedFd, RawFd};
 
 use rustix::io::Errno;
 use rustix::pipe::{PipeFlags, pipe_with};
-use zygote_proto::{SpawnRequest, SpawnStage, StdioSpec};
+use zygote_proto::{SpawnRequest, SpawnStage, StdioSpec, Timeout};
 
 use crate::spawn::SpawnPlan;
 
@@ -17,6 +17,10 @@ const DEFAULT_PATH: &[u8] = b"/usr/local/bin:/usr/bin:/bin";
 
 /// Highest fd number a mapping may ask for: the kernel's default `nr_open`.
 const MAX_CHILD_FD: i32 = 1 << 20;
+
+/// The kernel's `MAX_ARG_STRLEN`: no single argument or environment string
+/// may be longer (32 pages of 4 KiB), or exec fails with `E2BIG`.
+const MAX_ARG_STRLEN: usize = 32 * 4096;
 
 /// A request refused before anything was created.
 #[derive(Debug)]
@@ -50,6 +54,28 @@ pub struct Prepared {
     pub plan: SpawnPlan,
     /// The client's pipe ends, in stdin, stdout, stderr order.
     pub client_ends: Vec<OwnedFd>,
+    /// What to signal when the connection closes.
+    pub on_close: Option<OnClose>,
+    /// When to end the child.
+    pub timeout: Option<Timeout>,
+}
+
+/// A checked kill-on-close request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OnClose {
+    /// The signal to send.
+    pub signal: i32,
+    /// Which process group to signal instead of the child alone.
+    pub group: Option<Group>,
+}
+
+/// The process group the child will be in, when it is not the daemon's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// The child leads its own group (new session, or `process_group` 0).
+    Own,
+    /// The child joined this existing group.
+    Joined(i32),
 }
 
 fn c_string(what: &str, bytes: &[u8]) -> Result<CString, Refusal> {
@@ -61,16 +87,36 @@ fn c_string(what: &str, bytes: &[u8]) -> Result<CString, Refusal> {
 ///
 /// Every attached fd must be used; unused ones are refused (and closed by
 /// the caller dropping them) so that a client cannot park fds here.
-pub fn prepare(request: &SpawnRequest, attached: Vec<OwnedFd>) -> Result<Prepared, Refusal> {
-    if request.user.is_some() || request.kill_on_close.is_some() || request.timeout.is_some() {
-        return Err(Refusal {
-            stage: SpawnStage::Validate,
-            errno: Errno::OPNOTSUPP,
-            message: "user, kill_on_close and timeout are not supported yet".into(),
-        });
-    }
+///
+/// argv plus environment larger than `max_argv_env_bytes`, or any one
+/// string longer than the kernel's `MAX_ARG_STRLEN`, is refused with
+/// `E2BIG`, as exec would.
+pub fn prepare(
+    request: &SpawnRequest,
+    attached: Vec<OwnedFd>,
+    max_argv_env_bytes: usize,
+) -> Result<Prepared, Refusal> {
     if request.program.is_empty() {
         return Err(Refusal::invalid("program is empty"));
+    }
+    check_size(request, max_argv_env_bytes)?;
+    if let Some(user) = &request.user {
+        // -1 tells setresuid/setresgid "leave unchanged": the child would
+        // keep the daemon's id.
+        let ids = [user.uid, user.gid]
+            .into_iter()
+            .chain(user.groups.iter().copied());
+        if ids.into_iter().any(|id| id == u32::MAX) {
+            return Err(Refusal::invalid(
+                "user: id 4294967295 (-1) is not a valid uid or gid",
+            ));
+        }
+    }
+    let on_close = check_on_close(request)?;
+    if let Some(timeout) = request.timeout {
+        if timeout.millis == 0 {
+            return Err(Refusal::invalid("timeout of 0 ms: give at least 1 ms"));
+        }
     }
     let program = c_string("program", &request.program)?;
     let mut argv = Vec::with_capacity(request.args.len() + 1);
@@ -166,9 +212,79 @@ pub fn prepare(request: &SpawnRequest, attached: Vec<OwnedFd>) -> Result<Prepare
             process_group: request.process_group,
             umask: request.umask,
             rlimits: request.rlimits.clone(),
+            credentials: None,
         },
         client_ends,
+        on_close,
+        timeout: request.timeout,
     })
+}
+
+/// Refuses argv plus environment beyond the limit, counted as the kernel
+/// counts them: each string with its NUL, plus a pointer for each.
+fn check_size(request: &SpawnRequest, limit: usize) -> Result<(), Refusal> {
+    let argv0 = request.argv0.as_ref().unwrap_or(&request.program);
+    let strings = std::iter::once(argv0.len())
+        .chain(request.args.iter().map(Vec::len))
+        .chain(
+            request
+                .env
+                .iter()
+                .map(|var| var.key.len() + 1 + var.value.len()),
+        );
+    let mut total: usize = 0;
+    for len in strings {
+        if len > MAX_ARG_STRLEN {
+            return Err(Refusal {
+                stage: SpawnStage::Validate,
+                errno: Errno::TOOBIG,
+                message: format!(
+                    "an argument or environment string of {len} bytes exceeds the kernel's \
+                     limit of {MAX_ARG_STRLEN} bytes per string"
+                ),
+            });
+        }
+        total = total.saturating_add(len + 1 + size_of::<usize>());
+    }
+    if total > limit {
+        return Err(Refusal {
+            stage: SpawnStage::Validate,
+            errno: Errno::TOOBIG,
+            message: format!(
+                "argv and environment take {total} bytes, over this zygote's limit of {limit}"
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn check_on_close(request: &SpawnRequest) -> Result<Option<OnClose>, Refusal> {
+    let Some(kill) = request.kill_on_close else {
+        return Ok(None);
+    };
+    if !(1..=libc::SIGRTMAX()).contains(&kill.signal) {
+        return Err(Refusal::invalid(format!(
+            "kill_on_close signal {} is not a signal number",
+            kill.signal
+        )));
+    }
+    let group = if !kill.process_group {
+        None
+    } else if request.new_session || request.process_group == Some(0) {
+        Some(Group::Own)
+    } else if let Some(pgid) = request.process_group.filter(|pgid| *pgid > 0) {
+        Some(Group::Joined(pgid))
+    } else {
+        // Its group would be the daemon's own.
+        return Err(Refusal::invalid(
+            "kill_on_close of the process group needs the child in its own group: \
+             set new_session or process_group",
+        ));
+    };
+    Ok(Some(OnClose {
+        signal: kill.signal,
+        group,
+    }))
 }
 
 /// The paths to try with `execve`, in order, as `execvp` would.
@@ -274,6 +390,10 @@ mod tests {
         }
     }
 
+    fn prepare(request: &SpawnRequest, attached: Vec<OwnedFd>) -> Result<Prepared, Refusal> {
+        super::prepare(request, attached, 192 * 1024)
+    }
+
     fn refusal(request: &SpawnRequest, attached: Vec<OwnedFd>) -> Refusal {
         match prepare(request, attached) {
             Ok(_) => panic!("request was accepted"),
@@ -353,6 +473,59 @@ mod tests {
             "{}",
             refused.message
         );
+    }
+
+    #[test]
+    fn id_minus_one_is_refused() {
+        for (uid, gid, groups) in [
+            (u32::MAX, 1, vec![]),
+            (1, u32::MAX, vec![]),
+            (1, 1, vec![u32::MAX]),
+        ] {
+            let mut request = request();
+            request.user = Some(zygote_proto::UserSpec { uid, gid, groups });
+            assert!(refusal(&request, vec![]).message.contains("-1"));
+        }
+    }
+
+    #[test]
+    fn huge_argv_or_env_is_e2big() {
+        let mut request = request();
+        request.env = vec![EnvVar {
+            key: b"BIG".to_vec(),
+            value: vec![b'x'; MAX_ARG_STRLEN],
+        }];
+        let refused = refusal(&request, vec![]);
+        assert_eq!(
+            (refused.stage, refused.errno),
+            (SpawnStage::Validate, Errno::TOOBIG)
+        );
+        let mut request = self::request();
+        request.args = vec![vec![b'a'; 1000]; 200];
+        let refused = refusal(&request, vec![]);
+        assert_eq!(refused.errno, Errno::TOOBIG);
+        assert!(refused.message.contains("limit"), "{}", refused.message);
+        request.args.truncate(150);
+        assert!(prepare(&request, vec![]).is_ok());
+    }
+
+    #[test]
+    fn kill_on_close_of_a_group_needs_an_own_group() {
+        use zygote_proto::KillOnClose;
+        let mut request = request();
+        request.kill_on_close = Some(KillOnClose {
+            signal: libc::SIGKILL,
+            process_group: true,
+        });
+        assert_eq!(refusal(&request, vec![]).errno, Errno::INVAL);
+        request.process_group = Some(0);
+        let prepared = prepare(&request, vec![]).expect("own group");
+        assert_eq!(prepared.on_close.unwrap().group, Some(Group::Own));
+        request.kill_on_close = Some(KillOnClose {
+            signal: 0,
+            process_group: false,
+        });
+        assert!(refusal(&request, vec![]).message.contains("signal"));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 
 use crate::activation::Activation;
 use crate::cli::ServeArgs;
+use crate::policy::Policy;
 use crate::server::{self, Options};
 use crate::{Error, private, spawn};
 
@@ -43,9 +44,16 @@ pub fn serve(args: &ServeArgs, activation: Activation) -> Result<(), Error> {
     for warning in warnings {
         tracing::warn!("{warning}");
     }
+    let uid = rustix::process::geteuid().as_raw();
+    let policy = match &args.policy {
+        Some(path) => Policy::load(path, uid)?,
+        None => Policy::default_for(uid),
+    };
+    tracing::info!(limits = ?policy.limits, "policy loaded");
     let mut options = Options {
         notifier,
         watchdog,
+        policy: Some(policy),
         ..Options::default()
     };
     let listener = match (activated_spawn, &args.socket) {
@@ -63,7 +71,7 @@ pub fn serve(args: &ServeArgs, activation: Activation) -> Result<(), Error> {
             let path = path
                 .clone()
                 .unwrap_or_else(zygote_client::default_socket_path);
-            let bound = server::bind(&path)?;
+            let bound = server::bind(&path, args.socket_mode)?;
             tracing::info!(socket = %path.display(), "listening");
             let fd = bound.fd.try_clone().map_err(Error::Runtime)?;
             options.bound = Some(bound);

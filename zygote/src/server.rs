@@ -13,13 +13,18 @@ use tracing::{error, info, warn};
 use zygote_proto::{AsyncSeqpacketListener, ProtoError, socket};
 
 use crate::activation::Notifier;
+use crate::admission::ChildCounts;
+use crate::lifetime::{self, Connection};
 use crate::metrics::{Metrics, SpawnResult};
+use crate::policy::Policy;
 use crate::shutdown::Coordinator;
+use crate::spawn::Credentials;
 use crate::{Error, connection, exporter};
 
-/// Mode of a socket the daemon binds itself: only its own uid may connect.
-/// A wider audience is the job of a socket unit's `SocketMode=`.
-const SOCKET_MODE: u32 = 0o600;
+/// Default mode of a socket the daemon binds itself: only its own uid may
+/// connect. A wider audience is the job of `--socket-mode` or a socket
+/// unit's `SocketMode=`.
+pub const SOCKET_MODE: u32 = 0o600;
 
 /// How often the `STATUS=` line is refreshed for `systemctl status`.
 const STATUS_EVERY: Duration = Duration::from_secs(5);
@@ -27,8 +32,21 @@ const STATUS_EVERY: Duration = Duration::from_secs(5);
 /// State shared by every connection.
 #[derive(Debug)]
 pub struct Daemon {
-    /// The daemon's effective uid; peers of this uid (and root) are served.
+    /// The daemon's effective uid.
     pub uid: u32,
+    /// The daemon's own credentials, which children keep unless they
+    /// switch.
+    pub credentials: Credentials,
+    /// Who may connect, and what each peer may ask for.
+    pub policy: Policy,
+    /// Children running or being started, per peer uid and in total.
+    pub(crate) child_counts: std::sync::Mutex<ChildCounts>,
+    /// The daemon's own `(resource, soft, hard)` limits, which children
+    /// inherit for resources a request leaves unset.
+    pub(crate) own_limits: Vec<(u32, u64, u64)>,
+    /// Open connections, so that a shutdown closes them all the way a
+    /// leaving client does (kill-on-close included).
+    pub(crate) connections: std::sync::Mutex<Vec<std::sync::Weak<Connection>>>,
     /// When the daemon started serving.
     pub started: Instant,
     /// Every counter, as Prometheus metrics; the `Status` reply reads them
@@ -37,12 +55,48 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// State for a daemon starting now.
+    /// State for a daemon starting now, under the default policy.
     pub fn new() -> Self {
+        Self::with_policy(Policy::default_for(rustix::process::geteuid().as_raw()))
+    }
+
+    /// State for a daemon starting now, under `policy`.
+    pub fn with_policy(policy: Policy) -> Self {
+        let uid = rustix::process::geteuid().as_raw();
+        let groups = rustix::process::getgroups()
+            .map(|groups| groups.into_iter().map(|gid| gid.as_raw()).collect())
+            .unwrap_or_default();
         Self {
-            uid: rustix::process::geteuid().as_raw(),
+            uid,
+            credentials: Credentials {
+                uid,
+                gid: rustix::process::getegid().as_raw(),
+                groups,
+            },
+            policy,
+            child_counts: std::sync::Mutex::default(),
+            connections: std::sync::Mutex::default(),
+            own_limits: crate::peer::own_limits(),
             started: Instant::now(),
             metrics: Metrics::new(),
+        }
+    }
+}
+
+impl Daemon {
+    /// Remembers an open connection; forgets closed ones on the way.
+    pub(crate) fn register(&self, connection: &Arc<Connection>) {
+        let mut connections = self.connections.lock().expect("connections poisoned");
+        connections.retain(|weak| weak.strong_count() > 0);
+        connections.push(Arc::downgrade(connection));
+    }
+
+    /// At shutdown: every connection ends as if its client had left, so
+    /// kill-on-close children get their signal.
+    fn close_all(&self) {
+        let connections = std::mem::take(&mut *self.connections.lock().expect("poisoned"));
+        for connection in connections.iter().filter_map(std::sync::Weak::upgrade) {
+            lifetime::connection_closed(&connection);
         }
     }
 }
@@ -67,7 +121,8 @@ impl Drop for BoundSocket {
     }
 }
 
-/// Binds a listening socket at `path`, mode 0600, creating its directory.
+/// Binds a listening socket at `path` with permission bits `mode`,
+/// creating its directory.
 ///
 /// A leftover socket file that nobody listens on is replaced; a live one is
 /// [`Error::AlreadyListening`].
@@ -75,7 +130,7 @@ impl Drop for BoundSocket {
 /// # Errors
 ///
 /// [`Error::AlreadyListening`], [`Error::SocketPath`] or [`Error::Listen`].
-pub fn bind(path: &Path) -> Result<BoundSocket, Error> {
+pub fn bind(path: &Path, mode: u32) -> Result<BoundSocket, Error> {
     let path_error = |source: io::Error| Error::SocketPath {
         path: path.to_owned(),
         source,
@@ -109,8 +164,7 @@ pub fn bind(path: &Path) -> Result<BoundSocket, Error> {
         fd,
         path: path.to_owned(),
     };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
-        .map_err(path_error)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(path_error)?;
     Ok(bound)
 }
 
@@ -127,6 +181,9 @@ pub struct Options {
     pub notifier: Option<Notifier>,
     /// The watchdog interval; pinged at half of it from the accept loop.
     pub watchdog: Option<Duration>,
+    /// Who may connect and what each peer may ask for; the default policy
+    /// for the daemon's uid when absent.
+    pub policy: Option<Policy>,
 }
 
 /// Accepts and serves connections until `shutdown` resolves, then stops
@@ -154,7 +211,9 @@ pub async fn run(listener: OwnedFd, shutdown: impl Future<Output = ()>) -> Resul
 ///
 /// A client that keeps a long-running child holds the stop up; the
 /// caller's backstop (a second signal, systemd's `TimeoutStopSec=`) ends
-/// it.
+/// it. When serving ends, by a finished stop or by this future being
+/// dropped, connections still open are closed as if their clients had
+/// left: kill-on-close children get their signal.
 ///
 /// # Errors
 ///
@@ -166,7 +225,14 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let listener = AsyncSeqpacketListener::new(listener).map_err(Error::Accept)?;
-    let daemon = Arc::new(Daemon::new());
+    let daemon = Arc::new(match options.policy {
+        Some(policy) => Daemon::with_policy(policy),
+        None => Daemon::new(),
+    });
+    // However the serving ends (a finished stop, or this future dropped by
+    // a second signal), every connection still open ends as if its client
+    // had left, so kill-on-close children get their signal.
+    let _close_all = CloseAllOnDrop(Arc::clone(&daemon));
     let exporter = match options.metrics_listener {
         Some(metrics) => {
             let address = metrics.local_addr().ok();
@@ -254,6 +320,15 @@ pub async fn run_with(
     drop(exporter);
     info!("stopped");
     Ok(())
+}
+
+/// Closes every connection still open when dropped.
+struct CloseAllOnDrop(Arc<Daemon>);
+
+impl Drop for CloseAllOnDrop {
+    fn drop(&mut self) {
+        self.0.close_all();
+    }
 }
 
 /// Ends a task when dropped.

@@ -234,6 +234,23 @@ impl Command {
         fn setsid(setsid: bool);
         /// Sets the child's umask instead of copying this process's.
         fn umask(mask: u32);
+        /// Runs the child as `uid`; see [`crate::Command::uid`].
+        fn uid(uid: u32);
+        /// Runs the child with primary group `gid`.
+        fn gid(gid: u32);
+        /// Sets the child's supplementary groups.
+        fn groups(groups: &[u32]);
+        /// SIGKILL the child when its `Child` is dropped or this client's
+        /// connection closes; see [`crate::Command::kill_on_drop`].
+        fn kill_on_drop(kill: bool);
+        /// Signal the child when this client's connection closes.
+        fn kill_on_close(signal: i32);
+        /// Signal the child's process group when the connection closes.
+        fn kill_process_group_on_close(signal: i32);
+        /// SIGTERM past `limit`, SIGKILL after the grace period.
+        fn timeout(limit: std::time::Duration);
+        /// Time between the timeout's SIGTERM and SIGKILL.
+        fn timeout_grace(grace: std::time::Duration);
     }
 
     /// Adds arguments.

@@ -44,6 +44,8 @@ pub(super) struct ChildArgs<'a> {
     pub(super) umask: Option<libc::mode_t>,
     /// `(resource, limit)` pairs for `prlimit64`.
     pub(super) rlimits: &'a [(c_int, Rlimit64)],
+    /// `(uid, gid, groups)` to switch to.
+    pub(super) credentials: Option<(libc::uid_t, libc::gid_t, &'a [libc::gid_t])>,
     /// Prebuilt signal data, since building a `sigaction` needs zeroing.
     pub(super) signals: &'a SignalReset,
     /// Where the child reports the step that failed.
@@ -149,7 +151,10 @@ pub(super) extern "C" fn child_main(arg: *mut c_void) -> c_int {
 /// Applies the plan and execs; returns only on failure.
 ///
 /// Order matters: signals first, so nothing of the parent's runs here;
-/// rlimits last, so a low `RLIMIT_NOFILE` cannot refuse our own fd juggling.
+/// rlimits after the fd juggling, so a low `RLIMIT_NOFILE` cannot refuse
+/// it, and before the credentials, so that limits a policy allowed above
+/// the peer's can still be raised; credentials before `chdir` and exec, so
+/// that those are checked with the child's permissions, not the daemon's.
 fn setup_and_exec(args: &ChildArgs<'_>) -> Failed {
     if let Err(failed) = setup(args) {
         return failed;
@@ -173,11 +178,6 @@ fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
         unsafe { libc::umask(mask) };
     }
 
-    if let Some(cwd) = args.cwd {
-        // SAFETY: `cwd` is a NUL-terminated string owned by the plan.
-        check(unsafe { libc::chdir(cwd.as_ptr()) }, SpawnStage::Chdir)?;
-    }
-
     place_fds(args)?;
     close_others(args)?;
 
@@ -195,7 +195,41 @@ fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
         };
         check_long(ret, SpawnStage::Setrlimit)?;
     }
+
+    if let Some((uid, gid, groups)) = args.credentials {
+        switch_credentials(uid, gid, groups)?;
+    }
+
+    if let Some(cwd) = args.cwd {
+        // SAFETY: `cwd` is a NUL-terminated string owned by the plan.
+        check(unsafe { libc::chdir(cwd.as_ptr()) }, SpawnStage::Chdir)?;
+    }
     Ok(())
+}
+
+/// Sets groups, then gid, then uid: each later step removes the right to
+/// take the earlier ones.
+///
+/// Raw syscalls, never glibc's wrappers: those apply the change to every
+/// thread of what glibc believes is our process (the daemon's threads,
+/// since we share its memory) by signalling them, which would hang or
+/// change the daemon's own credentials. The syscalls act on this process
+/// alone. (`SYS_setgroups` etc. take 32-bit ids on the 64-bit targets we
+/// build for.)
+fn switch_credentials(
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    groups: &[libc::gid_t],
+) -> Result<(), Failed> {
+    // SAFETY: the kernel reads `groups.len()` ids from a valid slice.
+    let ret = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    check_long(ret, SpawnStage::Setgroups)?;
+    // SAFETY: plain syscall on ids; no memory is passed.
+    let ret = unsafe { libc::syscall(libc::SYS_setresgid, gid, gid, gid) };
+    check_long(ret, SpawnStage::Setgid)?;
+    // SAFETY: plain syscall on ids; no memory is passed.
+    let ret = unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) };
+    check_long(ret, SpawnStage::Setuid)
 }
 
 /// Gives every caught or ignored signal its default action, then unblocks

@@ -235,7 +235,7 @@ fn open_pidfd(pid: libc::pid_t) -> Result<(libc::pid_t, OwnedFd), c_int> {
     }
 }
 
-fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+pub(super) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
     // SAFETY: the syscall takes a pid and flags; no memory is passed.
     let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as c_uint) };
     let fd = c_int::try_from(ret).map_err(|_| io::Error::last_os_error())?;
@@ -357,6 +357,84 @@ pub(super) fn cloexec_from(first: c_uint) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// `PIDFD_SIGNAL_PROCESS_GROUP` from `<linux/pidfd.h>` (Linux 6.9).
+const PIDFD_SIGNAL_PROCESS_GROUP: c_uint = 1 << 2;
+
+/// Whether the kernel takes [`PIDFD_SIGNAL_PROCESS_GROUP`]; cleared on the
+/// first `EINVAL`.
+static GROUP_SIGNAL_WORKS: AtomicBool = AtomicBool::new(true);
+
+/// Signals the process group of the pidfd's process, or `-pgid` on kernels
+/// before 6.9.
+pub(super) fn pidfd_send_group_signal(
+    pidfd: BorrowedFd<'_>,
+    pgid: libc::pid_t,
+    signal: c_int,
+) -> io::Result<()> {
+    if GROUP_SIGNAL_WORKS.load(Ordering::Relaxed) {
+        // SAFETY: a NULL siginfo is allowed (the kernel fills in SI_USER).
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pidfd.as_raw_fd(),
+                signal,
+                ptr::null::<libc::siginfo_t>(),
+                PIDFD_SIGNAL_PROCESS_GROUP,
+            )
+        };
+        if ret == 0 {
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        // EINVAL is also a bad signal number: probe that before falling back.
+        if error.raw_os_error() != Some(libc::EINVAL) || pidfd_send_signal(pidfd, 0).is_err() {
+            return Err(error);
+        }
+        GROUP_SIGNAL_WORKS.store(false, Ordering::Relaxed);
+    }
+    if pgid <= 1 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: plain syscall; a negative pid names a process group.
+    if unsafe { libc::kill(-pgid, signal) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `SO_PEERPIDFD` from `<asm-generic/socket.h>`: 77 on every architecture
+/// we build for (MIPS and SPARC differ).
+const SO_PEERPIDFD: c_int = 77;
+
+/// `getsockopt(SOL_SOCKET, SO_PEERPIDFD)`; `None` before Linux 6.5.
+pub(super) fn peer_pidfd(socket: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    let mut fd: c_int = -1;
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<c_int>()).unwrap_or(4);
+    // SAFETY: the kernel writes at most `len` bytes into `fd`, a c_int.
+    let ret = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&raw mut fd).cast(),
+            &raw mut len,
+        )
+    };
+    if ret != 0 {
+        let error = io::Error::last_os_error();
+        return match error.raw_os_error() {
+            Some(libc::ENOPROTOOPT) => Ok(None),
+            _ => Err(error),
+        };
+    }
+    if fd < 0 {
+        return Ok(None);
+    }
+    // SAFETY: the kernel just gave us this fd (close-on-exec); nobody else
+    // owns it.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// Probes, by using them, the kernel features `spawn` needs.

@@ -82,6 +82,21 @@ pub struct SpawnPlan {
     pub umask: Option<u32>,
     /// Resource limits (`RLIMIT_*` numbers; `u64::MAX` is `RLIM_INFINITY`).
     pub rlimits: Vec<ResourceLimit>,
+    /// Credentials to switch to before `chdir` and exec; the daemon's own
+    /// when absent.
+    pub credentials: Option<Credentials>,
+}
+
+/// Who a child runs as: set with `setgroups`, `setresgid` and `setresuid`,
+/// in that order (dropping the uid last, while we may still set groups).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// Real, effective and saved uid.
+    pub uid: u32,
+    /// Real, effective and saved gid.
+    pub gid: u32,
+    /// Supplementary groups, replacing the daemon's.
+    pub groups: Vec<u32>,
 }
 
 /// A child that has exec'd.
@@ -171,6 +186,41 @@ pub fn mark_inherited_fds_cloexec() -> io::Result<()> {
     clone::cloexec_from(3)
 }
 
+/// Sends `signal` to the process group of the child behind `pidfd`
+/// (`PIDFD_SIGNAL_PROCESS_GROUP`, Linux 6.9); on older kernels falls back
+/// to `kill(-pgid)`, which races with the group's end (the caller checks
+/// the child is alive, and a live member keeps the pgid from reuse).
+///
+/// # Errors
+///
+/// `ESRCH` if the group is gone, `EINVAL` for a bad signal number.
+pub fn send_group_signal(pidfd: BorrowedFd<'_>, pgid: i32, signal: i32) -> io::Result<()> {
+    clone::pidfd_send_group_signal(pidfd, pgid, signal)
+}
+
+/// The pidfd of a Unix socket's peer, from `SO_PEERPIDFD` (Linux 6.5).
+///
+/// # Returns
+///
+/// `Ok(None)` when the kernel does not know the option.
+///
+/// # Errors
+///
+/// Any other `getsockopt` failure.
+pub fn peer_pidfd(socket: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    clone::peer_pidfd(socket)
+}
+
+/// `pidfd_open(2)` of any process (Linux 5.3): the fallback for kernels
+/// without `SO_PEERPIDFD`.
+///
+/// # Errors
+///
+/// `ESRCH` if no such process exists.
+pub fn open_pidfd(pid: i32) -> io::Result<OwnedFd> {
+    clone::pidfd_open(pid)
+}
+
 /// Checks at daemon start that the kernel has what [`spawn`] needs: clone
 /// with `CLONE_PIDFD` (5.2, else `pidfd_open`, 5.3), `waitid(P_PIDFD)`
 /// (5.4) and `close_range` (5.9).
@@ -194,6 +244,7 @@ struct Prepared<'a> {
     dup_floor: RawFd,
     close_ranges: Vec<(c_uint, c_uint)>,
     rlimits: Vec<(c_int, Rlimit64)>,
+    groups: Vec<libc::gid_t>,
 }
 
 impl<'a> Prepared<'a> {
@@ -235,6 +286,18 @@ impl<'a> Prepared<'a> {
         close_ranges.push((next, c_uint::MAX));
         let dup_floor = RawFd::try_from(next).map_err(|_| invalid)?;
 
+        if let Some(credentials) = &plan.credentials {
+            // -1 means "unchanged" to the set*id syscalls: never let it
+            // through, or the child would keep the daemon's ids.
+            let ids = [credentials.uid, credentials.gid];
+            if ids
+                .iter()
+                .chain(&credentials.groups)
+                .any(|id| *id == u32::MAX)
+            {
+                return Err(invalid);
+            }
+        }
         let rlimits = plan
             .rlimits
             .iter()
@@ -258,6 +321,11 @@ impl<'a> Prepared<'a> {
             dup_floor,
             close_ranges,
             rlimits,
+            groups: plan
+                .credentials
+                .as_ref()
+                .map(|credentials| credentials.groups.clone())
+                .unwrap_or_default(),
         })
     }
 
@@ -276,6 +344,10 @@ impl<'a> Prepared<'a> {
             process_group: plan.process_group,
             umask: plan.umask,
             rlimits: &self.rlimits,
+            credentials: plan
+                .credentials
+                .as_ref()
+                .map(|credentials| (credentials.uid, credentials.gid, self.groups.as_slice())),
             signals,
             failure,
         }

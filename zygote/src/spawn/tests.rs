@@ -13,7 +13,8 @@ use rustix::pipe::{PipeFlags, pipe_with};
 use zygote_proto::{ExitStatus, ResourceLimit, ResourceUsage, SpawnStage};
 
 use super::{
-    SpawnError, SpawnPlan, SpawnedChild, check_kernel_support, send_signal, spawn, try_reap,
+    Credentials, SpawnError, SpawnPlan, SpawnedChild, check_kernel_support, send_signal, spawn,
+    try_reap,
 };
 
 fn c(text: &str) -> CString {
@@ -45,6 +46,7 @@ fn plan(argv: &[&str]) -> SpawnPlan {
         process_group: None,
         umask: None,
         rlimits: Vec::new(),
+        credentials: None,
     }
 }
 
@@ -316,6 +318,64 @@ fn missing_cwd_is_chdir_enoent() {
     let mut plan = plan(&["/bin/true"]);
     plan.cwd = Some(c("/nonexistent/directory"));
     assert_fails(&plan, SpawnStage::Chdir, libc::ENOENT);
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+#[test]
+fn credentials_are_switched() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let mut plan = sh("echo $(id -u) $(id -g) $(id -G)");
+    plan.credentials = Some(Credentials {
+        uid: 65534,
+        gid: 65534,
+        groups: vec![65534, 4242],
+    });
+    assert_eq!(output(plan), "65534 65534 65534 4242\n");
+}
+
+#[test]
+fn cwd_is_checked_with_the_child_credentials() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = temp_path("private-dir");
+    let _ = fs::remove_dir(&dir);
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+    let mut plan = plan(&["/bin/true"]);
+    plan.cwd = Some(c(dir.to_str().unwrap()));
+    plan.credentials = Some(Credentials {
+        uid: 65534,
+        gid: 65534,
+        groups: vec![],
+    });
+    assert_fails(&plan, SpawnStage::Chdir, libc::EACCES);
+    fs::remove_dir(&dir).unwrap();
+}
+
+#[test]
+fn daemon_credentials_are_untouched_by_a_switch() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let mut plan = plan(&["/bin/true"]);
+    plan.credentials = Some(Credentials {
+        uid: 65534,
+        gid: 65534,
+        groups: vec![],
+    });
+    assert_eq!(run(plan), ExitStatus::Exited(0));
+    // The child's raw syscalls changed only the child.
+    assert!(is_root());
+    assert_eq!(rustix::process::getgid().as_raw(), 0);
 }
 
 #[test]

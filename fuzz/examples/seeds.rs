@@ -1,0 +1,103 @@
+//! Writes the seed corpus: a few valid frames of each kind, encoded as the
+//! daemon receives them. Run from `fuzz/`: `cargo run --example seeds`.
+
+use std::path::Path;
+
+use zygote_proto::{
+    ClientMessage, EnvVar, FdMapping, Hello, KillOnClose, PROTOCOL_VERSION, ResourceLimit,
+    SignalRequest, SpawnRequest, StatusRequest, StdioSpec, Timeout, UserSpec, encode,
+};
+
+fn spawn(id: u64) -> SpawnRequest {
+    SpawnRequest {
+        id,
+        program: b"true".to_vec(),
+        argv0: None,
+        args: vec![],
+        env: vec![],
+        cwd: None,
+        stdin: StdioSpec::Null,
+        stdout: StdioSpec::Pipe,
+        stderr: StdioSpec::Null,
+        fd_mappings: vec![],
+        new_session: false,
+        process_group: None,
+        umask: None,
+        rlimits: vec![],
+        user: None,
+        kill_on_close: None,
+        timeout: None,
+    }
+}
+
+fn main() {
+    let full = SpawnRequest {
+        argv0: Some(b"sh".to_vec()),
+        program: b"/bin/sh".to_vec(),
+        args: vec![b"-c".to_vec(), b"echo hi >&3".to_vec()],
+        env: vec![EnvVar {
+            key: b"PATH".to_vec(),
+            value: b"/usr/bin:/bin".to_vec(),
+        }],
+        cwd: Some(b"/tmp".to_vec()),
+        stdin: StdioSpec::Fd(0),
+        fd_mappings: vec![FdMapping {
+            attached_index: 1,
+            child_fd: 3,
+        }],
+        process_group: Some(0),
+        umask: Some(0o022),
+        rlimits: vec![ResourceLimit {
+            resource: 7,
+            soft: 1024,
+            hard: 4096,
+        }],
+        user: Some(UserSpec {
+            uid: 1000,
+            gid: 1000,
+            groups: vec![27],
+        }),
+        kill_on_close: Some(KillOnClose {
+            signal: 9,
+            process_group: true,
+        }),
+        timeout: Some(Timeout {
+            millis: 1000,
+            grace_millis: 500,
+        }),
+        ..spawn(2)
+    };
+    let messages = [
+        (
+            "hello",
+            ClientMessage::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION,
+                client: "seed".into(),
+            }),
+        ),
+        ("spawn_minimal", ClientMessage::Spawn(spawn(1))),
+        ("spawn_full", ClientMessage::Spawn(full)),
+        (
+            "signal",
+            ClientMessage::Signal(SignalRequest {
+                id: 3,
+                spawn_id: 1,
+                signal: 15,
+            }),
+        ),
+        ("status", ClientMessage::Status(StatusRequest { id: 4 })),
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
+    for target in ["decode_client", "handle_request"] {
+        let dir = root.join(target);
+        std::fs::create_dir_all(&dir).expect("create seed dir");
+        for (name, message) in &messages {
+            let mut bytes = encode(message).expect("encode");
+            if target == "handle_request" {
+                // The first byte is the number of attached fds.
+                bytes.insert(0, 2);
+            }
+            std::fs::write(dir.join(name), bytes).expect("write seed");
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Clients that must be processes of their own (to be SIGKILLed, to run
+//! as another uid, to load the daemon from several processes): the test
+//! binary re-executes itself running only [`client_process`], which does
+//! what `ZYGOTE_TEST_HELPER` says and prints its findings as lines that
+//! start with `HELPER `.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use zygote_client::{Client, Error, SpawnStage, Stdio};
+use zygote_proto::{
+    ClientMessage, Hello, PROTOCOL_VERSION, RECV_BUFFER_BYTES, ResourceLimit, ServerMessage,
+    SpawnRequest, StdioSpec, decode, encode, recv_frame, send_frame, socket,
+};
+
+const MODE_ENV: &str = "ZYGOTE_TEST_HELPER";
+const SOCKET_ENV: &str = "ZYGOTE_TEST_SOCKET";
+
+/// A command that re-executes this test binary as a helper in `mode`,
+/// talking to the zygote at `socket`.
+pub fn helper(mode: &str, socket: &Path) -> Command {
+    let mut command = Command::new(std::env::current_exe().expect("current_exe"));
+    command
+        .args([
+            "--exact",
+            "helper::client_process",
+            "--nocapture",
+            "--test-threads=1",
+            "-q",
+        ])
+        .env(MODE_ENV, mode)
+        .env(SOCKET_ENV, socket)
+        // Children inherit the cwd; `/` is searchable by any uid.
+        .current_dir("/");
+    command
+}
+
+/// The `HELPER ` lines of a helper's stdout, without the prefix.
+pub fn findings(stdout: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|line| line.strip_prefix("HELPER "))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "HELPER {line}").expect("stdout");
+    out.flush().expect("flush");
+}
+
+/// Not a test of its own: the entry point of helper processes; returns at
+/// once in a normal test run.
+#[test]
+fn client_process() {
+    let Ok(mode) = std::env::var(MODE_ENV) else {
+        return;
+    };
+    let socket = std::env::var(SOCKET_ENV).expect("socket path");
+    let socket = Path::new(&socket);
+    match mode.split(':').collect::<Vec<_>>().as_slice() {
+        ["load", count, parallel] => load(
+            socket,
+            count.parse().expect("count"),
+            parallel.parse().expect("parallel"),
+        ),
+        ["fault"] => fault(socket),
+        ["other-uid"] => other_uid(socket),
+        _ => panic!("unknown helper mode {mode}"),
+    }
+}
+
+/// Spawns `/bin/true` `count` times, `parallel` at a time, on one
+/// connection; prints `ok N` with the number of exit statuses seen.
+fn load(socket: &Path, count: usize, parallel: usize) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let delivered = runtime.block_on(async {
+        let client = Client::connect(socket).await.expect("connect");
+        let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
+        let mut tasks = Vec::with_capacity(count);
+        for _ in 0..count {
+            let permit = Arc::clone(&permits).acquire_owned().await.expect("permit");
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let status = zygote_client::Command::new(&client, "/bin/true")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .await;
+                drop(permit);
+                status
+            }));
+        }
+        let mut delivered = 0;
+        for task in tasks {
+            let status = task.await.expect("task").expect("spawn and wait");
+            assert!(status.success(), "{status}");
+            delivered += 1;
+        }
+        delivered
+    });
+    say(&format!("ok {delivered}"));
+}
+
+/// Starts a kill-on-close child and a plain one, says their pids, and
+/// waits to be SIGKILLed.
+fn fault(socket: &Path) {
+    let client = zygote_client::blocking::Client::connect(socket).expect("connect");
+    let doomed = zygote_client::blocking::Command::new(&client, "sleep")
+        .arg("30")
+        .kill_on_close(libc::SIGKILL)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn kill-on-close child");
+    let survivor = zygote_client::blocking::Command::new(&client, "sleep")
+        .arg("3")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn plain child");
+    say(&format!("pids {} {}", doomed.id(), survivor.id()));
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+/// Run as another uid under a policy that lets it run as uid 4321 only:
+/// reports its children's ids and the refusals it gets.
+fn other_uid(socket: &Path) {
+    // A hard limit below the daemon's, which it must not hand our children.
+    rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(100),
+            maximum: Some(200),
+        },
+    )
+    .expect("lower our own NOFILE limit");
+    let client = zygote_client::blocking::Client::connect(socket).expect("connect");
+    let ids = |command: &mut zygote_client::blocking::Command| match command
+        .args(["-c", "echo $(id -u) $(id -g) $(id -G)"])
+        .output()
+    {
+        Ok(output) => String::from_utf8_lossy(&output.stdout).trim().to_owned(),
+        Err(Error::Spawn { stage, errno, .. }) => format!("refused {} {errno}", stage.name()),
+        Err(error) => format!("error {error}"),
+    };
+    let mut own = zygote_client::blocking::Command::new(&client, "/bin/sh");
+    say(&format!("own {}", ids(&mut own)));
+    let mut root = zygote_client::blocking::Command::new(&client, "/bin/sh");
+    root.uid(0).gid(0);
+    say(&format!("root {}", ids(&mut root)));
+    let mut allowed = zygote_client::blocking::Command::new(&client, "/bin/sh");
+    allowed.uid(4321);
+    say(&format!("allowed {}", ids(&mut allowed)));
+
+    // Resource limits above our own hard limit, on the raw protocol (the
+    // client library always sends the caller's own).
+    let fd = socket::connect_to(socket, false).expect("connect");
+    let hello = ClientMessage::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        client: "other-uid".into(),
+    });
+    send_frame(fd.as_fd(), &encode(&hello).unwrap(), &[]).expect("hello");
+    let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+    let receive = |scratch: &mut [u8]| -> ServerMessage {
+        let frame = recv_frame(fd.as_fd(), scratch)
+            .expect("recv")
+            .expect("a reply");
+        decode(&frame.bytes).expect("decode")
+    };
+    receive(&mut scratch);
+    let own_hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .expect("finite hard limit");
+    let request = ClientMessage::Spawn(SpawnRequest {
+        id: 1,
+        program: b"/bin/true".to_vec(),
+        argv0: None,
+        args: vec![],
+        env: vec![],
+        cwd: None,
+        stdin: StdioSpec::Null,
+        stdout: StdioSpec::Null,
+        stderr: StdioSpec::Null,
+        fd_mappings: vec![],
+        new_session: false,
+        process_group: None,
+        umask: None,
+        rlimits: vec![ResourceLimit {
+            resource: libc::RLIMIT_NOFILE,
+            soft: 64,
+            hard: own_hard + 1,
+        }],
+        user: None,
+        kill_on_close: None,
+        timeout: None,
+    });
+    send_frame(fd.as_fd(), &encode(&request).unwrap(), &[]).expect("spawn");
+    match receive(&mut scratch) {
+        ServerMessage::SpawnFailed(failed) if failed.stage == SpawnStage::Admission => {
+            say(&format!(
+                "rlimit refused {} {}",
+                failed.errno, failed.message
+            ));
+        }
+        other => say(&format!("rlimit {other:?}")),
+    }
+
+    // A request that sets no limits: the child must not get the daemon's.
+    let mut bare = match request {
+        ClientMessage::Spawn(request) => request,
+        _ => unreachable!(),
+    };
+    bare.id = 2;
+    bare.program = b"/bin/sh".to_vec();
+    bare.args = vec![b"-c".to_vec(), b"ulimit -Hn".to_vec()];
+    bare.stdout = StdioSpec::Pipe;
+    bare.rlimits = vec![];
+    let frame = encode(&ClientMessage::Spawn(bare)).unwrap();
+    send_frame(fd.as_fd(), &frame, &[]).expect("spawn");
+    let reply = recv_frame(fd.as_fd(), &mut scratch)
+        .expect("recv")
+        .expect("reply");
+    let mut out = String::new();
+    if let Some(stdout) = reply.fds.get(1) {
+        let mut stdout = std::fs::File::from(stdout.try_clone().expect("dup"));
+        std::io::Read::read_to_string(&mut stdout, &mut out).expect("read child's stdout");
+    }
+    say(&format!("unset-rlimit {}", out.trim()));
+}

@@ -1,0 +1,260 @@
+//! Child lifetimes and faults: kill-on-close, timeouts, a client SIGKILLed
+//! mid-stream, and a daemon SIGKILLed under its clients.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio as StdStdio;
+use std::time::{Duration, Instant};
+
+use zygote_client::blocking::{Client, Command};
+use zygote_client::{Error, Stdio};
+
+use crate::helper::helper;
+use crate::util::{children_of, eventually, process_state, start_daemon};
+
+/// True once `pid` is gone or a zombie.
+fn dead(pid: u32) -> bool {
+    process_state(pid).is_none_or(|state| state == 'Z')
+}
+
+/// Pids of live processes in process group `pgid`.
+fn group_members(pgid: u32) -> Vec<u32> {
+    let mut members = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|end| &stat[end + 2..]) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(2).and_then(|f| f.parse().ok()) == Some(pgid) && fields[0] != "Z" {
+            members.push(pid);
+        }
+    }
+    members
+}
+
+#[test]
+fn kill_on_close_signals_children_when_the_client_leaves() {
+    let daemon = start_daemon("kill-on-close");
+    let steady = Client::connect(daemon.socket()).expect("connect");
+    let mut survivor = Command::new(&steady, "sleep")
+        .arg("1")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    let leaving = Client::connect(daemon.socket()).expect("connect");
+    let doomed = Command::new(&leaving, "sleep")
+        .arg("30")
+        .kill_on_close(libc::SIGTERM)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let kept = Command::new(&leaving, "sleep")
+        .arg("30")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let group = Command::new(&leaving, "/bin/sh")
+        .args(["-c", "sleep 30 & sleep 30"])
+        .process_group(0)
+        .kill_process_group_on_close(libc::SIGKILL)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (doomed_pid, kept_pid, group_pid) = (doomed.id(), kept.id(), group.id());
+    assert!(eventually(Duration::from_secs(5), || group_members(
+        group_pid
+    )
+    .len()
+        == 3));
+    drop((doomed, kept, group));
+    drop(leaving);
+
+    assert!(eventually(Duration::from_secs(5), || dead(doomed_pid)));
+    assert!(
+        eventually(Duration::from_secs(5), || group_members(group_pid)
+            .is_empty()),
+        "group {group_pid} left: {:?}",
+        group_members(group_pid)
+    );
+    // Reaped by the daemon, not left as zombies.
+    assert!(eventually(Duration::from_secs(5), || {
+        !children_of(daemon.pid()).contains(&doomed_pid)
+    }));
+    assert!(
+        !dead(kept_pid),
+        "a child without kill-on-close outlives its client"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(kept_pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    assert!(survivor.wait().unwrap().success());
+    assert!(eventually(Duration::from_secs(5), || daemon
+        .zombies()
+        .is_empty()));
+}
+
+#[test]
+fn daemon_shutdown_closes_connections_with_their_kill_on_close() {
+    let mut daemon = start_daemon("shutdown");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let doomed = Command::new(&client, "sleep")
+        .arg("30")
+        .kill_on_close(libc::SIGKILL)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let kept = Command::new(&client, "sleep")
+        .arg("30")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The first SIGTERM starts a graceful stop, which waits for the
+    // children of connected clients; the second ends it at once, closing
+    // every connection as a leaving client would.
+    let pid = rustix::process::Pid::from_raw(daemon.pid() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !dead(doomed.id()),
+        "a graceful stop leaves connected clients' children alone"
+    );
+    assert!(daemon.terminate().success());
+    assert!(eventually(Duration::from_secs(5), || dead(doomed.id())));
+    // Children outlive a stopped daemon by default, as the README says.
+    assert!(!dead(kept.id()));
+    rustix::process::pidfd_send_signal(kept.pidfd(), rustix::process::Signal::KILL).unwrap();
+}
+
+#[test]
+fn kill_on_drop_kills_when_the_child_handle_is_dropped() {
+    let daemon = start_daemon("kill-on-drop");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let child = Command::new(&client, "sleep")
+        .arg("30")
+        .kill_on_drop(true)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    drop(child);
+    assert!(eventually(Duration::from_secs(5), || dead(pid)));
+    // The connection is still fine.
+    assert!(Command::new(&client, "true").status().unwrap().success());
+}
+
+#[test]
+fn timeout_sends_sigterm_and_reports_it() {
+    let daemon = start_daemon("timeout");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let status = Command::new(&client, "sleep")
+        .arg("30")
+        .timeout(Duration::from_millis(200))
+        .stdin(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGTERM));
+    assert!(status.timed_out());
+    // A child that finishes in time is not marked.
+    let status = Command::new(&client, "true")
+        .timeout(Duration::from_secs(30))
+        .status()
+        .unwrap();
+    assert!(status.success() && !status.timed_out());
+}
+
+#[test]
+fn timeout_escalates_to_sigkill_when_sigterm_is_ignored() {
+    let daemon = start_daemon("timeout-kill");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let status = Command::new(&client, "/bin/sh")
+        .args(["-c", "trap '' TERM; exec sleep 30"])
+        .timeout(Duration::from_millis(200))
+        .timeout_grace(Duration::from_millis(300))
+        .stdin(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    assert!(status.timed_out());
+}
+
+#[test]
+fn client_sigkilled_mid_stream() {
+    let daemon = start_daemon("client-killed");
+    // Another client, untouched throughout.
+    let steady = Client::connect(daemon.socket()).expect("connect");
+    let mut bystander = Command::new(&steady, "sleep")
+        .arg("1")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    let mut client = helper("fault", daemon.socket())
+        .stdout(StdStdio::piped())
+        .spawn()
+        .expect("start the client process");
+    let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
+    let pids = lines
+        .find_map(|line| {
+            let line = line.ok()?;
+            line.strip_prefix("HELPER pids ").map(str::to_owned)
+        })
+        .expect("the client reports its children");
+    let pids: Vec<u32> = pids.split(' ').map(|pid| pid.parse().unwrap()).collect();
+    let (doomed, survivor) = (pids[0], pids[1]);
+    client.kill().unwrap();
+    client.wait().unwrap();
+
+    assert!(eventually(Duration::from_secs(5), || dead(doomed)));
+    assert!(!dead(survivor), "its other child lives on");
+    // ... until it exits (after 3 s) and is reaped: no zombies, ever.
+    assert!(eventually(Duration::from_secs(10), || {
+        !children_of(daemon.pid()).contains(&survivor)
+    }));
+    assert!(bystander.wait().unwrap().success());
+    assert!(daemon.zombies().is_empty());
+}
+
+#[test]
+fn zygote_killed_gives_zygote_lost_and_the_pidfd_still_works() {
+    let mut daemon = start_daemon("zygote-killed");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let mut child = Command::new(&client, "sleep")
+        .arg("30")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    daemon.kill();
+    let started = Instant::now();
+    match child.wait() {
+        Err(Error::ZygoteLost { reason, .. }) => assert!(!reason.is_empty()),
+        other => panic!("expected ZygoteLost, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "wait did not hang"
+    );
+    // The pidfd polls "not exited", then signals and polls "exited".
+    let poll = |timeout: i32| {
+        let pidfd = child.pidfd();
+        let mut fds = [rustix::event::PollFd::new(
+            &pidfd,
+            rustix::event::PollFlags::IN,
+        )];
+        let timeout = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: i64::from(timeout) * 1_000_000,
+        };
+        rustix::event::poll(&mut fds, Some(&timeout)).unwrap()
+    };
+    assert_eq!(poll(0), 0, "the child still runs");
+    rustix::process::pidfd_send_signal(child.pidfd(), rustix::process::Signal::KILL).unwrap();
+    assert!(eventually(Duration::from_secs(5), || poll(0) == 1));
+}

@@ -1,0 +1,198 @@
+//! The security invariant and admission control against a real daemon:
+//! peers of another uid, run-as policy, rlimits, and the limits that fail
+//! fast with "busy".
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::process::Stdio as StdStdio;
+
+use zygote_client::blocking::{Client, Command};
+use zygote_client::{Error, ProtocolErrorKind, SpawnStage, Stdio};
+
+use crate::helper::{findings, helper};
+use crate::util::{start_daemon_as, start_daemon_with};
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+#[test]
+fn root_zygote_runs_children_as_the_peer_and_refuses_more() {
+    if !is_root() {
+        eprintln!("skipped: a peer of another uid needs root to start");
+        return;
+    }
+    let policy = "[[peer]]\nuids = [65534]\nrun_as_uids = [4321]\n";
+    let daemon = start_daemon_with("other-uid", Some(policy), &["--socket-mode", "0666"]);
+    let output = helper("other-uid", daemon.socket())
+        .uid(65534)
+        .gid(65534)
+        .stdout(StdStdio::piped())
+        .output()
+        .expect("run helper as nobody");
+    assert!(
+        output.status.success(),
+        "helper failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let found = findings(&output.stdout);
+    // By default the child has exactly the peer's uid, gid and groups.
+    assert!(
+        found.contains(&"own 65534 65534 65534".to_owned()),
+        "{found:?}"
+    );
+    // Root is refused by policy, before anything runs.
+    let eperm = format!("root refused admission {}", libc::EPERM);
+    assert!(found.contains(&eperm), "{found:?}");
+    // The one uid the policy allows works (a set uid drops the groups).
+    assert!(
+        found.contains(&"allowed 4321 65534 65534".to_owned()),
+        "{found:?}"
+    );
+    // Limits above the peer's own hard limit are refused.
+    let rlimit = found
+        .iter()
+        .find(|line| line.starts_with("rlimit"))
+        .expect("rlimit finding");
+    assert!(
+        rlimit.starts_with(&format!("rlimit refused {}", libc::EPERM)),
+        "{rlimit}"
+    );
+    assert!(rlimit.contains("hard limit"), "{rlimit}");
+    // Limits a request leaves unset are clamped to the peer's own.
+    assert!(found.contains(&"unset-rlimit 200".to_owned()), "{found:?}");
+}
+
+#[test]
+fn socket_mode_decides_who_may_connect_at_all() {
+    if !is_root() {
+        eprintln!("skipped: a peer of another uid needs root to start");
+        return;
+    }
+    // Default mode 0600: nobody cannot even connect.
+    let daemon = start_daemon_with("mode", None, &[]);
+    let output = helper("other-uid", daemon.socket())
+        .uid(65534)
+        .gid(65534)
+        .stdout(StdStdio::piped())
+        .stderr(StdStdio::piped())
+        .output()
+        .expect("run helper as nobody");
+    assert!(!output.status.success());
+    let text = String::from_utf8_lossy(&output.stderr) + String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("ermission denied"), "{text}");
+}
+
+#[test]
+fn non_root_zygote_serves_only_its_uid_and_root_and_cannot_switch() {
+    if !is_root() {
+        eprintln!("skipped: starting a zygote of another uid needs root");
+        return;
+    }
+    let daemon = start_daemon_as("non-root", Some(65534), None, &["--socket-mode", "0666"]);
+    // Root may connect; its children run as the daemon, never as root.
+    let client = Client::connect(daemon.socket()).expect("root connects");
+    let output = Command::new(&client, "id")
+        .arg("-u")
+        .current_dir("/")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "65534");
+    // Asking for root is passed to the kernel, which refuses it.
+    match Command::new(&client, "true")
+        .uid(0)
+        .gid(0)
+        .current_dir("/")
+        .status()
+    {
+        Err(Error::Spawn { stage, errno, .. }) => {
+            assert_eq!((stage, errno), (SpawnStage::Setgroups, libc::EPERM));
+        }
+        other => panic!("expected a setgroups failure, got {other:?}"),
+    }
+    // A third uid may not connect at all.
+    let output = helper("other-uid", daemon.socket())
+        .uid(4242)
+        .gid(4242)
+        .stdout(StdStdio::piped())
+        .stderr(StdStdio::piped())
+        .output()
+        .expect("run helper as uid 4242");
+    assert!(!output.status.success());
+    let text = String::from_utf8_lossy(&output.stderr) + String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("PermissionDenied"), "{text}");
+    assert!(text.contains("uid 4242 may not use this zygote"), "{text}");
+}
+
+#[test]
+fn children_per_peer_are_limited_and_refused_fast() {
+    let policy = "[limits]\nmax_children_per_peer = 2\n";
+    let daemon = start_daemon_with("per-peer", Some(policy), &[]);
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let waiting = || {
+        Command::new(&client, "/bin/sh")
+            .args(["-c", "read line"])
+            .stdin(Stdio::piped())
+            .spawn()
+    };
+    let mut first = waiting().expect("first child");
+    let _second = waiting().expect("second child");
+    match waiting() {
+        Err(Error::Spawn {
+            stage: SpawnStage::Admission,
+            errno,
+            message,
+            ..
+        }) => {
+            assert_eq!(errno, libc::EAGAIN);
+            assert!(message.contains("busy"), "{message}");
+        }
+        other => panic!("expected a busy refusal, got {other:?}"),
+    }
+    // A slot frees when a child is reaped.
+    first.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(first.wait().unwrap().success());
+    let mut third = waiting().expect("a slot is free again");
+    third.kill().unwrap();
+}
+
+#[test]
+fn connections_over_the_limit_get_busy() {
+    let policy = "[limits]\nmax_connections = 2\n";
+    let daemon = start_daemon_with("connections", Some(policy), &[]);
+    let first = Client::connect(daemon.socket()).expect("first");
+    let _second = Client::connect(daemon.socket()).expect("second");
+    match Client::connect(daemon.socket()) {
+        Err(Error::Protocol { kind, message, .. }) => {
+            assert_eq!(kind, ProtocolErrorKind::Busy);
+            assert!(message.contains("busy"), "{message}");
+        }
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    // The others still work, and a closed connection frees its place.
+    assert!(Command::new(&first, "true").status().unwrap().success());
+    drop(first);
+    assert!(crate::util::eventually(
+        std::time::Duration::from_secs(5),
+        || Client::connect(daemon.socket()).is_ok()
+    ));
+}
+
+#[test]
+fn policy_parse_errors_stop_the_daemon_with_path_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[limits]\nmax_children = -3\n").unwrap();
+    let output = std::process::Command::new(crate::util::zygote_bin())
+        .arg("serve")
+        .arg("--socket")
+        .arg(dir.path().join("z.sock"))
+        .arg("--policy")
+        .arg(&path)
+        .output()
+        .expect("run zygote serve");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("bad.toml"), "{stderr}");
+    assert!(stderr.contains("line 2"), "{stderr}");
+}

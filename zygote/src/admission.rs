@@ -1,0 +1,68 @@
+//! Admission control: a slot per child, counted per peer uid and in total.
+//! A spawn over either limit is refused at once ("busy"), never queued.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::server::Daemon;
+
+/// Children running or being started.
+#[derive(Debug, Default)]
+pub struct ChildCounts {
+    total: usize,
+    by_uid: HashMap<u32, usize>,
+}
+
+/// One reserved child slot, released on drop (after the child is reaped,
+/// or when its spawn failed).
+#[derive(Debug)]
+pub struct Slot {
+    daemon: Arc<Daemon>,
+    uid: u32,
+}
+
+/// Reserves a slot for a child of a peer of `uid`, allowed `per_peer`
+/// children at once.
+///
+/// # Errors
+///
+/// A sentence naming the limit that was hit.
+pub fn reserve(daemon: &Arc<Daemon>, uid: u32, per_peer: usize) -> Result<Slot, String> {
+    let total_limit = daemon.policy.limits.max_children;
+    let mut counts = daemon.child_counts.lock().expect("child counts poisoned");
+    if counts.total >= total_limit {
+        return Err(format!(
+            "busy: the zygote runs {} children, its limit (limits.max_children)",
+            counts.total
+        ));
+    }
+    let own = counts.by_uid.entry(uid).or_insert(0);
+    if *own >= per_peer {
+        return Err(format!(
+            "busy: uid {uid} already runs {own} children through this zygote, its limit"
+        ));
+    }
+    *own += 1;
+    counts.total += 1;
+    Ok(Slot {
+        daemon: Arc::clone(daemon),
+        uid,
+    })
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut counts = self
+            .daemon
+            .child_counts
+            .lock()
+            .expect("child counts poisoned");
+        counts.total -= 1;
+        if let Some(own) = counts.by_uid.get_mut(&self.uid) {
+            *own -= 1;
+            if *own == 0 {
+                counts.by_uid.remove(&self.uid);
+            }
+        }
+    }
+}
