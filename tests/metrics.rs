@@ -57,6 +57,7 @@ fn metrics_count_spawns_and_pass_promtool() {
         ("zygote_spawns_total{result=\"ok\"}", 4.0),
         ("zygote_spawns_total{result=\"failed\"}", 2.0),
         ("zygote_spawns_total{result=\"refused\"}", 0.0),
+        ("zygote_peer_spawns_total{result=\"ok\",uid=\"0\"}", 4.0),
         ("zygote_exec_errors_total{errno=\"ENOENT\"}", 1.0),
         ("zygote_child_exits_total{kind=\"exited\"}", 3.0),
         ("zygote_child_exits_total{kind=\"signaled\"}", 1.0),

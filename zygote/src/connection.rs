@@ -274,9 +274,11 @@ async fn dispatch(
                 message: "the zygote is shutting down".into(),
             };
             send_reply(socket, &ServerMessage::SpawnFailed(refused), &[]).await;
-            daemon
-                .metrics
-                .spawn_done(SpawnResult::Refused, received_at.elapsed());
+            daemon.metrics.spawn_done(
+                SpawnResult::Refused,
+                received_at.elapsed(),
+                connection.peer.uid,
+            );
             Ok(())
         }
         ClientMessage::Spawn(request) => {
@@ -293,9 +295,11 @@ async fn dispatch(
                     ),
                 };
                 send_reply(socket, &ServerMessage::SpawnFailed(failed), &[]).await;
-                daemon
-                    .metrics
-                    .spawn_done(SpawnResult::Refused, received_at.elapsed());
+                daemon.metrics.spawn_done(
+                    SpawnResult::Refused,
+                    received_at.elapsed(),
+                    connection.peer.uid,
+                );
                 return Ok(());
             }
             // Backpressure, not an unbounded pile of tasks: at the cap we

@@ -190,7 +190,7 @@ impl SpawnTask {
                     _ => SpawnResult::Failed,
                 };
                 self.finish(id, &ServerMessage::SpawnFailed(failed)).await;
-                metrics.spawn_done(result, self.received_at.elapsed());
+                metrics.spawn_done(result, self.received_at.elapsed(), self.connection.peer.uid);
             }
         }
     }
@@ -265,7 +265,9 @@ impl SpawnTask {
         self.reply(&ServerMessage::Spawned(Spawned { id, pid }), &fds)
             .await;
         let latency = self.received_at.elapsed();
-        self.daemon.metrics.spawn_done(SpawnResult::Ok, latency);
+        self.daemon
+            .metrics
+            .spawn_done(SpawnResult::Ok, latency, peer.uid);
         drop(fds);
         drop(prepared.client_ends);
         debug!(

@@ -56,6 +56,7 @@ pub struct Metrics {
     registry: Registry,
     spawn_duration: Histogram,
     spawns: IntCounterVec,
+    peer_spawns: IntCounterVec,
     exec_errors: IntCounterVec,
     children_running: IntGauge,
     child_exits: IntCounterVec,
@@ -89,6 +90,16 @@ impl Metrics {
                  refused (rejected before any process was created).",
             ),
             &["result"],
+        )
+        .expect("valid counter");
+        // By peer uid: the policy bounds which uids may connect, so the
+        // series stay few; pids would not.
+        let peer_spawns = IntCounterVec::new(
+            Opts::new(
+                "zygote_peer_spawns_total",
+                "Spawn requests by the peer's uid and result.",
+            ),
+            &["uid", "result"],
         )
         .expect("valid counter");
         let exec_errors = IntCounterVec::new(
@@ -137,9 +148,10 @@ impl Metrics {
         for kind in PROTOCOL_ERROR_KINDS {
             protocol_errors.with_label_values(&[kind.name()]);
         }
-        let collectors: [Box<dyn prometheus::core::Collector>; 9] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 10] = [
             Box::new(spawn_duration.clone()),
             Box::new(spawns.clone()),
+            Box::new(peer_spawns.clone()),
             Box::new(exec_errors.clone()),
             Box::new(children_running.clone()),
             Box::new(child_exits.clone()),
@@ -155,6 +167,7 @@ impl Metrics {
             registry,
             spawn_duration,
             spawns,
+            peer_spawns,
             exec_errors,
             children_running,
             child_exits,
@@ -164,9 +177,13 @@ impl Metrics {
         }
     }
 
-    /// Records a spawn's outcome and its latency (request to reply).
-    pub fn spawn_done(&self, result: SpawnResult, latency: Duration) {
+    /// Records a spawn's outcome, its latency (request to reply) and the
+    /// peer's uid.
+    pub fn spawn_done(&self, result: SpawnResult, latency: Duration, peer_uid: u32) {
         self.spawns.with_label_values(&[result.label()]).inc();
+        self.peer_spawns
+            .with_label_values(&[&peer_uid.to_string(), result.label()])
+            .inc();
         self.spawn_duration.observe(latency.as_secs_f64());
     }
 
@@ -280,12 +297,13 @@ mod tests {
     #[test]
     fn render_has_help_for_every_metric_and_zeroed_series() {
         let metrics = Metrics::new();
-        metrics.spawn_done(SpawnResult::Ok, Duration::from_micros(120));
+        metrics.spawn_done(SpawnResult::Ok, Duration::from_micros(120), 1000);
         metrics.exec_failed(libc::ENOENT);
         let text = metrics.render();
         for name in [
             "zygote_spawn_duration_seconds",
             "zygote_spawns_total",
+            "zygote_peer_spawns_total",
             "zygote_exec_errors_total",
             "zygote_children_running",
             "zygote_child_exits_total",
@@ -302,6 +320,7 @@ mod tests {
         }
         assert!(text.contains("zygote_spawns_total{result=\"refused\"} 0"));
         assert!(text.contains("zygote_spawns_total{result=\"ok\"} 1"));
+        assert!(text.contains("zygote_peer_spawns_total{result=\"ok\",uid=\"1000\"} 1"));
         assert!(text.contains("zygote_exec_errors_total{errno=\"ENOENT\"} 1"));
         assert!(text.contains("zygote_spawn_duration_seconds_bucket{le=\"0.00005\"} 0"));
         assert!(text.contains("zygote_spawn_duration_seconds_bucket{le=\"0.00025\"} 1"));
