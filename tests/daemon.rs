@@ -91,23 +91,9 @@ fn status(daemon: &Daemon) -> StatusReply {
 
 fn sleep_request(id: u64, seconds: &str) -> ClientMessage {
     ClientMessage::Spawn(SpawnRequest {
-        id,
-        program: b"/bin/sleep".to_vec(),
-        argv0: None,
         args: vec![seconds.as_bytes().to_vec()],
-        env: vec![],
-        cwd: None,
-        stdin: StdioSpec::Null,
         stdout: StdioSpec::Pipe,
-        stderr: StdioSpec::Null,
-        fd_mappings: vec![],
-        new_session: false,
-        process_group: None,
-        umask: None,
-        rlimits: vec![],
-        user: None,
-        kill_on_close: None,
-        timeout: None,
+        ..SpawnRequest::new(id, "/bin/sleep")
     })
 }
 

@@ -181,27 +181,12 @@ fn other_uid(socket: &Path) {
         .maximum
         .expect("finite hard limit");
     let request = ClientMessage::Spawn(SpawnRequest {
-        id: 1,
-        program: b"/bin/true".to_vec(),
-        argv0: None,
-        args: vec![],
-        env: vec![],
-        cwd: None,
-        stdin: StdioSpec::Null,
-        stdout: StdioSpec::Null,
-        stderr: StdioSpec::Null,
-        fd_mappings: vec![],
-        new_session: false,
-        process_group: None,
-        umask: None,
         rlimits: vec![ResourceLimit {
             resource: libc::RLIMIT_NOFILE,
             soft: 64,
             hard: own_hard + 1,
         }],
-        user: None,
-        kill_on_close: None,
-        timeout: None,
+        ..SpawnRequest::new(1, "/bin/true")
     });
     send_frame(fd.as_fd(), &encode(&request).unwrap(), &[]).expect("spawn");
     match receive(&mut scratch) {

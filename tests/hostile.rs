@@ -136,25 +136,7 @@ fn expect_spawn_failed(fd: &OwnedFd, stage: SpawnStage, errno: i32) -> SpawnFail
 }
 
 fn request(id: u64, program: &str) -> SpawnRequest {
-    SpawnRequest {
-        id,
-        program: program.as_bytes().to_vec(),
-        argv0: None,
-        args: vec![],
-        env: vec![],
-        cwd: None,
-        stdin: StdioSpec::Null,
-        stdout: StdioSpec::Null,
-        stderr: StdioSpec::Null,
-        fd_mappings: vec![],
-        new_session: false,
-        process_group: None,
-        umask: None,
-        rlimits: vec![],
-        user: None,
-        kill_on_close: None,
-        timeout: None,
-    }
+    SpawnRequest::new(id, program)
 }
 
 fn spawn_frame(request: SpawnRequest) -> Vec<u8> {

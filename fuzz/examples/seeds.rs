@@ -10,23 +10,8 @@ use zygote_proto::{
 
 fn spawn(id: u64) -> SpawnRequest {
     SpawnRequest {
-        id,
-        program: b"true".to_vec(),
-        argv0: None,
-        args: vec![],
-        env: vec![],
-        cwd: None,
-        stdin: StdioSpec::Null,
         stdout: StdioSpec::Pipe,
-        stderr: StdioSpec::Null,
-        fd_mappings: vec![],
-        new_session: false,
-        process_group: None,
-        umask: None,
-        rlimits: vec![],
-        user: None,
-        kill_on_close: None,
-        timeout: None,
+        ..SpawnRequest::new(id, "true")
     }
 }
 

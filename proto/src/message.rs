@@ -158,6 +158,33 @@ pub struct SpawnRequest {
     pub timeout: Option<Timeout>,
 }
 
+impl SpawnRequest {
+    /// A request to run `program` and nothing more: no arguments, an empty
+    /// environment, the daemon's working directory and umask, `/dev/null`
+    /// on stdio. Set other fields with struct update syntax.
+    pub fn new(id: u64, program: impl Into<Vec<u8>>) -> Self {
+        Self {
+            id,
+            program: program.into(),
+            argv0: None,
+            args: Vec::new(),
+            env: Vec::new(),
+            cwd: None,
+            stdin: StdioSpec::Null,
+            stdout: StdioSpec::Null,
+            stderr: StdioSpec::Null,
+            fd_mappings: Vec::new(),
+            new_session: false,
+            process_group: None,
+            umask: None,
+            rlimits: Vec::new(),
+            user: None,
+            kill_on_close: None,
+            timeout: None,
+        }
+    }
+}
+
 /// Who the child runs as.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UserSpec {

@@ -369,25 +369,7 @@ mod tests {
     use zygote_proto::{EnvVar, FdMapping};
 
     fn request() -> SpawnRequest {
-        SpawnRequest {
-            id: 1,
-            program: b"true".to_vec(),
-            argv0: None,
-            args: vec![],
-            env: vec![],
-            cwd: None,
-            stdin: StdioSpec::Null,
-            stdout: StdioSpec::Null,
-            stderr: StdioSpec::Null,
-            fd_mappings: vec![],
-            new_session: false,
-            process_group: None,
-            umask: None,
-            rlimits: vec![],
-            user: None,
-            kill_on_close: None,
-            timeout: None,
-        }
+        SpawnRequest::new(1, "true")
     }
 
     fn prepare(request: &SpawnRequest, attached: Vec<OwnedFd>) -> Result<Prepared, Refusal> {

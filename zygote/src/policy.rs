@@ -391,7 +391,7 @@ fn show_limit(value: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zygote_proto::{StdioSpec, UserSpec};
+    use zygote_proto::UserSpec;
 
     fn peer(uid: u32, gid: u32, groups: &[u32]) -> Peer {
         Peer {
@@ -406,25 +406,7 @@ mod tests {
     }
 
     fn request() -> SpawnRequest {
-        SpawnRequest {
-            id: 1,
-            program: b"true".to_vec(),
-            argv0: None,
-            args: vec![],
-            env: vec![],
-            cwd: None,
-            stdin: StdioSpec::Null,
-            stdout: StdioSpec::Null,
-            stderr: StdioSpec::Null,
-            fd_mappings: vec![],
-            new_session: false,
-            process_group: None,
-            umask: None,
-            rlimits: vec![],
-            user: None,
-            kill_on_close: None,
-            timeout: None,
-        }
+        SpawnRequest::new(1, "true")
     }
 
     fn as_user(uid: u32, gid: u32, groups: &[u32]) -> SpawnRequest {
