@@ -228,6 +228,7 @@ impl SpawnTask {
             &self.daemon.own_limits,
         );
         prepared.plan.rlimits.extend(clamped);
+        self.daemon.drop_inherited_settings(&mut prepared.plan);
         let spawned = spawn::spawn(&prepared.plan);
         // The daemon's copies of the child's fds must not outlive the spawn.
         drop(prepared.plan);
