@@ -86,6 +86,7 @@ pub fn start_daemon_as(
         command.arg("--policy").arg(path);
     }
     let process = command
+        // Quiet by default; ZYGOTE_TEST_LOG=debug shows a test daemon's log.
         .env(
             "ZYGOTE_LOG",
             std::env::var("ZYGOTE_TEST_LOG").unwrap_or_else(|_| "warn".into()),
