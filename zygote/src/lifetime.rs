@@ -103,14 +103,18 @@ impl Connection {
 
 /// The client left: send each kill-on-close child its signal.
 pub fn connection_closed(connection: &Connection) {
-    connection.left.send_replace(true);
-    let mut state = connection.lock();
-    state.closed = true;
-    for tracked in state.children.values() {
-        if let Some(on_close) = tracked.on_close {
-            signal_on_close(tracked, on_close);
+    {
+        let mut state = connection.lock();
+        state.closed = true;
+        for tracked in state.children.values() {
+            if let Some(on_close) = tracked.on_close {
+                signal_on_close(tracked, on_close);
+            }
         }
     }
+    // Only now: during a stop, `left` lets spawn tasks stop tracking their
+    // children, which must not happen before the signals above went out.
+    connection.left.send_replace(true);
 }
 
 fn signal_on_close(tracked: &Tracked, on_close: OnClose) {
