@@ -252,6 +252,25 @@ pub enum SpawnStage {
 }
 
 impl SpawnStage {
+    /// Every stage, in wire (variant index) order.
+    pub const ALL: [Self; 15] = [
+        Self::Validate,
+        Self::Pipe,
+        Self::Clone,
+        Self::Signals,
+        Self::Setsid,
+        Self::Setpgid,
+        Self::Setrlimit,
+        Self::Chdir,
+        Self::Dup,
+        Self::CloseFds,
+        Self::Exec,
+        Self::Admission,
+        Self::Setgroups,
+        Self::Setgid,
+        Self::Setuid,
+    ];
+
     /// Lowercase name, as used in logs and metric labels.
     pub fn name(self) -> &'static str {
         match self {
@@ -385,6 +404,17 @@ pub enum ProtocolErrorKind {
 }
 
 impl ProtocolErrorKind {
+    /// Every kind, in wire (variant index) order.
+    pub const ALL: [Self; 7] = [
+        Self::Malformed,
+        Self::TooLarge,
+        Self::UnsupportedVersion,
+        Self::UnexpectedMessage,
+        Self::UnexpectedFds,
+        Self::PermissionDenied,
+        Self::Busy,
+    ];
+
     /// Lowercase name, as used in logs and metric labels.
     pub fn name(self) -> &'static str {
         match self {

@@ -31,35 +31,11 @@ fn stdio() -> impl Strategy<Value = StdioSpec> {
 }
 
 fn stage() -> impl Strategy<Value = SpawnStage> {
-    prop::sample::select(vec![
-        SpawnStage::Validate,
-        SpawnStage::Pipe,
-        SpawnStage::Clone,
-        SpawnStage::Signals,
-        SpawnStage::Setsid,
-        SpawnStage::Setpgid,
-        SpawnStage::Setrlimit,
-        SpawnStage::Chdir,
-        SpawnStage::Dup,
-        SpawnStage::CloseFds,
-        SpawnStage::Exec,
-        SpawnStage::Admission,
-        SpawnStage::Setgroups,
-        SpawnStage::Setgid,
-        SpawnStage::Setuid,
-    ])
+    prop::sample::select(SpawnStage::ALL.to_vec())
 }
 
 fn protocol_error_kind() -> impl Strategy<Value = ProtocolErrorKind> {
-    prop::sample::select(vec![
-        ProtocolErrorKind::Malformed,
-        ProtocolErrorKind::TooLarge,
-        ProtocolErrorKind::UnsupportedVersion,
-        ProtocolErrorKind::UnexpectedMessage,
-        ProtocolErrorKind::UnexpectedFds,
-        ProtocolErrorKind::PermissionDenied,
-        ProtocolErrorKind::Busy,
-    ])
+    prop::sample::select(ProtocolErrorKind::ALL.to_vec())
 }
 
 fn exit_status() -> impl Strategy<Value = ExitStatus> {

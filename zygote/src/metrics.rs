@@ -17,18 +17,6 @@ const LATENCY_BUCKETS: [f64; 17] = [
     1.0, 2.5, 5.0, 10.0,
 ];
 
-/// Every `ProtocolErrorKind`, so that each reason's series exists from the
-/// start (at 0) rather than appearing on the first error.
-const PROTOCOL_ERROR_KINDS: [ProtocolErrorKind; 7] = [
-    ProtocolErrorKind::Malformed,
-    ProtocolErrorKind::TooLarge,
-    ProtocolErrorKind::UnsupportedVersion,
-    ProtocolErrorKind::UnexpectedMessage,
-    ProtocolErrorKind::UnexpectedFds,
-    ProtocolErrorKind::PermissionDenied,
-    ProtocolErrorKind::Busy,
-];
-
 /// How a spawn request ended, the `result` label of `zygote_spawns_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpawnResult {
@@ -145,7 +133,9 @@ impl Metrics {
         for kind in ["exited", "signaled"] {
             child_exits.with_label_values(&[kind]);
         }
-        for kind in PROTOCOL_ERROR_KINDS {
+        // Every reason's series exists from the start, at 0, rather than
+        // appearing on the first error.
+        for kind in ProtocolErrorKind::ALL {
             protocol_errors.with_label_values(&[kind.name()]);
         }
         let collectors: [Box<dyn prometheus::core::Collector>; 10] = [
