@@ -15,6 +15,12 @@ use crate::{ProtoError, encode, socket};
 ///
 /// Sending takes `&self`: the kernel keeps each frame whole, so tasks may
 /// send concurrently through a shared reference.
+///
+/// The socket is registered for readability only. Registered for
+/// writability too, epoll would wake this process each time the peer
+/// drains a frame, which on the spawn path is a wasted wake-up per
+/// message on each side. A send that finds the peer's queue full waits on
+/// a short-lived second registration instead (see [`Self::send`]).
 #[derive(Debug)]
 pub struct AsyncSeqpacket {
     fd: AsyncFd<OwnedFd>,
@@ -45,7 +51,7 @@ impl AsyncSeqpacket {
     pub fn new(fd: OwnedFd) -> Result<Self, ProtoError> {
         rustix::io::ioctl_fionbio(&fd, true)
             .map_err(|errno| ProtoError::io("ioctl(FIONBIO)", errno))?;
-        let fd = register(fd, Interest::READABLE | Interest::WRITABLE)
+        let fd = register(fd, Interest::READABLE)
             .map_err(|error| ProtoError::io("register with tokio", error))?;
         Ok(Self { fd })
     }
@@ -56,9 +62,27 @@ impl AsyncSeqpacket {
     ///
     /// As [`send_frame`].
     pub async fn send(&self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), ProtoError> {
+        match send_frame(self.fd.get_ref().as_fd(), bytes, fds) {
+            Err(error) if would_block(&error) => self.send_when_writable(bytes, fds).await,
+            result => result,
+        }
+    }
+
+    /// The rare slow path of [`Self::send`]: a duplicate of the socket,
+    /// registered for writability only while this frame waits. epoll keys
+    /// registrations by fd and open file, so the duplicate does not clash
+    /// with the readable one.
+    async fn send_when_writable(
+        &self,
+        bytes: &[u8],
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), ProtoError> {
+        let duplicate = rustix::io::fcntl_dupfd_cloexec(self.fd.get_ref(), 0)
+            .map_err(|errno| ProtoError::io("fcntl(F_DUPFD_CLOEXEC)", errno))?;
+        let writable = register(duplicate, Interest::WRITABLE)
+            .map_err(|error| ProtoError::io("register with tokio", error))?;
         loop {
-            let mut guard = self
-                .fd
+            let mut guard = writable
                 .writable()
                 .await
                 .map_err(|error| ProtoError::io("poll", error))?;
