@@ -65,6 +65,11 @@ pub(crate) struct Args {
     /// from 8 GiB takes ~0.25 s per spawn).
     #[arg(long, default_value_t = 3.0)]
     cell_seconds: f64,
+    /// Rounds per cell: the methods take turns this many times, so that
+    /// the machine's drift cancels out of the ratios (fewer when a round
+    /// would hold under four times the concurrency).
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
     /// Measure every combination of fds and concurrency; by default
     /// concurrency is swept only with the first fds value, and fds only at
     /// the first concurrency.
@@ -145,6 +150,37 @@ impl Bench {
         self.runtime
             .block_on(methods::run_zygote(client, program, budget))
     }
+
+    /// One cell per method, measured in rounds that take turns (floor,
+    /// then each method, then the floor again...), so that drift in the
+    /// machine's speed hits every method alike. Each round runs at least
+    /// four times `concurrency` spawns, so that ramp-up and drain stay a
+    /// small part of it. `methods[0]` must be the floor.
+    fn run_interleaved(
+        &mut self,
+        methods: &[Method],
+        program: &Path,
+        concurrency: usize,
+        args: &Args,
+    ) -> Result<Vec<CellRun>> {
+        let n = args.iterations.max(concurrency);
+        let rounds = args.rounds.min(n / (4 * concurrency)).max(1);
+        let round_seconds = args.cell_seconds / rounds as f64;
+        let mut runs: Vec<CellRun> = methods.iter().map(|_| CellRun::default()).collect();
+        for round in 0..rounds {
+            // Spread n over the rounds; the first rounds take the remainder.
+            let share = n / rounds + usize::from(round < n % rounds);
+            for (method, run) in methods.iter().zip(&mut runs) {
+                let budget = Budget {
+                    n: share.max(concurrency),
+                    concurrency,
+                    deadline: Instant::now() + Duration::from_secs_f64(round_seconds),
+                };
+                run.absorb(self.run_cell(*method, program, budget)?);
+            }
+        }
+        Ok(runs)
+    }
 }
 
 fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
@@ -202,22 +238,13 @@ fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
                     continue;
                 }
                 for (child, program) in &children {
-                    let mut floor_summary = None;
-                    for method in Method::ALL {
-                        if !args.wants(method) {
-                            continue;
-                        }
-                        eprintln!(
-                            "zygote-bench: {child} rss={rss} fds={fds} c={concurrency} {}",
-                            method.name()
-                        );
-                        let budget = Budget {
-                            n: args.iterations.max(concurrency),
-                            concurrency,
-                            deadline: Instant::now() + Duration::from_secs_f64(args.cell_seconds),
-                        };
-                        let summary = Summary::of(&bench.run_cell(method, program, budget)?);
-                        let floor: &Summary = floor_summary.get_or_insert_with(|| summary.clone());
+                    let methods: Vec<Method> =
+                        Method::ALL.into_iter().filter(|m| args.wants(*m)).collect();
+                    eprintln!("zygote-bench: {child} rss={rss} fds={fds} c={concurrency}");
+                    let runs = bench.run_interleaved(&methods, program, concurrency, args)?;
+                    let floor = Summary::of(&runs[0]);
+                    for (method, run) in methods.into_iter().zip(&runs) {
+                        let summary = Summary::of(run);
                         cells.push(Cell {
                             child,
                             rss_gib: memory.gib(),

@@ -89,9 +89,22 @@ pub struct CellRun {
     pub samples: Vec<Sample>,
     /// From the first spawn to the last exit.
     pub wall: Duration,
-    /// CPU time of the calling thread per spawn (zygote methods only;
-    /// includes the client's reader task, which runs on the same thread).
-    pub cpu_per_spawn: Option<Duration>,
+    /// CPU time of the calling thread over the whole cell (zygote methods
+    /// only; includes the client's reader task, which runs on the same
+    /// thread).
+    pub cpu: Option<Duration>,
+}
+
+impl CellRun {
+    /// Adds another round of the same cell.
+    pub fn absorb(&mut self, round: CellRun) {
+        self.cpu = match (self.cpu, round.cpu) {
+            (Some(mine), Some(theirs)) => Some(mine + theirs),
+            (mine, theirs) => mine.or(theirs),
+        };
+        self.samples.extend(round.samples);
+        self.wall += round.wall;
+    }
 }
 
 /// The floor helper process, started while the bench is still small.
@@ -157,7 +170,7 @@ impl Floor {
         Ok(CellRun {
             samples,
             wall,
-            cpu_per_spawn: None,
+            cpu: None,
         })
     }
 }
@@ -223,7 +236,7 @@ pub fn run_std(program: &Path, fork_path: bool, budget: Budget) -> Result<CellRu
     Ok(CellRun {
         samples: per_thread.into_iter().flatten().collect(),
         wall: started.elapsed(),
-        cpu_per_spawn: None,
+        cpu: None,
     })
 }
 
@@ -264,11 +277,9 @@ pub async fn run_zygote(client: &Client, program: &Path, budget: Budget) -> Resu
     while let Some(joined) = tasks.join_next().await {
         samples.extend(joined.expect("zygote task panicked")?);
     }
-    let cpu = thread_cpu().saturating_sub(cpu_before);
-    let count = u32::try_from(samples.len().max(1)).unwrap_or(u32::MAX);
     Ok(CellRun {
         wall: started.elapsed(),
-        cpu_per_spawn: Some(cpu / count),
+        cpu: Some(thread_cpu().saturating_sub(cpu_before)),
         samples,
     })
 }

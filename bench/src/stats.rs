@@ -58,7 +58,7 @@ impl Summary {
                 n as f64 / run.wall.as_secs_f64()
             },
             blocked_p50_us: (!blocked.is_empty()).then(|| us(percentile(&blocked, 0.5))),
-            cpu_per_spawn_us: run.cpu_per_spawn.map(us),
+            cpu_per_spawn_us: run.cpu.map(|cpu| us(cpu) / n.max(1) as f64),
         }
     }
 }
