@@ -163,7 +163,10 @@ pub fn prepare(
         let child_fd = child_fd as RawFd;
         let source = match spec {
             StdioSpec::Null => open_dev_null()?,
-            StdioSpec::Fd(index) => fds.take(index)?,
+            StdioSpec::Fd(index) => {
+                fds.place_attached(index, child_fd)?;
+                continue;
+            }
             StdioSpec::Pipe => {
                 let (read, write) = pipe_with(PipeFlags::CLOEXEC).map_err(|errno| Refusal {
                     stage: SpawnStage::Pipe,
@@ -196,8 +199,7 @@ pub fn prepare(
                 mapping.child_fd
             )));
         }
-        let source = fds.take(mapping.attached_index)?;
-        fds.place(source, mapping.child_fd);
+        fds.place_attached(mapping.attached_index, mapping.child_fd)?;
     }
     let fds = fds.finish()?;
 
@@ -314,39 +316,46 @@ fn open_dev_null() -> Result<OwnedFd, Refusal> {
         .map_err(|error| Refusal::io(SpawnStage::Pipe, "failed to open /dev/null", error))
 }
 
-/// The attached fds, handed out by index. An index used twice gets a
-/// duplicate, so that e.g. stdout and stderr can share one fd.
+/// The attached fds, handed out by index. The first use of an index
+/// moves the received fd itself; a later use gets a duplicate of it, so
+/// that e.g. stdout and stderr can share one fd without a dup per spawn.
 struct FdTable {
     attached: Vec<Option<OwnedFd>>,
-    used: Vec<bool>,
+    /// Where in `placed` each attached fd went on its first use.
+    placed_at: Vec<Option<usize>>,
     placed: Vec<(OwnedFd, RawFd)>,
 }
 
 impl FdTable {
     fn new(attached: Vec<OwnedFd>) -> Self {
-        let used = vec![false; attached.len()];
         Self {
+            placed_at: vec![None; attached.len()],
             attached: attached.into_iter().map(Some).collect(),
-            used,
             placed: Vec::with_capacity(3),
         }
     }
 
-    fn take(&mut self, index: u32) -> Result<OwnedFd, Refusal> {
-        let slot = self.attached.get(index as usize).ok_or_else(|| {
+    fn place_attached(&mut self, index: u32, child_fd: RawFd) -> Result<(), Refusal> {
+        let slot = index as usize;
+        let count = self.attached.len();
+        let missing = || {
             Refusal::invalid(format!(
-                "request refers to attached fd #{index}, but the frame carries {}",
-                self.attached.len()
+                "request refers to attached fd #{index}, but the frame carries {count}"
             ))
-        })?;
-        let fd = match slot {
-            Some(fd) => fd.try_clone().map_err(|error| {
+        };
+        let fd = match (
+            self.attached.get_mut(slot).ok_or_else(missing)?.take(),
+            self.placed_at[slot],
+        ) {
+            (Some(fd), _) => fd,
+            (None, Some(first)) => self.placed[first].0.try_clone().map_err(|error| {
                 Refusal::io(SpawnStage::Dup, "failed to duplicate an fd", error)
             })?,
-            None => unreachable!("attached fds stay in the table until finish"),
+            (None, None) => unreachable!("an attached fd leaves the table only to be placed"),
         };
-        self.used[index as usize] = true;
-        Ok(fd)
+        self.placed_at[slot].get_or_insert(self.placed.len());
+        self.place(fd, child_fd);
+        Ok(())
     }
 
     fn place(&mut self, fd: OwnedFd, child_fd: RawFd) {
@@ -354,7 +363,7 @@ impl FdTable {
     }
 
     fn finish(self) -> Result<Vec<(OwnedFd, RawFd)>, Refusal> {
-        if let Some(unused) = self.used.iter().position(|used| !used) {
+        if let Some(unused) = self.placed_at.iter().position(Option::is_none) {
             return Err(Refusal::invalid(format!(
                 "attached fd #{unused} is not referenced by stdio or any fd mapping"
             )));
@@ -508,6 +517,40 @@ mod tests {
             process_group: false,
         });
         assert!(refusal(&request, vec![]).message.contains("signal"));
+    }
+
+    #[test]
+    fn an_fd_used_twice_is_moved_once_and_duplicated_once() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+
+        let (read, write) = pipe_with(PipeFlags::CLOEXEC).expect("pipe");
+        let received = write.as_raw_fd();
+        let mut request = request();
+        request.stdout = StdioSpec::Fd(0);
+        request.stderr = StdioSpec::Fd(0);
+        let prepared = prepare(&request, vec![write]).expect("valid request");
+        let placed: Vec<(RawFd, RawFd)> = prepared
+            .plan
+            .fds
+            .iter()
+            .map(|(fd, target)| (fd.as_raw_fd(), *target))
+            .collect();
+        // stdout takes the received fd itself; stderr gets a new fd.
+        assert_eq!(placed[1], (received, 1));
+        assert_eq!(placed[2].1, 2);
+        assert_ne!(placed[2].0, received);
+        // Both write into the one pipe.
+        let mut plan = prepared.plan;
+        for (fd, target) in plan.fds.drain(1..) {
+            let mut file = std::fs::File::from(fd);
+            file.write_all(&[b'0' + target as u8]).expect("write");
+        }
+        drop(plan);
+        let mut file = std::fs::File::from(read);
+        let mut got = String::new();
+        file.read_to_string(&mut got).expect("read");
+        assert_eq!(got, "12");
     }
 
     #[test]
