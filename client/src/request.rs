@@ -140,13 +140,11 @@ impl Spec {
     }
 
     /// The child's whole environment: the caller's (kept in its order)
-    /// unless cleared, with this command's changes applied.
-    fn environment(&self, base: &[(OsString, OsString)]) -> Vec<(OsString, OsString)> {
-        let mut env: Vec<(OsString, OsString)> = if self.env_clear {
-            Vec::new()
-        } else {
-            base.to_vec()
-        };
+    /// unless cleared, with this command's changes applied. Takes the
+    /// caller's by value: copying every variable once more per spawn
+    /// showed in the client's profile.
+    fn environment(&self, base: Vec<(OsString, OsString)>) -> Vec<(OsString, OsString)> {
+        let mut env = if self.env_clear { Vec::new() } else { base };
         for (key, change) in &self.env {
             let existing = env.iter().position(|(name, _)| name == key);
             match (change, existing) {
@@ -169,6 +167,9 @@ impl Spec {
     /// fd numbers below 3; [`Error::Io`] when the caller's working
     /// directory is needed but unknown; [`Error::TooManyFds`] over
     /// `max_fds`.
+    ///
+    /// The snapshot's environment moves into the request: a snapshot
+    /// serves one spawn.
     pub fn prepare<'a>(
         &'a self,
         snapshot: &'a Snapshot,
@@ -187,7 +188,7 @@ impl Spec {
             .map(|arg| bytes("argument", arg))
             .collect::<Result<Vec<_>>>()?;
         let env = self
-            .environment(&snapshot.env)
+            .environment(snapshot.env.take())
             .into_iter()
             .map(|(key, value)| env_var(key, value))
             .collect::<Result<Vec<_>>>()?;
@@ -346,17 +347,19 @@ mod tests {
     use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
 
+    use std::cell::RefCell;
+
     use zygote_proto::ResourceLimit;
 
     use super::*;
 
     fn snapshot() -> Snapshot {
         Snapshot {
-            env: vec![
+            env: RefCell::new(vec![
                 ("PATH".into(), "/usr/bin:/bin".into()),
                 ("HOME".into(), "/home/u".into()),
                 ("LANG".into(), "C".into()),
-            ],
+            ]),
             cwd: Ok(PathBuf::from("/srv/work")),
             umask: Some(0o027),
             rlimits: vec![ResourceLimit {

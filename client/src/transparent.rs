@@ -4,6 +4,7 @@
 //!
 //! Host paths are parameters so tests can point them elsewhere.
 
+use std::cell::RefCell;
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
@@ -43,8 +44,10 @@ const RESOURCES: [Resource; 16] = [
 /// The calling process's state at the moment of one spawn.
 #[derive(Debug)]
 pub(crate) struct Snapshot {
-    /// `environ`, in order.
-    pub env: Vec<(OsString, OsString)>,
+    /// `environ`, in order. It moves into the request (see
+    /// [`Spec::prepare`](crate::request::Spec::prepare)) while the rest
+    /// stays borrowed, hence the cell.
+    pub env: RefCell<Vec<(OsString, OsString)>>,
     /// The working directory; an error is kept, not raised, because a
     /// command with an absolute `current_dir` does not need it.
     pub cwd: io::Result<PathBuf>,
@@ -90,7 +93,7 @@ impl Snapshot {
     /// `inherit_fds` is set.
     pub fn capture(inherit_fds: bool, settings: &ProcessSettings) -> Result<Self> {
         Ok(Self {
-            env: std::env::vars_os().collect(),
+            env: RefCell::new(std::env::vars_os().collect()),
             cwd: std::env::current_dir(),
             umask: settings.umask,
             rlimits: settings.rlimits.clone(),
