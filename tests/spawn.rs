@@ -36,6 +36,28 @@ fn args_keep_spaces_quotes_and_non_utf8_bytes() {
 }
 
 #[test]
+fn children_get_default_signal_dispositions_every_time() {
+    // The daemon ignores SIGPIPE (the Rust runtime) and catches SIGTERM and
+    // SIGINT. It reads that once, at its first spawn; the first child and
+    // later ones alike must start with nothing blocked or ignored.
+    let daemon = start_daemon("signals");
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        for _ in 0..3 {
+            let output = Command::new(&client, "grep")
+                .args(["-E", "^Sig(Blk|Ign)", "/proc/self/status"])
+                .output()
+                .await
+                .expect("grep runs");
+            assert_eq!(
+                String::from_utf8_lossy(&output.stdout),
+                "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"
+            );
+        }
+    });
+}
+
+#[test]
 fn argv0_is_set_apart_from_the_program() {
     let daemon = start_daemon("argv0");
     runtime().block_on(async {

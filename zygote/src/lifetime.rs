@@ -233,7 +233,7 @@ impl SpawnTask {
         );
         prepared.plan.rlimits.extend(clamped);
         self.daemon.drop_inherited_settings(&mut prepared.plan);
-        let spawned = spawn::spawn(&prepared.plan);
+        let spawned = self.daemon.spawn(&prepared.plan);
         // The daemon's copies of the child's fds must not outlive the spawn.
         drop(prepared.plan);
         let child = spawned.map_err(|error| {

@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use sd_notify::NotifyState;
@@ -18,7 +18,7 @@ use crate::lifetime::{self, Connection};
 use crate::metrics::{Metrics, SpawnResult};
 use crate::policy::Policy;
 use crate::shutdown::Coordinator;
-use crate::spawn::Credentials;
+use crate::spawn::{self, Credentials, SpawnError, SpawnPlan, SpawnedChild, Spawner};
 use crate::{Error, connection, exporter};
 
 /// Default mode of a socket the daemon binds itself: only its own uid may
@@ -55,6 +55,8 @@ pub struct Daemon {
     /// Every counter, as Prometheus metrics; the `Status` reply reads them
     /// too, so the two never disagree.
     pub metrics: Metrics,
+    /// Signal dispositions read at the first spawn (see [`Daemon::spawn`]).
+    spawner: OnceLock<Option<Spawner>>,
 }
 
 impl Daemon {
@@ -84,6 +86,7 @@ impl Daemon {
                 && rustix::process::getgid() == rustix::process::getegid(),
             started: Instant::now(),
             metrics: Metrics::new(),
+            spawner: OnceLock::new(),
         }
     }
 }
@@ -96,6 +99,16 @@ impl Daemon {
         connections.push(Arc::downgrade(connection));
     }
 
+    /// Starts a child. The daemon's signal dispositions are read once, at
+    /// the first spawn, when `serve` has long installed its handlers; its
+    /// children then skip reading them from procfs.
+    pub(crate) fn spawn(&self, plan: &SpawnPlan) -> Result<SpawnedChild, SpawnError> {
+        match self.spawner.get_or_init(Spawner::with_current_dispositions) {
+            Some(spawner) => spawner.spawn(plan),
+            None => spawn::spawn(plan),
+        }
+    }
+
     /// Removes from `plan` what the child inherits from the daemon anyway:
     /// a credential switch to the daemon's own ids, and resource limits
     /// equal to the daemon's. Each of those syscalls runs in the child
@@ -103,7 +116,7 @@ impl Daemon {
     /// switch ~20 µs). The daemon's limits are the ones read at its start:
     /// it never changes them, but a `prlimit` from outside would go
     /// unnoticed.
-    pub(crate) fn drop_inherited_settings(&self, plan: &mut crate::spawn::SpawnPlan) {
+    pub(crate) fn drop_inherited_settings(&self, plan: &mut SpawnPlan) {
         if self.plain_ids && plan.credentials.as_ref() == Some(&self.credentials) {
             plan.credentials = None;
         }

@@ -67,6 +67,9 @@ pub(super) struct Rlimit64 {
 pub(super) struct SignalReset {
     /// Where the child learns which signals are caught or ignored.
     status_path: &'static CStr,
+    /// The caught or ignored signals, when the parent already knows them:
+    /// the child then skips reading `status_path`.
+    known: Option<u128>,
     default_action: libc::sigaction,
     empty_mask: libc::sigset_t,
     max_signal: c_int,
@@ -90,12 +93,31 @@ impl SignalReset {
         let max_signal = libc::SIGRTMAX();
         Self {
             status_path: c"/proc/self/status",
+            known: None,
             default_action,
             empty_mask,
             max_signal,
             // One bit per signal 1..=max: 8 bytes on most, 16 on MIPS.
             sigset_bytes: usize::try_from(max_signal).unwrap_or(64).div_ceil(8),
         }
+    }
+}
+
+impl SignalReset {
+    /// As [`SignalReset::new`], with the caught or ignored signals read
+    /// here, in the parent, once: `None` when procfs cannot say.
+    pub(super) fn with_current_dispositions() -> Option<Self> {
+        let signals = Self::new();
+        let known = non_default_signals(&signals)?;
+        Some(Self {
+            known: Some(known),
+            ..signals
+        })
+    }
+
+    /// The signals a child resets: all when not known beforehand.
+    pub(super) fn known(&self) -> u128 {
+        self.known.unwrap_or(u128::MAX)
     }
 }
 
@@ -243,7 +265,10 @@ fn reset_signals(signals: &SignalReset) -> Result<(), Failed> {
     // One read of /proc costs ~10 us; a sigaction for each of the 62
     // signals costs ~45 us (measured here, 0.7 us per syscall). Without
     // /proc, reset them all.
-    let to_reset = non_default_signals(signals).unwrap_or(u128::MAX);
+    let to_reset = signals
+        .known
+        .or_else(|| non_default_signals(signals))
+        .unwrap_or(u128::MAX);
     for signal in 1..=signals.max_signal {
         let bit = u32::try_from(signal - 1).unwrap_or(0);
         let set = to_reset.checked_shr(bit).is_none_or(|rest| rest & 1 == 1);

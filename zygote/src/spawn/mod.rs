@@ -30,7 +30,8 @@
 //!
 //! Exec and exit dominate. Syscalls cost ~0.7 µs here, so the child learns
 //! which signals need resetting from one read of `/proc/self/status`
-//! (~10 µs) rather than 62 `sigaction` calls (~43 µs).
+//! (~10 µs) rather than 62 `sigaction` calls (~43 µs); the daemon goes
+//! further and reads them once for all its children ([`Spawner`]).
 //! Rerun with `ZYGOTE_BENCH_STATIC=/path/to/static-true cargo test -p
 //! zygote --release --lib spawn::tests::measure -- --ignored --nocapture`.
 
@@ -130,6 +131,43 @@ pub struct SpawnError {
 /// has been reaped.
 pub fn spawn(plan: &SpawnPlan) -> Result<SpawnedChild, SpawnError> {
     spawn_with(plan, &SignalReset::new())
+}
+
+/// This process's caught and ignored signals, read once, so that children
+/// need not read them again (saving each child a procfs read, ~10 µs, on
+/// the spawn's critical path).
+///
+/// Read it once every signal handler the process will install is in
+/// place: a handler installed afterwards is not reset in children
+/// started through [`Spawner::spawn`], and could run in a child between
+/// its signal reset and its exec.
+pub struct Spawner {
+    signals: SignalReset,
+}
+
+impl Spawner {
+    /// Reads the dispositions now; `None` when procfs cannot tell them
+    /// (then use [`spawn`], whose children reset every signal).
+    pub fn with_current_dispositions() -> Option<Self> {
+        SignalReset::with_current_dispositions().map(|signals| Self { signals })
+    }
+
+    /// As [`spawn`].
+    ///
+    /// # Errors
+    ///
+    /// As [`spawn`].
+    pub fn spawn(&self, plan: &SpawnPlan) -> Result<SpawnedChild, SpawnError> {
+        spawn_with(plan, &self.signals)
+    }
+}
+
+impl std::fmt::Debug for Spawner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spawner")
+            .field("resets", &format_args!("{:#x}", self.signals.known()))
+            .finish()
+    }
 }
 
 fn spawn_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<SpawnedChild, SpawnError> {

@@ -237,6 +237,25 @@ fn signals_are_reset_without_proc_too() {
 }
 
 #[test]
+fn spawner_resets_the_dispositions_it_read_once() {
+    let spawner = super::Spawner::with_current_dispositions().expect("procfs says");
+    // The Rust runtime's SIGPIPE ignore was there when it read them.
+    assert_ne!(spawner.signals.known() & (1 << (libc::SIGPIPE - 1)), 0);
+    for _ in 0..2 {
+        let mut plan = plan(&["/bin/grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"]);
+        let stdout = capture_stdout(&mut plan);
+        let child = spawner.spawn(&plan).unwrap();
+        drop(plan);
+        let text = read_all(stdout);
+        assert_eq!(wait(&child).0, ExitStatus::Exited(0));
+        assert_eq!(
+            text,
+            "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"
+        );
+    }
+}
+
+#[test]
 fn argv_and_env_are_passed() {
     let mut plan = sh("printf '%s|%s|%s' \"$0\" \"$1\" \"$GREETING\"");
     plan.argv.extend([c("zero"), c("one")]);
