@@ -12,10 +12,12 @@
 //!
 //! - [`message`]: the message types, one per concept.
 //! - [`codec`]: [`encode`] and [`decode`], pure functions.
+//! - `bytes`: byte-string fields encoded as one length and the bytes.
 //! - [`fdpass`]: one frame in or out with its fds (`sendmsg`/`recvmsg`).
 //! - [`socket`]: creating close-on-exec SEQPACKET sockets.
 //! - `asyncio` (feature `tokio`): the same on tokio's reactor.
 
+mod bytes;
 pub mod codec;
 mod error;
 pub mod fdpass;

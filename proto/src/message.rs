@@ -108,8 +108,10 @@ pub struct ResourceLimit {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnvVar {
     /// Non-empty, without `=` or NUL.
+    #[serde(with = "crate::bytes::one")]
     pub key: Vec<u8>,
     /// Without NUL.
+    #[serde(with = "crate::bytes::one")]
     pub value: Vec<u8>,
 }
 
@@ -123,14 +125,18 @@ pub struct SpawnRequest {
     pub id: u64,
     /// Program to execute. Without a `/` it is looked up in `PATH` from
     /// [`env`](Self::env), like `execvp(3)`.
+    #[serde(with = "crate::bytes::one")]
     pub program: Vec<u8>,
     /// `argv[0]`; the program when absent.
+    #[serde(with = "crate::bytes::optional")]
     pub argv0: Option<Vec<u8>>,
     /// `argv[1..]`.
+    #[serde(with = "crate::bytes::list")]
     pub args: Vec<Vec<u8>>,
     /// The child's whole environment.
     pub env: Vec<EnvVar>,
     /// Working directory; the daemon's own when absent.
+    #[serde(with = "crate::bytes::optional")]
     pub cwd: Option<Vec<u8>>,
     /// The child's fd 0.
     pub stdin: StdioSpec,
