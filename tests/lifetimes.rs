@@ -171,6 +171,58 @@ fn timeout_sends_sigterm_and_reports_it() {
 }
 
 #[test]
+fn timeout_of_a_group_leader_ends_its_whole_group() {
+    let daemon = start_daemon("timeout-group");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let mut child = Command::new(&client, "/bin/sh")
+        .args(["-c", "sleep 30 & echo $!; wait"])
+        .process_group(0)
+        .timeout(Duration::from_millis(300))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let leader = child.id();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped stdout"))
+        .read_line(&mut line)
+        .unwrap();
+    let background: u32 = line.trim().parse().expect("the background pid");
+    let status = child.wait().unwrap();
+    assert!(status.timed_out());
+    assert_eq!(status.signal(), Some(libc::SIGTERM));
+    assert!(
+        eventually(Duration::from_secs(5), || dead(background)),
+        "the leader's background child outlived the timeout"
+    );
+    assert!(group_members(leader).is_empty());
+
+    // Without a group of its own, only the child is signalled.
+    let mut child = Command::new(&client, "/bin/sh")
+        .args(["-c", "sleep 30 & echo $!; wait"])
+        .timeout(Duration::from_millis(300))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped stdout"))
+        .read_line(&mut line)
+        .unwrap();
+    let background: u32 = line.trim().parse().expect("the background pid");
+    assert!(child.wait().unwrap().timed_out());
+    assert!(
+        !dead(background),
+        "a child outside a group of its own is signalled alone"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(background as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+}
+
+#[test]
 fn timeout_escalates_to_sigkill_when_sigterm_is_ignored() {
     let daemon = start_daemon("timeout-kill");
     let client = Client::connect(daemon.socket()).expect("connect");

@@ -226,7 +226,10 @@ impl Command {
 
     /// Ends the child if it runs longer than `limit`: SIGTERM, then SIGKILL
     /// after the grace period ([`timeout_grace`](Command::timeout_grace),
-    /// 5 s by default). Its [`ExitStatus::timed_out`] is then true.
+    /// 5 s by default). Its [`ExitStatus::timed_out`] is then true. A child
+    /// that leads its own process group ([`setsid`](Command::setsid) or
+    /// [`process_group(0)`](Command::process_group)) gets both signals as a
+    /// group, as coreutils `timeout` does; otherwise the child alone.
     pub fn timeout(&mut self, limit: Duration) -> &mut Self {
         self.spec.timeout = Some(limit);
         self

@@ -212,7 +212,8 @@ pub struct KillOnClose {
 }
 
 /// A limit on a child's run time: SIGTERM when it expires, then SIGKILL
-/// after the grace period.
+/// after the grace period; to the child's whole process group when the
+/// request made the child lead one of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timeout {
     /// Run time before SIGTERM, in milliseconds.

@@ -285,7 +285,7 @@ impl SpawnTask {
         );
 
         let (exit, timed_out) = tokio::select! {
-            exit = wait_with_timeout(&pidfd, pid, prepared.timeout) => exit,
+            exit = wait_with_timeout(&pidfd, pid, prepared.timeout, prepared.leads_own_group) => exit,
             () = self.abandoned() => {
                 debug!(pid, "leaving a child to the system's reaper: the daemon is stopping and its client has left");
                 self.connection.lock().children.remove(&id);
@@ -340,10 +340,14 @@ impl SpawnTask {
 
 /// Waits for the child's exit; past the timeout sends SIGTERM, and past
 /// the grace period SIGKILL. Returns whether the timeout fired.
+///
+/// A child leading its own process group gets the signals as a group, as
+/// coreutils `timeout` does, so that what it started ends with it.
 async fn wait_with_timeout(
     pidfd: &AsyncFd<OwnedFd>,
     pid: i32,
     timeout: Option<Timeout>,
+    leads_own_group: bool,
 ) -> (
     std::io::Result<(zygote_proto::ExitStatus, zygote_proto::ResourceUsage)>,
     bool,
@@ -351,19 +355,32 @@ async fn wait_with_timeout(
     let Some(timeout) = timeout else {
         return (reaper::wait_exit(pidfd).await, false);
     };
+    let signal = |signal| {
+        let pidfd = pidfd.get_ref().as_fd();
+        // Re-checked each time: the child may have joined another group.
+        if leads_own_group && !is_own_group(pid) {
+            spawn::send_group_signal(pidfd, pid, signal)
+        } else {
+            spawn::send_signal(pidfd, signal)
+        }
+    };
     let expire = tokio::time::sleep(Duration::from_millis(timeout.millis));
     tokio::select! {
         exit = reaper::wait_exit(pidfd) => return (exit, false),
         () = expire => {}
     }
-    debug!(pid, "timeout: SIGTERM");
-    let _ = spawn::send_signal(pidfd.get_ref().as_fd(), libc::SIGTERM);
+    debug!(pid, group = leads_own_group, "timeout: SIGTERM");
+    let _ = signal(libc::SIGTERM);
     let grace = tokio::time::sleep(Duration::from_millis(timeout.grace_millis));
     tokio::select! {
         exit = reaper::wait_exit(pidfd) => return (exit, true),
         () = grace => {}
     }
-    debug!(pid, "timeout: grace period over, SIGKILL");
-    let _ = spawn::send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
+    debug!(
+        pid,
+        group = leads_own_group,
+        "timeout: grace period over, SIGKILL"
+    );
+    let _ = signal(libc::SIGKILL);
     (reaper::wait_exit(pidfd).await, true)
 }

@@ -58,6 +58,9 @@ pub struct Prepared {
     pub on_close: Option<OnClose>,
     /// When to end the child.
     pub timeout: Option<Timeout>,
+    /// The child leads a process group of its own (a new session, or
+    /// `process_group` 0): its timeout signals that whole group.
+    pub leads_own_group: bool,
 }
 
 /// A checked kill-on-close request.
@@ -219,7 +222,12 @@ pub fn prepare(
         client_ends,
         on_close,
         timeout: request.timeout,
+        leads_own_group: leads_own_group(request),
     })
+}
+
+fn leads_own_group(request: &SpawnRequest) -> bool {
+    request.new_session || request.process_group == Some(0)
 }
 
 /// Refuses argv plus environment beyond the limit, counted as the kernel
@@ -272,7 +280,7 @@ fn check_on_close(request: &SpawnRequest) -> Result<Option<OnClose>, Refusal> {
     }
     let group = if !kill.process_group {
         None
-    } else if request.new_session || request.process_group == Some(0) {
+    } else if leads_own_group(request) {
         Some(Group::Own)
     } else if let Some(pgid) = request.process_group.filter(|pgid| *pgid > 0) {
         Some(Group::Joined(pgid))
