@@ -9,7 +9,7 @@ use zygote_client::blocking::{Client, Command};
 use zygote_client::{Error, Stdio};
 
 use crate::helper::helper;
-use crate::util::{children_of, eventually, process_state, start_daemon};
+use crate::util::{children_of, eventually, process_state, start_daemon, start_daemon_with};
 
 /// True once `pid` is gone or a zombie.
 fn dead(pid: u32) -> bool {
@@ -131,6 +131,29 @@ fn daemon_shutdown_closes_connections_with_their_kill_on_close() {
     // Children outlive a stopped daemon by default, as the README says.
     assert!(!dead(kept.id()));
     rustix::process::pidfd_send_signal(kept.pidfd(), rustix::process::Signal::KILL).unwrap();
+}
+
+#[test]
+fn stop_timeout_ends_a_stop_that_a_client_holds_up() {
+    let mut daemon = start_daemon_with("stop-timeout", None, &["--stop-timeout", "1"]);
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let doomed = Command::new(&client, "sleep")
+        .arg("30")
+        .kill_on_close(libc::SIGKILL)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    daemon.start_stop();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !dead(doomed.id()) && daemon.is_alive(),
+        "the graceful stop waits for the connected client's child"
+    );
+    // One signal only: the deadline ends the stop as a second one would.
+    assert!(eventually(Duration::from_secs(5), || dead(doomed.id())));
+    assert!(eventually(Duration::from_secs(5), || !daemon.is_alive()));
+    assert!(started.elapsed() >= Duration::from_secs(1));
 }
 
 #[test]

@@ -180,10 +180,16 @@ impl Daemon {
     /// Stops the daemon with SIGTERM, as systemd would, and returns how it
     /// exited.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.start_stop();
+        self.process.wait().expect("wait for the daemon")
+    }
+
+    /// Sends SIGTERM without waiting: from now on the daemon may exit on
+    /// its own.
+    pub fn start_stop(&mut self) {
         let pid = rustix::process::Pid::from_raw(self.pid() as i32).expect("pid");
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
         self.terminated = true;
-        self.process.wait().expect("wait for the daemon")
     }
 
     /// True while the daemon process runs.

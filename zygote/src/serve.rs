@@ -3,6 +3,7 @@
 //! inherited socket as a private zygote.
 
 use std::thread::available_parallelism;
+use std::time::Duration;
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -14,7 +15,8 @@ use crate::server::{self, Options};
 use crate::{Error, private, spawn};
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops gracefully (see
-/// [`server::run_with`]); a second signal ends the stop at once.
+/// [`server::run_with`]); a second signal, or `--stop-timeout` passing,
+/// ends the stop at once.
 ///
 /// `activation` is what [`crate::activation::take`] took at startup.
 ///
@@ -104,14 +106,31 @@ pub fn serve(args: &ServeArgs, activation: Activation) -> Result<(), Error> {
         .enable_all()
         .build()
         .map_err(Error::Runtime)?;
+    let stop_timeout = (args.stop_timeout > 0).then(|| Duration::from_secs(args.stop_timeout));
     runtime.block_on(async {
         let signals = count_signals()?;
         let first = wait_for_signals(signals.clone(), 1);
-        let second = wait_for_signals(signals, 2);
+        let second = wait_for_signals(signals.clone(), 2);
+        let deadline = async {
+            wait_for_signals(signals, 1).await;
+            match stop_timeout {
+                Some(timeout) => tokio::time::sleep(timeout).await,
+                None => std::future::pending().await,
+            }
+        };
+        // Either ending drops the serving future, whose guard closes every
+        // open connection as if its client had left.
         tokio::select! {
             served = server::run_with(listener, options, first) => served,
             () = second => {
                 tracing::warn!("second signal: exiting without waiting for the stop to finish");
+                Ok(())
+            }
+            () = deadline => {
+                tracing::warn!(
+                    stop_timeout_secs = args.stop_timeout,
+                    "stop timeout: closing every connection and exiting without waiting for their children"
+                );
                 Ok(())
             }
         }
