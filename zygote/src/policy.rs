@@ -1,5 +1,5 @@
 //! Who may connect and what each peer may ask for: the policy file and its
-//! decisions. Pure: the peer's identity comes in as data ([`Peer`]), so
+//! decisions. Pure: the peer's identity comes in as data (`Peer`), so
 //! every rule is unit-tested without sockets or other users.
 //!
 //! The invariant this enforces: a child never has more privilege than the
