@@ -37,6 +37,16 @@ fn group_members(pgid: u32) -> Vec<u32> {
     members
 }
 
+/// `sleep 30`, signalled with `signal` when its connection closes.
+fn sleep_killed_on_close(client: &Client, signal: i32) -> zygote_client::blocking::Child {
+    Command::new(client, "sleep")
+        .arg("30")
+        .kill_on_close(signal)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn kill_on_close_signals_children_when_the_client_leaves() {
     let daemon = start_daemon("kill-on-close");
@@ -48,12 +58,7 @@ fn kill_on_close_signals_children_when_the_client_leaves() {
         .unwrap();
 
     let leaving = Client::connect(daemon.socket()).expect("connect");
-    let doomed = Command::new(&leaving, "sleep")
-        .arg("30")
-        .kill_on_close(libc::SIGTERM)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let doomed = sleep_killed_on_close(&leaving, libc::SIGTERM);
     let kept = Command::new(&leaving, "sleep")
         .arg("30")
         .stdin(Stdio::null())
@@ -90,11 +95,7 @@ fn kill_on_close_signals_children_when_the_client_leaves() {
         !dead(kept_pid),
         "a child without kill-on-close outlives its client"
     );
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(kept_pid as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    sigkill(kept_pid);
     assert!(survivor.wait().unwrap().success());
     assert!(eventually(Duration::from_secs(5), || daemon
         .zombies()
@@ -105,12 +106,7 @@ fn kill_on_close_signals_children_when_the_client_leaves() {
 fn daemon_shutdown_closes_connections_with_their_kill_on_close() {
     let mut daemon = start_daemon("shutdown");
     let client = Client::connect(daemon.socket()).expect("connect");
-    let doomed = Command::new(&client, "sleep")
-        .arg("30")
-        .kill_on_close(libc::SIGKILL)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let doomed = sleep_killed_on_close(&client, libc::SIGKILL);
     let kept = Command::new(&client, "sleep")
         .arg("30")
         .stdin(Stdio::null())
@@ -137,12 +133,7 @@ fn daemon_shutdown_closes_connections_with_their_kill_on_close() {
 fn stop_timeout_ends_a_stop_that_a_client_holds_up() {
     let mut daemon = start_daemon_with("stop-timeout", None, &["--stop-timeout", "1"]);
     let client = Client::connect(daemon.socket()).expect("connect");
-    let doomed = Command::new(&client, "sleep")
-        .arg("30")
-        .kill_on_close(libc::SIGKILL)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let doomed = sleep_killed_on_close(&client, libc::SIGKILL);
     let started = Instant::now();
     daemon.start_stop();
     std::thread::sleep(Duration::from_millis(300));
@@ -193,56 +184,60 @@ fn timeout_sends_sigterm_and_reports_it() {
     assert!(status.success() && !status.timed_out());
 }
 
-#[test]
-fn timeout_of_a_group_leader_ends_its_whole_group() {
-    let daemon = start_daemon("timeout-group");
-    let client = Client::connect(daemon.socket()).expect("connect");
-    let mut child = Command::new(&client, "/bin/sh")
+/// A shell that starts `sleep 30` in the background and waits, with a
+/// 300 ms timeout, in a process group of its own when `own_group`; returns
+/// it and the background sleep's pid.
+fn shell_with_a_background_child(
+    client: &Client,
+    own_group: bool,
+) -> (zygote_client::blocking::Child, u32) {
+    let mut command = Command::new(client, "/bin/sh");
+    command
         .args(["-c", "sleep 30 & echo $!; wait"])
-        .process_group(0)
         .timeout(Duration::from_millis(300))
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let leader = child.id();
+        .stdout(Stdio::piped());
+    if own_group {
+        command.process_group(0);
+    }
+    let mut child = command.spawn().unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("piped stdout"))
         .read_line(&mut line)
         .unwrap();
-    let background: u32 = line.trim().parse().expect("the background pid");
-    let status = child.wait().unwrap();
+    (child, line.trim().parse().expect("the background pid"))
+}
+
+fn sigkill(pid: u32) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+}
+
+#[test]
+fn timeout_of_a_group_leader_ends_its_whole_group() {
+    let daemon = start_daemon("timeout-group");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let (mut leader, background) = shell_with_a_background_child(&client, true);
+    let status = leader.wait().unwrap();
     assert!(status.timed_out());
     assert_eq!(status.signal(), Some(libc::SIGTERM));
     assert!(
         eventually(Duration::from_secs(5), || dead(background)),
         "the leader's background child outlived the timeout"
     );
-    assert!(group_members(leader).is_empty());
+    assert!(group_members(leader.id()).is_empty());
 
     // Without a group of its own, only the child is signalled.
-    let mut child = Command::new(&client, "/bin/sh")
-        .args(["-c", "sleep 30 & echo $!; wait"])
-        .timeout(Duration::from_millis(300))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("piped stdout"))
-        .read_line(&mut line)
-        .unwrap();
-    let background: u32 = line.trim().parse().expect("the background pid");
+    let (mut child, background) = shell_with_a_background_child(&client, false);
     assert!(child.wait().unwrap().timed_out());
     assert!(
         !dead(background),
         "a child outside a group of its own is signalled alone"
     );
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(background as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    sigkill(background);
 }
 
 #[test]

@@ -344,10 +344,9 @@ fn copy_io_error(error: &io::Error) -> io::Error {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
     use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
-
-    use std::cell::RefCell;
 
     use zygote_proto::ResourceLimit;
 
