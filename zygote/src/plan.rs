@@ -345,16 +345,13 @@ impl FdTable {
 
     fn place_attached(&mut self, index: u32, child_fd: RawFd) -> Result<(), Refusal> {
         let slot = index as usize;
-        let count = self.attached.len();
-        let missing = || {
-            Refusal::invalid(format!(
-                "request refers to attached fd #{index}, but the frame carries {count}"
-            ))
-        };
-        let fd = match (
-            self.attached.get_mut(slot).ok_or_else(missing)?.take(),
-            self.placed_at[slot],
-        ) {
+        if slot >= self.attached.len() {
+            return Err(Refusal::invalid(format!(
+                "request refers to attached fd #{index}, but the frame carries {}",
+                self.attached.len()
+            )));
+        }
+        let fd = match (self.attached[slot].take(), self.placed_at[slot]) {
             (Some(fd), _) => fd,
             (None, Some(first)) => self.placed[first].0.try_clone().map_err(|error| {
                 Refusal::io(SpawnStage::Dup, "failed to duplicate an fd", error)
