@@ -35,17 +35,20 @@ const FORWARDED: [SignalKind; 5] = [
 
 /// Runs the command and returns the exit code for the wrapper.
 pub fn run(args: RunArgs) -> u8 {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("zygote: failed to start the async runtime: {error}");
-            return EXIT_ZYGOTE_FAILED;
-        }
+    let Some(runtime) = client_runtime() else {
+        return EXIT_ZYGOTE_FAILED;
     };
     runtime.block_on(run_async(args))
+}
+
+/// The single-threaded runtime of the client subcommands (`run`,
+/// `status`); `None`, after saying why on stderr, when it cannot start.
+pub(crate) fn client_runtime() -> Option<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .inspect_err(|error| eprintln!("zygote: failed to start the async runtime: {error}"))
+        .ok()
 }
 
 async fn run_async(args: RunArgs) -> u8 {

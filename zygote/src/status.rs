@@ -18,15 +18,8 @@ pub fn status(args: &StatusArgs) -> u8 {
         .clone()
         .or_else(|| std::env::var_os(zygote_client::SOCKET_ENV).map(Into::into))
         .unwrap_or_else(zygote_client::default_socket_path);
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("zygote: failed to start the async runtime: {error}");
-            return EXIT_FAILED;
-        }
+    let Some(runtime) = crate::run::client_runtime() else {
+        return EXIT_FAILED;
     };
     let asked = runtime.block_on(async {
         let client = Client::connect(&path).await?;
