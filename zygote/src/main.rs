@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use zygote::cli::{Cli, Command};
-use zygote::{activation, logging, run, serve, status};
+use zygote::cli::{run, serve, status};
+use zygote::service::{activation, logging};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

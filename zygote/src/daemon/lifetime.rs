@@ -19,15 +19,16 @@ use zygote_proto::{
     Timeout,
 };
 
-use crate::admission;
-use crate::connection::send_reply;
-use crate::metrics::SpawnResult;
-use crate::peer::Peer;
-use crate::plan::{self, Group, OnClose};
-use crate::policy::Grant;
-use crate::server::Daemon;
-use crate::shutdown::Shutdown;
-use crate::{reaper, spawn, strerror};
+use crate::daemon::admission;
+use crate::daemon::peer::Peer;
+use crate::daemon::plan::{self, Group, OnClose};
+use crate::daemon::policy::Grant;
+use crate::daemon::reaper;
+use crate::daemon::reply::send_reply;
+use crate::daemon::shutdown::Shutdown;
+use crate::daemon::state::{Closable, Daemon};
+use crate::service::metrics::SpawnResult;
+use crate::{spawn, strerror};
 
 /// One client's connection, shared by its spawn tasks.
 pub struct Connection {
@@ -98,6 +99,12 @@ impl Connection {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("connection state poisoned")
+    }
+}
+
+impl Closable for Connection {
+    fn close(&self) {
+        connection_closed(self);
     }
 }
 

@@ -8,17 +8,18 @@ use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
-use crate::activation::Activation;
 use crate::cli::ServeArgs;
-use crate::policy::Policy;
-use crate::server::{self, Options};
-use crate::{Error, private, spawn};
+use crate::daemon::policy::Policy;
+use crate::daemon::private;
+use crate::daemon::server::{self, Options};
+use crate::service::activation::Activation;
+use crate::{Error, spawn};
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops gracefully (see
 /// [`server::run_with`]); a second signal, or `--stop-timeout` passing,
 /// ends the stop at once.
 ///
-/// `activation` is what [`crate::activation::take`] took at startup.
+/// `activation` is what [`crate::service::activation::take`] took at startup.
 ///
 /// # Errors
 ///

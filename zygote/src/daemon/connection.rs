@@ -10,7 +10,7 @@
 //! signal and status requests and delivering exit notices, and closes once
 //! it has nothing in flight and no child running (see `server::run_with`).
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -23,11 +23,12 @@ use zygote_proto::{
     SignalRequest, SignalSent, SpawnFailed, SpawnStage, StatusReply, UCred, decode,
 };
 
-use crate::lifetime::{self, Connection, SpawnTask};
-use crate::metrics::SpawnResult;
-use crate::peer::Peer;
-use crate::server::Daemon;
-use crate::shutdown::Shutdown;
+use crate::daemon::lifetime::{self, Connection, SpawnTask};
+use crate::daemon::peer::Peer;
+use crate::daemon::reply::send_reply;
+use crate::daemon::shutdown::Shutdown;
+use crate::daemon::state::Daemon;
+use crate::service::metrics::SpawnResult;
 use crate::spawn;
 
 /// Spawns of one connection that may be in flight beyond its child limit:
@@ -379,19 +380,6 @@ fn signal(request: &SignalRequest, connection: &Connection) -> ServerMessage {
             errno,
             message,
         }),
-    }
-}
-
-/// Sends a reply; a client that already left is not an error.
-pub(crate) async fn send_reply(
-    socket: &AsyncSeqpacket,
-    message: &ServerMessage,
-    fds: &[BorrowedFd<'_>],
-) {
-    if let Err(error) = socket.send_message(message, fds).await {
-        if !error.is_disconnect() {
-            warn!(%error, "failed to send a reply");
-        }
     }
 }
 

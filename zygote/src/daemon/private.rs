@@ -2,7 +2,7 @@
 //!
 //! Both private modes end up here: `zygote serve --private-fd N` (a
 //! binary the client library launched) and a forked template
-//! ([`crate::template`]). The zygote serves the one connected socket it
+//! ([`crate::daemon::template`]). The zygote serves the one connected socket it
 //! was given, through the same per-connection code as the shared daemon,
 //! and only if the peer is of its own uid.
 //!
@@ -30,9 +30,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use tracing::{debug, info};
 use zygote_proto::{AsyncSeqpacket, socket};
 
-use crate::server::Daemon;
-use crate::shutdown::Coordinator;
-use crate::{Error, connection};
+use crate::Error;
+use crate::daemon::connection;
+use crate::daemon::shutdown::Coordinator;
+use crate::daemon::state::Daemon;
 
 /// How often the exit path checks whether every child has been reaped.
 const REAP_POLL: Duration = Duration::from_millis(10);

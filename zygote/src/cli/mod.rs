@@ -1,4 +1,13 @@
-//! Command-line arguments of the `zygote` binary.
+//! The `zygote` binary's commands and their arguments.
+//!
+//! - [`serve`]: `zygote serve`, the daemon around
+//!   [`server::run_with`](crate::daemon::server::run_with).
+//! - [`run`]: `zygote run`, a client of the daemon.
+//! - [`status`]: `zygote status`.
+
+pub mod run;
+pub mod serve;
+pub mod status;
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -6,7 +15,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::logging::LogFormat;
+use crate::service::logging::LogFormat;
 
 /// A spawn server: large processes start children without forking.
 #[derive(Debug, Parser)]
