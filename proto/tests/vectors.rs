@@ -1,12 +1,14 @@
-//! The test vectors in `PROTOCOL.md` are the bytes `zygote_proto::encode`
-//! produces, and decode back to the values the prose describes.
+//! The shared test vectors in `vectors/frames.json` are the bytes
+//! `zygote_proto::encode` produces for the values built here, decode back to
+//! those values, and carry their `serde_json` form, which the Go and Python
+//! clients compare with their own decoders.
 //!
-//! Each vector is a `#### vector: NAME` heading followed by a fenced `hex`
-//! block. Every name in [`NAMES`] must appear exactly once, and every vector
-//! in the document must be one of them.
+//! `PROTOCOL.md` shows some of them as `#### vector: NAME` headings followed
+//! by a fenced `hex` block; each such block must equal the file's hex for
+//! that name.
 //!
-//! To regenerate the blocks after a deliberate protocol change:
-//! `cargo test -p zygote-proto --test vectors -- --ignored --nocapture`.
+//! To regenerate the file after a deliberate protocol change:
+//! `cargo test -p zygote-proto --test vectors -- --ignored`.
 
 use std::collections::BTreeMap;
 
@@ -42,8 +44,34 @@ impl Frame {
     }
 }
 
-/// Every vector `PROTOCOL.md` must contain.
+/// Every vector `frames.json` must contain, in file order.
 const NAMES: &[&str] = &[
+    "hello",
+    "hello_ack",
+    "spawn_full",
+    "spawn_minimal",
+    "signal",
+    "spawned",
+    "spawn_failed",
+    "exited_code",
+    "exited_signal",
+    "signal_sent",
+    "request_failed",
+    "protocol_error",
+    "status_request",
+    "status_reply",
+    "spawn_empty_arg_fd",
+    "signal_max",
+    "spawned_max",
+    "spawn_failed_validate",
+    "exited_core_dumped",
+    "exited_max",
+    "protocol_error_busy",
+    "status_reply_max",
+];
+
+/// The vectors `PROTOCOL.md` shows with a hex block.
+const DOCUMENTED: &[&str] = &[
     "hello",
     "hello_ack",
     "spawn_full",
@@ -190,6 +218,103 @@ fn value(name: &str) -> Option<Frame> {
             kind: ProtocolErrorKind::UnsupportedVersion,
             message: "version 2 is not 1".to_owned(),
         })),
+        "spawn_empty_arg_fd" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
+            args: vec![Vec::new(), b"x".to_vec(), b"\xc3\x28".to_vec()],
+            env: vec![
+                env("EMPTY", ""),
+                EnvVar {
+                    key: b"K\xfe".to_vec(),
+                    value: b"\x80".to_vec(),
+                },
+            ],
+            stdin: StdioSpec::Fd(1),
+            stdout: StdioSpec::Fd(0),
+            stderr: StdioSpec::Fd(0),
+            fd_mappings: vec![
+                FdMapping {
+                    attached_index: 2,
+                    child_fd: 3,
+                },
+                FdMapping {
+                    attached_index: 2,
+                    child_fd: 1_048_576,
+                },
+            ],
+            process_group: Some(-1),
+            umask: Some(0o777),
+            rlimits: vec![ResourceLimit {
+                resource: u32::MAX,
+                soft: 0,
+                hard: u64::MAX,
+            }],
+            user: Some(UserSpec {
+                uid: 0,
+                gid: u32::MAX - 1,
+                groups: vec![],
+            }),
+            kill_on_close: Some(KillOnClose {
+                signal: 15,
+                process_group: false,
+            }),
+            timeout: Some(Timeout {
+                millis: u64::MAX,
+                grace_millis: 0,
+            }),
+            ..SpawnRequest::new(u64::MAX, "")
+        })),
+        "signal_max" => Frame::Client(ClientMessage::Signal(SignalRequest {
+            id: u64::MAX,
+            spawn_id: u64::MAX - 1,
+            signal: i32::MIN,
+        })),
+        "spawned_max" => Frame::Server(ServerMessage::Spawned(Spawned {
+            id: u64::MAX,
+            pid: i32::MAX,
+        })),
+        "spawn_failed_validate" => Frame::Server(ServerMessage::SpawnFailed(SpawnFailed {
+            id: 128,
+            stage: SpawnStage::Setuid,
+            errno: -1,
+            message: "caf\u{e9} \u{2603}".to_owned(),
+        })),
+        "exited_core_dumped" => Frame::Server(ServerMessage::Exited(ExitNotice {
+            id: 1,
+            status: ExitStatus::Signaled {
+                signal: 11,
+                core_dumped: true,
+            },
+            usage: ResourceUsage {
+                user_micros: 0,
+                system_micros: 1,
+                max_rss_kib: 127,
+            },
+            timed_out: false,
+        })),
+        "exited_max" => Frame::Server(ServerMessage::Exited(ExitNotice {
+            id: u64::MAX,
+            status: ExitStatus::Exited(255),
+            usage: ResourceUsage {
+                user_micros: u64::MAX,
+                system_micros: u64::MAX,
+                max_rss_kib: u64::MAX,
+            },
+            timed_out: true,
+        })),
+        "protocol_error_busy" => Frame::Server(ServerMessage::ProtocolError(ProtocolError {
+            kind: ProtocolErrorKind::Busy,
+            message: String::new(),
+        })),
+        "status_reply_max" => Frame::Server(ServerMessage::Status(StatusReply {
+            id: 0,
+            server_version: String::new(),
+            pid: i32::MIN,
+            uptime_millis: u64::MAX,
+            connections_open: 0,
+            connections_accepted: u64::MAX,
+            children_running: 1 << 35,
+            spawns_succeeded: 127,
+            spawns_failed: 128,
+        })),
         _ => return None,
     })
 }
@@ -240,6 +365,8 @@ fn document() -> String {
     std::fs::read_to_string(path).unwrap_or_else(|error| panic!("reading {path}: {error}"))
 }
 
+const FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/vectors/frames.json");
+
 fn hex(bytes: &[u8]) -> String {
     bytes
         .iter()
@@ -248,26 +375,157 @@ fn hex(bytes: &[u8]) -> String {
         .join(" ")
 }
 
-#[test]
-fn vectors_match_the_codec() {
-    let vectors = parse_vectors(&document());
-    for name in NAMES {
-        assert!(
-            vectors.contains_key(*name),
-            "PROTOCOL.md lacks vector {name}"
-        );
+fn unhex(text: &str) -> Vec<u8> {
+    assert!(text.len() % 2 == 0, "odd-length hex {text:?}");
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex digits"))
+        .collect()
+}
+
+impl Frame {
+    fn direction(&self) -> &'static str {
+        match self {
+            Self::Client(_) => "client",
+            Self::Server(_) => "server",
+        }
     }
-    for (name, bytes) in &vectors {
+
+    fn to_json(&self) -> serde_json::Value {
+        match self {
+            Self::Client(message) => serde_json::to_value(message),
+            Self::Server(message) => serde_json::to_value(message),
+        }
+        .expect("messages serialize to JSON")
+    }
+
+    fn to_json_text(&self) -> String {
+        match self {
+            Self::Client(message) => serde_json::to_string(message),
+            Self::Server(message) => serde_json::to_string(message),
+        }
+        .expect("messages serialize to JSON")
+    }
+
+    /// Builds the value from its JSON form, in the same direction as `self`.
+    fn parse_json_like(&self, json: &serde_json::Value) -> Frame {
+        match self {
+            Self::Client(_) => Self::Client(serde_json::from_value(json.clone()).expect("JSON")),
+            Self::Server(_) => Self::Server(serde_json::from_value(json.clone()).expect("JSON")),
+        }
+    }
+}
+
+/// The text of `frames.json` for the values in this file.
+fn generate() -> String {
+    let mut out = format!(
+        "{{\n  \"protocol_version\": {},\n  \"vectors\": [\n",
+        zygote_proto::PROTOCOL_VERSION
+    );
+    for (i, name) in NAMES.iter().enumerate() {
+        let frame = value(name).expect("listed names are known");
+        let separator = if i + 1 == NAMES.len() { "" } else { "," };
+        out.push_str(&format!(
+            "    {{\n      \"name\": \"{name}\",\n      \"direction\": \"{}\",\n      \"hex\": \"{}\",\n      \"message\": {}\n    }}{separator}\n",
+            frame.direction(),
+            hex(&frame.encode()).replace(' ', ""),
+            frame.to_json_text(),
+        ));
+    }
+    out.push_str("  ]\n}\n");
+    out
+}
+
+/// `(name, direction, bytes, message)` for every vector in `frames.json`.
+fn load_file() -> Vec<(String, String, Vec<u8>, serde_json::Value)> {
+    let text =
+        std::fs::read_to_string(FILE).unwrap_or_else(|error| panic!("reading {FILE}: {error}"));
+    let json: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|error| panic!("parsing {FILE}: {error}"));
+    assert_eq!(
+        json["protocol_version"],
+        serde_json::json!(zygote_proto::PROTOCOL_VERSION),
+        "{FILE}: protocol_version"
+    );
+    json["vectors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{FILE}: no \"vectors\" array"))
+        .iter()
+        .map(|vector| {
+            let field = |key: &str| {
+                vector[key]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{FILE}: a vector lacks string field {key:?}"))
+                    .to_owned()
+            };
+            let hex_text = field("hex");
+            assert_eq!(
+                hex_text,
+                hex_text.to_lowercase(),
+                "{FILE}: hex must be lowercase"
+            );
+            (
+                field("name"),
+                field("direction"),
+                unhex(&hex_text),
+                vector["message"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn vectors_file_matches_the_codec() {
+    let vectors = load_file();
+    let names: Vec<&str> = vectors.iter().map(|(name, ..)| name.as_str()).collect();
+    assert_eq!(names, NAMES, "{FILE}: names or their order differ");
+    for (name, direction, bytes, message) in &vectors {
         let expected = value(name).unwrap_or_else(|| panic!("unknown vector {name}"));
+        assert_eq!(direction, expected.direction(), "vector {name}: direction");
         assert_eq!(
             hex(&expected.encode()),
             hex(bytes),
-            "vector {name}: encode(value) differs from PROTOCOL.md"
+            "vector {name}: encode(value) differs from the file"
         );
         assert_eq!(
             expected.decode_like(bytes),
             expected,
-            "vector {name}: decode(PROTOCOL.md) differs from the value"
+            "vector {name}: decode(hex) differs from the value"
+        );
+        assert_eq!(
+            &expected.to_json(),
+            message,
+            "vector {name}: serde_json form differs from the file's message"
+        );
+        assert_eq!(
+            expected.parse_json_like(message),
+            expected,
+            "vector {name}: the file's message does not deserialize to the value"
+        );
+    }
+}
+
+#[test]
+fn protocol_md_blocks_match_the_file() {
+    let documented = parse_vectors(&document());
+    let file: BTreeMap<String, Vec<u8>> = load_file()
+        .into_iter()
+        .map(|(name, _, bytes, _)| (name, bytes))
+        .collect();
+    for name in DOCUMENTED {
+        assert!(
+            documented.contains_key(*name),
+            "PROTOCOL.md lacks vector {name}"
+        );
+    }
+    for (name, bytes) in &documented {
+        let expected = file
+            .get(name)
+            .unwrap_or_else(|| panic!("PROTOCOL.md shows vector {name}, which {FILE} lacks"));
+        assert_eq!(
+            hex(bytes),
+            hex(expected),
+            "vector {name}: PROTOCOL.md differs from {FILE}"
         );
     }
 }
@@ -346,17 +604,20 @@ fn variant_indices_match_the_tables() {
     assert!(decode::<ExitStatus>(&[2, 0]).is_err());
 }
 
-/// Prints the vector blocks for pasting into `PROTOCOL.md`.
+/// Writes `frames.json` from the values above.
 #[test]
 #[ignore = "generator: run by hand after a deliberate protocol change"]
-fn print_vectors() {
-    for name in NAMES {
-        let frame = value(name).expect("listed names are known");
-        let bytes = frame.encode();
-        println!("#### vector: {name}\n\n```hex");
-        for chunk in bytes.chunks(16) {
-            println!("{}", hex(chunk));
-        }
-        println!("```\n");
-    }
+fn write_vectors_file() {
+    std::fs::write(FILE, generate()).unwrap_or_else(|error| panic!("writing {FILE}: {error}"));
+}
+
+/// The file is exactly what the generator writes, so hand edits show up.
+#[test]
+fn vectors_file_is_generated() {
+    let text =
+        std::fs::read_to_string(FILE).unwrap_or_else(|error| panic!("reading {FILE}: {error}"));
+    assert!(
+        text == generate(),
+        "{FILE} differs from the generator's output; run the ignored test write_vectors_file"
+    );
 }
