@@ -79,7 +79,8 @@ class Process:
 
     async def wait(self) -> int:
         """Waits for the child to exit and returns its returncode."""
-        await asyncio.shield(self._exited)
+        if not self._slot.exited.is_set():
+            await asyncio.shield(self._exited)
         self._collect()
         assert self.returncode is not None
         return self.returncode

@@ -162,7 +162,7 @@ def build_spawn(
     budget = sum(len(arg) + 9 for arg in args) + sum(len(k) + len(v) + 10 for k, v in env_pairs)
     if budget > ARGV_ENV_BUDGET:
         raise Unservable(
-            f"argv + environment need {budget} bytes, over the zygote's {ARGV_ENV_BUDGET}"
+            f"argv + environment need {budget} bytes, over the zygote's budget of {ARGV_ENV_BUDGET}"
         )
 
     # The child starts in ours unless told otherwise, always as an absolute path.
