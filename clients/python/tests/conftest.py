@@ -90,7 +90,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def _print_log_on_failure(request: pytest.FixtureRequest, daemon: Daemon) -> None:
     failed = any(getattr(item, "stash_failed", False) for item in request.session.items)
     if failed:
-        print(f"\n--- zygote log ({daemon.log_path}) ---\n{daemon.log()[-20000:]}--- end of log ---")
+        print(
+            f"\n--- zygote log ({daemon.log_path}) ---\n{daemon.log()[-20000:]}--- end of log ---"
+        )
 
 
 @pytest.fixture(scope="session")

@@ -135,7 +135,9 @@ def test_pass_fds_and_nothing_else_leaks(client: zygote.Client) -> None:
 
 
 def test_cwd(client: zygote.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert client.run(["pwd"], cwd=tmp_path, capture_output=True, text=True).stdout == f"{tmp_path}\n"
+    assert (
+        client.run(["pwd"], cwd=tmp_path, capture_output=True, text=True).stdout == f"{tmp_path}\n"
+    )
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path)
     # The caller's directory by default, and a relative cwd joins onto it.
@@ -166,7 +168,10 @@ def test_umask_and_rlimits_are_copied(client: zygote.Client) -> None:
         assert client.run(["sh", "-c", "umask"], capture_output=True, text=True).stdout == "0027\n"
     finally:
         os.umask(old_mask)
-    assert client.run(["sh", "-c", "umask"], umask=0o077, capture_output=True, text=True).stdout == "0077\n"
+    assert (
+        client.run(["sh", "-c", "umask"], umask=0o077, capture_output=True, text=True).stdout
+        == "0077\n"
+    )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
     try:
@@ -243,7 +248,9 @@ def test_missing_daemon_is_a_zygote_error(tmp_path: Path) -> None:
 
 
 def test_module_level_api(default_socket: str) -> None:
-    result = zygote.run([sys.executable, "-c", "import os; print(os.getppid())"], capture_output=True)
+    result = zygote.run(
+        [sys.executable, "-c", "import os; print(os.getppid())"], capture_output=True
+    )
     assert int(result.stdout) != os.getpid()  # the zygote is the parent
     with zygote.Popen(["true"]) as process:
         pass

@@ -41,7 +41,9 @@ def test_the_file_covers_every_variant() -> None:
     seen = set()
     for vector in load():
         message = vector["message"]
-        seen.add((vector["direction"], next(iter(message)) if isinstance(message, dict) else message))
+        seen.add(
+            (vector["direction"], next(iter(message)) if isinstance(message, dict) else message)
+        )
     for direction, enum in (("client", _wire.CLIENT_MESSAGE), ("server", _wire.SERVER_MESSAGE)):
         for name, _ in enum[1]:
             assert (direction, name) in seen, f"no vector for {direction} {name}"

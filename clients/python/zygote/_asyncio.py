@@ -119,15 +119,21 @@ class Process:
             return None
         return await stream.read()
 
-    async def communicate(self, input: Optional[bytes] = None) -> Tuple[Optional[bytes], Optional[bytes]]:
+    async def communicate(
+        self, input: Optional[bytes] = None
+    ) -> Tuple[Optional[bytes], Optional[bytes]]:
         """Sends ``input``, reads stdout and stderr to their end, waits."""
         feeding = self._feed(input) if self.stdin is not None else asyncio.sleep(0)
-        _, out, err = await asyncio.gather(feeding, self._read(self.stdout), self._read(self.stderr))
+        _, out, err = await asyncio.gather(
+            feeding, self._read(self.stdout), self._read(self.stderr)
+        )
         await self.wait()
         return out, err
 
 
-def _resolve_user(user: Any, group: Any, extra_groups: Any) -> Tuple[Optional[int], Optional[int], Optional[List[int]]]:
+def _resolve_user(
+    user: Any, group: Any, extra_groups: Any
+) -> Tuple[Optional[int], Optional[int], Optional[List[int]]]:
     uid = pwd.getpwnam(user).pw_uid if isinstance(user, str) else user
     gid = grp.getgrnam(group).gr_gid if isinstance(group, str) else group
     gids = None
@@ -136,14 +142,23 @@ def _resolve_user(user: Any, group: Any, extra_groups: Any) -> Tuple[Optional[in
     return uid, gid, gids
 
 
-async def _send(loop: asyncio.AbstractEventLoop, conn: Connection, frame: bytes, fds: List[int]) -> None:
+def _set_once(future: "asyncio.Future[None]") -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _send(
+    loop: asyncio.AbstractEventLoop, conn: Connection, frame: bytes, fds: List[int]
+) -> None:
     while not conn.try_send(frame, fds):
         writable: "asyncio.Future[None]" = loop.create_future()
-        loop.add_writer(conn.fileno(), lambda: writable.done() or writable.set_result(None))
+        loop.add_writer(conn.fileno(), _set_once, writable)
         try:
             await asyncio.wait_for(writable, 30)
         except asyncio.TimeoutError:
-            raise ZygoteError(0, f"the zygote at {conn.where} has not read a request for 30 s") from None
+            raise ZygoteError(
+                0, f"the zygote at {conn.where} has not read a request for 30 s"
+            ) from None
         finally:
             loop.remove_writer(conn.fileno())
 
@@ -222,7 +237,7 @@ async def create_subprocess_exec(
             max_frame=conn.max_frame,
         )
         frame = _request.encode_spawn(message, conn.max_frame)
-    except _request.Unservable as error:
+    except _request.UnservableError as error:
         raise ValueError(f"the zygote cannot start this child: {error}") from None
 
     spawned: "asyncio.Future[None]" = loop.create_future()
@@ -271,15 +286,23 @@ async def create_subprocess_exec(
         protocol_for_writer = asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=limit))
         transport, _ = await loop.connect_write_pipe(lambda: protocol_for_writer, write_pipe)
         writer = asyncio.StreamWriter(transport, protocol_for_writer, None, loop)
-    out_fd = local_pipe[0] if local_pipe is not None else (next(pipe_iter) if specs[1][0] == "pipe" else None)
+    out_fd = (
+        local_pipe[0]
+        if local_pipe is not None
+        else (next(pipe_iter) if specs[1][0] == "pipe" else None)
+    )
     if out_fd is not None:
         reader_out = await _reader(loop, out_fd, limit)
     if specs[2][0] == "pipe":
         reader_err = await _reader(loop, next(pipe_iter), limit)
-    return Process(slot.reply["Spawned"]["pid"], pidfd, exited, slot, writer, reader_out, reader_err)
+    return Process(
+        slot.reply["Spawned"]["pid"], pidfd, exited, slot, writer, reader_out, reader_err
+    )
 
 
 async def _reader(loop: asyncio.AbstractEventLoop, fd: int, limit: int) -> asyncio.StreamReader:
     reader = asyncio.StreamReader(limit=limit)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), open(fd, "rb", buffering=0))
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), open(fd, "rb", buffering=0)
+    )
     return reader

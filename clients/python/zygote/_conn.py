@@ -54,15 +54,15 @@ class SpawnSlot:
     hear about it without a thread blocking."""
 
     __slots__ = (
-        "spawned",
-        "reply",
-        "fds",
-        "exited",
-        "exit",
-        "error",
-        "on_spawn",
-        "on_exit",
         "abandoned",
+        "error",
+        "exit",
+        "exited",
+        "fds",
+        "on_exit",
+        "on_spawn",
+        "reply",
+        "spawned",
     )
 
     def __init__(self) -> None:
@@ -207,7 +207,7 @@ class Connection:
         self._fail_all(reason)
 
     def _dispatch(self, message: Any, fds: List[int]) -> Optional[ZygoteError]:
-        (name, body), = message.items()
+        ((name, body),) = message.items()
         if name == "Spawned":
             slot = self._slots.get(body["id"])
             if slot is None or slot.abandoned:
@@ -278,13 +278,9 @@ class Connection:
     def try_send(self, frame: bytes, fds: Sequence[int]) -> bool:
         """Sends without blocking; False when the socket buffer is full."""
         self.check()
-        ancillary = (
-            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        )
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         try:
-            self._sock.sendmsg(
-                [frame], ancillary, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT
-            )
+            self._sock.sendmsg([frame], ancillary, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
         except BlockingIOError:
             return False
         except OSError as error:

@@ -19,7 +19,6 @@ class InstalledPopen(Popen):
     stdlib; :attr:`zygote_fallback_reason` says why it fell back."""
 
     _zygote_installed = True
-    zygote_fallback_reason: Optional[str] = None
     _installed_client: Optional[Client] = None
 
     def __init__(self, args: Any, *posargs: Any, **kwargs: Any) -> None:

@@ -88,6 +88,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     usage: Optional[Dict[str, int]] = None
     timed_out: bool = False
     _zygote_slot: Optional[SpawnSlot] = None
+    #: Why the installed drop-in used the stdlib for this call, if it did.
+    zygote_fallback_reason: Optional[str] = None
 
     def __init__(
         self,
@@ -115,7 +117,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
 
     # --- starting ---------------------------------------------------------
 
-    def _execute_child(  # type: ignore[override]
+    def _execute_child(
         self,
         args: Any,
         executable: Any,
@@ -153,7 +155,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         def fall_back(reason: str) -> None:
             self._zygote_fallback = True
             self.zygote_fallback_reason = reason
-            super(Popen, self)._execute_child(*stdlib_args)
+            super(Popen, self)._execute_child(*stdlib_args)  # type: ignore[misc]
 
         if preexec_fn is not None:
             if self._zygote_installed:
@@ -203,7 +205,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             except BaseException:
                 conn.unregister(request_id)
                 raise
-        except _request.Unservable as error:
+        except _request.UnservableError as error:
             if self._zygote_installed:
                 return fall_back(str(error))
             raise ValueError(f"the zygote cannot start this child: {error}") from None
@@ -212,7 +214,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 return fall_back(f"no zygote: {error}")
             raise
         # The daemon holds its own copies now; ours of the child's ends go.
-        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+        self._close_pipe_fds(  # type: ignore[attr-defined]
+            p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite
+        )
         try:
             slot.spawned.wait()
         except BaseException:

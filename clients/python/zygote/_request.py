@@ -30,7 +30,7 @@ StrOrBytesPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 Stdio = Tuple[Any, ...]
 
 
-class Unservable(Exception):
+class UnservableError(Exception):
     """The zygote cannot start this child exactly as asked; the installed
     drop-in falls back to the stdlib on it."""
 
@@ -98,7 +98,9 @@ def _bytes(what: str, value: StrOrBytesPath) -> bytes:
     return data
 
 
-def normalize_args(args: Any, shell: bool, executable: Optional[StrOrBytesPath]) -> Tuple[List[Any], Any]:
+def normalize_args(
+    args: Any, shell: bool, executable: Optional[StrOrBytesPath]
+) -> Tuple[List[Any], Any]:
     """``args`` as ``subprocess`` reads them, and the program to execute."""
     if isinstance(args, (str, bytes)):
         argv: List[Any] = [args]
@@ -143,7 +145,7 @@ def build_spawn(
     """The ``Spawn`` message and the fds to attach to its frame.
 
     Raises :class:`ValueError`/:class:`TypeError` for arguments
-    ``subprocess`` would also refuse, and :class:`Unservable` for a request
+    ``subprocess`` would also refuse, and :class:`UnservableError` for a request
     the zygote cannot carry (too many fds, argv + env over its budget).
     """
     program = _bytes("program", executable)
@@ -161,7 +163,7 @@ def build_spawn(
             env_pairs.append((key_bytes, _bytes("environment value", value)))
     budget = sum(len(arg) + 9 for arg in args) + sum(len(k) + len(v) + 10 for k, v in env_pairs)
     if budget > ARGV_ENV_BUDGET:
-        raise Unservable(
+        raise UnservableError(
             f"argv + environment need {budget} bytes, over the zygote's budget of {ARGV_ENV_BUDGET}"
         )
 
@@ -205,11 +207,13 @@ def build_spawn(
         if fd > 2:
             mapped[fd] = fd
     fd_mappings = [
-        {"attached_index": attach(fd), "child_fd": child_fd} for child_fd, fd in sorted(mapped.items())
+        {"attached_index": attach(fd), "child_fd": child_fd}
+        for child_fd, fd in sorted(mapped.items())
     ]
     if len(attached) > max_fds:
-        raise Unservable(
-            f"the child needs {len(attached)} fds passed, over the zygote's limit of {max_fds} per spawn"
+        raise UnservableError(
+            f"the child needs {len(attached)} fds passed, "
+            f"over the zygote's limit of {max_fds} per spawn"
         )
 
     limits = own_rlimits()
@@ -268,10 +272,12 @@ def build_spawn(
 
 
 def encode_spawn(message: Dict[str, Any], max_frame: int) -> bytes:
-    """The frame, or :class:`Unservable` when it is over the frame limit."""
+    """The frame, or :class:`UnservableError` when it is over the frame limit."""
     frame = _wire.encode_client(message)
     if len(frame) > max_frame:
-        raise Unservable(f"the request is {len(frame)} bytes, over the zygote's frame limit of {max_frame}")
+        raise UnservableError(
+            f"the request is {len(frame)} bytes, over the zygote's frame limit of {max_frame}"
+        )
     return frame
 
 

@@ -69,7 +69,12 @@ CLIENT_MESSAGE: Schema = _enum(
     ("Hello", _struct(("protocol_version", "u32"), ("client", "string"))),
     ("Spawn", _SPAWN),
     ("Signal", _struct(("id", "u64"), ("spawn_id", "u64"), ("signal", "i32"))),
-    ("Status", _struct(("id", "u64"),)),
+    (
+        "Status",
+        _struct(
+            ("id", "u64"),
+        ),
+    ),
 )
 
 SPAWN_STAGES = (
@@ -127,7 +132,12 @@ SERVER_MESSAGE: Schema = _enum(
             ("timed_out", "bool"),
         ),
     ),
-    ("SignalSent", _struct(("id", "u64"),)),
+    (
+        "SignalSent",
+        _struct(
+            ("id", "u64"),
+        ),
+    ),
     ("RequestFailed", _struct(("id", "u64"), ("errno", "i32"), ("message", "string"))),
     (
         "ProtocolError",
