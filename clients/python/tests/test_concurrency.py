@@ -175,3 +175,46 @@ def test_daemon_gone_before_spawn(daemon: Daemon) -> None:
         client.run(["true"])
     with pytest.raises(zygote.ZygoteError):
         zygote.Client(daemon.socket)
+
+
+def test_cancelled_spawn_kills_its_child(daemon: Daemon) -> None:
+    """A spawn given up before its reply does not leave a child behind."""
+    client = zygote.Client(daemon.socket)
+
+    async def main() -> None:
+        os.kill(daemon.pid, signal.SIGSTOP)
+        try:
+            spawn = asyncio.ensure_future(client.create_subprocess_exec("sleep", "30"))
+            await asyncio.sleep(0.1)
+            spawn.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await spawn
+        finally:
+            os.kill(daemon.pid, signal.SIGCONT)
+
+    try:
+        asyncio.run(main())
+        deadline = time.monotonic() + 10
+        while True:
+            status = client.status()
+            if status["spawns_succeeded"] == 1 and status["children_running"] == 0:
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.05)
+    finally:
+        client.close()
+
+
+def test_dropping_a_client_closes_its_connection(shared_daemon: Daemon) -> None:
+    import gc
+
+    with zygote.Client(shared_daemon.socket) as observer:
+        before = observer.status()["connections_open"]
+        dropped = zygote.Client(shared_daemon.socket)
+        assert observer.status()["connections_open"] == before + 1
+        del dropped
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while observer.status()["connections_open"] != before:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)

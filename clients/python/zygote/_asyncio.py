@@ -14,6 +14,7 @@ import os
 import pwd
 import signal
 import subprocess
+import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _request
@@ -45,6 +46,7 @@ class Process:
         stdin: Optional[asyncio.StreamWriter],
         stdout: Optional[asyncio.StreamReader],
         stderr: Optional[asyncio.StreamReader],
+        client: "Client",
     ) -> None:
         self.pid = pid
         self.pidfd: Optional[int] = pidfd
@@ -56,6 +58,8 @@ class Process:
         self.timed_out = False
         self._exited = exited
         self._slot = slot
+        self._client = client  # keeps the connection open while this lives
+        weakref.finalize(self, os.close, pidfd)
 
     def __repr__(self) -> str:
         return f"<zygote.Process {self.pid}>"
@@ -73,9 +77,6 @@ class Process:
         self.usage = dict(exit_notice["usage"])
         self.timed_out = bool(exit_notice["timed_out"])
         self.returncode = returncode_of(exit_notice)
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
 
     async def wait(self) -> int:
         """Waits for the child to exit and returns its returncode."""
@@ -257,15 +258,17 @@ async def create_subprocess_exec(
     slot.on_spawn = lambda: wake(spawned)
     slot.on_exit = lambda: wake(exited)
     conn.register_spawn(request_id, slot)
+    sent = False
     try:
         try:
             await _send(loop, conn, frame, fds)
+            sent = True
         finally:
             if local_pipe is not None:
                 os.close(local_pipe[1])
         await spawned
     except BaseException:
-        conn.unregister(request_id)
+        conn.unregister(request_id, sent)
         if local_pipe is not None:
             os.close(local_pipe[0])
         raise
@@ -296,7 +299,7 @@ async def create_subprocess_exec(
     if specs[2][0] == "pipe":
         reader_err = await _reader(loop, next(pipe_iter), limit)
     return Process(
-        slot.reply["Spawned"]["pid"], pidfd, exited, slot, writer, reader_out, reader_err
+        slot.reply["Spawned"]["pid"], pidfd, exited, slot, writer, reader_out, reader_err, client
     )
 
 

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import threading
+import weakref
 from typing import Any, Dict, List, Optional
 
 from ._conn import Connection
@@ -87,6 +88,8 @@ class Client:
                 f"(start one with `zygote serve`, or set {SOCKET_ENV})",
             ) from None
         self._conn = self._handshake(sock, self.path)
+        # Dropping the last reference closes the connection, as close() does.
+        weakref.finalize(self, self._conn.close)
 
     @staticmethod
     def _handshake(sock: socket.socket, where: str) -> Connection:
@@ -133,6 +136,7 @@ class Client:
             process.kill()
             process.wait()
             raise
+        weakref.finalize(self, self._conn.close)
         return self
 
     def _connection(self) -> Connection:

@@ -13,10 +13,11 @@ import errno
 import itertools
 import os
 import select
+import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 from . import _wire
 from ._errors import ZygoteError
@@ -91,6 +92,9 @@ class Connection:
         self._slots: Dict[int, SpawnSlot] = {}
         self._signals: Dict[int, "threading.Event"] = {}
         self._signal_replies: Dict[int, Dict[str, Any]] = {}
+        # Spawns whose caller gave up (interrupted, cancelled) before the
+        # reply: their child is killed when Spawned comes.
+        self._abandoned: Set[int] = set()
         self._lost: Optional[ZygoteError] = None
         self._closing = False
         self.pid = os.getpid()
@@ -210,7 +214,13 @@ class Connection:
         ((name, body),) = message.items()
         if name == "Spawned":
             slot = self._slots.get(body["id"])
-            if slot is None or slot.abandoned:
+            if slot is None:
+                if body["id"] in self._abandoned and fds:
+                    self._abandoned.discard(body["id"])
+                    try:
+                        signal.pidfd_send_signal(fds[0], signal.SIGKILL)
+                    except OSError:
+                        pass
                 _close_all(fds)
                 return None
             slot.reply = message
@@ -220,6 +230,7 @@ class Connection:
             return None
         _close_all(fds)
         if name == "SpawnFailed":
+            self._abandoned.discard(body["id"])
             slot = self._slots.pop(body["id"], None)
             if slot is not None:
                 slot.reply = message
@@ -314,10 +325,21 @@ class Connection:
             self._slots.pop(request_id, None)
             self.check()
 
-    def unregister(self, request_id: int) -> None:
+    def unregister(self, request_id: int, sent: bool) -> None:
+        """Forgets a spawn whose caller gave up; if the request was sent,
+        its child is killed as soon as it is reported."""
         slot = self._slots.pop(request_id, None)
-        if slot is not None:
-            slot.abandoned = True
+        if slot is None:
+            return
+        slot.abandoned = True
+        if sent and not slot.spawned.is_set():
+            self._abandoned.add(request_id)
+        elif sent and slot.reply is not None and "Spawned" in slot.reply:
+            try:
+                signal.pidfd_send_signal(slot.fds[0], signal.SIGKILL)
+            except OSError:
+                pass
+            _close_all(slot.fds)
 
     def request(self, message: Dict[str, Any], timeout: float = SEND_SECONDS) -> Dict[str, Any]:
         """Sends a Signal or Status request and waits for its reply."""
@@ -343,6 +365,11 @@ class Connection:
         if self._closing:
             return
         self._closing = True
+        if os.getpid() != self.pid:
+            # A forked copy: the socket is shared with the parent, whose
+            # connection must not be shut down from here.
+            self._sock.close()
+            return
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:

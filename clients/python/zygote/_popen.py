@@ -203,7 +203,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             try:
                 conn.send(frame, fds)
             except BaseException:
-                conn.unregister(request_id)
+                conn.unregister(request_id, sent=False)
                 raise
         except _request.UnservableError as error:
             if self._zygote_installed:
@@ -220,7 +220,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         try:
             slot.spawned.wait()
         except BaseException:
-            conn.unregister(request_id)
+            conn.unregister(request_id, sent=True)
             raise
         if slot.reply is None:
             assert slot.error is not None

@@ -273,7 +273,7 @@ def build_spawn(
 
 def encode_spawn(message: Dict[str, Any], max_frame: int) -> bytes:
     """The frame, or :class:`UnservableError` when it is over the frame limit."""
-    frame = _wire.encode_client(message)
+    frame = _wire.encode_spawn(message["Spawn"])
     if len(frame) > max_frame:
         raise UnservableError(
             f"the request is {len(frame)} bytes, over the zygote's frame limit of {max_frame}"
