@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -63,6 +64,17 @@ def test_what_it_cannot_serve_falls_back(installed: zygote.Client) -> None:
     big = subprocess.Popen(["sh", "-c", "exit 0", "x" * 100000, "y" * 100000])
     assert big.wait(10) == 0
     assert "budget" in (big.zygote_fallback_reason or "")  # type: ignore[attr-defined]
+
+
+def test_asyncio_subprocess_keeps_the_stdlib(installed: zygote.Client) -> None:
+    """asyncio reaps its children with waitpid: routing them through the
+    zygote would report 255 for every exit."""
+
+    async def main() -> int:
+        process = await asyncio.create_subprocess_exec("sh", "-c", "exit 5")
+        return await process.wait()
+
+    assert asyncio.run(main()) == 5
 
 
 def test_no_daemon_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,6 +4,7 @@ call it can serve exactly, the stdlib for the rest."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 from typing import Any, Optional
 
@@ -11,6 +12,9 @@ from ._client import _STDLIB_POPEN, Client
 from ._popen import Popen
 
 _lock = threading.Lock()
+#: Modules that start a Popen and then reap the pid themselves, which only
+#: works for a child of this process.
+_REAPING_CALLERS = frozenset({"asyncio.unix_events"})
 
 
 class InstalledPopen(Popen):
@@ -24,6 +28,9 @@ class InstalledPopen(Popen):
     def __init__(self, args: Any, *posargs: Any, **kwargs: Any) -> None:
         if "client" not in kwargs and self._installed_client is not None:
             kwargs["client"] = self._installed_client
+        caller = sys._getframe(1).f_globals.get("__name__")
+        if caller in _REAPING_CALLERS:
+            self._zygote_forced_fallback = f"{caller} reaps its children with waitpid"
         super().__init__(args, *posargs, **kwargs)
 
 
@@ -45,7 +52,13 @@ def install(client: Optional[Client] = None) -> None:
       ``close_fds=False`` in a process with many inheritable fds;
     - argv + environment over the daemon's budget (192 KiB), or a request
       over its frame limit;
-    - no zygote reachable (not running, lost, or refusing the connection).
+    - no zygote reachable (not running, lost, or refusing the connection);
+    - calls from asyncio's own ``create_subprocess_*``: its child watcher
+      reaps the pid with ``waitpid``, which only works for a child of this
+      process (use :func:`zygote.create_subprocess_exec` instead).
+
+    Code that reaps a ``Popen``'s pid itself (``os.waitpid(p.pid)``) gets
+    ``ChildProcessError``: the child's parent is the zygote.
 
     Everything else, including ``user``/``group``/``extra_groups``/``umask``,
     ``pass_fds``, ``cwd``, ``env``, ``start_new_session`` and

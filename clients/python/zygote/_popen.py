@@ -90,6 +90,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     _zygote_slot: Optional[SpawnSlot] = None
     #: Why the installed drop-in used the stdlib for this call, if it did.
     zygote_fallback_reason: Optional[str] = None
+    _zygote_forced_fallback: Optional[str] = None
 
     def __init__(
         self,
@@ -161,6 +162,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             if self._zygote_installed:
                 return fall_back("preexec_fn runs Python code in a forked child")
             raise ValueError("preexec_fn cannot run in a zygote child; use subprocess for it")
+        if self._zygote_installed and self._zygote_forced_fallback is not None:
+            return fall_back(self._zygote_forced_fallback)
         if self._zygote_installed and not _signals_match_zygote(restore_signals):
             return fall_back("a signal is ignored or blocked here, which a forked child would keep")
 
