@@ -258,3 +258,21 @@ def test_module_level_api(default_socket: str) -> None:
     status = zygote.default_client().status()
     assert status["spawns_succeeded"] >= 2
     assert status["connections_open"] >= 1
+
+
+def test_module_level_asyncio(default_socket: str) -> None:
+    import asyncio
+
+    async def main() -> bytes:
+        process = await zygote.create_subprocess_exec("echo", "async", stdout=subprocess.PIPE)
+        out, _ = await process.communicate()
+        assert process.returncode == 0 and process.pidfd is not None
+        return out or b""
+
+    assert asyncio.run(main()) == b"async\n"
+
+
+def test_client_from_environment(default_socket: str) -> None:
+    with zygote.Client() as own:
+        assert own.path == default_socket
+        assert own.run(["true"]).returncode == 0
