@@ -39,6 +39,13 @@ def _close_all(fds: Sequence[int]) -> None:
             pass
 
 
+def _kill(pidfd: int) -> None:
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def _fds_of(ancdata: List[Any]) -> List[int]:
     fds: List[int] = []
     for level, kind, data in ancdata:
@@ -79,7 +86,10 @@ class SpawnSlot:
 
     def _fire(self, callback: Optional[Callable[[], None]]) -> None:
         if callback is not None:
-            callback()
+            try:
+                callback()
+            except Exception:  # the reader thread must survive any waiter
+                pass
 
 
 class Connection:
@@ -95,6 +105,9 @@ class Connection:
         # Spawns whose caller gave up (interrupted, cancelled) before the
         # reply: their child is killed when Spawned comes.
         self._abandoned: Set[int] = set()
+        # Guards the hand-over of a Spawned reply against a caller giving
+        # up at the same moment; never held across a round trip.
+        self._lock = threading.Lock()
         self._lost: Optional[ZygoteError] = None
         self._closing = False
         self.pid = os.getpid()
@@ -206,6 +219,10 @@ class Connection:
             reason = ZygoteError(
                 error.errno, f"reading from the zygote at {self.where} failed: {error.strerror}"
             )
+        except Exception as error:  # a bug here must not leave waiters hanging
+            reason = ZygoteError(
+                errno.EPROTO, f"the client's reader for {self.where} failed: {error!r}"
+            )
         if self._closing:
             reason = ZygoteError(errno.ESHUTDOWN, f"the client of {self.where} was closed")
         self._fail_all(reason)
@@ -213,19 +230,19 @@ class Connection:
     def _dispatch(self, message: Any, fds: List[int]) -> Optional[ZygoteError]:
         ((name, body),) = message.items()
         if name == "Spawned":
-            slot = self._slots.get(body["id"])
+            with self._lock:
+                slot = self._slots.get(body["id"])
+                abandoned = slot is None and body["id"] in self._abandoned
+                self._abandoned.discard(body["id"])
+                if slot is not None:
+                    slot.reply = message
+                    slot.fds = fds
+                    slot.spawned.set()
             if slot is None:
-                if body["id"] in self._abandoned and fds:
-                    self._abandoned.discard(body["id"])
-                    try:
-                        signal.pidfd_send_signal(fds[0], signal.SIGKILL)
-                    except OSError:
-                        pass
+                if abandoned and fds:
+                    _kill(fds[0])
                 _close_all(fds)
                 return None
-            slot.reply = message
-            slot.fds = fds
-            slot.spawned.set()
             slot._fire(slot.on_spawn)
             return None
         _close_all(fds)
@@ -328,17 +345,16 @@ class Connection:
     def unregister(self, request_id: int, sent: bool) -> None:
         """Forgets a spawn whose caller gave up; if the request was sent,
         its child is killed as soon as it is reported."""
-        slot = self._slots.pop(request_id, None)
-        if slot is None:
-            return
-        slot.abandoned = True
-        if sent and not slot.spawned.is_set():
-            self._abandoned.add(request_id)
-        elif sent and slot.reply is not None and "Spawned" in slot.reply:
-            try:
-                signal.pidfd_send_signal(slot.fds[0], signal.SIGKILL)
-            except OSError:
-                pass
+        with self._lock:
+            slot = self._slots.pop(request_id, None)
+            if slot is None:
+                return
+            slot.abandoned = True
+            if sent and not slot.spawned.is_set():
+                self._abandoned.add(request_id)
+                return
+        if sent and slot.reply is not None and "Spawned" in slot.reply:
+            _kill(slot.fds[0])
             _close_all(slot.fds)
 
     def request(self, message: Dict[str, Any], timeout: float = SEND_SECONDS) -> Dict[str, Any]:
