@@ -21,6 +21,9 @@ mod daemon;
 // The `zygote run` tool: exit codes, inherited fds, messages.
 mod run;
 
+// Generated docs: `zygote run --help`, man pages, shell completions.
+mod docs;
+
 // The harness for tests driving outside tools: tool checks, HTTP, ports.
 mod tools;
 

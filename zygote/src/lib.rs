@@ -62,6 +62,9 @@ mod readme_tests {
                 number + 1
             );
         }
-        assert!(rust_blocks >= 5, "found {rust_blocks} Rust blocks in README.md");
+        assert!(
+            rust_blocks >= 5,
+            "found {rust_blocks} Rust blocks in README.md"
+        );
     }
 }

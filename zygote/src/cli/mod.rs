@@ -4,7 +4,9 @@
 //!   [`server::run_with`](crate::daemon::server::run_with).
 //! - [`run`]: `zygote run`, a client of the daemon.
 //! - [`status`]: `zygote status`.
+//! - [`docs`]: `zygote man` and `zygote completions`.
 
+pub mod docs;
 pub mod run;
 pub mod serve;
 pub mod status;
@@ -35,6 +37,10 @@ pub enum Command {
     Run(RunArgs),
     /// Ask a running zygote for its version, uptime and counters.
     Status(StatusArgs),
+    /// Print the manual page (roff): `zygote man | man -l -`.
+    Man(docs::ManArgs),
+    /// Print a shell completion script.
+    Completions(docs::CompletionsArgs),
 }
 
 /// Arguments of `zygote serve`.
@@ -101,6 +107,7 @@ fn parse_mode(text: &str) -> Result<u32, String> {
 
 /// Arguments of `zygote run`.
 #[derive(Debug, Args)]
+#[command(after_help = docs::RUN_AFTER_HELP)]
 pub struct RunArgs {
     /// Socket of the zygote [default: $ZYGOTE_SOCKET, else as for serve].
     #[arg(long, value_name = "PATH")]
