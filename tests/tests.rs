@@ -33,6 +33,9 @@ mod service;
 // Prometheus: the /metrics exposition, promtool, a real scraping server.
 mod metrics;
 
+// Logs in the journal: priorities and fields.
+mod logs;
+
 // Private zygotes (launched binary, forked template) serving a 2 GiB
 // program, and dying with it.
 mod private;
