@@ -36,6 +36,9 @@ mod metrics;
 // Logs in the journal: priorities and fields.
 mod logs;
 
+// SIGHUP: a graceful stop; ignored by private zygotes.
+mod hangup;
+
 // Private zygotes (launched binary, forked template) serving a 2 GiB
 // program, and dying with it.
 mod private;
