@@ -2,7 +2,6 @@
 //! reload, and no live upgrade yet); ignored by a private zygote, whose
 //! owner decides.
 
-use std::os::fd::OwnedFd;
 use std::process::{Command as StdCommand, Stdio as StdStdio};
 use std::time::Duration;
 
@@ -64,7 +63,7 @@ fn private_zygote_ignores_sighup() {
     let mut zygote = StdCommand::new(zygote_bin())
         .args(["serve", "--private-fd", "0"])
         .env("ZYGOTE_LOG", "off")
-        .stdin(StdStdio::from(OwnedFd::from(theirs)))
+        .stdin(StdStdio::from(theirs))
         .spawn()
         .expect("start a private zygote");
     // Let it set up its signal handling before the signal comes.
