@@ -182,10 +182,11 @@ impl SpawnTask {
             Err(failed) => {
                 let peer = &self.connection.peer;
                 let errno = errno_name(failed.errno);
-                // A refusal at admission is the daemon at a limit: an
-                // operator's problem. Any other failure is the client's,
+                // A refusal at admission is the daemon at a limit or its
+                // policy: an operator's concern. Any other failure, and a
+                // refusal because the daemon is stopping, is the client's,
                 // which gets it in the reply: one line per spawn, DEBUG.
-                if failed.stage == SpawnStage::Admission {
+                if failed.stage == SpawnStage::Admission && failed.errno != libc::ESHUTDOWN {
                     warn!(
                         peer_pid = peer.pid,
                         peer_uid = peer.uid,
