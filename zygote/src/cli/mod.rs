@@ -21,12 +21,22 @@ use crate::service::logging::LogFormat;
 
 /// A spawn server: large processes start children without forking.
 #[derive(Debug, Parser)]
-#[command(name = "zygote", version, about)]
+#[command(name = "zygote", version, about, long_about = LONG_ABOUT)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
+
+/// `zygote --help` and the DESCRIPTION of zygote(1).
+const LONG_ABOUT: &str = "\
+A spawn server for Linux: large processes start children without forking.
+
+zygote serve runs the daemon, a small process started before anything
+large or sensitive exists. Clients ask it over a Unix socket to start a
+child; it passes back the child's pipes and a pidfd, and later its exit
+status. zygote run -- CMD runs CMD through it, as if run directly.
+zygote status prints a running daemon's counters.";
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
