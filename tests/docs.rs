@@ -30,6 +30,7 @@ fn run_help_documents_exit_codes_signals_and_fds() {
     let help = stdout(&["run", "--help"]);
     for needle in [
         "Exit status:",
+        "124",
         "125",
         "126",
         "127",

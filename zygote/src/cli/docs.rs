@@ -21,9 +21,10 @@ Exit status:
   -    a signal killed the child: zygote run resets its own
        handler for that signal and raises it, so that its
        caller sees the same death (a shell shows 128+N)
-  125  zygote run itself failed: bad usage, no zygote on the
-       socket (the message names it and how to start one),
-       the connection to the zygote lost
+  124  --timeout expired, as with timeout(1)
+  125  zygote run itself failed: a wrong command line, no zygote
+       on the socket (the message names it and how to start
+       one), the connection to the zygote lost
   126  the program was found but could not be executed
        (permission denied, a directory, argument list too long)
   127  the program was not found
