@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use zygote::cli::{Cli, Command};
-use zygote::cli::{run, serve, status};
+use zygote::cli::{docs, run, serve, status};
 use zygote::service::{activation, logging};
 
 fn main() -> ExitCode {
@@ -28,5 +28,7 @@ fn main() -> ExitCode {
         }
         Command::Run(args) => ExitCode::from(run::run(args)),
         Command::Status(args) => ExitCode::from(status::status(&args)),
+        Command::Man(args) => ExitCode::from(docs::man(&args)),
+        Command::Completions(args) => ExitCode::from(docs::completions(&args)),
     }
 }

@@ -66,9 +66,12 @@ async fn serve_owner(socket: OwnedFd) -> Result<(), Error> {
             uid: uid.as_raw(),
         });
     }
-    // Held (not read) for the zygote's life: the signal is then recorded,
-    // not fatal. Children get default dispositions back at exec.
+    // Held (not read) for the zygote's life: the signals are then recorded,
+    // not fatal. A terminal's ^C or hangup reaches the owner's whole process
+    // group; the owner decides, and its exit ends the zygote. Children get
+    // default dispositions back at exec.
     let _ignore_interrupt = signal(SignalKind::interrupt()).map_err(Error::Runtime)?;
+    let _ignore_hangup = signal(SignalKind::hangup()).map_err(Error::Runtime)?;
     let socket = AsyncSeqpacket::new(socket).map_err(Error::PrivateSocket)?;
     let daemon = Arc::new(Daemon::new());
     info!(owner = owner.pid.as_raw_nonzero(), "private zygote serving");
