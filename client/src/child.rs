@@ -10,7 +10,7 @@ use rustix::process::{Signal, pidfd_send_signal};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, Interest, ReadBuf};
 use tokio::net::unix::pipe;
 
-use crate::connection::ExitWatch;
+use crate::connection::{ExitWatch, JobEvents};
 use crate::{Client, Error, ExitStatus, Output, ResourceUsage, Result, Stdio};
 
 /// What both flavours of child share: identity, pidfd, exit slot.
@@ -36,6 +36,7 @@ pub(crate) struct SpawnedParts {
     pub stdin: Option<OwnedFd>,
     pub stdout: Option<OwnedFd>,
     pub stderr: Option<OwnedFd>,
+    pub pty: Option<OwnedFd>,
 }
 
 impl ChildCore {
@@ -68,6 +69,10 @@ impl ChildCore {
 
     pub(crate) fn pidfd(&self) -> BorrowedFd<'_> {
         self.pidfd.as_fd()
+    }
+
+    pub(crate) fn job_events(&self) -> JobEvents {
+        self.exit.job_events()
     }
 
     pub(crate) fn usage(&self) -> Option<ResourceUsage> {
@@ -177,6 +182,11 @@ pub struct Child {
     pub stdout: Option<ChildStdout>,
     /// The read end of the child's stderr, when it was piped.
     pub stderr: Option<ChildStderr>,
+    /// The master end of the child's pseudo-terminal, when it was asked
+    /// for with [`Command::pty`](crate::Command::pty): read the child's
+    /// output from it, write its input to it, and set its size with
+    /// `TIOCSWINSZ`. Close-on-exec, in blocking mode.
+    pub pty: Option<OwnedFd>,
     core: ChildCore,
 }
 
@@ -189,6 +199,7 @@ impl Child {
             stdin,
             stdout,
             stderr,
+            pty,
         } = parts;
         let wrapped = (|| {
             let stdin = stdin.map(pipe::Sender::from_owned_fd).transpose()?;
@@ -201,6 +212,7 @@ impl Child {
                 stdin: stdin.map(ChildStdin),
                 stdout: stdout.map(ChildStdout),
                 stderr: stderr.map(ChildStderr),
+                pty,
                 core,
             }),
             Err(error) => {
@@ -220,6 +232,13 @@ impl Child {
     /// without pid-reuse races.
     pub fn pidfd(&self) -> BorrowedFd<'_> {
         self.core.pidfd()
+    }
+
+    /// Follows the child's stops and continues; the zygote reports them
+    /// only when the command asked with
+    /// [`Command::report_stops`](crate::Command::report_stops).
+    pub fn job_events(&self) -> crate::JobEvents {
+        self.core.job_events()
     }
 
     /// Waits for the child to exit. Closes the child's stdin first, so a

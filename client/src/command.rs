@@ -264,6 +264,23 @@ impl Command {
         self.spec.cwd.as_deref()
     }
 
+    /// Gives the child a new pseudo-terminal of `rows` × `cols` cells, as
+    /// `ssh -t` and `docker run -t` do: the child leads a new session with
+    /// the terminal as its controlling tty on stdin, stdout and stderr.
+    /// The master end comes back as [`Child::pty`]; the caller relays it.
+    /// Leave stdin, stdout and stderr unset: the terminal is all three.
+    pub fn pty(&mut self, rows: u16, cols: u16) -> &mut Self {
+        self.spec.pty = Some(zygote_proto::WindowSize { rows, cols });
+        self
+    }
+
+    /// Asks the zygote to report when the child stops (e.g. on Ctrl-Z at
+    /// its terminal) and continues; follow them with [`Child::job_events`].
+    pub fn report_stops(&mut self, report: bool) -> &mut Self {
+        self.spec.report_stops = report;
+        self
+    }
+
     /// Starts the child and returns once it has exec'd, or its setup
     /// failed, as `std::process::Command::spawn` does. Stdio not set
     /// explicitly is inherited.
@@ -328,7 +345,8 @@ impl Command {
                 });
             }
         };
-        let expected = 1 + piped.iter().filter(|piped| **piped).count();
+        let with_pty = self.spec.pty.is_some();
+        let expected = 1 + piped.iter().filter(|piped| **piped).count() + usize::from(with_pty);
         if fds.len() != expected {
             // Without all its fds the caller could not manage the child.
             if let Some(pidfd) = fds.first() {
@@ -339,7 +357,7 @@ impl Command {
                 kind: ProtocolErrorKind::UnexpectedFds,
                 message: format!(
                     "Spawned for {:?} (pid {pid}) carried {} fds, expected {expected} \
-                     (the pidfd, then one per piped stream); the child was killed",
+                     (the pidfd, one per piped stream, then a pty's master); the child was killed",
                     self.spec.program,
                     fds.len()
                 ),
@@ -349,6 +367,7 @@ impl Command {
         let pidfd = fds.next().expect("count checked above");
         let mut take = |wanted: bool| if wanted { fds.next() } else { None };
         let (stdin, stdout, stderr) = (take(piped[0]), take(piped[1]), take(piped[2]));
+        let pty = take(with_pty);
         let pid = pid.unsigned_abs(); // the dispatcher only passes pid > 0
         Ok(SpawnedParts {
             core: ChildCore::new(self.client.clone(), spawn_id, pid, pidfd, exit)
@@ -356,6 +375,7 @@ impl Command {
             stdin,
             stdout,
             stderr,
+            pty,
         })
     }
 }

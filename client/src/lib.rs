@@ -118,6 +118,7 @@ mod tests;
 pub use child::{Child, ChildStderr, ChildStdin, ChildStdout};
 pub use client::{Client, SOCKET_ENV, default_socket_path};
 pub use command::Command;
+pub use connection::{JobEvents, JobState};
 pub use daemon_status::DaemonStatus;
 pub use error::{Error, Result};
 pub use status::{ExitStatus, Output, ResourceUsage};

@@ -10,7 +10,9 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use zygote_proto::{EnvVar, FdMapping, KillOnClose, SpawnRequest, StdioSpec, Timeout, UserSpec};
+use zygote_proto::{
+    EnvVar, FdMapping, KillOnClose, PtySpec, SpawnRequest, StdioSpec, Timeout, UserSpec, WindowSize,
+};
 
 use crate::stdio::StdioKind;
 use crate::transparent::Snapshot;
@@ -44,6 +46,9 @@ pub(crate) struct Spec {
     pub kill_on_drop: bool,
     pub timeout: Option<Duration>,
     pub timeout_grace: Duration,
+    /// A pseudo-terminal of this size on the child's stdio.
+    pub pty: Option<WindowSize>,
+    pub report_stops: bool,
 }
 
 /// Grace period between a timeout's SIGTERM and SIGKILL, unless set.
@@ -93,6 +98,8 @@ impl Spec {
             kill_on_drop: false,
             timeout: None,
             timeout_grace: DEFAULT_GRACE,
+            pty: None,
+            report_stops: false,
         }
     }
 
@@ -202,6 +209,14 @@ impl Spec {
         let mut specs = [StdioSpec::Null; 3];
         let mut piped = [false; 3];
         for (stream, stdio) in self.stdio.iter().enumerate() {
+            if self.pty.is_some() {
+                if stdio.is_some() {
+                    return Err(Error::invalid(
+                        "a pty is the child's stdin, stdout and stderr: do not set them as well",
+                    ));
+                }
+                continue;
+            }
             let kind = match (stdio, defaults) {
                 (Some(stdio), _) => &stdio.0,
                 (None, StdioDefaults::Inherit) => &StdioKind::Inherit,
@@ -272,6 +287,8 @@ impl Spec {
                 millis: millis(limit).max(1),
                 grace_millis: millis(self.timeout_grace),
             }),
+            pty: self.pty.map(|window| PtySpec { window }),
+            report_stops: self.report_stops,
         };
         Ok(Prepared {
             request,

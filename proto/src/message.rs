@@ -42,6 +42,12 @@ pub enum ServerMessage {
     ProtocolError(ProtocolError),
     /// Answer to a [`StatusRequest`].
     Status(StatusReply),
+    /// A child whose request set [`SpawnRequest::report_stops`] was stopped
+    /// by a signal.
+    Stopped(StopNotice),
+    /// A child whose request set [`SpawnRequest::report_stops`] was
+    /// continued after a stop.
+    Continued(ContinueNotice),
 }
 
 /// Opens the conversation and states the protocol version the client speaks.
@@ -162,6 +168,13 @@ pub struct SpawnRequest {
     pub kill_on_close: Option<KillOnClose>,
     /// End the child if it runs longer than this.
     pub timeout: Option<Timeout>,
+    /// Give the child a new pseudo-terminal: it leads a new session with
+    /// the terminal as its controlling tty on fds 0 to 2, and the master
+    /// comes back with [`Spawned`]. The stdio specs must then be `Null`.
+    pub pty: Option<PtySpec>,
+    /// Send [`ServerMessage::Stopped`] and [`ServerMessage::Continued`]
+    /// when the child stops or continues.
+    pub report_stops: bool,
 }
 
 impl SpawnRequest {
@@ -187,8 +200,27 @@ impl SpawnRequest {
             user: None,
             kill_on_close: None,
             timeout: None,
+            pty: None,
+            report_stops: false,
         }
     }
+}
+
+/// A pseudo-terminal for the child, as `openpty(3)` makes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySpec {
+    /// Its initial size, as `TIOCSWINSZ` sets it.
+    pub window: WindowSize,
+}
+
+/// A terminal's size in character cells (`struct winsize` without the
+/// pixel fields, which terminals leave 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowSize {
+    /// Rows.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
 }
 
 /// Who the child runs as.
@@ -358,6 +390,23 @@ pub struct ExitNotice {
     pub usage: ResourceUsage,
     /// The daemon ended it because its [`Timeout`] expired.
     pub timed_out: bool,
+}
+
+/// A child stopped (`waitid` `WSTOPPED`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopNotice {
+    /// The id of the spawn request that started the child.
+    pub id: u64,
+    /// The signal that stopped it (`SIGTSTP`, `SIGSTOP`, `SIGTTIN` or
+    /// `SIGTTOU`).
+    pub signal: i32,
+}
+
+/// A stopped child continued (`waitid` `WCONTINUED`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContinueNotice {
+    /// The id of the spawn request that started the child.
+    pub id: u64,
 }
 
 /// Asks the daemon to signal a child this connection started.

@@ -23,6 +23,9 @@ pub struct Child {
     pub stdout: Option<ChildStdout>,
     /// The read end of the child's stderr, when it was piped.
     pub stderr: Option<ChildStderr>,
+    /// The master end of the child's pseudo-terminal, when asked for with
+    /// [`Command::pty`](super::Command::pty). Close-on-exec, blocking.
+    pub pty: Option<OwnedFd>,
     core: ChildCore,
     runtime: Arc<Runtime>,
 }
@@ -41,6 +44,7 @@ impl Child {
             stdin,
             stdout,
             stderr,
+            pty,
         } = parts;
         let wrapped = (|| {
             io::Result::Ok((
@@ -54,6 +58,7 @@ impl Child {
                 stdin: stdin.map(ChildStdin),
                 stdout: stdout.map(ChildStdout),
                 stderr: stderr.map(ChildStderr),
+                pty,
                 core,
                 runtime,
             }),

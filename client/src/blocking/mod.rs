@@ -232,6 +232,8 @@ impl Command {
         fn process_group(pgid: i32);
         /// Starts the child in a new session.
         fn setsid(setsid: bool);
+        /// Gives the child a new pseudo-terminal; see [`crate::Command::pty`].
+        fn pty(rows: u16, cols: u16);
         /// Sets the child's umask instead of copying this process's.
         fn umask(mask: u32);
         /// Runs the child as `uid`; see [`crate::Command::uid`].

@@ -92,8 +92,40 @@ pub(crate) enum SpawnReply {
 #[derive(Debug, Clone)]
 pub(crate) enum ExitState {
     Running,
+    /// Running, but stopped by this signal (only reported when the request
+    /// asked for stop notices).
+    Stopped(i32),
     Exited(ExitNotice),
     Lost(Arc<Lost>),
+}
+
+/// A child's stops and continues, as the zygote reports them for a
+/// request made with [`Command::report_stops`](crate::Command::report_stops).
+#[derive(Debug)]
+pub struct JobEvents(watch::Receiver<ExitState>);
+
+/// Whether a running child is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Running (again, after a stop).
+    Running,
+    /// Stopped by this signal (`SIGTSTP`, `SIGSTOP`, `SIGTTIN`, `SIGTTOU`).
+    Stopped(i32),
+}
+
+impl JobEvents {
+    /// Waits for the next change; `None` once the child has exited or the
+    /// connection is lost (then [`Child::wait`](crate::Child::wait) says
+    /// which). Changes that follow each other quickly may be seen as one:
+    /// this reports the latest state.
+    pub async fn changed(&mut self) -> Option<JobState> {
+        self.0.changed().await.ok()?;
+        match *self.0.borrow_and_update() {
+            ExitState::Running => Some(JobState::Running),
+            ExitState::Stopped(signal) => Some(JobState::Stopped(signal)),
+            ExitState::Exited(_) | ExitState::Lost(_) => None,
+        }
+    }
 }
 
 /// The receiving side of one child's exit slot.
@@ -101,10 +133,17 @@ pub(crate) enum ExitState {
 pub(crate) struct ExitWatch(watch::Receiver<ExitState>);
 
 impl ExitWatch {
+    /// Another view of the same slot, for following stops and continues.
+    pub(crate) fn job_events(&self) -> JobEvents {
+        let mut receiver = self.0.clone();
+        receiver.mark_unchanged();
+        JobEvents(receiver)
+    }
+
     /// The notice if it has arrived, without waiting.
     pub(crate) fn poll(&self) -> Result<Option<ExitNotice>> {
         match &*self.0.borrow() {
-            ExitState::Running => Ok(None),
+            ExitState::Running | ExitState::Stopped(_) => Ok(None),
             ExitState::Exited(notice) => Ok(Some(notice.clone())),
             ExitState::Lost(lost) => Err(lost.error()),
         }
@@ -114,7 +153,7 @@ impl ExitWatch {
     pub(crate) async fn wait(&mut self) -> Result<ExitNotice> {
         let state = match self
             .0
-            .wait_for(|state| !matches!(state, ExitState::Running))
+            .wait_for(|state| !matches!(state, ExitState::Running | ExitState::Stopped(_)))
             .await
         {
             Ok(state) => state.clone(),
@@ -130,7 +169,9 @@ impl ExitWatch {
         match state {
             ExitState::Exited(notice) => Ok(notice),
             ExitState::Lost(lost) => Err(lost.error()),
-            ExitState::Running => unreachable!("wait_for returned a running state"),
+            ExitState::Running | ExitState::Stopped(_) => {
+                unreachable!("wait_for returned a running state")
+            }
         }
     }
 }
@@ -321,6 +362,8 @@ fn message_name(message: &ServerMessage) -> &'static str {
         ServerMessage::Spawned(_) => "Spawned",
         ServerMessage::SpawnFailed(_) => "SpawnFailed",
         ServerMessage::Exited(_) => "Exited",
+        ServerMessage::Stopped(_) => "Stopped",
+        ServerMessage::Continued(_) => "Continued",
         ServerMessage::SignalSent(_) => "SignalSent",
         ServerMessage::RequestFailed(_) => "RequestFailed",
         ServerMessage::ProtocolError(_) => "ProtocolError",

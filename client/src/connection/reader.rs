@@ -70,6 +70,16 @@ impl Connection {
                     slot.send_replace(ExitState::Exited(notice));
                 }
             }
+            ServerMessage::Stopped(notice) => {
+                if let Some(slot) = state.exits.get(&notice.id) {
+                    slot.send_replace(ExitState::Stopped(notice.signal));
+                }
+            }
+            ServerMessage::Continued(notice) => {
+                if let Some(slot) = state.exits.get(&notice.id) {
+                    slot.send_replace(ExitState::Running);
+                }
+            }
             ServerMessage::SignalSent(sent) => match state.pending.remove(&sent.id) {
                 Some(Pending::Signal(reply)) => {
                     let _ = reply.send(Ok(()));

@@ -2,11 +2,12 @@
 //!
 //! - [`serve`]: `zygote serve`, the daemon around
 //!   [`server::run_with`](crate::daemon::server::run_with).
-//! - [`run`]: `zygote run`, a client of the daemon.
+//! - [`run`]: `zygote run`, a client of the daemon; [`pty`], its `-t`.
 //! - [`status`]: `zygote status`.
 //! - [`docs`]: `zygote man` and `zygote completions`.
 
 pub mod docs;
+pub mod pty;
 pub mod run;
 pub mod serve;
 pub mod status;
@@ -125,6 +126,11 @@ pub struct RunArgs {
     /// Give the child only fds 0, 1 and 2, not every inheritable fd.
     #[arg(long)]
     pub close_fds: bool,
+    /// Give the child a new pseudo-terminal, relayed to this one, as
+    /// `ssh -t` does. Without a terminal on stdin, warns and runs the
+    /// command without one.
+    #[arg(short = 't', long = "pty")]
+    pub pty: bool,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,

@@ -13,7 +13,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use zygote_client::{Child, Client, Command, Error};
 use zygote_proto::SpawnStage;
 
-use crate::cli::RunArgs;
+use crate::cli::{RunArgs, pty};
 use crate::{spawn, strerror};
 
 /// Exit code when zygote itself fails (no daemon, protocol error, ...).
@@ -73,6 +73,13 @@ async fn run_async(args: RunArgs) -> u8 {
     if !args.close_fds {
         command.inherit_fds();
     }
+    if args.pty {
+        if pty::stdin_is_terminal() {
+            return pty::run(&mut command, Path::new(program)).await;
+        }
+        // As `ssh -t`: run the command all the same, without a terminal.
+        eprintln!("zygote: pseudo-terminal will not be allocated because stdin is not a terminal");
+    }
     let mut child = match command.spawn().await {
         Ok(child) => child,
         Err(error) => return report_spawn_error(&error, Path::new(program)),
@@ -120,7 +127,7 @@ fn forward_signals(child: &Child) {
     }
 }
 
-fn report_spawn_error(error: &Error, program: &Path) -> u8 {
+pub(super) fn report_spawn_error(error: &Error, program: &Path) -> u8 {
     match error {
         Error::Spawn { stage, errno, .. } if *stage == SpawnStage::Exec => {
             eprintln!("zygote: {}: {}", program.display(), strerror(*errno));

@@ -15,8 +15,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
 use zygote_proto::{
-    AsyncSeqpacket, ExitNotice, ServerMessage, SpawnFailed, SpawnRequest, SpawnStage, Spawned,
-    Timeout,
+    AsyncSeqpacket, ContinueNotice, ExitNotice, ServerMessage, SpawnFailed, SpawnRequest,
+    SpawnStage, Spawned, StopNotice, Timeout,
 };
 
 use crate::daemon::admission;
@@ -311,8 +311,28 @@ impl SpawnTask {
             "spawned"
         );
 
+        let stops = async {
+            if !request.report_stops {
+                return std::future::pending().await;
+            }
+            reaper::follow_stops(pidfd.get_ref().as_fd(), |change| {
+                debug!(pid, ?change, "child stopped or continued");
+                let message = match change {
+                    reaper::JobChange::Stopped(signal) => {
+                        ServerMessage::Stopped(StopNotice { id, signal })
+                    }
+                    reaper::JobChange::Continued => ServerMessage::Continued(ContinueNotice { id }),
+                };
+                async move { self.reply(&message, &[]).await }
+            })
+            .await;
+        };
+        // Polled in this order: once the child has exited, no stop notice
+        // can follow its `Exited`.
         let (exit, timed_out) = tokio::select! {
+            biased;
             exit = wait_with_timeout(&pidfd, pid, prepared.timeout, prepared.leads_own_group) => exit,
+            () = stops => unreachable!("following stops never ends"),
             () = self.abandoned() => {
                 debug!(pid, "leaving a child to the system's reaper: the daemon is stopping and its client has left");
                 self.connection.lock().children.remove(&id);

@@ -8,7 +8,9 @@ use std::os::fd::{OwnedFd, RawFd};
 
 use rustix::io::Errno;
 use rustix::pipe::{PipeFlags, pipe_with};
-use zygote_proto::{SpawnRequest, SpawnStage, StdioSpec, Timeout};
+use rustix::pty::{OpenptFlags, ioctl_tiocgptpeer, openpt, unlockpt};
+use rustix::termios::{Winsize, tcsetwinsize};
+use zygote_proto::{PtySpec, SpawnRequest, SpawnStage, StdioSpec, Timeout};
 
 use crate::spawn::SpawnPlan;
 
@@ -52,7 +54,8 @@ impl Refusal {
 /// the pipes to send back once the child runs.
 pub struct Prepared {
     pub plan: SpawnPlan,
-    /// The client's pipe ends, in stdin, stdout, stderr order.
+    /// The client's pipe ends, in stdin, stdout, stderr order, then the
+    /// pseudo-terminal's master when one was asked for.
     pub client_ends: Vec<OwnedFd>,
     /// What to signal when the connection closes.
     pub on_close: Option<OnClose>,
@@ -159,10 +162,21 @@ pub fn prepare(
 
     let mut fds = FdTable::new(attached);
     let mut client_ends = Vec::new();
+    let terminal = match request.pty {
+        Some(pty) => Some(open_terminal(request, pty)?),
+        None => None,
+    };
     for (child_fd, spec) in [request.stdin, request.stdout, request.stderr]
         .into_iter()
         .enumerate()
     {
+        if let Some(terminal) = &terminal {
+            let slave = terminal.slave.try_clone().map_err(|error| {
+                Refusal::io(SpawnStage::Dup, "failed to duplicate the terminal", error)
+            })?;
+            fds.place(slave, child_fd as RawFd);
+            continue;
+        }
         let child_fd = child_fd as RawFd;
         let source = match spec {
             StdioSpec::Null => open_dev_null()?,
@@ -205,6 +219,9 @@ pub fn prepare(
         fds.place_attached(mapping.attached_index, mapping.child_fd)?;
     }
     let fds = fds.finish()?;
+    if let Some(terminal) = terminal {
+        client_ends.push(terminal.master);
+    }
 
     Ok(Prepared {
         plan: SpawnPlan {
@@ -213,7 +230,8 @@ pub fn prepare(
             envp,
             cwd,
             fds,
-            new_session: request.new_session,
+            new_session: request.new_session || request.pty.is_some(),
+            controlling_terminal: request.pty.is_some(),
             process_group: request.process_group,
             umask: request.umask,
             rlimits: request.rlimits.clone(),
@@ -227,7 +245,45 @@ pub fn prepare(
 }
 
 fn leads_own_group(request: &SpawnRequest) -> bool {
-    request.new_session || request.process_group == Some(0)
+    request.new_session || request.pty.is_some() || request.process_group == Some(0)
+}
+
+/// Both ends of a new pseudo-terminal.
+struct Terminal {
+    master: OwnedFd,
+    slave: OwnedFd,
+}
+
+/// Opens a pseudo-terminal of the requested size, both ends close-on-exec
+/// and neither becoming the daemon's controlling terminal.
+///
+/// The slave is opened through the master (`TIOCGPTPEER`, Linux 4.13), not
+/// by its `/dev/pts` path, which may not be this pty's in our mount
+/// namespace.
+fn open_terminal(request: &SpawnRequest, pty: PtySpec) -> Result<Terminal, Refusal> {
+    if [request.stdin, request.stdout, request.stderr] != [StdioSpec::Null; 3] {
+        return Err(Refusal::invalid(
+            "a pty request puts the terminal on fds 0 to 2: stdin, stdout and stderr must be Null",
+        ));
+    }
+    let failed = |what: &str, errno: Errno| Refusal {
+        stage: SpawnStage::Pipe,
+        errno,
+        message: format!("failed to {what}: {errno}"),
+    };
+    let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
+    let master = openpt(flags).map_err(|errno| failed("open /dev/ptmx", errno))?;
+    unlockpt(&master).map_err(|errno| failed("unlock a pseudo-terminal", errno))?;
+    let slave = ioctl_tiocgptpeer(&master, flags)
+        .map_err(|errno| failed("open a pseudo-terminal's slave", errno))?;
+    let size = Winsize {
+        ws_row: pty.window.rows,
+        ws_col: pty.window.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    tcsetwinsize(&master, size).map_err(|errno| failed("set a terminal's size", errno))?;
+    Ok(Terminal { master, slave })
 }
 
 /// Refuses argv plus environment beyond the limit, counted as the kernel

@@ -113,6 +113,7 @@ impl Daemon {
     /// the first spawn, when `serve` has long installed its handlers; its
     /// children then skip reading them from procfs.
     pub(crate) fn spawn(&self, plan: &SpawnPlan) -> Result<SpawnedChild, SpawnError> {
+        crate::daemon::reaper::install_child_handler();
         match self.spawner.get_or_init(Spawner::with_current_dispositions) {
             Some(spawner) => spawner.spawn(plan),
             None => spawn::spawn(plan),
@@ -166,6 +167,7 @@ mod tests {
             cwd: None,
             fds: Vec::new(),
             new_session: false,
+            controlling_terminal: false,
             process_group: None,
             umask: None,
             rlimits,

@@ -38,6 +38,8 @@ pub(super) struct ChildArgs<'a> {
     pub(super) close_ranges: &'a [(c_uint, c_uint)],
     /// Call `setsid`.
     pub(super) new_session: bool,
+    /// Make fd 0 the controlling terminal (after `setsid`).
+    pub(super) controlling_terminal: bool,
     /// Call `setpgid(0, pgid)` (only without `new_session`).
     pub(super) process_group: Option<libc::pid_t>,
     /// Call `umask`.
@@ -203,6 +205,10 @@ fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
     place_fds(args)?;
     close_others(args)?;
 
+    if args.controlling_terminal {
+        take_terminal(args)?;
+    }
+
     for (resource, limit) in args.rlimits {
         // SAFETY: prlimit64 on ourselves (pid 0), reading a valid struct
         // with the kernel's layout; the old value is not asked for.
@@ -225,6 +231,23 @@ fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
     if let Some(cwd) = args.cwd {
         // SAFETY: `cwd` is a NUL-terminated string owned by the plan.
         check(unsafe { libc::chdir(cwd.as_ptr()) }, SpawnStage::Chdir)?;
+    }
+    Ok(())
+}
+
+/// Makes the terminal on fd 0 the controlling terminal of the session this
+/// child leads, and gives it to the user the child will run as, as
+/// `grantpt(3)` would: programs that reopen their tty by name need that.
+/// Failures report the `Setsid` stage: both steps make the session.
+fn take_terminal(args: &ChildArgs<'_>) -> Result<(), Failed> {
+    // SAFETY: ioctl on fd 0 with an integer argument (0: do not steal a
+    // terminal that is already another session's).
+    let ret = unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0 as c_int) };
+    check(ret, SpawnStage::Setsid)?;
+    if let Some((uid, _, _)) = args.credentials {
+        // SAFETY: plain syscall on fd 0; -1 keeps the group (devpts' own).
+        let ret = unsafe { libc::fchown(0, uid, libc::gid_t::MAX) };
+        check(ret, SpawnStage::Setsid)?;
     }
     Ok(())
 }

@@ -38,11 +38,13 @@
 mod child;
 mod clone;
 mod fork;
+mod selfsignal;
 
 pub use fork::{
     ForkError, Forked, close_fds_above_2_except, exit_now, fork_single_threaded, take_inherited_fd,
     thread_count,
 };
+pub use selfsignal::{die_of_signal, stop_self};
 
 use std::cell::Cell;
 use std::ffi::{CString, c_char, c_int, c_uint};
@@ -77,6 +79,9 @@ pub struct SpawnPlan {
     pub fds: Vec<(OwnedFd, RawFd)>,
     /// Start a new session (`setsid(2)`).
     pub new_session: bool,
+    /// Make fd 0, a terminal, the controlling terminal (`TIOCSCTTY`) of
+    /// the new session; needs `new_session`.
+    pub controlling_terminal: bool,
     /// `setpgid(0, pgid)`; ignored if `new_session`.
     pub process_group: Option<i32>,
     /// The child's umask; the daemon's when absent.
@@ -379,6 +384,7 @@ impl<'a> Prepared<'a> {
             dup_floor: self.dup_floor,
             close_ranges: &self.close_ranges,
             new_session: plan.new_session,
+            controlling_terminal: plan.controlling_terminal,
             process_group: plan.process_group,
             umask: plan.umask,
             rlimits: &self.rlimits,

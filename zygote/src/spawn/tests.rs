@@ -43,6 +43,7 @@ fn plan(argv: &[&str]) -> SpawnPlan {
         cwd: None,
         fds: vec![(dev_null(), 0), (dev_null(), 1), (dev_null(), 2)],
         new_session: false,
+        controlling_terminal: false,
         process_group: None,
         umask: None,
         rlimits: Vec::new(),
