@@ -8,10 +8,11 @@ use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 
 use zygote_proto::{
-    ClientMessage, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck, KillOnClose, Limits,
-    ProtoError, ProtocolError, ProtocolErrorKind, RequestFailed, ResourceLimit, ResourceUsage,
-    ServerMessage, SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage, Spawned,
-    StatusReply, StatusRequest, StdioSpec, Timeout, UserSpec, decode, encode,
+    ClientMessage, ContinueNotice, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck,
+    KillOnClose, Limits, ProtoError, ProtocolError, ProtocolErrorKind, PtySpec, RequestFailed,
+    ResourceLimit, ResourceUsage, ServerMessage, SignalRequest, SignalSent, SpawnFailed,
+    SpawnRequest, SpawnStage, Spawned, StatusReply, StatusRequest, StdioSpec, StopNotice, Timeout,
+    UserSpec, WindowSize, decode, encode,
 };
 
 fn bytes() -> impl Strategy<Value = Vec<u8>> {
@@ -108,6 +109,12 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
                     grace_millis,
                 }),
             ),
+            prop::option::of(
+                (any::<u16>(), any::<u16>()).prop_map(|(rows, cols)| PtySpec {
+                    window: WindowSize { rows, cols },
+                }),
+            ),
+            any::<bool>(),
         ),
     )
         .prop_map(
@@ -115,7 +122,7 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
                 (id, program, argv0, args, env, cwd),
                 (stdin, stdout, stderr),
                 (fd_mappings, new_session, process_group, umask, rlimits),
-                (user, kill_on_close, timeout),
+                (user, kill_on_close, timeout, pty, report_stops),
             )| SpawnRequest {
                 id,
                 program,
@@ -134,6 +141,8 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
                 user,
                 kill_on_close,
                 timeout,
+                pty,
+                report_stops,
             },
         )
 }
@@ -245,6 +254,9 @@ fn server_message() -> impl Strategy<Value = ServerMessage> {
                     })
                 }
             ),
+        (any::<u64>(), any::<i32>())
+            .prop_map(|(id, signal)| ServerMessage::Stopped(StopNotice { id, signal })),
+        any::<u64>().prop_map(|id| ServerMessage::Continued(ContinueNotice { id })),
     ]
 }
 
@@ -372,8 +384,8 @@ fn invalid_values_are_malformed() {
             "{bytes:02x?} should be malformed"
         );
     };
-    // Variant index 8 does not exist.
-    malformed(&[0x08]);
+    // Variant index 10 does not exist.
+    malformed(&[0x0a]);
     // An Exited notice whose `core_dumped` is 2.
     malformed(&[0x03, 0x07, 0x01, 0x12, 0x02, 0x00, 0x00, 0x00]);
     // A SpawnFailed whose message is not UTF-8.

@@ -13,10 +13,11 @@
 use std::collections::BTreeMap;
 
 use zygote_proto::{
-    ClientMessage, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck, KillOnClose, Limits,
-    ProtocolError, ProtocolErrorKind, RequestFailed, ResourceLimit, ResourceUsage, ServerMessage,
-    SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage, Spawned, StatusReply,
-    StatusRequest, StdioSpec, Timeout, UserSpec, decode, encode,
+    ClientMessage, ContinueNotice, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck,
+    KillOnClose, Limits, ProtocolError, ProtocolErrorKind, PtySpec, RequestFailed, ResourceLimit,
+    ResourceUsage, ServerMessage, SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage,
+    Spawned, StatusReply, StatusRequest, StdioSpec, StopNotice, Timeout, UserSpec, WindowSize,
+    decode, encode,
 };
 
 /// A whole frame: what a client or the daemon sends.
@@ -68,6 +69,9 @@ const NAMES: &[&str] = &[
     "exited_max",
     "protocol_error_busy",
     "status_reply_max",
+    "spawn_pty",
+    "stopped",
+    "continued",
 ];
 
 /// The vectors `PROTOCOL.md` shows with a hex block.
@@ -86,6 +90,9 @@ const DOCUMENTED: &[&str] = &[
     "protocol_error",
     "status_request",
     "status_reply",
+    "spawn_pty",
+    "stopped",
+    "continued",
 ];
 
 fn env(key: &str, value: &str) -> EnvVar {
@@ -145,6 +152,8 @@ fn value(name: &str) -> Option<Frame> {
                 millis: 5000,
                 grace_millis: 200,
             }),
+            pty: None,
+            report_stops: false,
         })),
         "spawn_minimal" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
             id: 300,
@@ -164,6 +173,8 @@ fn value(name: &str) -> Option<Frame> {
             user: None,
             kill_on_close: None,
             timeout: None,
+            pty: None,
+            report_stops: false,
         })),
         "signal" => Frame::Client(ClientMessage::Signal(SignalRequest {
             id: 8,
@@ -315,6 +326,15 @@ fn value(name: &str) -> Option<Frame> {
             spawns_succeeded: 127,
             spawns_failed: 128,
         })),
+        "spawn_pty" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
+            pty: Some(PtySpec {
+                window: WindowSize { rows: 24, cols: 80 },
+            }),
+            report_stops: true,
+            ..SpawnRequest::new(12, "/bin/sh")
+        })),
+        "stopped" => Frame::Server(ServerMessage::Stopped(StopNotice { id: 12, signal: 20 })),
+        "continued" => Frame::Server(ServerMessage::Continued(ContinueNotice { id: 12 })),
         _ => return None,
     })
 }
