@@ -13,6 +13,13 @@
 //! - When the child stops (the daemon reports it), the wrapper restores its
 //!   terminal and stops itself with the same signal; once continued, it
 //!   goes back to raw mode and continues the child.
+//! - The child leads its session, so its own process group is orphaned and
+//!   the kernel discards the `SIGTSTP` of a Ctrl-Z typed while that group
+//!   is in the foreground. The wrapper sees the key go by and stops the
+//!   child with `SIGSTOP` instead, then itself with `SIGTSTP`: a program
+//!   run alone stops as it would under a shell. A program that reads keys
+//!   raw (vi) gets the key and decides, as under `ssh -t`; jobs of a
+//!   shell run on the terminal stop by the kernel as usual.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -21,7 +28,10 @@ use std::sync::Arc;
 
 use rustix::io::Errno;
 use rustix::process::{Signal, pidfd_send_signal};
-use rustix::termios::{OptionalActions, Termios, Winsize, tcgetattr, tcgetwinsize, tcsetattr};
+use rustix::termios::{
+    LocalModes, OptionalActions, SpecialCodeIndex, Termios, Winsize, tcgetattr, tcgetpgrp,
+    tcgetwinsize, tcsetattr,
+};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
@@ -214,6 +224,8 @@ async fn relay(child: &mut Child, master: OwnedFd, raw: &RawMode) -> Result<Exit
     let mut input = read_stdin();
     let mut jobs = child.job_events();
     let (mut input_open, mut output_open, mut jobs_open) = (true, true, true);
+    // The child was sent SIGSTOP for a Ctrl-Z the kernel would discard.
+    let mut suspending = false;
     // Input read but not yet taken by the child's terminal.
     let mut pending: Vec<u8> = Vec::new();
     let mut buffer = vec![0u8; 16 * 1024];
@@ -229,6 +241,12 @@ async fn relay(child: &mut Child, master: OwnedFd, raw: &RawMode) -> Result<Exit
             change = jobs.changed(), if jobs_open => match change {
                 Some(JobState::Stopped(signal)) => {
                     raw.suspend();
+                    // Our SIGSTOP stands for the user's Ctrl-Z.
+                    let signal = if std::mem::take(&mut suspending) && signal == libc::SIGSTOP {
+                        libc::SIGTSTP
+                    } else {
+                        signal
+                    };
                     spawn::stop_self(signal);
                     // Continued (`fg`): take the terminal back, then the child.
                     let _ = raw.resume();
@@ -261,12 +279,37 @@ async fn relay(child: &mut Child, master: OwnedFd, raw: &RawMode) -> Result<Exit
                 }
             }
             data = input.recv(), if input_open && pending.is_empty() => match data {
-                Some(data) => pending = data,
+                Some(data) => {
+                    if suspend_is_lost(master.get_ref(), child.id(), &data) {
+                        suspending = true;
+                        let _ = pidfd_send_signal(child.pidfd(), Signal::STOP);
+                    }
+                    pending = data;
+                }
                 // The terminal hung up; the child hears of it by SIGHUP.
                 None => input_open = false,
             },
         }
     }
+}
+
+/// Whether `input` holds the terminal's suspend key (Ctrl-Z) that the
+/// kernel will turn into a `SIGTSTP` for the child's own process group,
+/// and then discard because that group is orphaned (the child leads the
+/// session; its parent, the daemon, is outside it).
+fn suspend_is_lost(master: &OwnedFd, child_pid: u32, input: &[u8]) -> bool {
+    let Ok(settings) = tcgetattr(master) else {
+        return false;
+    };
+    let suspend = settings.special_codes[SpecialCodeIndex::VSUSP];
+    // 0 is _POSIX_VDISABLE: no suspend key.
+    if suspend == 0 || !input.contains(&suspend) {
+        return false;
+    }
+    if !settings.local_modes.contains(LocalModes::ISIG) {
+        return false;
+    }
+    tcgetpgrp(master).is_ok_and(|group| group.as_raw_nonzero().get() as u32 == child_pid)
 }
 
 /// Reads what the child's terminal holds now, without waiting for more:
