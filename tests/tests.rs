@@ -49,6 +49,10 @@ mod hostile;
 // The security invariant, policy and admission limits.
 mod security;
 
+// `zygote run -t` under tmux: bash job control, vi, python, Ctrl-C/Ctrl-Z,
+// resizes, the terminal restored; each compared with running directly.
+mod terminal;
+
 // Kill-on-close, timeouts, killed clients and a killed daemon.
 mod lifetimes;
 
