@@ -3,9 +3,19 @@
 //! show the same thing. Assertions poll the screen with generous deadlines;
 //! no fixed sleep decides an outcome.
 
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+use rustix::process::{Signal, pidfd_send_signal};
+use zygote_client::{Client, JobState};
+use zygote_proto::{
+    ClientMessage, ContinueNotice, Hello, PROTOCOL_VERSION, PtySpec, RECV_BUFFER_BYTES,
+    ServerMessage, SpawnRequest, SpawnStage, StdioSpec, StopNotice, WindowSize, decode, encode,
+    recv_frame, send_frame, socket,
+};
 
 use crate::util::{Daemon, children_of, start_daemon, zygote_bin};
 
@@ -541,4 +551,157 @@ fn without_a_terminal_on_stdin_it_warns_and_runs_without_one() {
         stderr.contains("pseudo-terminal will not be allocated because stdin is not a terminal"),
         "{stderr}"
     );
+}
+
+/// A raw connection that has said hello.
+fn raw_connection(daemon: &Daemon) -> OwnedFd {
+    let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+    let hello = ClientMessage::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        client: "terminal test".into(),
+    });
+    send_frame(fd.as_fd(), &encode(&hello).unwrap(), &[]).expect("send hello");
+    let (reply, _) = receive(&fd);
+    assert!(matches!(reply, ServerMessage::HelloAck(_)), "{reply:?}");
+    fd
+}
+
+fn receive(fd: &OwnedFd) -> (ServerMessage, Vec<OwnedFd>) {
+    let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+    let frame = recv_frame(fd.as_fd(), &mut scratch)
+        .expect("recv")
+        .expect("the daemon closed the connection");
+    (decode(&frame.bytes).expect("decode"), frame.fds)
+}
+
+/// Spawns `sleep 100` on a raw connection, then stops, continues and kills
+/// it; returns every message that followed `Spawned`.
+fn stop_continue_kill(daemon: &Daemon, report_stops: bool) -> Vec<ServerMessage> {
+    let fd = raw_connection(daemon);
+    let request = ClientMessage::Spawn(SpawnRequest {
+        args: vec![b"100".to_vec()],
+        report_stops,
+        ..SpawnRequest::new(1, "/bin/sleep")
+    });
+    send_frame(fd.as_fd(), &encode(&request).unwrap(), &[]).expect("send spawn");
+    let (reply, fds) = receive(&fd);
+    let ServerMessage::Spawned(spawned) = reply else {
+        panic!("expected Spawned, got {reply:?}");
+    };
+    let pidfd = &fds[0];
+    let state = |wanted: char| {
+        let pid = spawned.pid.unsigned_abs();
+        crate::util::eventually(DEADLINE, || crate::util::process_state(pid) == Some(wanted))
+    };
+    pidfd_send_signal(pidfd, Signal::STOP).expect("SIGSTOP");
+    assert!(state('T'), "the child never stopped");
+    pidfd_send_signal(pidfd, Signal::CONT).expect("SIGCONT");
+    assert!(state('S'), "the child never continued");
+    pidfd_send_signal(pidfd, Signal::KILL).expect("SIGKILL");
+    let mut messages = Vec::new();
+    loop {
+        let (message, _) = receive(&fd);
+        let last = matches!(message, ServerMessage::Exited(_));
+        messages.push(message);
+        if last {
+            return messages;
+        }
+    }
+}
+
+#[test]
+fn stops_and_continues_are_reported_only_when_asked() {
+    let daemon = start_daemon("pty-stop-notices");
+    let messages = stop_continue_kill(&daemon, true);
+    assert_eq!(
+        messages[..2],
+        [
+            ServerMessage::Stopped(StopNotice {
+                id: 1,
+                signal: libc::SIGSTOP
+            }),
+            ServerMessage::Continued(ContinueNotice { id: 1 }),
+        ],
+        "{messages:?}"
+    );
+    assert_eq!(messages.len(), 3, "{messages:?}");
+    // Without `report_stops`, an old client sees what it always saw.
+    let messages = stop_continue_kill(&daemon, false);
+    assert_eq!(messages.len(), 1, "{messages:?}");
+}
+
+#[test]
+fn a_pty_request_with_stdio_is_refused_and_the_daemon_serves_on() {
+    let daemon = start_daemon("pty-refused");
+    let fd = raw_connection(&daemon);
+    let request = ClientMessage::Spawn(SpawnRequest {
+        pty: Some(PtySpec {
+            window: WindowSize { rows: 24, cols: 80 },
+        }),
+        stdout: StdioSpec::Pipe,
+        ..SpawnRequest::new(1, "/bin/true")
+    });
+    send_frame(fd.as_fd(), &encode(&request).unwrap(), &[]).expect("send spawn");
+    let (reply, fds) = receive(&fd);
+    let ServerMessage::SpawnFailed(failed) = reply else {
+        panic!("expected SpawnFailed, got {reply:?}");
+    };
+    assert_eq!(
+        (failed.stage, failed.errno),
+        (SpawnStage::Validate, libc::EINVAL)
+    );
+    assert!(failed.message.contains("Null"), "{}", failed.message);
+    assert!(fds.is_empty());
+    // The same connection still spawns.
+    let request = ClientMessage::Spawn(SpawnRequest::new(2, "/bin/true"));
+    send_frame(fd.as_fd(), &encode(&request).unwrap(), &[]).expect("send spawn");
+    assert!(matches!(receive(&fd).0, ServerMessage::Spawned(_)));
+}
+
+/// The Rust client: `Command::pty` gives a session leader on a terminal of
+/// the asked size, and its master; `job_events` follows its stops.
+#[test]
+fn the_client_gets_the_master_and_job_events() {
+    let daemon = start_daemon("pty-client");
+    crate::util::runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        let mut child = zygote_client::Command::new(&client, "/bin/sh")
+            .args([
+                "-c",
+                // Session leader ($$ is the session id), terminal on 0-2,
+                // /dev/tty usable, then wait for a line.
+                "read -r _ _ _ _ _ sid _ </proc/$$/stat && test $sid -eq $$ \
+                 && test -t 0 -a -t 1 -a -t 2 && stty size </dev/tty && echo leader; \
+                 read line; echo got:$line",
+            ])
+            .pty(33, 111)
+            .report_stops(true)
+            .spawn()
+            .await
+            .expect("spawn");
+        let master = child.pty.take().expect("the master comes back");
+        let mut jobs = child.job_events();
+        let mut terminal = std::fs::File::from(master);
+        let read_until = |terminal: &mut std::fs::File, needle: &str| {
+            let mut seen = String::new();
+            let mut buffer = [0u8; 1024];
+            while !seen.contains(needle) {
+                let read = terminal.read(&mut buffer).expect("read the master");
+                assert!(read > 0, "the terminal closed; it showed {seen:?}");
+                seen.push_str(&String::from_utf8_lossy(&buffer[..read]));
+            }
+            seen
+        };
+        let shown = read_until(&mut terminal, "leader");
+        assert!(shown.contains("33 111"), "{shown:?}");
+        pidfd_send_signal(child.pidfd(), Signal::STOP).expect("SIGSTOP");
+        assert_eq!(jobs.changed().await, Some(JobState::Stopped(libc::SIGSTOP)));
+        pidfd_send_signal(child.pidfd(), Signal::CONT).expect("SIGCONT");
+        assert_eq!(jobs.changed().await, Some(JobState::Running));
+        terminal.write_all(b"hi\n").expect("write the master");
+        read_until(&mut terminal, "got:hi");
+        let status = child.wait().await.expect("wait");
+        assert_eq!(status.code(), Some(0));
+        assert_eq!(jobs.changed().await, None);
+    });
 }
