@@ -4,8 +4,9 @@
 use std::path::Path;
 
 use zygote_proto::{
-    ClientMessage, EnvVar, FdMapping, Hello, KillOnClose, PROTOCOL_VERSION, ResourceLimit,
-    SignalRequest, SpawnRequest, StatusRequest, StdioSpec, Timeout, UserSpec, encode,
+    ClientMessage, EnvVar, FdMapping, Hello, KillOnClose, PROTOCOL_VERSION, PtySpec,
+    ResourceLimit, SignalRequest, SpawnRequest, StatusRequest, StdioSpec, Timeout, UserSpec,
+    WindowSize, encode,
 };
 
 fn spawn(id: u64) -> SpawnRequest {
@@ -62,6 +63,16 @@ fn main() {
         ),
         ("spawn_minimal", ClientMessage::Spawn(spawn(1))),
         ("spawn_full", ClientMessage::Spawn(full)),
+        (
+            "spawn_pty",
+            ClientMessage::Spawn(SpawnRequest {
+                pty: Some(PtySpec {
+                    window: WindowSize { rows: 24, cols: 80 },
+                }),
+                report_stops: true,
+                ..SpawnRequest::new(12, "/bin/sh")
+            }),
+        ),
         (
             "signal",
             ClientMessage::Signal(SignalRequest {
