@@ -275,7 +275,7 @@ impl Tmux {
 }
 
 #[test]
-fn ctrl_c_ends_sleep_and_a_shell_loop() {
+fn ctrl_c_and_ctrl_backslash_end_sleep_and_a_shell_loop() {
     both_ways("pty-ctrl-c", |tmux, via, _| {
         let sleep = Sleep("100.1");
         let prefix = format!("{}{}", via.prefix(), sleep.command());
@@ -287,6 +287,14 @@ fn ctrl_c_ends_sleep_and_a_shell_loop() {
         tmux.wait_prompt();
         tmux.line("echo rc=$?");
         tmux.wait_line("rc=130");
+        tmux.clear();
+        // Ctrl-\ quits it, with SIGQUIT.
+        tmux.line(&prefix);
+        sleep.wait_started(tmux);
+        tmux.key("C-\\");
+        tmux.wait_prompt();
+        tmux.line("echo rc=$?");
+        tmux.wait_line("rc=131");
         tmux.clear();
         // A loop is interrupted, not only its current command.
         tmux.line(&format!(
