@@ -58,7 +58,7 @@ def test_the_file_covers_every_variant() -> None:
     [
         ("0408ff", "left after"),  # SignalSent with a trailing byte
         ("04", "ends early"),
-        ("08", "out of range"),  # no ServerMessage variant 8
+        ("0a", "out of range"),  # no ServerMessage variant 10
         ("0107a4", "ends early"),  # varint cut short
         ("04ffffffffffffffffff02", "out of range"),  # id over u64
         ("0307000000000002", "bool"),  # timed_out = 2

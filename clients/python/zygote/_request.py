@@ -266,6 +266,8 @@ def build_spawn(
             "user": user,
             "kill_on_close": kill,
             "timeout": timeout,
+            "pty": None,
+            "report_stops": False,
         }
     }
     return message, attached

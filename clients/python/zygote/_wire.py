@@ -64,6 +64,8 @@ _SPAWN = _struct(
     ("user", _opt(_struct(("uid", "u32"), ("gid", "u32"), ("groups", _list("u32"))))),
     ("kill_on_close", _opt(_struct(("signal", "i32"), ("process_group", "bool")))),
     ("timeout", _opt(_struct(("millis", "u64"), ("grace_millis", "u64")))),
+    ("pty", _opt(_struct(("window", _struct(("rows", "u16"), ("cols", "u16")))))),
+    ("report_stops", "bool"),
 )
 
 CLIENT_MESSAGE: Schema = _enum(
@@ -172,9 +174,11 @@ SERVER_MESSAGE: Schema = _enum(
             ("spawns_failed", "u64"),
         ),
     ),
+    ("Stopped", _struct(("id", "u64"), ("signal", "i32"))),
+    ("Continued", _struct(("id", "u64"))),
 )
 
-_UINT_BITS = {"u32": 32, "u64": 64}
+_UINT_BITS = {"u16": 16, "u32": 32, "u64": 64}
 
 
 def _varint(out: bytearray, n: int) -> None:
@@ -428,6 +432,12 @@ def encode_spawn(body: Dict[str, Any]) -> bytes:
         add(b"\x00")
     else:
         add(b"\x01" + _uvar(timeout["millis"]) + _uvar(timeout["grace_millis"]))
+    pty = body.get("pty")
+    if pty is None:
+        add(b"\x00")
+    else:
+        add(b"\x01" + _uvar(pty["window"]["rows"]) + _uvar(pty["window"]["cols"]))
+    add(b"\x01" if body.get("report_stops") else b"\x00")
     return b"".join(parts)
 
 
