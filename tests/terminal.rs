@@ -237,22 +237,26 @@ fn bash_has_job_control_on_its_terminal() {
             !screen.contains("no job control"),
             "{via:?}: bash has no job control:\n{screen}"
         );
-        tmux.line("sleep 100 &");
+        let sleep = Sleep("100.5");
+        tmux.line(&format!("{} &", sleep.command()));
         tmux.wait_text("[1] ");
         tmux.line("jobs");
         tmux.wait_text("Running");
         tmux.line("fg");
-        tmux.wait_line("sleep 100");
+        tmux.wait_line(&sleep.command());
         tmux.key("C-z");
         tmux.wait_text("Stopped");
         tmux.clear_inner();
         tmux.line("jobs; tty");
         let screen = tmux.wait_text("/dev/pts/");
         assert!(screen.contains("Stopped"), "{via:?}:\n{screen}");
-        // A shell with a stopped job refuses its first `exit`.
-        tmux.line("kill -KILL %1");
-        tmux.line("jobs");
-        tmux.wait_text("Killed");
+        // Back to the foreground, then interrupted: no job is left.
+        tmux.line("fg");
+        wait_until(tmux, "sleep to run again", || !sleep.stopped());
+        tmux.key("C-c");
+        wait_until(tmux, "sleep to die", || sleep.pids().is_empty());
+        tmux.line("jobs; echo no-more-jobs");
+        tmux.wait_line("no-more-jobs");
         tmux.line("exit 7");
         tmux.wait_prompt();
         tmux.line("echo rc=$?");
@@ -583,7 +587,10 @@ fn receive(fd: &OwnedFd) -> (ServerMessage, Vec<OwnedFd>) {
 }
 
 /// Spawns `sleep 100` on a raw connection, then stops, continues and kills
-/// it; returns every message that followed `Spawned`.
+/// it, each step once the previous one shows; returns every message that
+/// followed `Spawned`. With `report_stops`, each step waits for its notice
+/// too: the kernel keeps only a child's latest change, so a continue sent
+/// before the daemon looked would hide the stop.
 fn stop_continue_kill(daemon: &Daemon, report_stops: bool) -> Vec<ServerMessage> {
     let fd = raw_connection(daemon);
     let request = ClientMessage::Spawn(SpawnRequest {
@@ -601,12 +608,18 @@ fn stop_continue_kill(daemon: &Daemon, report_stops: bool) -> Vec<ServerMessage>
         let pid = spawned.pid.unsigned_abs();
         crate::util::eventually(DEADLINE, || crate::util::process_state(pid) == Some(wanted))
     };
+    let mut messages = Vec::new();
     pidfd_send_signal(pidfd, Signal::STOP).expect("SIGSTOP");
     assert!(state('T'), "the child never stopped");
+    if report_stops {
+        messages.push(receive(&fd).0);
+    }
     pidfd_send_signal(pidfd, Signal::CONT).expect("SIGCONT");
     assert!(state('S'), "the child never continued");
+    if report_stops {
+        messages.push(receive(&fd).0);
+    }
     pidfd_send_signal(pidfd, Signal::KILL).expect("SIGKILL");
-    let mut messages = Vec::new();
     loop {
         let (message, _) = receive(&fd);
         let last = matches!(message, ServerMessage::Exited(_));
