@@ -615,6 +615,34 @@ mod tests {
     }
 
     #[test]
+    fn a_pty_takes_stdio_and_its_master_comes_last() {
+        let mut request = request();
+        request.pty = Some(PtySpec {
+            window: zygote_proto::WindowSize { rows: 7, cols: 9 },
+        });
+        let prepared = prepare(&request, vec![]).expect("valid request");
+        assert!(prepared.plan.new_session && prepared.plan.controlling_terminal);
+        assert!(prepared.leads_own_group);
+        let targets: Vec<_> = prepared.plan.fds.iter().map(|(_, to)| *to).collect();
+        assert_eq!(targets, vec![0, 1, 2]);
+        for (fd, _) in &prepared.plan.fds {
+            assert!(rustix::termios::isatty(fd));
+        }
+        let [master] = prepared.client_ends.as_slice() else {
+            panic!("one client end, the master");
+        };
+        let size = rustix::termios::tcgetwinsize(master).expect("TIOCGWINSZ");
+        assert_eq!((size.ws_row, size.ws_col), (7, 9));
+        let flags = rustix::io::fcntl_getfd(master).expect("F_GETFD");
+        assert!(flags.contains(rustix::io::FdFlags::CLOEXEC));
+
+        request.stdout = StdioSpec::Pipe;
+        let refused = refusal(&request, vec![]);
+        assert_eq!(refused.errno, Errno::INVAL);
+        assert!(refused.message.contains("Null"), "{}", refused.message);
+    }
+
+    #[test]
     fn pipes_give_the_client_the_right_ends() {
         let mut request = request();
         request.stdin = StdioSpec::Pipe;
