@@ -115,9 +115,6 @@ type Cmd struct {
 	waitDone   chan struct{}
 	waited     bool
 	started    bool
-	stdinUsed  bool
-	stdoutUsed bool
-	stderrUsed bool
 }
 
 type ctxResult struct {
