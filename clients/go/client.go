@@ -158,7 +158,7 @@ func (c *Client) handshake() error {
 	}
 	_ = c.conn.SetReadDeadline(time.Now().Add(handshakeTimeout))
 	defer func() { _ = c.conn.SetReadDeadline(time.Time{}) }()
-	m, files, err := c.recv()
+	m, files, err := c.recv(c.newRecvBuffers())
 	closeFiles(files)
 	if err != nil {
 		return err
@@ -216,10 +216,20 @@ func (c *Client) send(frame []byte, fds []int) error {
 	return nil
 }
 
+// recvBuffers are one reader's frame and control buffers, reused: the
+// decoder copies what it keeps.
+type recvBuffers struct{ buf, oob []byte }
+
+func (c *Client) newRecvBuffers() *recvBuffers {
+	return &recvBuffers{
+		buf: make([]byte, c.limits.MaxFrameBytes+1),
+		oob: make([]byte, syscall.CmsgSpace(int(c.limits.MaxFdsPerFrame)*4)),
+	}
+}
+
 // recv reads one frame and the fds that came with it, close-on-exec.
-func (c *Client) recv() (*serverMessage, []*os.File, error) {
-	buf := make([]byte, c.limits.MaxFrameBytes+1)
-	oob := make([]byte, syscall.CmsgSpace(int(c.limits.MaxFdsPerFrame)*4))
+func (c *Client) recv(b *recvBuffers) (*serverMessage, []*os.File, error) {
+	buf, oob := b.buf, b.oob
 	var n, oobn, flags int
 	var recvErr error
 	err := c.raw.Read(func(fd uintptr) bool {
@@ -313,8 +323,9 @@ func replyID(m *serverMessage) (uint64, bool) {
 // then fails every pending request.
 func (c *Client) readLoop() {
 	var fail error
+	bufs := c.newRecvBuffers()
 	for fail == nil {
-		m, files, err := c.recv()
+		m, files, err := c.recv(bufs)
 		if err != nil {
 			fail = err
 			break
