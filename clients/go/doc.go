@@ -36,8 +36,10 @@
 //     looks as if this process had started it. The umask and limits are
 //     read at a Client's first spawn; call RefreshProcessState after
 //     changing them. The Go runtime raises its own soft RLIMIT_NOFILE at
-//     start; os/exec restores the original in children, which a library
-//     cannot read, so then the child gets the zygote's soft limit.
+//     start and os/exec restores the original in children, which a
+//     library cannot read: when the limit carries the runtime's mark
+//     (soft = hard - 1, recent Go versions), the child gets the zygote's
+//     soft limit instead; with older Go versions, the raised one.
 //   - A program named without a slash is looked up when the child execs,
 //     in the PATH of the child's environment (as execvp(3) does), rather
 //     than by Command in this process's PATH. Path keeps the name as

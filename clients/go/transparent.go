@@ -49,7 +49,8 @@ func readUmask() *uint32 {
 // readRlimits reads every resource limit of this process.
 //
 // The Go runtime raises its own soft RLIMIT_NOFILE to the hard limit minus
-// one at start, and os/exec gives children the original soft limit back,
+// one at start (Go 1.22 raises it to the hard limit itself: then there is
+// no mark to see and the raised limit is copied), and os/exec gives children the original soft limit back,
 // which this process cannot read. When the soft limit carries that mark,
 // the request leaves RLIMIT_NOFILE out, so the child gets the zygote's own
 // soft limit (capped at this process's hard limit by the daemon), as old
