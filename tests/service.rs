@@ -360,8 +360,26 @@ fn json_logs_carry_one_debug_line_per_spawn() {
         .iter()
         .find(|line| line.contains("\"message\":\"spawn failed\""))
         .expect("a spawn failed line");
-    assert!(failed.contains("\"level\":\"WARN\""), "{failed}");
-    assert!(failed.contains("\"peer_pid\":"), "{failed}");
+    // The client got the error in its reply: for the daemon it is one
+    // more per-spawn line, with a symbolic errno.
+    assert!(failed.contains("\"level\":\"DEBUG\""), "{failed}");
+    assert!(failed.contains("\"errno\":\"ENOENT\""), "{failed}");
+    // One peer field set on every line about a peer, and nothing per
+    // connection or per spawn at INFO.
+    for line in lines.iter().filter(|line| line.contains("\"peer_")) {
+        for field in ["\"peer_pid\":", "\"peer_uid\":", "\"peer_gid\":"] {
+            assert!(line.contains(field), "{field} in {line}");
+        }
+        assert!(!line.contains("\"peer\":"), "a second peer field: {line}");
+    }
+    let info: Vec<&&str> = lines
+        .iter()
+        .filter(|line| line.contains("\"level\":\"INFO\""))
+        .collect();
+    assert!(
+        info.iter().all(|line| !line.contains("\"peer_")),
+        "per-connection lines at INFO: {info:#?}"
+    );
 }
 
 #[test]

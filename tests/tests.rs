@@ -21,6 +21,9 @@ mod daemon;
 // The `zygote run` tool: exit codes, inherited fds, messages.
 mod run;
 
+// Generated docs: `zygote run --help`, man pages, shell completions.
+mod docs;
+
 // The harness for tests driving outside tools: tool checks, HTTP, ports.
 mod tools;
 
@@ -29,6 +32,12 @@ mod service;
 
 // Prometheus: the /metrics exposition, promtool, a real scraping server.
 mod metrics;
+
+// Logs in the journal: priorities and fields.
+mod logs;
+
+// SIGHUP: a graceful stop; ignored by private zygotes.
+mod hangup;
 
 // Private zygotes (launched binary, forked template) serving a 2 GiB
 // program, and dying with it.

@@ -11,6 +11,8 @@ pub struct Daemon {
     /// Stopped on purpose with [`Daemon::terminate`].
     terminated: bool,
     socket: PathBuf,
+    /// Its stderr and stdout: the log, printed when the test fails.
+    log: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -85,19 +87,25 @@ pub fn start_daemon_as(
         std::fs::write(&path, policy).expect("write policy");
         command.arg("--policy").arg(path);
     }
+    // The log goes to a file, shown only when the test fails, so that the
+    // test output is the results. ZYGOTE_TEST_LOG=debug logs more.
+    let log = dir.path().join("daemon.log");
+    let log_file = std::fs::File::create(&log).expect("create the daemon log");
     let process = command
-        // Quiet by default; ZYGOTE_TEST_LOG=debug shows a test daemon's log.
         .env(
             "ZYGOTE_LOG",
-            std::env::var("ZYGOTE_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            std::env::var("ZYGOTE_TEST_LOG").unwrap_or_else(|_| "info".into()),
         )
         .stdin(Stdio::null())
+        .stdout(log_file.try_clone().expect("dup the daemon log"))
+        .stderr(log_file)
         .spawn()
         .expect("start zygote serve");
     let daemon = Daemon {
         process,
         terminated: false,
         socket,
+        log,
         _dir: dir,
     };
     daemon.wait_ready();
@@ -115,6 +123,32 @@ impl Daemon {
         self.process.id()
     }
 
+    /// What the daemon has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_else(|error| format!("(no log: {error})"))
+    }
+
+    /// Sends `signal` to the daemon, which may exit on its own from now on.
+    pub fn signal_stop(&mut self, signal: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.pid() as i32).expect("pid");
+        rustix::process::kill_process(pid, signal).expect("signal the daemon");
+        self.terminated = true;
+    }
+
+    /// How the daemon exited, if it does within `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.process.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -124,8 +158,9 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(10));
         }
         panic!(
-            "zygote did not listen on {} within 10 s",
-            self.socket.display()
+            "zygote did not listen on {} within 10 s; its log:\n{}",
+            self.socket.display(),
+            self.log()
         );
     }
 
@@ -202,12 +237,20 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.process.kill();
         if let Ok(status) = self.process.wait() {
-            // A daemon that died on its own (not by our SIGKILL) is a bug.
-            if status.signal() != Some(libc::SIGKILL)
-                && !self.terminated
-                && !std::thread::panicking()
-            {
-                panic!("zygote exited unexpectedly: {status}");
+            if std::thread::panicking() {
+                // The test failed: its output (captured by the harness and
+                // shown with the failure) gets the daemon's log.
+                eprintln!(
+                    "--- log of zygote serve on {} ({status}) ---\n{}--- end of log ---",
+                    self.socket.display(),
+                    self.log()
+                );
+            } else if status.signal() != Some(libc::SIGKILL) && !self.terminated {
+                // A daemon that died on its own (not by our SIGKILL) is a bug.
+                panic!(
+                    "zygote exited unexpectedly: {status}; its log:\n{}",
+                    self.log()
+                );
             }
         }
     }

@@ -60,7 +60,7 @@ pub enum Error {
         /// Our uid.
         uid: u32,
     },
-    /// [`fork_template`](crate::template::fork_template) was called after
+    /// [`fork_template`](crate::daemon::template::fork_template) was called after
     /// a thread had started.
     #[error(
         "fork_template must be called before any thread starts, but this process already has \

@@ -6,8 +6,8 @@ use std::os::fd::OwnedFd;
 
 use zygote_proto::{ClientMessage, decode};
 
-use crate::peer::Peer;
-use crate::policy::{DEFAULT_MAX_ARGV_ENV_BYTES, Policy};
+use crate::daemon::peer::Peer;
+use crate::daemon::policy::{DEFAULT_MAX_ARGV_ENV_BYTES, Policy};
 use crate::spawn::Credentials;
 
 /// Decodes `bytes` as a client frame carrying `attached` fds (each
@@ -39,5 +39,5 @@ pub fn handle_frame(bytes: &[u8], attached: u8) {
     let fds: Vec<OwnedFd> = (0..attached % 8)
         .filter_map(|_| File::open("/dev/null").ok().map(OwnedFd::from))
         .collect();
-    let _ = crate::plan::prepare(&request, fds, DEFAULT_MAX_ARGV_ENV_BYTES);
+    let _ = crate::daemon::plan::prepare(&request, fds, DEFAULT_MAX_ARGV_ENV_BYTES);
 }

@@ -3,57 +3,25 @@
 //!
 //! # Layout
 //!
-//! - [`server`]: binding the socket and the accept loop ([`server::run`]).
-//! - `connection`: one client's conversation: peer check, handshake,
-//!   requests, replies.
-//! - `peer`: who the peer is, from `SO_PEERCRED`, `SO_PEERPIDFD` and
-//!   `/proc`.
-//! - [`policy`]: the policy file; who may connect and ask for what.
-//! - `admission`: child slots per peer and in total.
-//! - `lifetime`: one spawn from request to exit notice: timeouts and
-//!   kill-on-close.
-//! - `plan`: checking a [`SpawnRequest`](zygote_proto::SpawnRequest) and
-//!   turning it into a [`spawn::SpawnPlan`] before any process exists.
+//! - [`daemon`]: the daemon itself: the accept loop, connections, peer
+//!   policy, admission, child lifetimes and reaping; private zygotes and
+//!   the forked [`template`].
 //! - [`spawn`]: creating the child; the only module with unsafe process
 //!   code.
-//! - `reaper`: waiting for each child's exit on its pidfd.
-//! - `shutdown`: the stop notice and completion guard of a graceful stop.
-//! - [`metrics`]: the counters, as Prometheus metrics; `exporter` serves
-//!   them over HTTP.
-//! - [`activation`]: what systemd hands over: sockets, the notify socket,
-//!   the watchdog.
-//! - [`serve`]: the `zygote serve` command around [`server::run_with`].
-//! - [`private`]: a zygote serving one owner over one socket, launched
-//!   (`zygote serve --private-fd`) or forked ([`template`]).
-//! - [`template`]: [`template::fork_template`], first in a Rust `main`.
-//! - [`run`]: the `zygote run` command, a client of the daemon.
-//! - [`status`]: the `zygote status` command.
-//! - [`cli`], [`logging`]: flags and log setup of the binary.
+//! - [`service`]: glue to the system around the daemon: systemd
+//!   activation and notification, Prometheus metrics and their exporter,
+//!   logging.
+//! - [`cli`]: the `zygote` binary's commands: `serve`, `run`, `status`.
 
-pub mod activation;
-mod admission;
 pub mod cli;
-mod connection;
+pub mod daemon;
 mod error;
-mod exporter;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-mod lifetime;
-pub mod logging;
-pub mod metrics;
-mod peer;
-mod plan;
-pub mod policy;
-pub mod private;
-mod reaper;
-pub mod run;
-pub mod serve;
-pub mod server;
-mod shutdown;
+pub mod service;
 pub mod spawn;
-pub mod status;
-pub mod template;
 
+pub use daemon::template;
 pub use error::Error;
 
 /// The C library's message for `errno`, without std's " (os error N)":
@@ -63,5 +31,40 @@ pub(crate) fn strerror(errno: i32) -> String {
     match text.rfind(" (os error ") {
         Some(end) => text[..end].to_owned(),
         None => text,
+    }
+}
+
+/// The README's Rust examples, compiled by `cargo test --doc` so that they
+/// cannot rot. They are complete as shown: no hidden `# ` lines, which
+/// rustdoc would hide but a README viewer shows.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
+#[cfg(test)]
+mod readme_tests {
+    /// Rustdoc hides lines starting with `# ` in Rust blocks; the rendered
+    /// README would show them.
+    #[test]
+    fn readme_rust_blocks_have_no_hidden_lines() {
+        let readme = include_str!("../../README.md");
+        let mut in_rust = false;
+        let mut rust_blocks = 0;
+        for (number, line) in readme.lines().enumerate() {
+            if let Some(info) = line.strip_prefix("```") {
+                in_rust = !in_rust && info.split([' ', ',']).next() == Some("rust");
+                rust_blocks += usize::from(in_rust);
+                continue;
+            }
+            assert!(
+                !(in_rust && (line == "#" || line.starts_with("# "))),
+                "README.md line {}: a hidden doctest line shows in the README: {line}",
+                number + 1
+            );
+        }
+        assert!(
+            rust_blocks >= 5,
+            "found {rust_blocks} Rust blocks in README.md"
+        );
     }
 }

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use zygote::cli::{Cli, Command};
-use zygote::{activation, logging, run, serve, status};
+use zygote::cli::{docs, run, serve, status};
+use zygote::service::{activation, logging};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -27,5 +28,7 @@ fn main() -> ExitCode {
         }
         Command::Run(args) => ExitCode::from(run::run(args)),
         Command::Status(args) => ExitCode::from(status::status(&args)),
+        Command::Man(args) => ExitCode::from(docs::man(&args)),
+        Command::Completions(args) => ExitCode::from(docs::completions(&args)),
     }
 }

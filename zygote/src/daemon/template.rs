@@ -33,13 +33,14 @@
 //! stderr for its errors), runs no code of the program, and exits
 //! (via `_exit`, so the program's exit handlers never run twice) once the
 //! handle's socket closes and its children are reaped; see
-//! [`crate::private`].
+//! [`crate::daemon::private`].
 
 use std::os::fd::OwnedFd;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use crate::Error;
+use crate::daemon::private;
 use crate::spawn::{self, ForkError, Forked};
-use crate::{Error, private};
 
 /// The owner's side of a forked template: its socket and pid. Turn it into
 /// a client with [`client`](Template::client) or

@@ -10,24 +10,25 @@
 //! signal and status requests and delivering exit notices, and closes once
 //! it has nothing in flight and no child running (see `server::run_with`).
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::sync::{Notify, Semaphore, watch};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 use zygote_proto::{
     AsyncSeqpacket, ClientMessage, Frame, HelloAck, LIMITS, PROTOCOL_VERSION, ProtoError,
     ProtocolError, ProtocolErrorKind, RECV_BUFFER_BYTES, RequestFailed, ServerMessage,
     SignalRequest, SignalSent, SpawnFailed, SpawnStage, StatusReply, UCred, decode,
 };
 
-use crate::lifetime::{self, Connection, SpawnTask};
-use crate::metrics::SpawnResult;
-use crate::peer::Peer;
-use crate::server::Daemon;
-use crate::shutdown::Shutdown;
+use crate::daemon::lifetime::{self, Connection, SpawnTask};
+use crate::daemon::peer::Peer;
+use crate::daemon::reply::send_reply;
+use crate::daemon::shutdown::Shutdown;
+use crate::daemon::state::Daemon;
+use crate::service::metrics::SpawnResult;
 use crate::spawn;
 
 /// Spawns of one connection that may be in flight beyond its child limit:
@@ -42,8 +43,9 @@ pub async fn serve(socket: AsyncSeqpacket, cred: UCred, daemon: Arc<Daemon>, shu
     let limit = daemon.policy.limits.max_connections;
     if open > limit as u64 {
         warn!(
-            pid = cred.pid.as_raw_nonzero(),
-            uid = cred.uid.as_raw(),
+            peer_pid = cred.pid.as_raw_nonzero(),
+            peer_uid = cred.uid.as_raw(),
+            peer_gid = cred.gid.as_raw(),
             "refusing a connection: at the connection limit"
         );
         let message = format!("busy: the zygote has {limit} connections open, its limit");
@@ -64,7 +66,13 @@ async fn serve_counted(
     let peer = match Peer::identify(socket.as_fd(), cred, Path::new("/proc")) {
         Ok(peer) => peer,
         Err(error) => {
-            warn!(%error, "refusing a peer that cannot be identified");
+            warn!(
+                peer_pid = cred.pid.as_raw_nonzero(),
+                peer_uid = cred.uid.as_raw(),
+                peer_gid = cred.gid.as_raw(),
+                %error,
+                "refusing a peer that cannot be identified"
+            );
             let message = format!("cannot identify this peer: {error}");
             refuse(
                 &socket,
@@ -79,7 +87,13 @@ async fn serve_counted(
     let grant = match daemon.policy.admit(&peer, daemon.uid) {
         Ok(grant) => grant,
         Err(denied) => {
-            warn!(%peer, reason = %denied.0, "refusing a peer by policy");
+            warn!(
+                peer_pid = peer.pid,
+                peer_uid = peer.uid,
+                peer_gid = peer.gid,
+                reason = %denied.0,
+                "refusing a peer by policy"
+            );
             refuse(
                 &socket,
                 daemon,
@@ -100,16 +114,34 @@ async fn serve_counted(
         Ok(()) => {}
         // A probe (connect, then close) is not a protocol error.
         Err(None) => {
-            debug!(%peer, "client left before hello");
+            debug!(
+                peer_pid = peer.pid,
+                peer_uid = peer.uid,
+                peer_gid = peer.gid,
+                "client left before hello"
+            );
             return;
         }
         Err(Some(failure)) => {
-            debug!(%peer, reason = %failure.1, "handshake failed");
+            debug!(
+                peer_pid = peer.pid,
+                peer_uid = peer.uid,
+                peer_gid = peer.gid,
+                reason = %failure.1,
+                "handshake failed"
+            );
             close_with(&socket, daemon, failure.0, failure.1).await;
             return;
         }
     }
-    info!(%peer, groups = ?peer.groups, "client connected");
+    // One connection per `zygote run`: DEBUG, as per-spawn lines are.
+    debug!(
+        peer_pid = peer.pid,
+        peer_uid = peer.uid,
+        peer_gid = peer.gid,
+        peer_groups = ?peer.groups,
+        "client connected"
+    );
     // Running children are capped by admission; the headroom is for
     // requests being refused or replies the client has not read yet.
     let max_in_flight = grant.max_children.saturating_add(IN_FLIGHT_HEADROOM);
@@ -128,7 +160,12 @@ async fn serve_counted(
     let mut stopping = false;
     loop {
         if stopping && connection.is_idle() {
-            debug!(peer = %connection.peer, "closing an idle connection: stopping");
+            debug!(
+                peer_pid = connection.peer.pid,
+                peer_uid = connection.peer.uid,
+                peer_gid = connection.peer.gid,
+                "closing an idle connection: stopping"
+            );
             break;
         }
         let received = tokio::select! {
@@ -151,7 +188,13 @@ async fn serve_counted(
                     }
                     _ => ProtocolErrorKind::Malformed,
                 };
-                warn!(peer = %connection.peer, %error, "closing connection");
+                warn!(
+                    peer_pid = connection.peer.pid,
+                    peer_uid = connection.peer.uid,
+                    peer_gid = connection.peer.gid,
+                    %error,
+                    "closing connection"
+                );
                 close_with(&socket, daemon, kind, error.to_string()).await;
                 break;
             }
@@ -164,13 +207,24 @@ async fn serve_counted(
         if let Err((kind, message)) =
             dispatch(request, &socket, &connection, daemon, &shutdown).await
         {
-            warn!(peer = %connection.peer, reason = %message, "closing connection");
+            warn!(
+                peer_pid = connection.peer.pid,
+                peer_uid = connection.peer.uid,
+                peer_gid = connection.peer.gid,
+                reason = %message,
+                "closing connection"
+            );
             close_with(&socket, daemon, kind, message).await;
             break;
         }
     }
     lifetime::connection_closed(&connection);
-    info!(peer = %connection.peer, "client left");
+    debug!(
+        peer_pid = connection.peer.pid,
+        peer_uid = connection.peer.uid,
+        peer_gid = connection.peer.gid,
+        "client left"
+    );
 }
 
 /// One frame from the client, as received.
@@ -379,19 +433,6 @@ fn signal(request: &SignalRequest, connection: &Connection) -> ServerMessage {
             errno,
             message,
         }),
-    }
-}
-
-/// Sends a reply; a client that already left is not an error.
-pub(crate) async fn send_reply(
-    socket: &AsyncSeqpacket,
-    message: &ServerMessage,
-    fds: &[BorrowedFd<'_>],
-) {
-    if let Err(error) = socket.send_message(message, fds).await {
-        if !error.is_disconnect() {
-            warn!(%error, "failed to send a reply");
-        }
     }
 }
 

@@ -19,15 +19,16 @@ use zygote_proto::{
     Timeout,
 };
 
-use crate::admission;
-use crate::connection::send_reply;
-use crate::metrics::SpawnResult;
-use crate::peer::Peer;
-use crate::plan::{self, Group, OnClose};
-use crate::policy::Grant;
-use crate::server::Daemon;
-use crate::shutdown::Shutdown;
-use crate::{reaper, spawn, strerror};
+use crate::daemon::admission;
+use crate::daemon::peer::Peer;
+use crate::daemon::plan::{self, Group, OnClose};
+use crate::daemon::policy::Grant;
+use crate::daemon::reaper;
+use crate::daemon::reply::send_reply;
+use crate::daemon::shutdown::Shutdown;
+use crate::daemon::state::{Closable, Daemon};
+use crate::service::metrics::{SpawnResult, errno_name};
+use crate::{spawn, strerror};
 
 /// One client's connection, shared by its spawn tasks.
 pub struct Connection {
@@ -98,6 +99,12 @@ impl Connection {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("connection state poisoned")
+    }
+}
+
+impl Closable for Connection {
+    fn close(&self) {
+        connection_closed(self);
     }
 }
 
@@ -173,16 +180,35 @@ impl SpawnTask {
         match self.start(&request, attached, &program).await {
             Ok(()) => {}
             Err(failed) => {
-                warn!(
-                    peer = %self.connection.peer,
-                    peer_pid = self.connection.peer.pid,
-                    peer_uid = self.connection.peer.uid,
-                    program,
-                    stage = failed.stage.name(),
-                    errno = failed.errno,
-                    reason = %failed.message,
-                    "spawn failed"
-                );
+                let peer = &self.connection.peer;
+                let errno = errno_name(failed.errno);
+                // A refusal at admission is the daemon at a limit or its
+                // policy: an operator's concern. Any other failure, and a
+                // refusal because the daemon is stopping, is the client's,
+                // which gets it in the reply: one line per spawn, DEBUG.
+                if failed.stage == SpawnStage::Admission && failed.errno != libc::ESHUTDOWN {
+                    warn!(
+                        peer_pid = peer.pid,
+                        peer_uid = peer.uid,
+                        peer_gid = peer.gid,
+                        program,
+                        stage = failed.stage.name(),
+                        errno,
+                        reason = %failed.message,
+                        "spawn refused"
+                    );
+                } else {
+                    debug!(
+                        peer_pid = peer.pid,
+                        peer_uid = peer.uid,
+                        peer_gid = peer.gid,
+                        program,
+                        stage = failed.stage.name(),
+                        errno,
+                        reason = %failed.message,
+                        "spawn failed"
+                    );
+                }
                 let metrics = &self.daemon.metrics;
                 let result = match failed.stage {
                     // Refused before anything was created.
@@ -278,6 +304,7 @@ impl SpawnTask {
         debug!(
             peer_pid = peer.pid,
             peer_uid = peer.uid,
+            peer_gid = peer.gid,
             program,
             pid,
             latency_us = latency.as_micros() as u64,

@@ -1,17 +1,9 @@
 //! Admission control: a slot per child, counted per peer uid and in total.
 //! A spawn over either limit is refused at once ("busy"), never queued.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::server::Daemon;
-
-/// Children running or being started.
-#[derive(Debug, Default)]
-pub struct ChildCounts {
-    total: usize,
-    by_uid: HashMap<u32, usize>,
-}
+use crate::daemon::state::Daemon;
 
 /// One reserved child slot, released on drop (after the child is reaped,
 /// or when its spawn failed).

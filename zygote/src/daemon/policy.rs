@@ -11,7 +11,7 @@ use serde::Deserialize;
 use zygote_proto::{ResourceLimit, SpawnRequest};
 
 use crate::Error;
-use crate::peer::Peer;
+use crate::daemon::peer::Peer;
 use crate::spawn::Credentials;
 
 /// Default cap on open connections.

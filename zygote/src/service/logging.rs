@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 use std::os::fd::AsFd;
 
 use clap::ValueEnum;
+use tracing_journald::{Priority, PriorityMappings};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
@@ -49,6 +50,7 @@ pub fn init(format: LogFormat) {
             Ok(journal) => journal
                 .with_syslog_identifier("zygote".into())
                 .with_field_prefix(Some("ZYGOTE".into()))
+                .with_priority_mappings(journal_priorities())
                 .boxed(),
             Err(error) => {
                 eprintln!("zygote: cannot log to the journal ({error}); logging to stderr");
@@ -60,6 +62,19 @@ pub fn init(format: LogFormat) {
     tracing_subscriber::registry()
         .with(layer.with_filter(filter))
         .init();
+}
+
+/// syslog's priorities for tracing's levels. tracing-journald maps INFO to
+/// NOTICE (5) and DEBUG to INFO (6) by default, which makes every
+/// lifecycle line "significant" to `journalctl -p notice`.
+fn journal_priorities() -> PriorityMappings {
+    PriorityMappings {
+        error: Priority::Error,
+        warn: Priority::Warning,
+        info: Priority::Informational,
+        debug: Priority::Debug,
+        trace: Priority::Debug,
+    }
 }
 
 fn text_layer() -> Box<dyn Layer<Registry> + Send + Sync> {
@@ -92,6 +107,21 @@ fn journal_stream_matches(value: &str, dev: u64, ino: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn journal_priorities_are_syslogs() {
+        let mappings = journal_priorities();
+        let numbers = [
+            mappings.error,
+            mappings.warn,
+            mappings.info,
+            mappings.debug,
+            mappings.trace,
+        ]
+        // The enum's values are the ASCII digits journald reads.
+        .map(|priority| char::from(priority as u8));
+        assert_eq!(numbers, ['3', '4', '6', '7', '7']);
+    }
 
     #[test]
     fn journal_stream_must_match_device_and_inode() {

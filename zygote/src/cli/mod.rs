@@ -1,4 +1,15 @@
-//! Command-line arguments of the `zygote` binary.
+//! The `zygote` binary's commands and their arguments.
+//!
+//! - [`serve`]: `zygote serve`, the daemon around
+//!   [`server::run_with`](crate::daemon::server::run_with).
+//! - [`run`]: `zygote run`, a client of the daemon.
+//! - [`status`]: `zygote status`.
+//! - [`docs`]: `zygote man` and `zygote completions`.
+
+pub mod docs;
+pub mod run;
+pub mod serve;
+pub mod status;
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -6,16 +17,26 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::logging::LogFormat;
+use crate::service::logging::LogFormat;
 
 /// A spawn server: large processes start children without forking.
 #[derive(Debug, Parser)]
-#[command(name = "zygote", version, about)]
+#[command(name = "zygote", version, about, long_about = LONG_ABOUT)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
+
+/// `zygote --help` and the DESCRIPTION of zygote(1).
+const LONG_ABOUT: &str = "\
+A spawn server for Linux: large processes start children without forking.
+
+zygote serve runs the daemon, a small process started before anything
+large or sensitive exists. Clients ask it over a Unix socket to start a
+child; it passes back the child's pipes and a pidfd, and later its exit
+status. zygote run -- CMD runs CMD through it, as if run directly.
+zygote status prints a running daemon's counters.";
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
@@ -26,6 +47,10 @@ pub enum Command {
     Run(RunArgs),
     /// Ask a running zygote for its version, uptime and counters.
     Status(StatusArgs),
+    /// Print the manual page (roff): `zygote man | man -l -`.
+    Man(docs::ManArgs),
+    /// Print a shell completion script.
+    Completions(docs::CompletionsArgs),
 }
 
 /// Arguments of `zygote serve`.
@@ -60,12 +85,12 @@ pub struct ServeArgs {
     /// is reaped. `zygote_client`'s `launch_private` passes fd 0.
     #[arg(long, value_name = "FD", conflicts_with_all = ["socket", "metrics_listen"])]
     pub private_fd: Option<i32>,
-    /// Longest graceful stop, in seconds: after the first SIGTERM/SIGINT,
-    /// the daemon waits at most this long for connected clients' children
-    /// before it closes every connection (kill-on-close children get their
-    /// signal) and exits, as a second signal does. Keep it below systemd's
-    /// TimeoutStopSec=, whose SIGKILL leaves no time for that. 0 waits
-    /// without limit.
+    /// Longest graceful stop, in seconds: after the first SIGTERM, SIGINT
+    /// or SIGHUP, the daemon waits at most this long for connected clients'
+    /// children before it closes every connection (kill-on-close children
+    /// get their signal) and exits, as a second signal does. Keep it below
+    /// systemd's TimeoutStopSec=, whose SIGKILL leaves no time for that. 0
+    /// waits without limit.
     #[arg(
         long,
         value_name = "SECONDS",
@@ -92,6 +117,7 @@ fn parse_mode(text: &str) -> Result<u32, String> {
 
 /// Arguments of `zygote run`.
 #[derive(Debug, Args)]
+#[command(after_help = docs::RUN_AFTER_HELP)]
 pub struct RunArgs {
     /// Socket of the zygote [default: $ZYGOTE_SOCKET, else as for serve].
     #[arg(long, value_name = "PATH")]

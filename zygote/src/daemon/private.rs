@@ -2,7 +2,7 @@
 //!
 //! Both private modes end up here: `zygote serve --private-fd N` (a
 //! binary the client library launched) and a forked template
-//! ([`crate::template`]). The zygote serves the one connected socket it
+//! ([`crate::daemon::template`]). The zygote serves the one connected socket it
 //! was given, through the same per-connection code as the shared daemon,
 //! and only if the peer is of its own uid.
 //!
@@ -30,9 +30,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use tracing::{debug, info};
 use zygote_proto::{AsyncSeqpacket, socket};
 
-use crate::server::Daemon;
-use crate::shutdown::Coordinator;
-use crate::{Error, connection};
+use crate::Error;
+use crate::daemon::connection;
+use crate::daemon::shutdown::Coordinator;
+use crate::daemon::state::Daemon;
 
 /// How often the exit path checks whether every child has been reaped.
 const REAP_POLL: Duration = Duration::from_millis(10);
@@ -65,9 +66,12 @@ async fn serve_owner(socket: OwnedFd) -> Result<(), Error> {
             uid: uid.as_raw(),
         });
     }
-    // Held (not read) for the zygote's life: the signal is then recorded,
-    // not fatal. Children get default dispositions back at exec.
+    // Held (not read) for the zygote's life: the signals are then recorded,
+    // not fatal. A terminal's ^C or hangup reaches the owner's whole process
+    // group; the owner decides, and its exit ends the zygote. Children get
+    // default dispositions back at exec.
     let _ignore_interrupt = signal(SignalKind::interrupt()).map_err(Error::Runtime)?;
+    let _ignore_hangup = signal(SignalKind::hangup()).map_err(Error::Runtime)?;
     let socket = AsyncSeqpacket::new(socket).map_err(Error::PrivateSocket)?;
     let daemon = Arc::new(Daemon::new());
     info!(owner = owner.pid.as_raw_nonzero(), "private zygote serving");

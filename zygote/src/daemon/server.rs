@@ -5,21 +5,21 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use sd_notify::NotifyState;
 use tracing::{error, info, warn};
 use zygote_proto::{AsyncSeqpacketListener, ProtoError, socket};
 
-use crate::activation::Notifier;
-use crate::admission::ChildCounts;
-use crate::lifetime::{self, Connection};
-use crate::metrics::{Metrics, SpawnResult};
-use crate::policy::Policy;
-use crate::shutdown::Coordinator;
-use crate::spawn::{self, Credentials, SpawnError, SpawnPlan, SpawnedChild, Spawner};
-use crate::{Error, connection, exporter};
+use crate::Error;
+use crate::daemon::connection;
+use crate::daemon::policy::Policy;
+use crate::daemon::shutdown::Coordinator;
+use crate::daemon::state::Daemon;
+use crate::service::activation::Notifier;
+use crate::service::exporter;
+use crate::service::metrics::SpawnResult;
 
 /// Default mode of a socket the daemon binds itself: only its own uid may
 /// connect. A wider audience is the job of `--socket-mode` or a socket
@@ -28,120 +28,6 @@ pub const SOCKET_MODE: u32 = 0o600;
 
 /// How often the `STATUS=` line is refreshed for `systemctl status`.
 const STATUS_EVERY: Duration = Duration::from_secs(5);
-
-/// State shared by every connection.
-#[derive(Debug)]
-pub struct Daemon {
-    /// The daemon's effective uid.
-    pub uid: u32,
-    /// The daemon's own credentials, which children keep unless they
-    /// switch.
-    pub credentials: Credentials,
-    /// Who may connect, and what each peer may ask for.
-    pub policy: Policy,
-    /// Children running or being started, per peer uid and in total.
-    pub(crate) child_counts: std::sync::Mutex<ChildCounts>,
-    /// The daemon's own `(resource, soft, hard)` limits, which children
-    /// inherit for resources a request leaves unset.
-    pub(crate) own_limits: Vec<(u32, u64, u64)>,
-    /// Whether the daemon's real uid and gid equal its effective ones, so
-    /// that a child meant to run with [`Daemon::credentials`] already does.
-    pub(crate) plain_ids: bool,
-    /// Open connections, so that a shutdown closes them all the way a
-    /// leaving client does (kill-on-close included).
-    pub(crate) connections: std::sync::Mutex<Vec<std::sync::Weak<Connection>>>,
-    /// When the daemon started serving.
-    pub started: Instant,
-    /// Every counter, as Prometheus metrics; the `Status` reply reads them
-    /// too, so the two never disagree.
-    pub metrics: Metrics,
-    /// Signal dispositions read at the first spawn (see [`Daemon::spawn`]).
-    spawner: OnceLock<Option<Spawner>>,
-}
-
-impl Daemon {
-    /// State for a daemon starting now, under the default policy.
-    pub fn new() -> Self {
-        Self::with_policy(Policy::default_for(rustix::process::geteuid().as_raw()))
-    }
-
-    /// State for a daemon starting now, under `policy`.
-    pub fn with_policy(policy: Policy) -> Self {
-        let uid = rustix::process::geteuid().as_raw();
-        let groups = rustix::process::getgroups()
-            .map(|groups| groups.into_iter().map(|gid| gid.as_raw()).collect())
-            .unwrap_or_default();
-        Self {
-            uid,
-            credentials: Credentials {
-                uid,
-                gid: rustix::process::getegid().as_raw(),
-                groups,
-            },
-            policy,
-            child_counts: std::sync::Mutex::default(),
-            connections: std::sync::Mutex::default(),
-            own_limits: crate::peer::own_limits(),
-            plain_ids: rustix::process::getuid() == rustix::process::geteuid()
-                && rustix::process::getgid() == rustix::process::getegid(),
-            started: Instant::now(),
-            metrics: Metrics::new(),
-            spawner: OnceLock::new(),
-        }
-    }
-}
-
-impl Daemon {
-    /// Remembers an open connection; forgets closed ones on the way.
-    pub(crate) fn register(&self, connection: &Arc<Connection>) {
-        let mut connections = self.connections.lock().expect("connections poisoned");
-        connections.retain(|weak| weak.strong_count() > 0);
-        connections.push(Arc::downgrade(connection));
-    }
-
-    /// Starts a child. The daemon's signal dispositions are read once, at
-    /// the first spawn, when `serve` has long installed its handlers; its
-    /// children then skip reading them from procfs.
-    pub(crate) fn spawn(&self, plan: &SpawnPlan) -> Result<SpawnedChild, SpawnError> {
-        match self.spawner.get_or_init(Spawner::with_current_dispositions) {
-            Some(spawner) => spawner.spawn(plan),
-            None => spawn::spawn(plan),
-        }
-    }
-
-    /// Removes from `plan` what the child inherits from the daemon anyway:
-    /// a credential switch to the daemon's own ids, and resource limits
-    /// equal to the daemon's. Each of those syscalls runs in the child
-    /// while the spawning thread waits (16 `setrlimit` cost ~30 µs, the
-    /// switch ~20 µs). The daemon's limits are the ones read at its start:
-    /// it never changes them, but a `prlimit` from outside would go
-    /// unnoticed.
-    pub(crate) fn drop_inherited_settings(&self, plan: &mut SpawnPlan) {
-        if self.plain_ids && plan.credentials.as_ref() == Some(&self.credentials) {
-            plan.credentials = None;
-        }
-        plan.rlimits.retain(|limit| {
-            !self
-                .own_limits
-                .contains(&(limit.resource, limit.soft, limit.hard))
-        });
-    }
-
-    /// At shutdown: every connection ends as if its client had left, so
-    /// kill-on-close children get their signal.
-    fn close_all(&self) {
-        let connections = std::mem::take(&mut *self.connections.lock().expect("poisoned"));
-        for connection in connections.iter().filter_map(std::sync::Weak::upgrade) {
-            lifetime::connection_closed(&connection);
-        }
-    }
-}
-
-impl Default for Daemon {
-    fn default() -> Self {
-        Self::new()
-    }
-}
 
 /// A socket path the daemon bound, removed again on drop.
 #[derive(Debug)]
@@ -411,61 +297,5 @@ async fn back_off(error: &ProtoError) {
     } else {
         error!(%error, "accept failed; pausing before the next try");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::spawn::{Credentials, SpawnPlan};
-    use zygote_proto::ResourceLimit;
-
-    fn plan(rlimits: Vec<ResourceLimit>, credentials: Option<Credentials>) -> SpawnPlan {
-        SpawnPlan {
-            exec_candidates: vec![c"/bin/true".to_owned()],
-            argv: vec![c"true".to_owned()],
-            envp: Vec::new(),
-            cwd: None,
-            fds: Vec::new(),
-            new_session: false,
-            process_group: None,
-            umask: None,
-            rlimits,
-            credentials,
-        }
-    }
-
-    #[test]
-    fn settings_the_child_inherits_anyway_are_dropped() {
-        let daemon = Daemon::new();
-        let (resource, soft, hard) = daemon.own_limits[7];
-        let same = ResourceLimit {
-            resource,
-            soft,
-            hard,
-        };
-        let lower = ResourceLimit {
-            resource,
-            soft: soft.min(hard) / 2,
-            hard,
-        };
-        let other = Credentials {
-            uid: daemon.credentials.uid.wrapping_add(1),
-            ..daemon.credentials.clone()
-        };
-
-        let mut kept = plan(vec![same, lower], Some(other.clone()));
-        daemon.drop_inherited_settings(&mut kept);
-        assert_eq!(kept.rlimits, vec![lower], "only the differing limit stays");
-        assert_eq!(kept.credentials, Some(other), "a real switch stays");
-
-        let mut own = plan(vec![same], Some(daemon.credentials.clone()));
-        daemon.drop_inherited_settings(&mut own);
-        assert!(own.rlimits.is_empty());
-        assert_eq!(
-            own.credentials.is_none(),
-            daemon.plain_ids,
-            "a switch to the daemon's own ids is dropped when real ids match"
-        );
     }
 }

@@ -18,7 +18,7 @@ pub fn status(args: &StatusArgs) -> u8 {
         .clone()
         .or_else(|| std::env::var_os(zygote_client::SOCKET_ENV).map(Into::into))
         .unwrap_or_else(zygote_client::default_socket_path);
-    let Some(runtime) = crate::run::client_runtime() else {
+    let Some(runtime) = crate::cli::run::client_runtime() else {
         return EXIT_FAILED;
     };
     let asked = runtime.block_on(async {

@@ -8,17 +8,18 @@ use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
-use crate::activation::Activation;
 use crate::cli::ServeArgs;
-use crate::policy::Policy;
-use crate::server::{self, Options};
-use crate::{Error, private, spawn};
+use crate::daemon::policy::Policy;
+use crate::daemon::private;
+use crate::daemon::server::{self, Options};
+use crate::service::activation::Activation;
+use crate::{Error, spawn};
 
-/// Runs the daemon until SIGTERM or SIGINT, then stops gracefully (see
-/// [`server::run_with`]); a second signal, or `--stop-timeout` passing,
-/// ends the stop at once.
+/// Runs the daemon until SIGTERM, SIGINT or SIGHUP, then stops gracefully
+/// (see [`server::run_with`]); a second signal, or `--stop-timeout`
+/// passing, ends the stop at once.
 ///
-/// `activation` is what [`crate::activation::take`] took at startup.
+/// `activation` is what [`crate::service::activation::take`] took at startup.
 ///
 /// # Errors
 ///
@@ -137,18 +138,28 @@ pub fn serve(args: &ServeArgs, activation: Activation) -> Result<(), Error> {
     })
 }
 
-/// Counts SIGTERM and SIGINT deliveries.
+/// Counts SIGTERM, SIGINT and SIGHUP deliveries.
+///
+/// SIGHUP is a graceful stop, as SIGTERM is: the daemon has nothing to
+/// reload (the policy is read at start) and no live upgrade yet. Under
+/// socket activation the next connection starts the binary afresh, so a
+/// SIGHUP amounts to a restart that keeps connected clients' children.
 fn count_signals() -> Result<watch::Receiver<u32>, Error> {
     let mut terminate = signal(SignalKind::terminate()).map_err(Error::Runtime)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(Error::Runtime)?;
+    let mut hangup = signal(SignalKind::hangup()).map_err(Error::Runtime)?;
     let (count_tx, count) = watch::channel(0u32);
     tokio::spawn(async move {
         loop {
-            tokio::select! {
-                _ = terminate.recv() => {}
-                _ = interrupt.recv() => {}
-            }
+            let name = tokio::select! {
+                _ = terminate.recv() => "SIGTERM",
+                _ = interrupt.recv() => "SIGINT",
+                _ = hangup.recv() => "SIGHUP",
+            };
             count_tx.send_modify(|count| *count += 1);
+            if *count_tx.borrow() == 1 {
+                tracing::info!(signal = name, "stopping gracefully");
+            }
         }
     });
     Ok(count)

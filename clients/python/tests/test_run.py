@@ -1,0 +1,278 @@
+"""run and Popen against a real daemon: return codes, signals, pipes,
+fds, working directory, environment, credentials, errors."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Daemon
+
+import zygote
+
+
+def test_return_codes_and_signals(client: zygote.Client) -> None:
+    assert client.run(["true"]).returncode == 0
+    assert client.run(["sh", "-c", "exit 3"]).returncode == 3
+    assert client.run(["sh", "-c", "kill -TERM $$"]).returncode == -signal.SIGTERM
+    assert client.run(["sh", "-c", "kill -KILL $$"]).returncode == -signal.SIGKILL
+
+
+def test_check_raises_the_stdlib_error(client: zygote.Client) -> None:
+    with pytest.raises(subprocess.CalledProcessError) as caught:
+        client.run(["sh", "-c", "echo out; exit 4"], check=True, capture_output=True)
+    assert type(caught.value) is subprocess.CalledProcessError
+    assert caught.value.returncode == 4
+    assert caught.value.stdout == b"out\n"
+    completed = client.run(["true"], check=True)
+    assert type(completed) is subprocess.CompletedProcess
+    assert completed.args == ["true"]
+
+
+def test_timeout_kills_and_raises(client: zygote.Client) -> None:
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as caught:
+        client.run(["sleep", "30"], timeout=0.3)
+    assert type(caught.value) is subprocess.TimeoutExpired
+    assert 0 < (caught.value.timeout or 0) <= 0.3
+    assert time.monotonic() - start < 10  # killed, not waited for
+
+
+def test_capture_output_text_and_bytes(client: zygote.Client) -> None:
+    script = "printf 'caf\\303\\251\\n'; echo err >&2"
+    raw = client.run(["sh", "-c", script], capture_output=True)
+    assert raw.stdout == "café\n".encode() and raw.stderr == b"err\n"
+    text = client.run(["sh", "-c", script], capture_output=True, text=True)
+    assert text.stdout == "café\n" and text.stderr == "err\n"
+    latin = client.run(["sh", "-c", script], capture_output=True, encoding="latin-1")
+    assert latin.stdout == "cafÃ©\n"
+    merged = client.run(["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert sorted(merged.stdout.splitlines()) == sorted(["café".encode(), b"err"])
+    assert client.run(["cat"], input="in", capture_output=True, text=True).stdout == "in"
+
+
+def test_ten_mib_through_cat(client: zygote.Client) -> None:
+    data = os.urandom(10 * 1024 * 1024)
+    with client.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as process:
+        out, err = process.communicate(data, timeout=60)
+    assert out == data and err is None
+    assert process.returncode == 0
+
+
+def test_popen_api(client: zygote.Client) -> None:
+    process = client.Popen(["sh", "-c", "echo $$; exec sleep 30"], stdout=subprocess.PIPE)
+    assert isinstance(process, subprocess.Popen)
+    assert process.stdout is not None
+    assert int(process.stdout.readline()) == process.pid
+    assert process.poll() is None and process.returncode is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(timeout=0.1)
+    assert process.pidfd is not None
+    assert select.select([process.pidfd], [], [], 0)[0] == []  # still running
+    process.terminate()
+    assert process.wait(timeout=10) == -signal.SIGTERM
+    assert process.returncode == -signal.SIGTERM
+    assert select.select([process.pidfd], [], [], 10)[0] == [process.pidfd]
+    process.kill()  # after exit: nothing, as in the stdlib
+    process.stdout.close()
+    assert process.usage is not None and process.usage["max_rss_kib"] > 0
+    assert process.args == ["sh", "-c", "echo $$; exec sleep 30"]
+
+    with client.Popen(["sleep", "30"]) as sleeper:
+        sleeper.send_signal(signal.SIGKILL)
+    assert sleeper.returncode == -signal.SIGKILL
+
+
+def test_received_fds_are_cloexec(client: zygote.Client) -> None:
+    with client.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as process:
+        assert process.stdin is not None and process.stdout is not None
+        for fd in (process.pidfd, process.stdin.fileno(), process.stdout.fileno()):
+            assert fd is not None
+            assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+        process.communicate(b"")
+
+
+LIST_FDS = """
+import os, sys
+if len(sys.argv) > 1:
+    os.write(int(sys.argv[1]), b"through\\n")
+fds = os.listdir("/proc/self/fd")
+print(*(fd for fd in fds if os.path.exists(f"/proc/self/fd/{fd}")))
+"""
+
+
+def test_pass_fds_and_nothing_else_leaks(client: zygote.Client) -> None:
+    read_end, write_end = os.pipe()
+    leak = os.open("/dev/null", os.O_RDONLY)
+    os.set_inheritable(leak, True)
+    try:
+        result = client.run(
+            [sys.executable, "-c", LIST_FDS, str(write_end)],
+            pass_fds=[write_end],
+            capture_output=True,
+            text=True,
+        )
+        os.close(write_end)
+        assert os.read(read_end, 100) == b"through\n"
+        fds = sorted(int(fd) for fd in result.stdout.split())
+        # 0-2 and the passed fd: never `leak`.
+        assert fds == [0, 1, 2, write_end], fds
+        inherited = client.run(
+            [sys.executable, "-c", LIST_FDS], close_fds=False, capture_output=True, text=True
+        )
+        assert str(leak) in inherited.stdout.split()
+    finally:
+        os.close(read_end)
+        os.close(leak)
+
+
+def test_cwd(client: zygote.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (
+        client.run(["pwd"], cwd=tmp_path, capture_output=True, text=True).stdout == f"{tmp_path}\n"
+    )
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    # The caller's directory by default, and a relative cwd joins onto it.
+    assert client.run(["pwd"], capture_output=True, text=True).stdout == f"{tmp_path}\n"
+    relative = client.run(["pwd"], cwd="sub", capture_output=True, text=True)
+    assert relative.stdout == f"{tmp_path / 'sub'}\n"
+    with pytest.raises(FileNotFoundError) as caught:
+        client.run(["pwd"], cwd=tmp_path / "missing")
+    assert caught.value.filename == tmp_path / "missing"
+    assert "Chdir" in str(caught.value)
+
+
+def test_env(client: zygote.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    exact = client.run(["/usr/bin/env"], env={"A": "1", b"B": b"\xff"}, capture_output=True)
+    assert exact.stdout == b"A=1\nB=\xff\n"
+    monkeypatch.setenv("ZYGOTE_PY_TEST", "inherited")
+    inherited = client.run(["sh", "-c", "echo $ZYGOTE_PY_TEST"], capture_output=True, text=True)
+    assert inherited.stdout == "inherited\n"
+    with pytest.raises(ValueError):
+        client.run(["true"], env={"A=B": "1"})
+    with pytest.raises(ValueError):
+        client.run(["true\0"])
+
+
+def test_umask_and_rlimits_are_copied(client: zygote.Client) -> None:
+    old_mask = os.umask(0o027)
+    try:
+        assert client.run(["sh", "-c", "umask"], capture_output=True, text=True).stdout == "0027\n"
+    finally:
+        os.umask(old_mask)
+    assert (
+        client.run(["sh", "-c", "umask"], umask=0o077, capture_output=True, text=True).stdout
+        == "0077\n"
+    )
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
+    try:
+        copied = client.run(["sh", "-c", "ulimit -n"], capture_output=True, text=True)
+        assert copied.stdout == "200\n"
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    asked = client.run(
+        ["sh", "-c", "ulimit -n"],
+        rlimits={resource.RLIMIT_NOFILE: (100, hard)},
+        capture_output=True,
+        text=True,
+    )
+    assert asked.stdout == "100\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="SKIPPED LOUDLY: user/group need root")
+def test_user_and_group(client: zygote.Client) -> None:
+    result = client.run(
+        ["sh", "-c", "id -u; id -g; id -G"],
+        user=65534,
+        group=65534,
+        extra_groups=[65534, 100],
+        capture_output=True,
+        text=True,
+    )
+    assert result.stdout.split("\n")[:3] == ["65534", "65534", "65534 100"]
+    # Unset parts are ours, as with subprocess.
+    only_user = client.run(["id", "-u"], user="nobody", capture_output=True, text=True)
+    assert only_user.stdout == "65534\n"
+
+
+def test_spawn_errors(client: zygote.Client, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError) as missing:
+        client.run(["no-such-program-zygote"])
+    assert missing.value.filename == "no-such-program-zygote"
+    assert missing.value.errno == 2
+    assert "Exec" in str(missing.value)
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\n")
+    with pytest.raises(PermissionError) as denied:
+        client.run([str(script)])
+    assert denied.value.filename == str(script)
+    with pytest.raises(ValueError, match="preexec_fn"):
+        client.run(["true"], preexec_fn=lambda: None)
+    # The connection is fine after failures.
+    assert client.run(["true"]).returncode == 0
+
+
+def test_zygote_options(client: zygote.Client, shared_daemon: Daemon) -> None:
+    timed = client.Popen(["sleep", "30"], zygote_timeout=0.2, zygote_grace=0.1)
+    assert timed.wait(timeout=20) == -signal.SIGTERM
+    assert timed.timed_out
+
+    with zygote.Client(shared_daemon.socket) as other:
+        sleeper = other.Popen(["sleep", "30"], kill_on_close=True)
+        pidfd = os.dup(sleeper.pidfd or -1)
+    try:
+        # The daemon kills it when the connection closes.
+        assert select.select([pidfd], [], [], 10)[0] == [pidfd]
+    finally:
+        os.close(pidfd)
+    with pytest.raises(zygote.ZygoteError):
+        sleeper.wait(timeout=5)
+
+
+def test_missing_daemon_is_a_zygote_error(tmp_path: Path) -> None:
+    with pytest.raises(zygote.ZygoteError) as caught:
+        zygote.Client(str(tmp_path / "none.sock"))
+    assert isinstance(caught.value, OSError)
+    assert not isinstance(caught.value, FileNotFoundError)
+    assert caught.value.errno == 2
+    assert "none.sock" in str(caught.value)
+
+
+def test_module_level_api(default_socket: str) -> None:
+    result = zygote.run(
+        [sys.executable, "-c", "import os; print(os.getppid())"], capture_output=True
+    )
+    assert int(result.stdout) != os.getpid()  # the zygote is the parent
+    with zygote.Popen(["true"]) as process:
+        pass
+    assert process.returncode == 0
+    status = zygote.default_client().status()
+    assert status["spawns_succeeded"] >= 2
+    assert status["connections_open"] >= 1
+
+
+def test_module_level_asyncio(default_socket: str) -> None:
+    import asyncio
+
+    async def main() -> bytes:
+        process = await zygote.create_subprocess_exec("echo", "async", stdout=subprocess.PIPE)
+        out, _ = await process.communicate()
+        assert process.returncode == 0 and process.pidfd is not None
+        return out or b""
+
+    assert asyncio.run(main()) == b"async\n"
+
+
+def test_client_from_environment(default_socket: str) -> None:
+    with zygote.Client() as own:
+        assert own.path == default_socket
+        assert own.run(["true"]).returncode == 0

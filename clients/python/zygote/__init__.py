@@ -1,0 +1,93 @@
+"""zygote: :mod:`subprocess` through a zygote spawn server.
+
+A zygote is a small daemon that starts children on request over a Unix
+socket (see the project README), so that a large process, one with many
+threads or fds, or one that would fork (``preexec_fn``, ``user=``) never
+forks. This package speaks its protocol (proto/PROTOCOL.md, version 1)
+directly; it is pure Python with no dependencies.
+
+The API is :mod:`subprocess`'s, with the same names and the stdlib's own
+exception and result classes::
+
+    import zygote
+    result = zygote.run(["git", "status"], capture_output=True, text=True, check=True)
+
+:class:`Client` is one connection (``Client(path)``, ``$ZYGOTE_SOCKET``, the
+default path, or :meth:`Client.launch_private`) with ``run``, ``Popen``
+and asyncio's ``create_subprocess_exec``; the module-level :func:`run` and
+:class:`Popen` use a default client. :func:`install` makes
+``subprocess.Popen`` itself use the zygote.
+
+What differs from :mod:`subprocess`:
+
+- **The parent is the zygote.** The child's ``getppid()`` is the daemon;
+  this process cannot ``waitpid`` it. The exit status comes from the
+  daemon; :attr:`Popen.pidfd` is the child's pidfd, :attr:`Popen.usage` its
+  resource usage.
+- **The fd table.** The child gets fds 0-2, ``pass_fds``, and with
+  ``close_fds=False`` this process's inheritable fds, at most 64 in all;
+  never anything else, whatever this process holds.
+- **Copied state.** Environment, working directory, umask and every
+  resource limit are copied into each request, so the child sees this
+  process's values. Signal dispositions are all default and the mask
+  empty. CPU affinity, nice value, cgroup and namespaces are the daemon's.
+- **Not supported:** ``preexec_fn`` (:class:`ValueError`; the installed
+  drop-in falls back to the stdlib for it).
+- **Errors:** a spawn failure raises what :mod:`subprocess` raises
+  (:class:`FileNotFoundError`, :class:`PermissionError`, :class:`OSError`
+  with the errno), with the failed setup step in the message; a missing
+  or lost daemon raises :class:`ZygoteError`, an :class:`OSError`.
+- **Extra keywords:** ``kill_on_close``, ``zygote_timeout``,
+  ``zygote_grace`` and ``rlimits`` (see :class:`Popen`).
+"""
+
+from __future__ import annotations
+
+from subprocess import (
+    DEVNULL,
+    PIPE,
+    STDOUT,
+    CalledProcessError,
+    CompletedProcess,
+    SubprocessError,
+    TimeoutExpired,
+)
+from typing import Any
+
+from ._asyncio import Process
+from ._client import Client, default_client, default_socket_path, find_binary, run
+from ._errors import ZygoteError
+from ._install import install, installed, uninstall
+from ._popen import Popen
+
+__version__ = "0.1.0"
+
+
+async def create_subprocess_exec(program: Any, *args: Any, **kwargs: Any) -> Process:
+    """:func:`asyncio.create_subprocess_exec` through the default client."""
+    from ._asyncio import create_subprocess_exec as spawn
+
+    return await spawn(default_client(), program, *args, **kwargs)
+
+
+__all__ = [
+    "DEVNULL",
+    "PIPE",
+    "STDOUT",
+    "CalledProcessError",
+    "Client",
+    "CompletedProcess",
+    "Popen",
+    "Process",
+    "SubprocessError",
+    "TimeoutExpired",
+    "ZygoteError",
+    "create_subprocess_exec",
+    "default_client",
+    "default_socket_path",
+    "find_binary",
+    "install",
+    "installed",
+    "run",
+    "uninstall",
+]

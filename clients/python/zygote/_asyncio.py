@@ -1,0 +1,311 @@
+"""asyncio: :func:`create_subprocess_exec` through the zygote.
+
+The request is sent with ``MSG_DONTWAIT`` (waiting for writability on the
+loop if the socket buffer is ever full), and the reader thread hands the
+replies to the loop with ``call_soon_threadsafe``: no call here blocks the
+event loop on the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import grp
+import os
+import pwd
+import signal
+import subprocess
+import weakref
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
+
+from . import _request
+from ._conn import Connection, SpawnSlot
+from ._errors import ZygoteError
+from ._popen import returncode_of
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+PIPE = subprocess.PIPE
+STDOUT = subprocess.STDOUT
+DEVNULL = subprocess.DEVNULL
+
+
+class Process:
+    """Mirrors :class:`asyncio.subprocess.Process`: ``pid``, ``returncode``,
+    ``stdin`` (a :class:`asyncio.StreamWriter`), ``stdout``/``stderr``
+    (:class:`asyncio.StreamReader`), ``wait()``, ``communicate()``,
+    ``send_signal()``, ``terminate()``, ``kill()``; plus ``pidfd``,
+    ``usage`` and ``timed_out``."""
+
+    def __init__(
+        self,
+        pid: int,
+        pidfd: int,
+        exited: "asyncio.Future[None]",
+        slot: SpawnSlot,
+        stdin: Optional[asyncio.StreamWriter],
+        stdout: Optional[asyncio.StreamReader],
+        stderr: Optional[asyncio.StreamReader],
+        client: "Client",
+    ) -> None:
+        self.pid = pid
+        self.pidfd: Optional[int] = pidfd
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: Optional[int] = None
+        self.usage: Optional[Dict[str, int]] = None
+        self.timed_out = False
+        self._exited = exited
+        self._slot = slot
+        self._client = client  # keeps the connection open while this lives
+        weakref.finalize(self, os.close, pidfd)
+
+    def __repr__(self) -> str:
+        return f"<zygote.Process {self.pid}>"
+
+    def _collect(self) -> None:
+        if self.returncode is not None or not self._slot.exited.is_set():
+            return
+        exit_notice = self._slot.exit
+        if exit_notice is None:
+            error = self._slot.error
+            assert error is not None
+            raise ZygoteError(
+                error.errno, f"{error.strerror}; the exit status of pid {self.pid} is lost"
+            )
+        self.usage = dict(exit_notice["usage"])
+        self.timed_out = bool(exit_notice["timed_out"])
+        self.returncode = returncode_of(exit_notice)
+
+    async def wait(self) -> int:
+        """Waits for the child to exit and returns its returncode."""
+        if not self._slot.exited.is_set():
+            await asyncio.shield(self._exited)
+        self._collect()
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """Signals the child through its pidfd; nothing once it has exited."""
+        try:
+            self._collect()
+        except ZygoteError:
+            pass
+        if self.returncode is not None or self.pidfd is None:
+            return
+        try:
+            signal.pidfd_send_signal(self.pidfd, sig)
+        except ProcessLookupError:
+            pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    async def _feed(self, data: Optional[bytes]) -> None:
+        assert self.stdin is not None
+        try:
+            if data:
+                self.stdin.write(data)
+                await self.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the child does not read its input, as in asyncio
+        self.stdin.close()
+
+    async def _read(self, stream: Optional[asyncio.StreamReader]) -> Optional[bytes]:
+        if stream is None:
+            return None
+        return await stream.read()
+
+    async def communicate(
+        self, input: Optional[bytes] = None
+    ) -> Tuple[Optional[bytes], Optional[bytes]]:
+        """Sends ``input``, reads stdout and stderr to their end, waits."""
+        feeding = self._feed(input) if self.stdin is not None else asyncio.sleep(0)
+        _, out, err = await asyncio.gather(
+            feeding, self._read(self.stdout), self._read(self.stderr)
+        )
+        await self.wait()
+        return out, err
+
+
+def _resolve_user(
+    user: Any, group: Any, extra_groups: Any
+) -> Tuple[Optional[int], Optional[int], Optional[List[int]]]:
+    uid = pwd.getpwnam(user).pw_uid if isinstance(user, str) else user
+    gid = grp.getgrnam(group).gr_gid if isinstance(group, str) else group
+    gids = None
+    if extra_groups is not None:
+        gids = [grp.getgrnam(g).gr_gid if isinstance(g, str) else int(g) for g in extra_groups]
+    return uid, gid, gids
+
+
+def _set_once(future: "asyncio.Future[None]") -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _send(
+    loop: asyncio.AbstractEventLoop, conn: Connection, frame: bytes, fds: List[int]
+) -> None:
+    while not conn.try_send(frame, fds):
+        writable: "asyncio.Future[None]" = loop.create_future()
+        loop.add_writer(conn.fileno(), _set_once, writable)
+        try:
+            await asyncio.wait_for(writable, 30)
+        except asyncio.TimeoutError:
+            raise ZygoteError(
+                0, f"the zygote at {conn.where} has not read a request for 30 s"
+            ) from None
+        finally:
+            loop.remove_writer(conn.fileno())
+
+
+def _stdio(spec: Any, number: int) -> Tuple[Any, ...]:
+    if spec is None:
+        return ("inherit",)
+    if spec == PIPE:
+        return ("pipe",)
+    if spec == DEVNULL:
+        return ("null",)
+    if isinstance(spec, int):
+        return ("fd", spec)
+    return ("fd", spec.fileno())
+
+
+async def create_subprocess_exec(
+    client: "Client",
+    program: Any,
+    *args: Any,
+    stdin: Any = None,
+    stdout: Any = None,
+    stderr: Any = None,
+    limit: int = 2**16,
+    cwd: Any = None,
+    env: Optional[Mapping[Any, Any]] = None,
+    executable: Any = None,
+    close_fds: bool = True,
+    pass_fds: Any = (),
+    start_new_session: bool = False,
+    process_group: Optional[int] = None,
+    user: Any = None,
+    group: Any = None,
+    extra_groups: Any = None,
+    umask: int = -1,
+    kill_on_close: Union[None, bool, int] = None,
+    zygote_timeout: Optional[float] = None,
+    zygote_grace: float = _request.DEFAULT_GRACE_SECONDS,
+    rlimits: Optional[Mapping[int, Union[int, Tuple[int, int]]]] = None,
+) -> Process:
+    """See :meth:`zygote.Client.create_subprocess_exec`."""
+    loop = asyncio.get_running_loop()
+    conn = client._connection()
+    uid, gid, gids = _resolve_user(user, group, extra_groups)
+    local_pipe: Optional[Tuple[int, int]] = None
+    specs = [_stdio(stdin, 0), _stdio(stdout, 1), _stdio(stderr, 2)]
+    if stderr == STDOUT:
+        if specs[1][0] == "pipe":
+            # One pipe for both: the daemon's pipes are one per stream.
+            local_pipe = os.pipe()
+            specs[1] = specs[2] = ("fd", local_pipe[1])
+        else:
+            specs[2] = specs[1]
+    request_id = conn.next_id()
+    try:
+        message, fds = _request.build_spawn(
+            request_id=request_id,
+            argv=[program, *args],
+            executable=program if executable is None else executable,
+            stdio=specs,
+            close_fds=close_fds,
+            pass_fds=pass_fds,
+            cwd=cwd,
+            env=env,
+            gid=gid,
+            gids=gids,
+            uid=uid,
+            umask=umask,
+            start_new_session=start_new_session,
+            process_group=process_group,
+            kill_on_close=kill_on_close,
+            zygote_timeout=zygote_timeout,
+            zygote_grace=zygote_grace,
+            rlimits=rlimits,
+            max_fds=conn.max_fds,
+            max_frame=conn.max_frame,
+        )
+        frame = _request.encode_spawn(message, conn.max_frame)
+    except _request.UnservableError as error:
+        raise ValueError(f"the zygote cannot start this child: {error}") from None
+
+    spawned: "asyncio.Future[None]" = loop.create_future()
+    exited: "asyncio.Future[None]" = loop.create_future()
+
+    def wake(future: "asyncio.Future[None]") -> None:
+        def set_it() -> None:
+            if not future.done():
+                future.set_result(None)
+
+        try:
+            loop.call_soon_threadsafe(set_it)
+        except RuntimeError:
+            pass  # the loop is closed; nobody waits any more
+
+    slot = SpawnSlot()
+    slot.on_spawn = lambda: wake(spawned)
+    slot.on_exit = lambda: wake(exited)
+    conn.register_spawn(request_id, slot)
+    sent = False
+    try:
+        try:
+            await _send(loop, conn, frame, fds)
+            sent = True
+        finally:
+            if local_pipe is not None:
+                os.close(local_pipe[1])
+        await spawned
+    except BaseException:
+        conn.unregister(request_id, sent)
+        if local_pipe is not None:
+            os.close(local_pipe[0])
+        raise
+    if slot.reply is None:
+        if local_pipe is not None:
+            os.close(local_pipe[0])
+        assert slot.error is not None
+        raise ZygoteError(slot.error.errno, slot.error.strerror)
+    if "SpawnFailed" in slot.reply:
+        if local_pipe is not None:
+            os.close(local_pipe[0])
+        raise _request.spawn_error(slot.reply["SpawnFailed"], program, cwd)
+    pidfd, *pipes = slot.fds
+    pipe_iter = iter(pipes)
+    writer = reader_out = reader_err = None
+    if specs[0][0] == "pipe":
+        write_pipe = open(next(pipe_iter), "wb", buffering=0)
+        protocol_for_writer = asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=limit))
+        transport, _ = await loop.connect_write_pipe(lambda: protocol_for_writer, write_pipe)
+        writer = asyncio.StreamWriter(transport, protocol_for_writer, None, loop)
+    out_fd = (
+        local_pipe[0]
+        if local_pipe is not None
+        else (next(pipe_iter) if specs[1][0] == "pipe" else None)
+    )
+    if out_fd is not None:
+        reader_out = await _reader(loop, out_fd, limit)
+    if specs[2][0] == "pipe":
+        reader_err = await _reader(loop, next(pipe_iter), limit)
+    return Process(
+        slot.reply["Spawned"]["pid"], pidfd, exited, slot, writer, reader_out, reader_err, client
+    )
+
+
+async def _reader(loop: asyncio.AbstractEventLoop, fd: int, limit: int) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader(limit=limit)
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), open(fd, "rb", buffering=0)
+    )
+    return reader

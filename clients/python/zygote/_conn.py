@@ -1,0 +1,395 @@
+"""One connection to a zygote: the socket, the handshake, and a reader
+thread that hands each reply to whoever waits for its request id.
+
+Sending needs no lock: a SOCK_SEQPACKET ``sendmsg`` sends one whole frame
+atomically, so threads send concurrently and then wait on their own slot.
+The reader thread is the only receiver.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import itertools
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set
+
+from . import _wire
+from ._errors import ZygoteError
+
+#: The name this client gives in ``Hello``.
+CLIENT_NAME = "zygote-py/0.1.0"
+#: How long the handshake and a blocked send may take before the daemon
+#: counts as stuck.
+HANDSHAKE_SECONDS = 10.0
+SEND_SECONDS = 30.0
+SNDBUF_BYTES = 512 * 1024
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _kill(pidfd: int) -> None:
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _fds_of(ancdata: List[Any]) -> List[int]:
+    fds: List[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            ints = array.array("i")
+            ints.frombytes(data[: len(data) - len(data) % ints.itemsize])
+            fds.extend(ints)
+    return fds
+
+
+class SpawnSlot:
+    """What one spawn request waits for: ``Spawned`` (or ``SpawnFailed``),
+    then ``Exited``. The reader thread fills it; callbacks let asyncio
+    hear about it without a thread blocking."""
+
+    __slots__ = (
+        "abandoned",
+        "error",
+        "exit",
+        "exited",
+        "fds",
+        "on_exit",
+        "on_spawn",
+        "reply",
+        "spawned",
+    )
+
+    def __init__(self) -> None:
+        self.spawned = threading.Event()
+        self.reply: Optional[Dict[str, Any]] = None
+        self.fds: List[int] = []
+        self.exited = threading.Event()
+        self.exit: Optional[Dict[str, Any]] = None
+        self.error: Optional[ZygoteError] = None
+        self.on_spawn: Optional[Callable[[], None]] = None
+        self.on_exit: Optional[Callable[[], None]] = None
+        self.abandoned = False
+
+    def _fire(self, callback: Optional[Callable[[], None]]) -> None:
+        if callback is not None:
+            try:
+                callback()
+            except Exception:  # the reader thread must survive any waiter
+                pass
+
+
+class Connection:
+    """A connected, handshaken socket plus its reader thread."""
+
+    def __init__(self, sock: socket.socket, where: str) -> None:
+        self.where = where
+        self._sock = sock
+        self._ids = itertools.count(1)
+        self._slots: Dict[int, SpawnSlot] = {}
+        self._signals: Dict[int, "threading.Event"] = {}
+        self._signal_replies: Dict[int, Dict[str, Any]] = {}
+        # Spawns whose caller gave up (interrupted, cancelled) before the
+        # reply: their child is killed when Spawned comes.
+        self._abandoned: Set[int] = set()
+        # Guards the hand-over of a Spawned reply against a caller giving
+        # up at the same moment; never held across a round trip.
+        self._lock = threading.Lock()
+        self._lost: Optional[ZygoteError] = None
+        self._closing = False
+        self.pid = os.getpid()
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF_BYTES)
+        except OSError:
+            pass  # capped by net.core.wmem_max; that is fine
+        self.limits = self._handshake()
+        self.max_frame = int(self.limits["max_frame_bytes"])
+        self.max_fds = int(self.limits["max_fds_per_frame"])
+        self._reader = threading.Thread(
+            target=self._read_loop, name=f"zygote-reader {where}", daemon=True
+        )
+        self._reader.start()
+
+    # --- the handshake, before the reader runs -------------------------
+
+    def _handshake(self) -> Dict[str, Any]:
+        hello = {"Hello": {"protocol_version": _wire.PROTOCOL_VERSION, "client": CLIENT_NAME}}
+        self._sock.settimeout(HANDSHAKE_SECONDS)
+        try:
+            self._sock.sendmsg([_wire.encode_client(hello)], [], socket.MSG_NOSIGNAL)
+            frame, fds = self._recv(_wire.MAX_FRAME_BYTES, _wire.MAX_FDS_PER_FRAME)
+        except socket.timeout:
+            raise ZygoteError(
+                errno.ETIMEDOUT,
+                f"zygote at {self.where} did not answer Hello within {HANDSHAKE_SECONDS:.0f} s",
+            ) from None
+        except OSError as error:
+            raise ZygoteError(
+                error.errno, f"handshake with zygote at {self.where} failed: {error.strerror}"
+            ) from None
+        finally:
+            self._sock.settimeout(None)
+        _close_all(fds)
+        if frame is None:
+            raise ZygoteError(
+                errno.ECONNRESET, f"zygote at {self.where} closed the connection during Hello"
+            )
+        try:
+            message = _wire.decode_server(frame)
+        except _wire.DecodeError as error:
+            raise ZygoteError(
+                errno.EPROTO, f"zygote at {self.where} sent a bad HelloAck: {error}"
+            ) from None
+        if isinstance(message, dict) and "HelloAck" in message:
+            return dict(message["HelloAck"]["limits"])
+        if isinstance(message, dict) and "ProtocolError" in message:
+            error_body = message["ProtocolError"]
+            code = errno.EACCES if error_body["kind"] == "PermissionDenied" else errno.EPROTO
+            if error_body["kind"] == "Busy":
+                code = errno.EAGAIN
+            raise ZygoteError(
+                code,
+                f"zygote at {self.where} refused the connection "
+                f"({error_body['kind']}): {error_body['message']}",
+            )
+        raise ZygoteError(errno.EPROTO, f"zygote at {self.where} answered Hello with {message!r}")
+
+    def _recv(self, max_frame: int, max_fds: int) -> "tuple[Optional[bytes], List[int]]":
+        """One frame and its fds; ``None`` at end of stream."""
+        while True:
+            try:
+                data, ancdata, flags, _ = self._sock.recvmsg(
+                    max_frame + 1,
+                    socket.CMSG_SPACE(max_fds * 4),
+                    socket.MSG_CMSG_CLOEXEC,
+                )
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries
+                continue
+        fds = _fds_of(ancdata)
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            _close_all(fds)
+            raise ZygoteError(
+                errno.EMSGSIZE, f"zygote at {self.where} sent a frame over the limits"
+            )
+        if not data and not fds:
+            return None, []
+        return data, fds
+
+    # --- the reader thread ---------------------------------------------
+
+    def _read_loop(self) -> None:
+        reason: ZygoteError
+        try:
+            while True:
+                frame, fds = self._recv(self.max_frame, self.max_fds)
+                if frame is None:
+                    reason = ZygoteError(
+                        errno.ECONNRESET, f"the zygote at {self.where} closed the connection"
+                    )
+                    break
+                try:
+                    message = _wire.decode_server(frame)
+                except _wire.DecodeError as error:
+                    _close_all(fds)
+                    reason = ZygoteError(
+                        errno.EPROTO, f"the zygote at {self.where} sent a bad frame: {error}"
+                    )
+                    break
+                stop = self._dispatch(message, fds)
+                if stop is not None:
+                    reason = stop
+                    break
+        except ZygoteError as error:
+            reason = error
+        except OSError as error:
+            reason = ZygoteError(
+                error.errno, f"reading from the zygote at {self.where} failed: {error.strerror}"
+            )
+        except Exception as error:  # a bug here must not leave waiters hanging
+            reason = ZygoteError(
+                errno.EPROTO, f"the client's reader for {self.where} failed: {error!r}"
+            )
+        if self._closing:
+            reason = ZygoteError(errno.ESHUTDOWN, f"the client of {self.where} was closed")
+        self._fail_all(reason)
+
+    def _dispatch(self, message: Any, fds: List[int]) -> Optional[ZygoteError]:
+        ((name, body),) = message.items()
+        if name == "Spawned":
+            with self._lock:
+                slot = self._slots.get(body["id"])
+                abandoned = slot is None and body["id"] in self._abandoned
+                self._abandoned.discard(body["id"])
+                if slot is not None:
+                    slot.reply = message
+                    slot.fds = fds
+                    slot.spawned.set()
+            if slot is None:
+                if abandoned and fds:
+                    _kill(fds[0])
+                _close_all(fds)
+                return None
+            slot._fire(slot.on_spawn)
+            return None
+        _close_all(fds)
+        if name == "SpawnFailed":
+            self._abandoned.discard(body["id"])
+            slot = self._slots.pop(body["id"], None)
+            if slot is not None:
+                slot.reply = message
+                slot.spawned.set()
+                slot._fire(slot.on_spawn)
+        elif name == "Exited":
+            slot = self._slots.pop(body["id"], None)
+            if slot is not None:
+                slot.exit = body
+                slot.exited.set()
+                slot._fire(slot.on_exit)
+        elif name in ("SignalSent", "RequestFailed", "Status"):
+            event = self._signals.pop(body["id"], None)
+            if event is not None:
+                self._signal_replies[body["id"]] = message
+                event.set()
+        elif name == "ProtocolError":
+            return ZygoteError(
+                errno.EPROTO,
+                f"the zygote at {self.where} reported a protocol error "
+                f"({body['kind']}): {body['message']}",
+            )
+        return None
+
+    def _fail_all(self, reason: ZygoteError) -> None:
+        self._lost = reason
+        slots = list(self._slots.values())
+        self._slots.clear()
+        for slot in slots:
+            slot.error = reason
+            if not slot.spawned.is_set():
+                slot.spawned.set()
+                slot._fire(slot.on_spawn)
+            slot.exited.set()
+            slot._fire(slot.on_exit)
+        for event in list(self._signals.values()):
+            event.set()
+        self._signals.clear()
+
+    # --- requests ---------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return self._lost is None and not self._closing
+
+    def check(self) -> None:
+        """Raises the reason the connection is gone, if it is."""
+        if self._lost is not None:
+            raise ZygoteError(self._lost.errno, self._lost.strerror)
+        if self._closing:
+            raise ZygoteError(errno.ESHUTDOWN, f"the client of {self.where} is closed")
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def try_send(self, frame: bytes, fds: Sequence[int]) -> bool:
+        """Sends without blocking; False when the socket buffer is full."""
+        self.check()
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        try:
+            self._sock.sendmsg([frame], ancillary, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError as error:
+            raise ZygoteError(
+                error.errno,
+                f"sending to the zygote at {self.where} failed: {error.strerror}",
+            ) from None
+        return True
+
+    def send(self, frame: bytes, fds: Sequence[int]) -> None:
+        """Sends, waiting at most ``SEND_SECONDS`` for buffer space."""
+        deadline = time.monotonic() + SEND_SECONDS
+        while not self.try_send(frame, fds):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ZygoteError(
+                    errno.ETIMEDOUT,
+                    f"the zygote at {self.where} has not read a request for {SEND_SECONDS:.0f} s",
+                )
+            poller = select.poll()
+            poller.register(self._sock.fileno(), select.POLLOUT)
+            poller.poll(left * 1000)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def register_spawn(self, request_id: int, slot: SpawnSlot) -> None:
+        self.check()
+        self._slots[request_id] = slot
+        if self._lost is not None:  # lost between the check and now
+            self._slots.pop(request_id, None)
+            self.check()
+
+    def unregister(self, request_id: int, sent: bool) -> None:
+        """Forgets a spawn whose caller gave up; if the request was sent,
+        its child is killed as soon as it is reported."""
+        with self._lock:
+            slot = self._slots.pop(request_id, None)
+            if slot is None:
+                return
+            slot.abandoned = True
+            if sent and not slot.spawned.is_set():
+                self._abandoned.add(request_id)
+                return
+        if sent and slot.reply is not None and "Spawned" in slot.reply:
+            _kill(slot.fds[0])
+            _close_all(slot.fds)
+
+    def request(self, message: Dict[str, Any], timeout: float = SEND_SECONDS) -> Dict[str, Any]:
+        """Sends a Signal or Status request and waits for its reply."""
+        (body,) = message.values()
+        request_id = body["id"]
+        event = threading.Event()
+        self.check()
+        self._signals[request_id] = event
+        self.send(_wire.encode_client(message), ())
+        if not event.wait(timeout):
+            self._signals.pop(request_id, None)
+            raise ZygoteError(
+                errno.ETIMEDOUT, f"the zygote at {self.where} did not answer within {timeout} s"
+            )
+        reply = self._signal_replies.pop(request_id, None)
+        if reply is None:
+            self.check()
+            raise ZygoteError(errno.ECONNRESET, f"the zygote at {self.where} went away")
+        return reply
+
+    def close(self) -> None:
+        """Closes the connection; children keep running (PROTOCOL.md 2.4)."""
+        if self._closing:
+            return
+        self._closing = True
+        if os.getpid() != self.pid:
+            # A forked copy: the socket is shared with the parent, whose
+            # connection must not be shut down from here.
+            self._sock.close()
+            return
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self._reader is not threading.current_thread():
+            self._reader.join(5)
+        self._sock.close()

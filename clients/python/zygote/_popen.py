@@ -1,0 +1,341 @@
+"""``Popen`` and ``run`` through the zygote.
+
+:class:`Popen` subclasses :class:`subprocess.Popen`: the stdlib parses the
+arguments, makes the pipes and wraps them in file objects, and implements
+``communicate``, text mode and the context manager. Only the steps that
+touch the child are replaced: starting it (a ``Spawn`` request instead of
+fork/exec), waiting for it (the daemon's ``Exited`` notice instead of
+``waitpid``) and signalling it (through its pidfd).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
+
+from . import _request
+from ._conn import SpawnSlot
+from ._errors import ZygoteError
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+_HAS_PROCESS_GROUP = sys.version_info >= (3, 11)
+#: Signals the stdlib resets in the child when ``restore_signals`` is true.
+_RESTORED = {
+    getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)
+}
+
+
+def _signals_match_zygote(restore_signals: bool) -> bool:
+    """Whether a forked child would start with default dispositions and an
+    empty mask, as every zygote child does."""
+    if signal.pthread_sigmask(signal.SIG_BLOCK, []):
+        return False
+    for number in signal.valid_signals():
+        if restore_signals and number in _RESTORED:
+            continue
+        try:
+            if signal.getsignal(number) is signal.SIG_IGN:
+                return False
+        except (ValueError, OSError):
+            continue
+    return True
+
+
+def returncode_of(exit_notice: Mapping[str, Any]) -> int:
+    """``subprocess``'s returncode: the exit code, or ``-N`` for signal N."""
+    status = exit_notice["status"]
+    if "Exited" in status:
+        return int(status["Exited"])
+    return -int(status["Signaled"]["signal"])
+
+
+class Popen(subprocess.Popen):  # type: ignore[type-arg]
+    """:class:`subprocess.Popen`, with the child started by a zygote.
+
+    Takes every argument of :class:`subprocess.Popen` (``process_group``
+    also on Python < 3.11) plus zygote's own, keyword-only:
+
+    - ``client``: the :class:`~zygote.Client` to use (default: the
+      module's default client, ``$ZYGOTE_SOCKET`` or the default path);
+    - ``kill_on_close``: ``True`` for ``SIGKILL``, or a signal number, sent
+      by the daemon to the child (to its process group when it leads one)
+      when the connection closes, e.g. when this process dies;
+    - ``zygote_timeout``/``zygote_grace`` (seconds): the daemon sends
+      ``SIGTERM`` after ``zygote_timeout`` and ``SIGKILL`` ``zygote_grace``
+      later (default 5 s); :attr:`timed_out` then says so;
+    - ``rlimits``: ``{resource.RLIMIT_X: (soft, hard) or value}`` set in the
+      child on top of this process's own limits, which it gets anyway.
+
+    Differences from the stdlib: the child's parent is the zygote, not this
+    process (``os.getppid()`` in the child, ``waitpid`` here fails); it gets
+    only fds 0-2 plus ``pass_fds`` (and with ``close_fds=False`` every
+    inheritable fd, at most the daemon's 64 per spawn); its signal
+    dispositions are all default and its mask empty; ``preexec_fn`` is not
+    supported (:class:`ValueError`). :attr:`pidfd` is the child's pidfd,
+    :attr:`usage` its resource usage once it has exited.
+    """
+
+    _zygote_fallback = False
+    _zygote_installed = False
+    pidfd: Optional[int] = None
+    usage: Optional[Dict[str, int]] = None
+    timed_out: bool = False
+    _zygote_slot: Optional[SpawnSlot] = None
+    #: Why the installed drop-in used the stdlib for this call, if it did.
+    zygote_fallback_reason: Optional[str] = None
+    _zygote_forced_fallback: Optional[str] = None
+
+    def __init__(
+        self,
+        args: Any,
+        *posargs: Any,
+        client: Optional["Client"] = None,
+        kill_on_close: Union[None, bool, int] = None,
+        zygote_timeout: Optional[float] = None,
+        zygote_grace: float = _request.DEFAULT_GRACE_SECONDS,
+        rlimits: Optional[Mapping[int, Union[int, Tuple[int, int]]]] = None,
+        **kwargs: Any,
+    ) -> None:
+        self._zygote_client = client
+        self._zygote_options: Dict[str, Any] = {
+            "kill_on_close": kill_on_close,
+            "zygote_timeout": zygote_timeout,
+            "zygote_grace": zygote_grace,
+            "rlimits": rlimits,
+        }
+        self._zygote_process_group: Optional[int] = None
+        if not _HAS_PROCESS_GROUP and "process_group" in kwargs:
+            self._zygote_process_group = kwargs.pop("process_group")
+        self._zygote_exit_lock = threading.Lock()
+        super().__init__(args, *posargs, **kwargs)
+
+    # --- starting ---------------------------------------------------------
+
+    def _execute_child(
+        self,
+        args: Any,
+        executable: Any,
+        preexec_fn: Any,
+        close_fds: bool,
+        pass_fds: Any,
+        cwd: Any,
+        env: Any,
+        startupinfo: Any,
+        creationflags: int,
+        shell: bool,
+        p2cread: int,
+        p2cwrite: int,
+        c2pread: int,
+        c2pwrite: int,
+        errread: int,
+        errwrite: int,
+        restore_signals: bool,
+        gid: Optional[int],
+        gids: Optional[List[int]],
+        uid: Optional[int],
+        umask: int,
+        start_new_session: bool,
+        *rest: Any,
+    ) -> None:
+        stdlib_args = (
+            args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
+            creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
+            restore_signals, gid, gids, uid, umask, start_new_session, *rest,
+        )  # fmt: skip
+        process_group = rest[0] if rest else self._zygote_process_group
+        if process_group is not None and process_group < 0:
+            process_group = None
+
+        def fall_back(reason: str) -> None:
+            self._zygote_fallback = True
+            self.zygote_fallback_reason = reason
+            super(Popen, self)._execute_child(*stdlib_args)  # type: ignore[misc]
+
+        if preexec_fn is not None:
+            if self._zygote_installed:
+                return fall_back("preexec_fn runs Python code in a forked child")
+            raise ValueError("preexec_fn cannot run in a zygote child; use subprocess for it")
+        if self._zygote_installed and self._zygote_forced_fallback is not None:
+            return fall_back(self._zygote_forced_fallback)
+        if self._zygote_installed and not _signals_match_zygote(restore_signals):
+            return fall_back("a signal is ignored or blocked here, which a forked child would keep")
+
+        argv, program = _request.normalize_args(args, shell, executable)
+        sys.audit("subprocess.Popen", program, argv, cwd, env)
+        try:
+            client = self._zygote_client
+            if client is None:
+                from ._client import default_client
+
+                client = default_client()
+            conn = client._connection()
+            request_id = conn.next_id()
+            message, fds = _request.build_spawn(
+                request_id=request_id,
+                argv=argv,
+                executable=program,
+                stdio=[
+                    ("inherit",) if p2cread == -1 else ("fd", p2cread),
+                    ("inherit",) if c2pwrite == -1 else ("fd", c2pwrite),
+                    ("inherit",) if errwrite == -1 else ("fd", errwrite),
+                ],
+                close_fds=close_fds,
+                pass_fds=pass_fds,
+                cwd=cwd,
+                env=env,
+                gid=gid,
+                gids=gids,
+                uid=uid,
+                umask=umask,
+                start_new_session=start_new_session,
+                process_group=process_group,
+                max_fds=conn.max_fds,
+                max_frame=conn.max_frame,
+                **self._zygote_options,
+            )
+            frame = _request.encode_spawn(message, conn.max_frame)
+            slot = SpawnSlot()
+            conn.register_spawn(request_id, slot)
+            try:
+                conn.send(frame, fds)
+            except BaseException:
+                conn.unregister(request_id, sent=False)
+                raise
+        except _request.UnservableError as error:
+            if self._zygote_installed:
+                return fall_back(str(error))
+            raise ValueError(f"the zygote cannot start this child: {error}") from None
+        except ZygoteError as error:
+            if self._zygote_installed:
+                return fall_back(f"no zygote: {error}")
+            raise
+        # The daemon holds its own copies now; ours of the child's ends go.
+        self._close_pipe_fds(  # type: ignore[attr-defined]
+            p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite
+        )
+        try:
+            slot.spawned.wait()
+        except BaseException:
+            conn.unregister(request_id, sent=True)
+            raise
+        if slot.reply is None:
+            assert slot.error is not None
+            raise ZygoteError(slot.error.errno, slot.error.strerror)
+        if "SpawnFailed" in slot.reply:
+            raise _request.spawn_error(slot.reply["SpawnFailed"], program, cwd)
+        pidfd, *extra = slot.fds
+        for fd in extra:
+            os.close(fd)
+        self.pid = slot.reply["Spawned"]["pid"]
+        self.pidfd = pidfd
+        self._zygote_slot = slot
+        weakref.finalize(self, os.close, pidfd)
+        self._child_created = True
+
+    # --- waiting ----------------------------------------------------------
+
+    def _zygote_collect(self) -> bool:
+        """Takes the exit notice if it came; True once returncode is set."""
+        slot = self._zygote_slot
+        if self.returncode is not None:
+            return True
+        if slot is None or not slot.exited.is_set():
+            return False
+        if slot.exit is None:
+            assert slot.error is not None
+            raise ZygoteError(
+                slot.error.errno,
+                f"{slot.error.strerror}; the exit status of pid {self.pid} is lost",
+            )
+        with self._zygote_exit_lock:
+            if self.returncode is None:
+                self.usage = dict(slot.exit["usage"])
+                self.timed_out = bool(slot.exit["timed_out"])
+                self.returncode = returncode_of(slot.exit)
+        return True
+
+    def _internal_poll(self, *args: Any, **kwargs: Any) -> Optional[int]:
+        if self._zygote_fallback:
+            return super()._internal_poll(*args, **kwargs)  # type: ignore[misc,no-any-return]
+        deadstate = kwargs.get("_deadstate", args[0] if args else None)
+        try:
+            self._zygote_collect()
+        except ZygoteError:
+            if deadstate is None:
+                raise
+            self.returncode = deadstate
+        return self.returncode
+
+    def _wait(self, timeout: Optional[float]) -> int:
+        if self._zygote_fallback:
+            return super()._wait(timeout)  # type: ignore[misc,no-any-return]
+        if self.returncode is not None:
+            return self.returncode
+        slot = self._zygote_slot
+        assert slot is not None
+        if not slot.exited.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
+        self._zygote_collect()
+        assert self.returncode is not None
+        return self.returncode
+
+    # --- signalling -------------------------------------------------------
+
+    def send_signal(self, sig: int) -> None:
+        """Sends ``sig`` through the pidfd, unless the child is known to
+        have exited (then nothing, as in the stdlib)."""
+        if self._zygote_fallback:
+            super().send_signal(sig)
+            return
+        try:
+            self.poll()
+        except ZygoteError:
+            pass
+        if self.returncode is not None or self.pidfd is None:
+            return
+        try:
+            signal.pidfd_send_signal(self.pidfd, sig)
+        except ProcessLookupError:
+            pass
+
+
+def run_with(
+    factory: Any,
+    args: Any,
+    *,
+    input: Any = None,
+    capture_output: bool = False,
+    timeout: Optional[float] = None,
+    check: bool = False,
+    **kwargs: Any,
+) -> "subprocess.CompletedProcess[Any]":
+    """:func:`subprocess.run` semantics on top of ``factory`` (a Popen)."""
+    if input is not None:
+        if kwargs.get("stdin") is not None:
+            raise ValueError("stdin and input arguments may not both be used.")
+        kwargs["stdin"] = subprocess.PIPE
+    if capture_output:
+        if kwargs.get("stdout") is not None or kwargs.get("stderr") is not None:
+            raise ValueError("stdout and stderr arguments may not be used with capture_output.")
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    with factory(args, **kwargs) as process:
+        try:
+            out, err = process.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+        except BaseException:
+            process.kill()
+            raise
+        code = process.poll()
+        if check and code:
+            raise subprocess.CalledProcessError(code, process.args, output=out, stderr=err)
+    return subprocess.CompletedProcess(process.args, code, out, err)

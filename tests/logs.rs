@@ -1,0 +1,188 @@
+//! Logs: what a daemon writes to the journal, read from a stand-in for
+//! journald's socket.
+
+use std::collections::HashMap;
+use std::os::unix::net::UnixDatagram;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::tools::have_tool;
+use crate::util::zygote_bin;
+
+/// One journal entry: field name to value.
+type Entry = HashMap<String, String>;
+
+/// Parses journald's native protocol: `NAME=value\n`, or `NAME\n`, a
+/// little-endian u64 length, the value and `\n`.
+fn parse_entry(mut data: &[u8]) -> Entry {
+    let mut entry = Entry::new();
+    while !data.is_empty() {
+        let end = data.iter().position(|b| *b == b'\n').expect("field ends");
+        let line = &data[..end];
+        if let Some(eq) = line.iter().position(|b| *b == b'=') {
+            let (name, value) = (&line[..eq], &line[eq + 1..]);
+            entry.insert(lossy(name), lossy(value));
+            data = &data[end + 1..];
+        } else {
+            let rest = &data[end + 1..];
+            let len = u64::from_le_bytes(rest[..8].try_into().expect("length")) as usize;
+            entry.insert(lossy(line), lossy(&rest[8..8 + len]));
+            data = &rest[8 + len + 1..];
+        }
+    }
+    entry
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The daemon logs to the journal with syslog's priorities (INFO is 6),
+/// one peer field set, and errno names; per-spawn lines are DEBUG (7).
+#[test]
+fn journal_entries_have_syslog_priorities_and_consistent_fields() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: a private mount namespace for the journal socket needs root");
+        return;
+    }
+    if !have_tool("unshare", "util-linux") {
+        return;
+    }
+    let can_unshare = Command::new("unshare")
+        .args(["--mount", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !can_unshare {
+        eprintln!(
+            "SKIPPED: `unshare --mount` is refused here (a container without CAP_SYS_ADMIN?)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal_dir = dir.path().join("journal");
+    std::fs::create_dir(&journal_dir).expect("mkdir journal");
+    let journal = UnixDatagram::bind(journal_dir.join("socket")).expect("bind journal socket");
+    journal
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("read timeout");
+    let socket = dir.path().join("zygote.sock");
+    // The daemon, alone in a mount namespace where our socket is
+    // /run/systemd/journal/socket; the host's /run is untouched.
+    let script = r#"base=/run/systemd; [ -d "$base" ] || base=/run
+        mount -t tmpfs tmpfs "$base" && mkdir -p /run/systemd/journal &&
+        mount --bind "$1" /run/systemd/journal &&
+        exec "$2" serve --log-format journald --socket "$3""#;
+    let mut daemon = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(&journal_dir)
+        .arg(zygote_bin())
+        .arg(&socket)
+        .env("ZYGOTE_LOG", "debug")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start zygote under unshare");
+    if !crate::util::eventually(Duration::from_secs(10), || socket.exists()) {
+        let _ = daemon.kill();
+        let output = daemon.wait_with_output().expect("reap the daemon");
+        panic!(
+            "the daemon did not bind {}: {}\n{}",
+            socket.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let run = |program: &str| {
+        Command::new(zygote_bin())
+            .args(["run", "--socket"])
+            .arg(&socket)
+            .args(["--", program])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("zygote run")
+    };
+    assert_eq!(run("true").code(), Some(0));
+    assert_eq!(run("/nonexistent/program").code(), Some(127));
+
+    let mut entries = Vec::new();
+    let mut buffer = vec![0u8; 1 << 16];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let has = |entries: &[Entry], message: &str| {
+        entries
+            .iter()
+            .any(|entry| entry.get("MESSAGE").is_some_and(|m| m == message))
+    };
+    while Instant::now() < deadline && !(has(&entries, "spawned") && has(&entries, "spawn failed"))
+    {
+        if let Ok(len) = journal.recv(&mut buffer) {
+            if len > 0 {
+                entries.push(parse_entry(&buffer[..len]));
+            }
+        }
+    }
+    let _ = daemon.kill();
+    let output = daemon.wait_with_output().expect("reap the daemon");
+    let find = |message: &str| {
+        entries
+            .iter()
+            .find(|entry| entry.get("MESSAGE").is_some_and(|m| m == message))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {message:?} entry in the journal: {entries:#?}\ndaemon stderr: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                )
+            })
+    };
+    let field = |entry: &Entry, name: &str| entry.get(name).cloned().unwrap_or_default();
+
+    let serving = find("serving");
+    assert_eq!(
+        field(serving, "PRIORITY"),
+        "6",
+        "INFO is syslog's 6: {serving:?}"
+    );
+    assert_eq!(field(serving, "SYSLOG_IDENTIFIER"), "zygote");
+
+    let my = std::process::id().to_string();
+    let spawned = find("spawned");
+    assert_eq!(
+        field(spawned, "PRIORITY"),
+        "7",
+        "per-spawn lines are DEBUG: {spawned:?}"
+    );
+    let failed = find("spawn failed");
+    assert_eq!(field(failed, "PRIORITY"), "7", "{failed:?}");
+    assert_eq!(
+        field(failed, "ZYGOTE_ERRNO"),
+        "ENOENT",
+        "symbolic errno: {failed:?}"
+    );
+    assert_eq!(field(failed, "ZYGOTE_STAGE"), "exec", "{failed:?}");
+    // One peer field set, on every per-peer line.
+    for message in ["client connected", "spawned", "spawn failed", "client left"] {
+        let entry = find(message);
+        for name in ["ZYGOTE_PEER_PID", "ZYGOTE_PEER_UID", "ZYGOTE_PEER_GID"] {
+            assert!(
+                entry.contains_key(name),
+                "{message:?} lacks {name}: {entry:?}"
+            );
+        }
+        assert_eq!(field(entry, "ZYGOTE_PEER_UID"), "0", "{entry:?}");
+        assert!(
+            !entry.contains_key("ZYGOTE_PEER"),
+            "a second peer field set: {entry:?}"
+        );
+        // zygote run is our child: its pid is not ours, but it is a pid.
+        assert_ne!(field(entry, "ZYGOTE_PEER_PID"), my);
+    }
+}

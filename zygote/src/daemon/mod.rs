@@ -1,0 +1,35 @@
+//! The daemon: accepting clients, checking them, and starting, watching
+//! and reaping their children.
+//!
+//! The modules form layers; each uses only those listed before it:
+//!
+//! - [`policy`], `peer`, `shutdown`, `reply`: who may ask for what, who
+//!   the peer is (`SO_PEERCRED`, `SO_PEERPIDFD`, `/proc`), the stop notice,
+//!   sending a reply.
+//! - [`state`]: what every connection shares: the [`state::Daemon`].
+//! - `admission`: child slots per peer and in total.
+//! - `plan`: checking a [`SpawnRequest`](zygote_proto::SpawnRequest) and
+//!   turning it into a [`SpawnPlan`](crate::spawn::SpawnPlan) before any
+//!   process exists.
+//! - `reaper`: waiting for each child's exit on its pidfd.
+//! - `lifetime`: one spawn from request to exit notice: timeouts and
+//!   kill-on-close.
+//! - `connection`: one client's conversation: peer check, handshake,
+//!   requests, replies.
+//! - [`server`]: binding the socket and the accept loop.
+//! - [`private`]: a zygote serving one owner over one socket, launched
+//!   (`zygote serve --private-fd`) or forked ([`template`]).
+
+mod admission;
+mod connection;
+mod lifetime;
+pub(crate) mod peer;
+pub(crate) mod plan;
+pub mod policy;
+pub mod private;
+mod reaper;
+mod reply;
+pub mod server;
+mod shutdown;
+pub mod state;
+pub mod template;
