@@ -521,7 +521,7 @@ func (c *Cmd) Start() (err error) {
 				}(i, g)
 			}
 			wg.Wait()
-			c.goErr <- errors.Join(firstErr(errs))
+			c.goErr <- firstErr(errs)
 		}()
 	}
 	if c.ctx != nil && c.ctx.Done() != nil {
