@@ -1,0 +1,538 @@
+package zygote
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// SocketEnv names the environment variable that DialDefault reads.
+const SocketEnv = "ZYGOTE_SOCKET"
+
+// clientName is sent in Hello, for the daemon's logs.
+const clientName = "go/0.1"
+
+// sendBuffer is SO_SNDBUF: at least twice the largest frame (PROTOCOL.md §1).
+const sendBuffer = 512 << 10
+
+// handshakeTimeout bounds the wait for HelloAck; the daemon answers at once.
+const handshakeTimeout = 10 * time.Second
+
+// ErrClosed is returned for calls on, or pending on, a Client that Close closed.
+var ErrClosed = errors.New("zygote: client closed")
+
+// ConnectionError reports that the connection to the daemon failed or was
+// closed by the daemon; every pending and later call on the Client fails
+// with it.
+type ConnectionError struct {
+	// Reason says what happened, e.g. "the daemon closed the connection".
+	Reason string
+	// Err is the underlying error, if any.
+	Err error
+}
+
+func (e *ConnectionError) Error() string {
+	if e.Err != nil {
+		return "zygote: connection to the daemon lost: " + e.Reason + ": " + e.Err.Error()
+	}
+	return "zygote: connection to the daemon lost: " + e.Reason
+}
+
+func (e *ConnectionError) Unwrap() error { return e.Err }
+
+// ProtocolError is a frame that broke the protocol, or a reply that was
+// not the one expected. It names what was expected and what arrived.
+type ProtocolError struct {
+	Expected string
+	Got      string
+}
+
+func (e *ProtocolError) Error() string {
+	return "zygote: protocol error: expected " + e.Expected + ", got " + e.Got
+}
+
+// Client is one connection to a zygote daemon. It is safe for use by any
+// number of goroutines: their requests are multiplexed over the connection,
+// and no lock is held while a request waits for its reply.
+type Client struct {
+	conn   *net.UnixConn
+	raw    syscall.RawConn
+	limits limits
+	server string
+
+	nextID atomic.Uint64
+
+	mu      sync.Mutex
+	pending map[uint64]*pending
+	err     error // set once, when the connection is finished
+
+	done      chan struct{} // closed when the reader has stopped
+	closing   atomic.Bool
+	closeOnce sync.Once
+
+	settingsMu sync.Mutex
+	settings   *processSettings
+
+	// private is the zygote process of LaunchPrivate, reaped after Close.
+	private *os.Process
+}
+
+// pending is one request awaiting replies.
+type pending struct {
+	reply    chan reply       // the first reply (capacity 1)
+	answered bool             // the first reply has arrived
+	exited   chan *exitNotice // spawns only: the Exited notice (capacity 1)
+}
+
+type reply struct {
+	msg   *serverMessage
+	files []*os.File
+}
+
+// DefaultSocketPath is where a zygote started with defaults listens:
+// $XDG_RUNTIME_DIR/zygote.sock for a non-root user whose XDG_RUNTIME_DIR is
+// set, /run/zygote/zygote.sock otherwise.
+func DefaultSocketPath() string {
+	if dir := os.Getenv("XDG_RUNTIME_DIR"); dir != "" && os.Geteuid() != 0 {
+		return filepath.Join(dir, "zygote.sock")
+	}
+	return "/run/zygote/zygote.sock"
+}
+
+// DialDefault connects to the zygote named by $ZYGOTE_SOCKET, or else to
+// DefaultSocketPath.
+func DialDefault() (*Client, error) {
+	if path := os.Getenv(SocketEnv); path != "" {
+		return Dial(path)
+	}
+	return Dial(DefaultSocketPath())
+}
+
+// Dial connects to the zygote listening at path and completes the handshake.
+func Dial(path string) (*Client, error) {
+	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("zygote: connecting to %s (is the daemon running? start it with `zygote serve`, or set %s): %w", path, SocketEnv, err)
+	}
+	c, err := newClient(conn)
+	if err != nil {
+		return nil, fmt.Errorf("zygote: handshake with %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// newClient takes over conn, shakes hands, and starts the reader.
+func newClient(conn *net.UnixConn) (*Client, error) {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	// The kernel caps this at net.core.wmem_max; that is not an error.
+	_ = conn.SetWriteBuffer(sendBuffer)
+	c := &Client{
+		conn:    conn,
+		raw:     raw,
+		limits:  limits{MaxFrameBytes: 262144, MaxFdsPerFrame: 64},
+		pending: make(map[uint64]*pending),
+		done:    make(chan struct{}),
+	}
+	if err := c.handshake(); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	go c.readLoop()
+	return c, nil
+}
+
+func (c *Client) handshake() error {
+	frame, _ := encodeClient(&clientMessage{Hello: &hello{ProtocolVersion: protocolVersion, Client: clientName}})
+	if err := c.send(frame, nil); err != nil {
+		return err
+	}
+	_ = c.conn.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	defer func() { _ = c.conn.SetReadDeadline(time.Time{}) }()
+	m, files, err := c.recv(c.newRecvBuffers())
+	closeFiles(files)
+	if err != nil {
+		return err
+	}
+	switch {
+	case m.HelloAck != nil:
+		if m.HelloAck.ProtocolVersion != protocolVersion {
+			return &ProtocolError{Expected: fmt.Sprintf("HelloAck for protocol version %d", protocolVersion),
+				Got: fmt.Sprintf("HelloAck for version %d", m.HelloAck.ProtocolVersion)}
+		}
+		if len(files) != 0 {
+			return &ProtocolError{Expected: "HelloAck without fds", Got: fmt.Sprintf("%d fds", len(files))}
+		}
+		c.limits = m.HelloAck.Limits
+		c.server = m.HelloAck.ServerVersion
+		return nil
+	case m.ProtocolError != nil:
+		return fmt.Errorf("the daemon refused the connection: %s: %s", m.ProtocolError.Kind, m.ProtocolError.Message)
+	default:
+		return &ProtocolError{Expected: "HelloAck", Got: m.name()}
+	}
+}
+
+// ServerVersion is the daemon's version, from the handshake.
+func (c *Client) ServerVersion() string { return c.server }
+
+// send writes one frame with fds attached, without blocking other senders
+// for longer than the sendmsg call.
+func (c *Client) send(frame []byte, fds []int) error {
+	if len(frame) > int(c.limits.MaxFrameBytes) {
+		return fmt.Errorf("zygote: request is %d bytes, over the daemon's frame limit of %d bytes (arguments and environment too large)", len(frame), c.limits.MaxFrameBytes)
+	}
+	if len(fds) > int(c.limits.MaxFdsPerFrame) {
+		return fmt.Errorf("zygote: request passes %d fds, over the daemon's limit of %d per frame", len(fds), c.limits.MaxFdsPerFrame)
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = syscall.UnixRights(fds...)
+	}
+	var sendErr error
+	err := c.raw.Write(func(fd uintptr) bool {
+		for {
+			sendErr = syscall.Sendmsg(int(fd), frame, oob, nil, syscall.MSG_NOSIGNAL)
+			if sendErr != syscall.EINTR {
+				return sendErr != syscall.EAGAIN
+			}
+		}
+	})
+	if err == nil {
+		err = sendErr
+	}
+	if err != nil {
+		return &ConnectionError{Reason: "sending a request", Err: err}
+	}
+	return nil
+}
+
+// recvBuffers are one reader's frame and control buffers, reused: the
+// decoder copies what it keeps.
+type recvBuffers struct{ buf, oob []byte }
+
+func (c *Client) newRecvBuffers() *recvBuffers {
+	return &recvBuffers{
+		buf: make([]byte, c.limits.MaxFrameBytes+1),
+		oob: make([]byte, syscall.CmsgSpace(int(c.limits.MaxFdsPerFrame)*4)),
+	}
+}
+
+// recv reads one frame and the fds that came with it, close-on-exec.
+func (c *Client) recv(b *recvBuffers) (*serverMessage, []*os.File, error) {
+	buf, oob := b.buf, b.oob
+	var n, oobn, flags int
+	var recvErr error
+	err := c.raw.Read(func(fd uintptr) bool {
+		for {
+			n, oobn, flags, _, recvErr = syscall.Recvmsg(int(fd), buf, oob, syscall.MSG_CMSG_CLOEXEC)
+			if recvErr != syscall.EINTR {
+				return recvErr != syscall.EAGAIN
+			}
+		}
+	})
+	if err == nil {
+		err = recvErr
+	}
+	if err != nil {
+		return nil, nil, &ConnectionError{Reason: "receiving", Err: err}
+	}
+	files, fdErr := parseFds(oob[:oobn])
+	if flags&(syscall.MSG_TRUNC|syscall.MSG_CTRUNC) != 0 {
+		closeFiles(files)
+		return nil, nil, &ProtocolError{Expected: fmt.Sprintf("a frame of at most %d bytes and %d fds", c.limits.MaxFrameBytes, c.limits.MaxFdsPerFrame), Got: "a truncated frame"}
+	}
+	if fdErr != nil {
+		closeFiles(files)
+		return nil, nil, fdErr
+	}
+	if n == 0 && len(files) == 0 {
+		return nil, nil, &ConnectionError{Reason: "the daemon closed the connection"}
+	}
+	m, err := decodeServer(buf[:n])
+	if err != nil {
+		closeFiles(files)
+		return nil, nil, &ProtocolError{Expected: "a well-formed ServerMessage", Got: "a malformed frame (" + err.Error() + ")"}
+	}
+	return m, files, nil
+}
+
+func parseFds(oob []byte) ([]*os.File, error) {
+	if len(oob) == 0 {
+		return nil, nil
+	}
+	msgs, err := syscall.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, &ProtocolError{Expected: "SCM_RIGHTS control data", Got: "unparsable control data"}
+	}
+	var files []*os.File
+	var bad error
+	for _, msg := range msgs {
+		fds, err := syscall.ParseUnixRights(&msg)
+		if err != nil {
+			bad = &ProtocolError{Expected: "SCM_RIGHTS control data", Got: fmt.Sprintf("control message level %d type %d", msg.Header.Level, msg.Header.Type)}
+			continue
+		}
+		for _, fd := range fds {
+			// Non-blocking, so that reads on our pipe ends use the
+			// poller and Close interrupts them.
+			_ = syscall.SetNonblock(fd, true)
+			files = append(files, os.NewFile(uintptr(fd), "zygote-fd"))
+		}
+	}
+	return files, bad
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// replyID is the id a daemon frame answers, and whether it has one.
+func replyID(m *serverMessage) (uint64, bool) {
+	switch {
+	case m.Spawned != nil:
+		return m.Spawned.ID, true
+	case m.SpawnFailed != nil:
+		return m.SpawnFailed.ID, true
+	case m.Exited != nil:
+		return m.Exited.ID, true
+	case m.SignalSent != nil:
+		return m.SignalSent.ID, true
+	case m.RequestFailed != nil:
+		return m.RequestFailed.ID, true
+	case m.Status != nil:
+		return m.Status.ID, true
+	}
+	return 0, false
+}
+
+// readLoop dispatches replies to their requests until the connection ends,
+// then fails every pending request.
+func (c *Client) readLoop() {
+	var fail error
+	bufs := c.newRecvBuffers()
+	for fail == nil {
+		m, files, err := c.recv(bufs)
+		if err != nil {
+			fail = err
+			break
+		}
+		fail = c.dispatch(m, files)
+	}
+	if c.closing.Load() {
+		fail = ErrClosed
+	} else if pe, ok := fail.(*ProtocolError); ok {
+		fail = &ConnectionError{Reason: "the daemon sent a bad frame; connection closed", Err: pe}
+	}
+	c.mu.Lock()
+	c.err = fail
+	c.pending = nil
+	c.mu.Unlock()
+	c.conn.Close()
+	close(c.done)
+}
+
+func (c *Client) dispatch(m *serverMessage, files []*os.File) error {
+	if m.ProtocolError != nil {
+		closeFiles(files)
+		return &ConnectionError{Reason: fmt.Sprintf("the daemon reported a protocol error and closed the connection: %s: %s", m.ProtocolError.Kind, m.ProtocolError.Message)}
+	}
+	id, ok := replyID(m)
+	if !ok {
+		closeFiles(files)
+		return &ProtocolError{Expected: "a reply to a request", Got: m.name()}
+	}
+	c.mu.Lock()
+	p := c.pending[id]
+	if p == nil {
+		c.mu.Unlock()
+		closeFiles(files)
+		return &ProtocolError{Expected: "a reply to a pending request", Got: fmt.Sprintf("%s for unknown id %d", m.name(), id)}
+	}
+	if m.Exited != nil {
+		if p.exited == nil || !p.answered {
+			c.mu.Unlock()
+			closeFiles(files)
+			return &ProtocolError{Expected: "Exited only for a spawned child", Got: fmt.Sprintf("Exited for request %d", id)}
+		}
+		delete(c.pending, id)
+		c.mu.Unlock()
+		closeFiles(files)
+		p.exited <- m.Exited
+		return nil
+	}
+	if p.answered {
+		c.mu.Unlock()
+		closeFiles(files)
+		return &ProtocolError{Expected: "one reply per request", Got: fmt.Sprintf("a second reply (%s) to request %d", m.name(), id)}
+	}
+	ch := p.reply
+	p.answered = true
+	if m.Spawned == nil {
+		delete(c.pending, id)
+	}
+	c.mu.Unlock()
+	ch <- reply{msg: m, files: files}
+	return nil
+}
+
+// register reserves an id for a request and its replies.
+func (c *Client) register(spawn bool) (uint64, *pending, error) {
+	id := c.nextID.Add(1)
+	p := &pending{reply: make(chan reply, 1)}
+	if spawn {
+		p.exited = make(chan *exitNotice, 1)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pending == nil {
+		return 0, nil, c.errLocked()
+	}
+	c.pending[id] = p
+	return id, p, nil
+}
+
+func (c *Client) unregister(id uint64) {
+	c.mu.Lock()
+	if c.pending != nil {
+		delete(c.pending, id)
+	}
+	c.mu.Unlock()
+}
+
+func (c *Client) errLocked() error {
+	if c.err != nil {
+		return c.err
+	}
+	return ErrClosed
+}
+
+// connErr is the error that ended the connection.
+func (c *Client) connErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.errLocked()
+}
+
+// await waits for the first reply to a request, or the connection's end.
+func (c *Client) await(p *pending) (reply, error) {
+	select {
+	case r := <-p.reply:
+		return r, nil
+	case <-c.done:
+		// A reply may have arrived just before the end.
+		select {
+		case r := <-p.reply:
+			return r, nil
+		default:
+			return reply{}, c.connErr()
+		}
+	}
+}
+
+// roundTrip sends a request without fds and returns its one reply.
+func (c *Client) roundTrip(build func(id uint64) *clientMessage) (*serverMessage, error) {
+	id, p, err := c.register(false)
+	if err != nil {
+		return nil, err
+	}
+	frame, err := encodeClient(build(id))
+	if err == nil {
+		err = c.send(frame, nil)
+	}
+	if err != nil {
+		c.unregister(id)
+		return nil, err
+	}
+	r, err := c.await(p)
+	if err != nil {
+		return nil, err
+	}
+	closeFiles(r.files)
+	if len(r.files) != 0 {
+		return nil, &ProtocolError{Expected: "a reply without fds", Got: fmt.Sprintf("%s with %d fds", r.msg.name(), len(r.files))}
+	}
+	return r.msg, nil
+}
+
+// Status is the daemon's counters, as `zygote status` prints them.
+type Status struct {
+	ServerVersion       string
+	Pid                 int
+	Uptime              time.Duration
+	ConnectionsOpen     uint64
+	ConnectionsAccepted uint64
+	ChildrenRunning     uint64
+	SpawnsSucceeded     uint64
+	SpawnsFailed        uint64
+}
+
+// Status asks the daemon for its counters.
+func (c *Client) Status() (*Status, error) {
+	m, err := c.roundTrip(func(id uint64) *clientMessage {
+		return &clientMessage{Status: &statusRequest{ID: id}}
+	})
+	if err != nil {
+		return nil, err
+	}
+	s := m.Status
+	if s == nil {
+		return nil, &ProtocolError{Expected: "Status", Got: m.name()}
+	}
+	return &Status{s.ServerVersion, int(s.Pid), time.Duration(s.UptimeMillis) * time.Millisecond,
+		s.ConnectionsOpen, s.ConnectionsAccepted, s.ChildrenRunning, s.SpawnsSucceeded, s.SpawnsFailed}, nil
+}
+
+// signal asks the daemon to signal the child of spawn spawnID.
+func (c *Client) signal(spawnID uint64, sig syscall.Signal) error {
+	m, err := c.roundTrip(func(id uint64) *clientMessage {
+		return &clientMessage{Signal: &signalRequest{ID: id, SpawnID: spawnID, Signal: int32(sig)}}
+	})
+	if err != nil {
+		return err
+	}
+	switch {
+	case m.SignalSent != nil:
+		return nil
+	case m.RequestFailed != nil:
+		if syscall.Errno(m.RequestFailed.Errno) == syscall.ESRCH {
+			return os.ErrProcessDone
+		}
+		return fmt.Errorf("zygote: signalling the child: %s: %w", m.RequestFailed.Message, syscall.Errno(m.RequestFailed.Errno))
+	default:
+		return &ProtocolError{Expected: "SignalSent or RequestFailed", Got: m.name()}
+	}
+}
+
+// Close closes the connection. Children started with kill-on-close get
+// their signal from the daemon; the others keep running. Pending calls,
+// including Wait on running children, fail with ErrClosed. Close frees
+// every fd and goroutine of the Client except those of commands still
+// being waited for, which end as their Wait returns.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.closing.Store(true)
+		c.conn.Close()
+		<-c.done
+		if c.private != nil {
+			// The private zygote exits once it has reaped its children;
+			// reap it then, without making Close wait for them.
+			p := c.private
+			go func() { _, _ = p.Wait() }()
+		}
+	})
+	return nil
+}

@@ -1,0 +1,873 @@
+package zygote
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// defaultTimeoutGrace is the time between a timeout's SIGTERM and SIGKILL,
+// unless Options.TimeoutGrace says otherwise (as in the Rust client).
+const defaultTimeoutGrace = 5 * time.Second
+
+// Credential is who a child runs as.
+type Credential struct {
+	Uid    uint32
+	Gid    uint32
+	Groups []uint32 // supplementary groups, replacing the peer's
+}
+
+// Rlimit is one resource limit; ^uint64(0) is RLIM_INFINITY.
+type Rlimit struct {
+	Resource int // an RLIMIT_* number, e.g. syscall.RLIMIT_NOFILE
+	Cur, Max uint64
+}
+
+// Options are the zygote's own settings for one child, beyond os/exec's.
+// The zero value asks for nothing.
+type Options struct {
+	// Credential runs the child as another user; the daemon's policy
+	// decides whether this peer may. Nil runs it as this process's user.
+	Credential *Credential
+	// Setsid starts a new session (setsid(2)).
+	Setsid bool
+	// Setpgid puts the child in process group Pgid (0: a new group led by
+	// the child), as syscall.SysProcAttr does. Ignored with Setsid.
+	Setpgid bool
+	Pgid    int
+	// Umask sets the child's umask; nil copies this process's.
+	Umask *uint32
+	// Rlimits override these resources' limits; the others are copied
+	// from this process.
+	Rlimits []Rlimit
+	// KillOnClose is the signal the daemon sends the child when this
+	// Client's connection closes for any reason, this program's death
+	// included (0: none). With KillProcessGroup it goes to the child's
+	// process group, which needs Setsid or Setpgid.
+	KillOnClose      syscall.Signal
+	KillProcessGroup bool
+	// Timeout ends the child after this run time: SIGTERM, then SIGKILL
+	// after TimeoutGrace (default 5 s). Zero means no timeout.
+	Timeout      time.Duration
+	TimeoutGrace time.Duration
+}
+
+// Cmd is a command to run through the zygote. Its fields have the meaning
+// of os/exec's; see the package documentation for what differs.
+type Cmd struct {
+	// Path is the program. Without a slash it is looked up in the PATH of
+	// the child's environment, by the zygote, when the child execs.
+	Path string
+	// Args holds the arguments, Args[0] included (the argv[0] the child
+	// sees). Empty means []string{Path}.
+	Args []string
+	// Env is the child's whole environment, as "key=value" strings; nil
+	// means this process's environment.
+	Env []string
+	// Dir is the working directory; "" means this process's.
+	Dir string
+
+	// Stdin, Stdout and Stderr: nil is /dev/null; an *os.File is passed
+	// to the child as it is; anything else is copied through a pipe by a
+	// goroutine.
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// ExtraFiles become the child's fds 3, 4, ...; a nil entry leaves that
+	// fd closed in the child.
+	ExtraFiles []*os.File
+
+	// Zygote holds the zygote's own options.
+	Zygote Options
+
+	// Process is the child, once started.
+	Process *Process
+	// ProcessState is how it ended, once Wait returned.
+	ProcessState *ProcessState
+
+	// Cancel is called when the context of CommandContext is done before
+	// the child exits. CommandContext sets it to kill the child.
+	Cancel func() error
+	// WaitDelay bounds the time Wait waits, after the child exits or
+	// after Cancel, for its I/O to finish; then it kills the child and
+	// closes the pipes, as os/exec does.
+	WaitDelay time.Duration
+
+	client *Client
+	ctx    context.Context
+
+	spawnID    uint64
+	exited     chan *exitNotice
+	childFiles []*os.File  // our copies of ends given to the child, closed after start
+	parentIO   []io.Closer // pipe ends Wait closes after the child exits
+	goroutines []func() error
+	goErr      chan error
+	ctxResult  chan ctxResult
+	waitDone   chan struct{}
+	waited     bool
+	started    bool
+}
+
+type ctxResult struct {
+	err   error
+	timer *time.Timer
+}
+
+// Command returns a Cmd to run name with args through this Client.
+func (c *Client) Command(name string, arg ...string) *Cmd {
+	return &Cmd{Path: name, Args: append([]string{name}, arg...), client: c}
+}
+
+// CommandContext is Command with a context: when ctx is done before the
+// child exits, Cancel is called (by default it kills the child), and then
+// WaitDelay applies.
+func (c *Client) CommandContext(ctx context.Context, name string, arg ...string) *Cmd {
+	if ctx == nil {
+		panic("zygote: nil Context")
+	}
+	cmd := c.Command(name, arg...)
+	cmd.ctx = ctx
+	cmd.Cancel = func() error { return cmd.Process.Kill() }
+	return cmd
+}
+
+// String is the command line, for logs.
+func (c *Cmd) String() string {
+	b := new(strings.Builder)
+	b.WriteString(c.Path)
+	for _, a := range c.argv()[1:] {
+		b.WriteByte(' ')
+		b.WriteString(a)
+	}
+	return b.String()
+}
+
+func (c *Cmd) argv() []string {
+	if len(c.Args) > 0 {
+		return c.Args
+	}
+	return []string{c.Path}
+}
+
+// Environ is the environment the child would get.
+func (c *Cmd) Environ() []string {
+	env, _ := c.environ()
+	return env
+}
+
+// environ mirrors os/exec: this process's environment (with PWD set to Dir
+// when Dir is set) unless Env is set, and the last of duplicate keys wins.
+func (c *Cmd) environ() ([]string, error) {
+	env := c.Env
+	var err error
+	if env == nil {
+		env = os.Environ()
+		if c.Dir != "" {
+			if pwd, absErr := filepath.Abs(c.Dir); absErr == nil {
+				env = append(env, "PWD="+pwd)
+			} else {
+				err = absErr
+			}
+		}
+	}
+	seen := make(map[string]bool, len(env))
+	out := make([]string, 0, len(env))
+	for i := len(env) - 1; i >= 0; i-- {
+		kv := env[i]
+		if strings.IndexByte(kv, 0) >= 0 {
+			return nil, fmt.Errorf("zygote: environment variable %q contains a NUL byte", kv)
+		}
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("zygote: environment entry %q is not key=value with a non-empty key", kv)
+		}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		out = append(out, kv)
+	}
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out, err
+}
+
+func noNUL(what, s string) error {
+	if strings.IndexByte(s, 0) >= 0 {
+		return fmt.Errorf("zygote: %s %q contains a NUL byte", what, s)
+	}
+	return nil
+}
+
+// StdinPipe returns a pipe to the child's stdin. Wait closes it after the
+// child exits; close it earlier to send end of file.
+func (c *Cmd) StdinPipe() (io.WriteCloser, error) {
+	if c.Stdin != nil {
+		return nil, errors.New("zygote: Stdin already set")
+	}
+	if c.started {
+		return nil, errors.New("zygote: StdinPipe after process started")
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	c.Stdin = r
+	c.childFiles = append(c.childFiles, r)
+	wc := &closeOnce{File: w}
+	c.parentIO = append(c.parentIO, wc)
+	return wc, nil
+}
+
+// StdoutPipe returns a pipe from the child's stdout. Wait closes it after
+// the child exits, so read everything before calling Wait.
+func (c *Cmd) StdoutPipe() (io.ReadCloser, error) {
+	if c.Stdout != nil {
+		return nil, errors.New("zygote: Stdout already set")
+	}
+	return c.outPipe(&c.Stdout)
+}
+
+// StderrPipe returns a pipe from the child's stderr, as StdoutPipe.
+func (c *Cmd) StderrPipe() (io.ReadCloser, error) {
+	if c.Stderr != nil {
+		return nil, errors.New("zygote: Stderr already set")
+	}
+	return c.outPipe(&c.Stderr)
+}
+
+func (c *Cmd) outPipe(field *io.Writer) (io.ReadCloser, error) {
+	if c.started {
+		return nil, errors.New("zygote: pipe requested after process started")
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	*field = w
+	c.childFiles = append(c.childFiles, w)
+	c.parentIO = append(c.parentIO, r)
+	return r, nil
+}
+
+type closeOnce struct {
+	*os.File
+	once sync.Once
+	err  error
+}
+
+func (c *closeOnce) Close() error {
+	c.once.Do(func() { c.err = c.File.Close() })
+	return c.err
+}
+
+// attachment collects the fds a spawn frame carries.
+type attachment struct {
+	fds   []int
+	files []*os.File // kept alive until the frame is sent
+}
+
+func (a *attachment) add(f *os.File) (uint32, error) {
+	// Fd puts the file in blocking mode, as os/exec does for the files
+	// it passes: the child shares the open file description, and few
+	// programs expect O_NONBLOCK on their stdio (os.Pipe sets it).
+	raw := int(f.Fd())
+	if raw < 0 {
+		return 0, fmt.Errorf("zygote: passing %s to the child: %w", f.Name(), os.ErrClosed)
+	}
+	for i, fd := range a.fds {
+		if fd == raw {
+			return uint32(i), nil
+		}
+	}
+	a.fds = append(a.fds, raw)
+	a.files = append(a.files, f)
+	return uint32(len(a.fds) - 1), nil
+}
+
+// Run starts the command and waits for it.
+func (c *Cmd) Run() error {
+	if err := c.Start(); err != nil {
+		return err
+	}
+	return c.Wait()
+}
+
+// Output runs the command and returns its stdout. An *ExitError carries
+// the child's stderr when Stderr was not set.
+func (c *Cmd) Output() ([]byte, error) {
+	if c.Stdout != nil {
+		return nil, errors.New("zygote: Stdout already set")
+	}
+	var stdout bytes.Buffer
+	c.Stdout = &stdout
+	var stderr *prefixSuffixSaver
+	if c.Stderr == nil {
+		stderr = &prefixSuffixSaver{N: 32 << 10}
+		c.Stderr = stderr
+	}
+	err := c.Run()
+	if stderr != nil {
+		var ee *ExitError
+		if errors.As(err, &ee) {
+			ee.Stderr = stderr.Bytes()
+		}
+	}
+	return stdout.Bytes(), err
+}
+
+// CombinedOutput runs the command and returns its stdout and stderr,
+// interleaved through one pipe.
+func (c *Cmd) CombinedOutput() ([]byte, error) {
+	if c.Stdout != nil {
+		return nil, errors.New("zygote: Stdout already set")
+	}
+	if c.Stderr != nil {
+		return nil, errors.New("zygote: Stderr already set")
+	}
+	var b syncBuffer
+	c.Stdout = &b
+	c.Stderr = &b
+	err := c.Run()
+	return b.Bytes(), err
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) Bytes() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Bytes()
+}
+
+// prefixSuffixSaver keeps the first and last N bytes written, as os/exec
+// does for ExitError.Stderr.
+type prefixSuffixSaver struct {
+	N       int
+	prefix  []byte
+	suffix  []byte
+	skipped int64
+}
+
+func (w *prefixSuffixSaver) Write(p []byte) (int, error) {
+	n := len(p)
+	if room := w.N - len(w.prefix); room > 0 {
+		take := min(room, len(p))
+		w.prefix = append(w.prefix, p[:take]...)
+		p = p[take:]
+	}
+	w.suffix = append(w.suffix, p...)
+	if over := len(w.suffix) - w.N; over > 0 {
+		w.skipped += int64(over)
+		w.suffix = append(w.suffix[:0], w.suffix[over:]...)
+	}
+	return n, nil
+}
+
+func (w *prefixSuffixSaver) Bytes() []byte {
+	if w.skipped == 0 {
+		return append(w.prefix, w.suffix...)
+	}
+	return append(append(w.prefix, fmt.Sprintf("\n... omitting %d bytes ...\n", w.skipped)...), w.suffix...)
+}
+
+// stream is one of stdin, stdout, stderr while a request is built.
+type stream struct {
+	spec   stdioSpec
+	piped  bool                            // the daemon returns our end
+	bridge func(end *os.File) func() error // the copying goroutine for a pipe
+}
+
+// Start starts the command and returns once the child has exec'd (or
+// failed to). Wait must be called to release its resources.
+func (c *Cmd) Start() (err error) {
+	if c.client == nil {
+		return errors.New("zygote: Cmd was not made by a Client")
+	}
+	if c.started {
+		return errors.New("zygote: already started")
+	}
+	c.started = true
+	defer func() {
+		if err != nil {
+			closeFiles(c.childFiles)
+			c.childFiles = nil
+			closeAll(c.parentIO)
+			c.parentIO = nil
+		}
+	}()
+	if c.ctx != nil {
+		select {
+		case <-c.ctx.Done():
+			return c.ctx.Err()
+		default:
+		}
+	}
+	if c.Path == "" {
+		return errors.New("zygote: no program to run (Path is empty)")
+	}
+	req, att, streams, localPipe, err := c.build()
+	if err != nil {
+		return err
+	}
+	if localPipe != nil {
+		c.childFiles = append(c.childFiles, localPipe[1])
+	}
+
+	cl := c.client
+	id, p, err := cl.register(true)
+	if err != nil {
+		return err
+	}
+	req.ID = id
+	frame, err := encodeClient(&clientMessage{Spawn: req})
+	if err == nil {
+		err = cl.send(frame, att.fds)
+	}
+	// The frame holds its own references to the fds now.
+	runtime.KeepAlive(att.files)
+	if err != nil {
+		cl.unregister(id)
+		if localPipe != nil {
+			localPipe[0].Close()
+		}
+		return err
+	}
+	r, err := cl.await(p)
+	// The daemon has its copies (or is done with them): ours can go.
+	closeFiles(c.childFiles)
+	c.childFiles = nil
+	if err != nil {
+		if localPipe != nil {
+			localPipe[0].Close()
+		}
+		return fmt.Errorf("zygote: starting %q: %w", c.Path, err)
+	}
+	m := r.msg
+	if m.SpawnFailed != nil {
+		closeFiles(r.files)
+		if localPipe != nil {
+			localPipe[0].Close()
+		}
+		f := m.SpawnFailed
+		return &StartError{Program: c.Path, Stage: f.Stage.String(), Errno: syscall.Errno(f.Errno), Message: f.Message}
+	}
+	npiped := 0
+	for _, s := range streams {
+		if s.piped {
+			npiped++
+		}
+	}
+	if m.Spawned == nil || len(r.files) != 1+npiped {
+		closeFiles(r.files)
+		if localPipe != nil {
+			localPipe[0].Close()
+		}
+		got := m.name()
+		if m.Spawned != nil {
+			got = fmt.Sprintf("Spawned with %d fds", len(r.files))
+		}
+		return &ProtocolError{Expected: fmt.Sprintf("Spawned with %d fds or SpawnFailed", 1+npiped), Got: got}
+	}
+
+	c.spawnID = id
+	c.exited = p.exited
+	c.Process = &Process{Pid: int(m.Spawned.Pid), client: cl, spawnID: id, pidfd: r.files[0]}
+	ends := r.files[1:]
+	for _, s := range streams {
+		if !s.piped {
+			continue
+		}
+		end := ends[0]
+		ends = ends[1:]
+		c.parentIO = append(c.parentIO, end)
+		c.goroutines = append(c.goroutines, s.bridge(end))
+	}
+	if localPipe != nil {
+		c.parentIO = append(c.parentIO, localPipe[0])
+		c.goroutines = append(c.goroutines, copyOut(c.Stdout, localPipe[0]))
+	}
+	if len(c.goroutines) > 0 {
+		c.goErr = make(chan error, 1)
+		gs := c.goroutines
+		c.goroutines = nil
+		go func() {
+			var wg sync.WaitGroup
+			errs := make([]error, len(gs))
+			for i, g := range gs {
+				wg.Add(1)
+				go func(i int, g func() error) {
+					defer wg.Done()
+					errs[i] = g()
+				}(i, g)
+			}
+			wg.Wait()
+			c.goErr <- firstErr(errs)
+		}()
+	}
+	if c.ctx != nil && c.ctx.Done() != nil {
+		c.waitDone = make(chan struct{})
+		c.ctxResult = make(chan ctxResult, 1)
+		go c.watchCtx()
+	}
+	return nil
+}
+
+func firstErr(errs []error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+func closeAll(cs []io.Closer) {
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
+// build turns the Cmd into a request, the fds to attach and the stdio plan.
+func (c *Cmd) build() (*spawnRequest, *attachment, [3]stream, *[2]*os.File, error) {
+	var streams [3]stream
+	att := &attachment{}
+	fail := func(err error) (*spawnRequest, *attachment, [3]stream, *[2]*os.File, error) {
+		return nil, nil, streams, nil, err
+	}
+	argv := c.argv()
+	for _, a := range append([]string{c.Path}, argv...) {
+		if err := noNUL("argument", a); err != nil {
+			return fail(err)
+		}
+	}
+	env, err := c.environ()
+	if err != nil {
+		return fail(err)
+	}
+	cwd, err := c.cwd()
+	if err != nil {
+		return fail(err)
+	}
+	if err := noNUL("directory", cwd); err != nil {
+		return fail(err)
+	}
+	req := &spawnRequest{
+		Program: bstr(c.Path),
+		Args:    make([]bstr, 0, len(argv)-1),
+		Env:     make([]envVar, 0, len(env)),
+		Cwd:     optBytes(cwd),
+	}
+	if argv[0] != c.Path {
+		req.Argv0 = optBytes(argv[0])
+	}
+	for _, a := range argv[1:] {
+		req.Args = append(req.Args, bstr(a))
+	}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		req.Env = append(req.Env, envVar{Key: bstr(k), Value: bstr(v)})
+	}
+
+	// Stdin.
+	switch in := c.Stdin.(type) {
+	case nil:
+	case *os.File:
+		i, err := att.add(in)
+		if err != nil {
+			return fail(err)
+		}
+		streams[0].spec = stdioSpec{Kind: stdioFd, Fd: i}
+	default:
+		streams[0] = stream{spec: stdioSpec{Kind: stdioPipe}, piped: true, bridge: func(end *os.File) func() error {
+			return copyIn(end, in)
+		}}
+	}
+	// Stdout and stderr; one writer for both shares one pipe, as in os/exec.
+	var localPipe *[2]*os.File
+	for i, w := range []io.Writer{c.Stdout, c.Stderr} {
+		s := &streams[i+1]
+		switch out := w.(type) {
+		case nil:
+		case *os.File:
+			idx, err := att.add(out)
+			if err != nil {
+				return fail(err)
+			}
+			s.spec = stdioSpec{Kind: stdioFd, Fd: idx}
+		default:
+			if i == 1 && interfaceEqual(c.Stderr, c.Stdout) {
+				r, pw, err := os.Pipe()
+				if err != nil {
+					return fail(err)
+				}
+				localPipe = &[2]*os.File{r, pw}
+				idx, err := att.add(pw)
+				if err != nil {
+					r.Close()
+					pw.Close()
+					return fail(err)
+				}
+				streams[1] = stream{spec: stdioSpec{Kind: stdioFd, Fd: idx}}
+				s.spec = stdioSpec{Kind: stdioFd, Fd: idx}
+				continue
+			}
+			*s = stream{spec: stdioSpec{Kind: stdioPipe}, piped: true, bridge: func(end *os.File) func() error {
+				return copyOut(out, end)
+			}}
+		}
+	}
+	req.Stdin, req.Stdout, req.Stderr = streams[0].spec, streams[1].spec, streams[2].spec
+
+	for i, f := range c.ExtraFiles {
+		if f == nil {
+			continue
+		}
+		idx, err := att.add(f)
+		if err != nil {
+			return fail(err)
+		}
+		req.FdMappings = append(req.FdMappings, fdMapping{AttachedIndex: idx, ChildFd: int32(3 + i)})
+	}
+
+	o := &c.Zygote
+	settings := c.client.processSettings()
+	req.Umask = settings.umask
+	if o.Umask != nil {
+		req.Umask = o.Umask
+	}
+	req.Rlimits = mergeRlimits(settings.rlimits, o.Rlimits)
+	req.NewSession = o.Setsid
+	if o.Setpgid {
+		pg := int32(o.Pgid)
+		req.ProcessGroup = &pg
+	}
+	if o.Credential != nil {
+		req.User = &userSpec{UID: o.Credential.Uid, GID: o.Credential.Gid, Groups: append([]uint32{}, o.Credential.Groups...)}
+	}
+	if o.KillOnClose != 0 {
+		req.KillOnClose = &killOnClose{Signal: int32(o.KillOnClose), ProcessGroup: o.KillProcessGroup}
+	}
+	if o.Timeout > 0 {
+		grace := o.TimeoutGrace
+		if grace == 0 {
+			grace = defaultTimeoutGrace
+		}
+		req.Timeout = &timeoutSpec{Millis: uint64(max(o.Timeout.Milliseconds(), 1)), GraceMillis: uint64(grace.Milliseconds())}
+	}
+	return req, att, streams, localPipe, nil
+}
+
+// interfaceEqual is a == b without panicking on uncomparable dynamic types.
+func interfaceEqual(a, b any) (eq bool) {
+	defer func() {
+		if recover() != nil {
+			eq = false
+		}
+	}()
+	return a == b
+}
+
+func mergeRlimits(own []resourceLimit, set []Rlimit) []resourceLimit {
+	out := make([]resourceLimit, 0, len(own)+len(set))
+	for _, l := range own {
+		overridden := false
+		for _, s := range set {
+			if s.Resource == int(l.Resource) {
+				overridden = true
+			}
+		}
+		if !overridden {
+			out = append(out, l)
+		}
+	}
+	for _, s := range set {
+		out = append(out, resourceLimit{Resource: uint32(s.Resource), Soft: s.Cur, Hard: s.Max})
+	}
+	return out
+}
+
+// cwd is the child's working directory, always absolute.
+func (c *Cmd) cwd() (string, error) {
+	if filepath.IsAbs(c.Dir) {
+		return c.Dir, nil
+	}
+	own, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("zygote: reading the current directory (the child starts in it): %w", err)
+	}
+	if c.Dir == "" {
+		return own, nil
+	}
+	return filepath.Join(own, c.Dir), nil
+}
+
+// copyIn feeds the child's stdin; like os/exec it ignores EPIPE, which
+// only means the child stopped reading.
+func copyIn(end *os.File, r io.Reader) func() error {
+	return func() error {
+		_, err := io.Copy(end, r)
+		if isEPIPE(err) || errors.Is(err, os.ErrClosed) {
+			err = nil
+		}
+		if cerr := end.Close(); err == nil && !isEPIPE(cerr) && !errors.Is(cerr, os.ErrClosed) {
+			err = cerr
+		}
+		return err
+	}
+}
+
+func isEPIPE(err error) bool {
+	return errors.Is(err, syscall.EPIPE)
+}
+
+// copyOut drains a child's output pipe into w.
+func copyOut(w io.Writer, end *os.File) func() error {
+	return func() error {
+		_, err := io.Copy(w, end)
+		end.Close()
+		if errors.Is(err, os.ErrClosed) {
+			// WaitDelay closed the pipe; Wait reports ErrWaitDelay.
+			err = nil
+		}
+		return err
+	}
+}
+
+// Wait waits for the child to exit and its I/O to finish, then releases
+// the Cmd's resources. A non-zero exit is an *ExitError.
+func (c *Cmd) Wait() error {
+	if c.Process == nil {
+		return errNotStarted
+	}
+	if c.waited {
+		return errors.New("zygote: Wait was already called")
+	}
+	c.waited = true
+
+	var err error
+	var state *ProcessState
+	select {
+	case x := <-c.exited:
+		state = newProcessState(c.Process.Pid, x)
+	case <-c.client.done:
+		select {
+		case x := <-c.exited:
+			state = newProcessState(c.Process.Pid, x)
+		default:
+			err = fmt.Errorf("zygote: waiting for %s (pid %d): %w", c.Path, c.Process.Pid, c.client.connErr())
+		}
+	}
+	if state != nil {
+		c.ProcessState = state
+		if !state.Success() {
+			err = &ExitError{ProcessState: state}
+		}
+	}
+	if c.waitDone != nil {
+		close(c.waitDone)
+	}
+	var timer *time.Timer
+	if c.ctxResult != nil {
+		res := <-c.ctxResult
+		timer = res.timer
+		if err == nil && res.err != nil {
+			err = res.err
+		}
+	}
+	if state == nil {
+		// The exit will never be known: stop the copying goroutines
+		// rather than wait for a child that may run on.
+		closeAll(c.parentIO)
+	}
+	if gerr := c.awaitGoroutines(timer); err == nil {
+		err = gerr
+	}
+	closeAll(c.parentIO)
+	c.Process.release()
+	return err
+}
+
+func (c *Cmd) awaitGoroutines(timer *time.Timer) error {
+	if c.goErr == nil {
+		return nil
+	}
+	defer func() { c.goErr = nil }()
+	select {
+	case err := <-c.goErr:
+		if timer != nil {
+			timer.Stop()
+		}
+		return err
+	default:
+	}
+	if timer == nil {
+		if c.WaitDelay == 0 {
+			return <-c.goErr
+		}
+		timer = time.NewTimer(c.WaitDelay)
+	}
+	select {
+	case err := <-c.goErr:
+		timer.Stop()
+		return err
+	case <-timer.C:
+		closeAll(c.parentIO)
+		<-c.goErr
+		return ErrWaitDelay
+	}
+}
+
+// watchCtx cancels the child when the context is done first, as os/exec
+// does: Cancel, then after WaitDelay a kill and closing the pipes.
+func (c *Cmd) watchCtx() {
+	select {
+	case <-c.waitDone:
+		c.ctxResult <- ctxResult{}
+		return
+	case <-c.ctx.Done():
+	}
+	var err error
+	if cancelErr := c.Cancel(); cancelErr == nil {
+		// From here on the child's behaviour may be the context's doing.
+		err = c.ctx.Err()
+	} else if !errors.Is(cancelErr, os.ErrProcessDone) {
+		err = fmt.Errorf("zygote: canceling Cmd: %w", cancelErr)
+	}
+	if c.WaitDelay == 0 {
+		c.ctxResult <- ctxResult{err: err}
+		return
+	}
+	timer := time.NewTimer(c.WaitDelay)
+	select {
+	case <-c.waitDone:
+		c.ctxResult <- ctxResult{err: err, timer: timer}
+		return
+	case <-timer.C:
+	}
+	if killErr := c.Process.Kill(); killErr != nil && !errors.Is(killErr, os.ErrProcessDone) && err == nil {
+		err = fmt.Errorf("zygote: killing Cmd: %w", killErr)
+	}
+	<-c.waitDone
+	// The delay is used up: Wait closes the pipes if I/O is still going.
+	c.ctxResult <- ctxResult{err: err, timer: time.NewTimer(0)}
+}

@@ -1,0 +1,332 @@
+// Command zygote-gobench measures spawning /bin/true from Go: os/exec
+// against the zygote Go client (a shared daemon, and a private one), from
+// a live heap of 0 or more GiB, with extra open fds, at concurrency 1 and
+// more. Rounds interleave the methods, and each cell reports p50, p99,
+// max and spawns/s with ratios to os/exec in the same round. At
+// concurrency 1 it adds the posix_spawn floor, a C helper compiled with cc
+// at start, as zygote-bench does.
+//
+//	ZYGOTE_BIN=target/release/zygote go run ./cmd/zygote-gobench -heap-gib 0,4
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	zygote "example.invalid/zygote/clients/go"
+)
+
+// floorC runs N posix_spawn + waitpid of PROGRAM for each "PROGRAM N"
+// line and prints the latencies in ns on one line.
+const floorC = `
+#include <spawn.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <time.h>
+extern char **environ;
+static long long now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+int main(void) {
+    char path[4096];
+    int n;
+    while (scanf("%4095s %d", path, &n) == 2) {
+        char *argv[] = {path, NULL};
+        for (int i = 0; i < n; i++) {
+            pid_t pid;
+            int status;
+            long long t0 = now();
+            if (posix_spawn(&pid, path, NULL, NULL, argv, environ) != 0 || waitpid(pid, &status, 0) != pid) {
+                printf("error\n");
+                fflush(stdout);
+                return 1;
+            }
+            printf("%lld ", now() - t0);
+        }
+        printf("\n");
+        fflush(stdout);
+    }
+    return 0;
+}
+`
+
+type floor struct {
+	in  *os.File
+	out *bufio.Reader
+}
+
+func startFloor(dir string) (*floor, error) {
+	src := filepath.Join(dir, "floor.c")
+	bin := filepath.Join(dir, "floor")
+	if err := os.WriteFile(src, []byte(floorC), 0o644); err != nil {
+		return nil, err
+	}
+	if out, err := exec.Command("cc", "-O2", "-o", bin, src).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("compiling the floor helper with cc: %v: %s", err, out)
+	}
+	cmd := exec.Command(bin)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &floor{in: stdin.(*os.File), out: bufio.NewReader(stdout)}, nil
+}
+
+func (f *floor) run(program string, n int) ([]time.Duration, time.Duration, error) {
+	start := time.Now()
+	if _, err := fmt.Fprintf(f.in, "%s %d\n", program, n); err != nil {
+		return nil, 0, err
+	}
+	line, err := f.out.ReadString('\n')
+	if err != nil {
+		return nil, 0, err
+	}
+	wall := time.Since(start)
+	var lat []time.Duration
+	for _, field := range strings.Fields(line) {
+		ns, err := strconv.ParseInt(field, 10, 64)
+		if err != nil {
+			return nil, 0, fmt.Errorf("floor helper said %q", line)
+		}
+		lat = append(lat, time.Duration(ns))
+	}
+	return lat, wall, nil
+}
+
+// ballast is the live heap, touched so that every page is resident.
+var ballast [][]byte
+
+func setHeap(gib int) {
+	ballast = nil
+	runtime.GC()
+	for i := 0; i < gib*16; i++ {
+		chunk := make([]byte, 64<<20)
+		for j := 0; j < len(chunk); j += 4096 {
+			chunk[j] = 1
+		}
+		ballast = append(ballast, chunk)
+	}
+}
+
+// extraFds holds open fds as a busy server holds sockets.
+var extraFds []int
+
+func setFds(n int) error {
+	for _, fd := range extraFds {
+		syscall.Close(fd)
+	}
+	extraFds = extraFds[:0]
+	for i := 0; i < n; i++ {
+		fd, err := syscall.Open("/dev/null", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("opening extra fd %d of %d: %w", i, n, err)
+		}
+		extraFds = append(extraFds, fd)
+	}
+	return nil
+}
+
+type cell struct {
+	lat  []time.Duration
+	wall time.Duration
+}
+
+// measure runs n spawns of spawn with c goroutines.
+func measure(n, c int, spawn func() error) (cell, error) {
+	lat := make([]time.Duration, n)
+	var next int
+	var mu sync.Mutex
+	var firstErr error
+	var wg sync.WaitGroup
+	start := time.Now()
+	for g := 0; g < c; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				if i >= n {
+					return
+				}
+				t0 := time.Now()
+				err := spawn()
+				lat[i] = time.Since(t0)
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return cell{lat: lat, wall: time.Since(start)}, firstErr
+}
+
+type summary struct{ p50, p99, max, rate float64 }
+
+func summarize(cs []cell) summary {
+	var all []time.Duration
+	var wall time.Duration
+	for _, c := range cs {
+		all = append(all, c.lat...)
+		wall += c.wall
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	q := func(p float64) time.Duration { return all[min(len(all)-1, int(p*float64(len(all))))] }
+	return summary{ms(q(0.50)), ms(q(0.99)), ms(all[len(all)-1]), float64(len(all)) / wall.Seconds()}
+}
+
+func ints(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			log.Fatalf("bad number %q", f)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func main() {
+	heaps := flag.String("heap-gib", "0,4", "live heap sizes in GiB")
+	fdsFlag := flag.String("fds", "0,19000", "extra open fds")
+	concFlag := flag.String("concurrency", "1,50", "goroutines spawning at once")
+	rounds := flag.Int("rounds", 3, "interleaved rounds per cell")
+	perRound := flag.Int("spawns", 200, "spawns per method per round")
+	socket := flag.String("socket", "", "a running zygote's socket (default: start one from ZYGOTE_BIN)")
+	program := flag.String("program", "/bin/true", "program to spawn")
+	flag.Parse()
+
+	// While the program is small: the private zygote, the shared one if
+	// asked to start it, and the floor helper.
+	dir, err := os.MkdirTemp("", "zygote-gobench-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	fl, err := startFloor(dir)
+	if err != nil {
+		log.Fatal(err)
+	}
+	private, err := zygote.LaunchPrivate()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if *socket == "" {
+		bin, err := zygote.FindBinary()
+		if err != nil {
+			log.Fatal(err)
+		}
+		*socket = filepath.Join(dir, "zygote.sock")
+		d := exec.Command(bin, "serve", "--socket", *socket)
+		d.Env = append(os.Environ(), "ZYGOTE_LOG=warn")
+		d.Stderr = os.Stderr
+		if err := d.Start(); err != nil {
+			log.Fatal(err)
+		}
+		defer func() { _ = d.Process.Signal(syscall.SIGTERM); _ = d.Wait() }()
+		for i := 0; ; i++ {
+			if _, err := os.Stat(*socket); err == nil {
+				break
+			}
+			if i > 500 {
+				log.Fatal("the shared zygote did not start")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	shared, err := zygote.Dial(*socket)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	methods := []struct {
+		name  string
+		spawn func() error
+	}{
+		{"os/exec", func() error { return exec.Command(*program).Run() }},
+		{"zygote shared", func() error { return shared.Command(*program).Run() }},
+		{"zygote private", func() error { return private.Command(*program).Run() }},
+	}
+
+	fmt.Printf("%d rounds x %d spawns of %s per method and cell; GOMAXPROCS %d; %s\n\n",
+		*rounds, *perRound, *program, runtime.GOMAXPROCS(0), runtime.Version())
+	fmt.Println("| heap | fds | c | method | p50 ms | p99 ms | max ms | spawns/s | p50 / os/exec | p99 / os/exec | spawns/s / os/exec | p50 / floor |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, heap := range ints(*heaps) {
+		setHeap(heap)
+		for _, nfds := range ints(*fdsFlag) {
+			if err := setFds(nfds); err != nil {
+				log.Fatal(err)
+			}
+			for _, c := range ints(*concFlag) {
+				cells := make([][]cell, len(methods))
+				var floorCells []cell
+				for r := 0; r < *rounds; r++ {
+					if c == 1 {
+						lat, wall, err := fl.run(*program, *perRound)
+						if err != nil {
+							log.Fatal(err)
+						}
+						floorCells = append(floorCells, cell{lat, wall})
+					}
+					for i, m := range methods {
+						res, err := measure(*perRound, c, m.spawn)
+						if err != nil {
+							log.Fatalf("%s: %v", m.name, err)
+						}
+						cells[i] = append(cells[i], res)
+					}
+				}
+				base := summarize(cells[0])
+				var fs summary
+				if c == 1 {
+					fs = summarize(floorCells)
+					fmt.Printf("| %d GiB | %d | %d | posix_spawn floor | %.2f | %.2f | %.2f | %.0f | | | | 1.00 |\n",
+						heap, nfds, c, fs.p50, fs.p99, fs.max, fs.rate)
+				}
+				for i, m := range methods {
+					s := summarize(cells[i])
+					vsFloor := ""
+					if c == 1 {
+						vsFloor = fmt.Sprintf("%.2f", s.p50/fs.p50)
+					}
+					fmt.Printf("| %d GiB | %d | %d | %s | %.2f | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %s |\n",
+						heap, nfds, c, m.name, s.p50, s.p99, s.max, s.rate, s.p50/base.p50, s.p99/base.p99, s.rate/base.rate, vsFloor)
+				}
+			}
+		}
+	}
+	_ = setFds(0)
+	shared.Close()
+	private.Close()
+}

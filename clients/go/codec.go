@@ -1,0 +1,811 @@
+package zygote
+
+// The wire format of proto/PROTOCOL.md §3-4: postcard, one message per
+// frame. Every type below mirrors the Rust type of the same name, and its
+// JSON form is serde's externally tagged one, so that the shared vectors in
+// proto/vectors/frames.json can be compared field for field.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+)
+
+// protocolVersion is the version of proto/PROTOCOL.md this package speaks.
+const protocolVersion = 1
+
+// bstr is a byte string: postcard bytes, JSON an array of integers.
+type bstr []byte
+
+func (b bstr) MarshalJSON() ([]byte, error) {
+	ints := make([]int, len(b))
+	for i, v := range b {
+		ints[i] = int(v)
+	}
+	return json.Marshal(ints)
+}
+
+func (b *bstr) UnmarshalJSON(data []byte) error {
+	var ints []uint8Number
+	if err := json.Unmarshal(data, &ints); err != nil {
+		return err
+	}
+	if ints == nil {
+		return errors.New("bytes: expected an array, got null")
+	}
+	out := make([]byte, len(ints))
+	for i, v := range ints {
+		out[i] = byte(v)
+	}
+	*b = out
+	return nil
+}
+
+// uint8Number decodes a JSON number 0-255 (a plain []byte would expect base64).
+type uint8Number uint8
+
+// optBytes is an optional byte string: nil is none.
+type optBytes []byte
+
+func (b optBytes) MarshalJSON() ([]byte, error) {
+	if b == nil {
+		return []byte("null"), nil
+	}
+	return bstr(b).MarshalJSON()
+}
+
+func (b *optBytes) UnmarshalJSON(data []byte) error {
+	if string(data) == "null" {
+		*b = nil
+		return nil
+	}
+	var v bstr
+	if err := v.UnmarshalJSON(data); err != nil {
+		return err
+	}
+	*b = optBytes(v)
+	return nil
+}
+
+type clientMessage struct {
+	Hello  *hello         `json:"Hello,omitempty"`
+	Spawn  *spawnRequest  `json:"Spawn,omitempty"`
+	Signal *signalRequest `json:"Signal,omitempty"`
+	Status *statusRequest `json:"Status,omitempty"`
+}
+
+type serverMessage struct {
+	HelloAck      *helloAck      `json:"HelloAck,omitempty"`
+	Spawned       *spawned       `json:"Spawned,omitempty"`
+	SpawnFailed   *spawnFailed   `json:"SpawnFailed,omitempty"`
+	Exited        *exitNotice    `json:"Exited,omitempty"`
+	SignalSent    *signalSent    `json:"SignalSent,omitempty"`
+	RequestFailed *requestFailed `json:"RequestFailed,omitempty"`
+	ProtocolError *protocolError `json:"ProtocolError,omitempty"`
+	Status        *statusReply   `json:"Status,omitempty"`
+}
+
+type hello struct {
+	ProtocolVersion uint32 `json:"protocol_version"`
+	Client          string `json:"client"`
+}
+
+type limits struct {
+	MaxFrameBytes  uint32 `json:"max_frame_bytes"`
+	MaxFdsPerFrame uint32 `json:"max_fds_per_frame"`
+}
+
+type helloAck struct {
+	ProtocolVersion uint32 `json:"protocol_version"`
+	ServerVersion   string `json:"server_version"`
+	Limits          limits `json:"limits"`
+}
+
+// stdioKind is StdioSpec's variant.
+type stdioKind uint8
+
+const (
+	stdioNull stdioKind = iota
+	stdioPipe
+	stdioFd
+)
+
+type stdioSpec struct {
+	Kind stdioKind
+	Fd   uint32 // the attached index, for stdioFd
+}
+
+func (s stdioSpec) MarshalJSON() ([]byte, error) {
+	switch s.Kind {
+	case stdioNull:
+		return []byte(`"Null"`), nil
+	case stdioPipe:
+		return []byte(`"Pipe"`), nil
+	default:
+		return json.Marshal(map[string]uint32{"Fd": s.Fd})
+	}
+}
+
+func (s *stdioSpec) UnmarshalJSON(data []byte) error {
+	var name string
+	if json.Unmarshal(data, &name) == nil {
+		switch name {
+		case "Null":
+			*s = stdioSpec{Kind: stdioNull}
+		case "Pipe":
+			*s = stdioSpec{Kind: stdioPipe}
+		default:
+			return fmt.Errorf("StdioSpec: unknown variant %q", name)
+		}
+		return nil
+	}
+	var fd struct {
+		Fd *uint32 `json:"Fd"`
+	}
+	if err := json.Unmarshal(data, &fd); err != nil || fd.Fd == nil {
+		return fmt.Errorf("StdioSpec: expected \"Null\", \"Pipe\" or {\"Fd\": n}, got %s", data)
+	}
+	*s = stdioSpec{Kind: stdioFd, Fd: *fd.Fd}
+	return nil
+}
+
+type envVar struct {
+	Key   bstr `json:"key"`
+	Value bstr `json:"value"`
+}
+
+type fdMapping struct {
+	AttachedIndex uint32 `json:"attached_index"`
+	ChildFd       int32  `json:"child_fd"`
+}
+
+type resourceLimit struct {
+	Resource uint32 `json:"resource"`
+	Soft     uint64 `json:"soft"`
+	Hard     uint64 `json:"hard"`
+}
+
+type userSpec struct {
+	UID    uint32   `json:"uid"`
+	GID    uint32   `json:"gid"`
+	Groups []uint32 `json:"groups"`
+}
+
+type killOnClose struct {
+	Signal       int32 `json:"signal"`
+	ProcessGroup bool  `json:"process_group"`
+}
+
+type timeoutSpec struct {
+	Millis      uint64 `json:"millis"`
+	GraceMillis uint64 `json:"grace_millis"`
+}
+
+type spawnRequest struct {
+	ID           uint64          `json:"id"`
+	Program      bstr            `json:"program"`
+	Argv0        optBytes        `json:"argv0"`
+	Args         []bstr          `json:"args"`
+	Env          []envVar        `json:"env"`
+	Cwd          optBytes        `json:"cwd"`
+	Stdin        stdioSpec       `json:"stdin"`
+	Stdout       stdioSpec       `json:"stdout"`
+	Stderr       stdioSpec       `json:"stderr"`
+	FdMappings   []fdMapping     `json:"fd_mappings"`
+	NewSession   bool            `json:"new_session"`
+	ProcessGroup *int32          `json:"process_group"`
+	Umask        *uint32         `json:"umask"`
+	Rlimits      []resourceLimit `json:"rlimits"`
+	User         *userSpec       `json:"user"`
+	KillOnClose  *killOnClose    `json:"kill_on_close"`
+	Timeout      *timeoutSpec    `json:"timeout"`
+}
+
+type signalRequest struct {
+	ID      uint64 `json:"id"`
+	SpawnID uint64 `json:"spawn_id"`
+	Signal  int32  `json:"signal"`
+}
+
+type statusRequest struct {
+	ID uint64 `json:"id"`
+}
+
+type spawned struct {
+	ID  uint64 `json:"id"`
+	Pid int32  `json:"pid"`
+}
+
+// spawnStage is SpawnStage's variant index.
+type spawnStage uint8
+
+var stageNames = [...]string{
+	"Validate", "Pipe", "Clone", "Signals", "Setsid", "Setpgid", "Setrlimit",
+	"Chdir", "Dup", "CloseFds", "Exec", "Admission", "Setgroups", "Setgid", "Setuid",
+}
+
+func (s spawnStage) String() string {
+	if int(s) < len(stageNames) {
+		return stageNames[s]
+	}
+	return fmt.Sprintf("SpawnStage(%d)", uint8(s))
+}
+
+func (s spawnStage) MarshalJSON() ([]byte, error) { return json.Marshal(s.String()) }
+
+func (s *spawnStage) UnmarshalJSON(data []byte) error {
+	i, err := unitVariant(data, stageNames[:], "SpawnStage")
+	*s = spawnStage(i)
+	return err
+}
+
+type spawnFailed struct {
+	ID      uint64     `json:"id"`
+	Stage   spawnStage `json:"stage"`
+	Errno   int32      `json:"errno"`
+	Message string     `json:"message"`
+}
+
+type signaled struct {
+	Signal     int32 `json:"signal"`
+	CoreDumped bool  `json:"core_dumped"`
+}
+
+// exitStatus is ExitStatus: exactly one field is set.
+type exitStatus struct {
+	Exited   *int32    `json:"Exited,omitempty"`
+	Signaled *signaled `json:"Signaled,omitempty"`
+}
+
+type resourceUsage struct {
+	UserMicros   uint64 `json:"user_micros"`
+	SystemMicros uint64 `json:"system_micros"`
+	MaxRssKiB    uint64 `json:"max_rss_kib"`
+}
+
+type exitNotice struct {
+	ID       uint64        `json:"id"`
+	Status   exitStatus    `json:"status"`
+	Usage    resourceUsage `json:"usage"`
+	TimedOut bool          `json:"timed_out"`
+}
+
+type signalSent struct {
+	ID uint64 `json:"id"`
+}
+
+type requestFailed struct {
+	ID      uint64 `json:"id"`
+	Errno   int32  `json:"errno"`
+	Message string `json:"message"`
+}
+
+// protocolErrorKind is ProtocolErrorKind's variant index.
+type protocolErrorKind uint8
+
+var protocolErrorNames = [...]string{
+	"Malformed", "TooLarge", "UnsupportedVersion", "UnexpectedMessage",
+	"UnexpectedFds", "PermissionDenied", "Busy",
+}
+
+func (k protocolErrorKind) String() string {
+	if int(k) < len(protocolErrorNames) {
+		return protocolErrorNames[k]
+	}
+	return fmt.Sprintf("ProtocolErrorKind(%d)", uint8(k))
+}
+
+func (k protocolErrorKind) MarshalJSON() ([]byte, error) { return json.Marshal(k.String()) }
+
+func (k *protocolErrorKind) UnmarshalJSON(data []byte) error {
+	i, err := unitVariant(data, protocolErrorNames[:], "ProtocolErrorKind")
+	*k = protocolErrorKind(i)
+	return err
+}
+
+func unitVariant(data []byte, names []string, what string) (int, error) {
+	var name string
+	if err := json.Unmarshal(data, &name); err != nil {
+		return 0, fmt.Errorf("%s: expected a string, got %s", what, data)
+	}
+	for i, n := range names {
+		if n == name {
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("%s: unknown variant %q", what, name)
+}
+
+type protocolError struct {
+	Kind    protocolErrorKind `json:"kind"`
+	Message string            `json:"message"`
+}
+
+type statusReply struct {
+	ID                  uint64 `json:"id"`
+	ServerVersion       string `json:"server_version"`
+	Pid                 int32  `json:"pid"`
+	UptimeMillis        uint64 `json:"uptime_millis"`
+	ConnectionsOpen     uint64 `json:"connections_open"`
+	ConnectionsAccepted uint64 `json:"connections_accepted"`
+	ChildrenRunning     uint64 `json:"children_running"`
+	SpawnsSucceeded     uint64 `json:"spawns_succeeded"`
+	SpawnsFailed        uint64 `json:"spawns_failed"`
+}
+
+// ---- encoding ----
+
+type encoder struct{ b []byte }
+
+func (e *encoder) varint(v uint64) {
+	for v >= 0x80 {
+		e.b = append(e.b, byte(v)|0x80)
+		v >>= 7
+	}
+	e.b = append(e.b, byte(v))
+}
+
+func (e *encoder) i32(v int32) { e.varint(uint64(uint32((v << 1) ^ (v >> 31)))) }
+
+func (e *encoder) boolean(v bool) {
+	if v {
+		e.b = append(e.b, 1)
+	} else {
+		e.b = append(e.b, 0)
+	}
+}
+
+func (e *encoder) bytes(v []byte) {
+	e.varint(uint64(len(v)))
+	e.b = append(e.b, v...)
+}
+
+func (e *encoder) option(some bool) bool {
+	e.boolean(some)
+	return some
+}
+
+func (e *encoder) stdio(s stdioSpec) {
+	e.varint(uint64(s.Kind))
+	if s.Kind == stdioFd {
+		e.varint(uint64(s.Fd))
+	}
+}
+
+func (e *encoder) spawn(r *spawnRequest) {
+	e.varint(r.ID)
+	e.bytes(r.Program)
+	if e.option(r.Argv0 != nil) {
+		e.bytes(r.Argv0)
+	}
+	e.varint(uint64(len(r.Args)))
+	for _, a := range r.Args {
+		e.bytes(a)
+	}
+	e.varint(uint64(len(r.Env)))
+	for _, v := range r.Env {
+		e.bytes(v.Key)
+		e.bytes(v.Value)
+	}
+	if e.option(r.Cwd != nil) {
+		e.bytes(r.Cwd)
+	}
+	e.stdio(r.Stdin)
+	e.stdio(r.Stdout)
+	e.stdio(r.Stderr)
+	e.varint(uint64(len(r.FdMappings)))
+	for _, m := range r.FdMappings {
+		e.varint(uint64(m.AttachedIndex))
+		e.i32(m.ChildFd)
+	}
+	e.boolean(r.NewSession)
+	if e.option(r.ProcessGroup != nil) {
+		e.i32(*r.ProcessGroup)
+	}
+	if e.option(r.Umask != nil) {
+		e.varint(uint64(*r.Umask))
+	}
+	e.varint(uint64(len(r.Rlimits)))
+	for _, l := range r.Rlimits {
+		e.varint(uint64(l.Resource))
+		e.varint(l.Soft)
+		e.varint(l.Hard)
+	}
+	if e.option(r.User != nil) {
+		e.varint(uint64(r.User.UID))
+		e.varint(uint64(r.User.GID))
+		e.varint(uint64(len(r.User.Groups)))
+		for _, g := range r.User.Groups {
+			e.varint(uint64(g))
+		}
+	}
+	if e.option(r.KillOnClose != nil) {
+		e.i32(r.KillOnClose.Signal)
+		e.boolean(r.KillOnClose.ProcessGroup)
+	}
+	if e.option(r.Timeout != nil) {
+		e.varint(r.Timeout.Millis)
+		e.varint(r.Timeout.GraceMillis)
+	}
+}
+
+var errNoVariant = errors.New("message has no variant set")
+
+// encodeClient encodes one client frame.
+func encodeClient(m *clientMessage) ([]byte, error) {
+	e := &encoder{b: make([]byte, 0, 256)}
+	switch {
+	case m.Hello != nil:
+		e.varint(0)
+		e.varint(uint64(m.Hello.ProtocolVersion))
+		e.bytes([]byte(m.Hello.Client))
+	case m.Spawn != nil:
+		e.varint(1)
+		e.spawn(m.Spawn)
+	case m.Signal != nil:
+		e.varint(2)
+		e.varint(m.Signal.ID)
+		e.varint(m.Signal.SpawnID)
+		e.i32(m.Signal.Signal)
+	case m.Status != nil:
+		e.varint(3)
+		e.varint(m.Status.ID)
+	default:
+		return nil, errNoVariant
+	}
+	return e.b, nil
+}
+
+// encodeServer encodes one daemon frame (used by the conformance tests).
+func encodeServer(m *serverMessage) ([]byte, error) {
+	e := &encoder{}
+	switch {
+	case m.HelloAck != nil:
+		e.varint(0)
+		e.varint(uint64(m.HelloAck.ProtocolVersion))
+		e.bytes([]byte(m.HelloAck.ServerVersion))
+		e.varint(uint64(m.HelloAck.Limits.MaxFrameBytes))
+		e.varint(uint64(m.HelloAck.Limits.MaxFdsPerFrame))
+	case m.Spawned != nil:
+		e.varint(1)
+		e.varint(m.Spawned.ID)
+		e.i32(m.Spawned.Pid)
+	case m.SpawnFailed != nil:
+		e.varint(2)
+		e.varint(m.SpawnFailed.ID)
+		e.varint(uint64(m.SpawnFailed.Stage))
+		e.i32(m.SpawnFailed.Errno)
+		e.bytes([]byte(m.SpawnFailed.Message))
+	case m.Exited != nil:
+		x := m.Exited
+		e.varint(3)
+		e.varint(x.ID)
+		switch {
+		case x.Status.Exited != nil:
+			e.varint(0)
+			e.i32(*x.Status.Exited)
+		case x.Status.Signaled != nil:
+			e.varint(1)
+			e.i32(x.Status.Signaled.Signal)
+			e.boolean(x.Status.Signaled.CoreDumped)
+		default:
+			return nil, errors.New("ExitStatus has no variant set")
+		}
+		e.varint(x.Usage.UserMicros)
+		e.varint(x.Usage.SystemMicros)
+		e.varint(x.Usage.MaxRssKiB)
+		e.boolean(x.TimedOut)
+	case m.SignalSent != nil:
+		e.varint(4)
+		e.varint(m.SignalSent.ID)
+	case m.RequestFailed != nil:
+		e.varint(5)
+		e.varint(m.RequestFailed.ID)
+		e.i32(m.RequestFailed.Errno)
+		e.bytes([]byte(m.RequestFailed.Message))
+	case m.ProtocolError != nil:
+		e.varint(6)
+		e.varint(uint64(m.ProtocolError.Kind))
+		e.bytes([]byte(m.ProtocolError.Message))
+	case m.Status != nil:
+		s := m.Status
+		e.varint(7)
+		e.varint(s.ID)
+		e.bytes([]byte(s.ServerVersion))
+		e.i32(s.Pid)
+		for _, v := range []uint64{s.UptimeMillis, s.ConnectionsOpen, s.ConnectionsAccepted,
+			s.ChildrenRunning, s.SpawnsSucceeded, s.SpawnsFailed} {
+			e.varint(v)
+		}
+	default:
+		return nil, errNoVariant
+	}
+	return e.b, nil
+}
+
+// ---- decoding ----
+
+// decoder reads one frame. The first error sticks; later reads return zero.
+type decoder struct {
+	b   []byte
+	off int
+	err error
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("at byte %d: "+format, append([]any{d.off}, args...)...)
+	}
+}
+
+// varint reads an unsigned LEB128 of at most maxBytes bytes whose last byte
+// is at most lastMax.
+func (d *decoder) varint(maxBytes int, lastMax byte, what string) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	var v uint64
+	for i := 0; i < maxBytes; i++ {
+		if d.off >= len(d.b) {
+			d.fail("frame ends inside %s", what)
+			return 0
+		}
+		c := d.b[d.off]
+		d.off++
+		if i == maxBytes-1 {
+			if c > lastMax {
+				d.fail("%s varint out of range", what)
+				return 0
+			}
+			return v | uint64(c)<<(7*i)
+		}
+		v |= uint64(c&0x7f) << (7 * i)
+		if c&0x80 == 0 {
+			return v
+		}
+	}
+	return v
+}
+
+func (d *decoder) u32(what string) uint32 { return uint32(d.varint(5, 0x0f, what)) }
+func (d *decoder) u64(what string) uint64 { return d.varint(10, 0x01, what) }
+
+func (d *decoder) i32(what string) int32 {
+	z := d.u32(what)
+	return int32(z>>1) ^ -int32(z&1)
+}
+
+func (d *decoder) byteVal(what string) byte {
+	if d.err != nil {
+		return 0
+	}
+	if d.off >= len(d.b) {
+		d.fail("frame ends before %s", what)
+		return 0
+	}
+	c := d.b[d.off]
+	d.off++
+	return c
+}
+
+func (d *decoder) boolean(what string) bool {
+	switch c := d.byteVal(what); c {
+	case 0:
+		return false
+	case 1:
+		return true
+	default:
+		d.fail("%s: bool byte %#02x is neither 0 nor 1", what, c)
+		return false
+	}
+}
+
+func (d *decoder) option(what string) bool {
+	switch c := d.byteVal(what); c {
+	case 0:
+		return false
+	case 1:
+		return true
+	default:
+		d.fail("%s: option tag %#02x is neither 0 nor 1", what, c)
+		return false
+	}
+}
+
+// count reads a length or element count; each element takes at least one
+// byte, so a count beyond the rest of the frame is an error, not an allocation.
+func (d *decoder) count(what string) int {
+	n := d.u64(what)
+	if d.err == nil && n > uint64(len(d.b)-d.off) {
+		d.fail("%s: length %d exceeds the %d bytes left", what, n, len(d.b)-d.off)
+		return 0
+	}
+	return int(n)
+}
+
+func (d *decoder) bytes(what string) []byte {
+	n := d.count(what)
+	if d.err != nil {
+		return nil
+	}
+	out := make([]byte, n)
+	copy(out, d.b[d.off:d.off+n])
+	d.off += n
+	return out
+}
+
+func (d *decoder) str(what string) string {
+	b := d.bytes(what)
+	if d.err == nil && !utf8.Valid(b) {
+		d.fail("%s is not valid UTF-8", what)
+	}
+	return string(b)
+}
+
+func (d *decoder) variant(what string, count int) int {
+	v := d.u32(what)
+	if d.err == nil && v >= uint32(count) {
+		d.fail("%s: variant index %d does not exist", what, v)
+		return 0
+	}
+	return int(v)
+}
+
+func (d *decoder) stdio(what string) stdioSpec {
+	k := stdioKind(d.variant(what, 3))
+	s := stdioSpec{Kind: k}
+	if k == stdioFd {
+		s.Fd = d.u32(what)
+	}
+	return s
+}
+
+func (d *decoder) finish() error {
+	if d.err == nil && d.off != len(d.b) {
+		d.fail("%d bytes left over after the message", len(d.b)-d.off)
+	}
+	return d.err
+}
+
+func (d *decoder) spawn() *spawnRequest {
+	r := &spawnRequest{ID: d.u64("id"), Program: d.bytes("program")}
+	if d.option("argv0") {
+		r.Argv0 = d.bytes("argv0")
+	}
+	n := d.count("args")
+	r.Args = make([]bstr, 0, n)
+	for i := 0; i < n && d.err == nil; i++ {
+		r.Args = append(r.Args, d.bytes("arg"))
+	}
+	n = d.count("env")
+	r.Env = make([]envVar, 0, n)
+	for i := 0; i < n && d.err == nil; i++ {
+		r.Env = append(r.Env, envVar{Key: d.bytes("env key"), Value: d.bytes("env value")})
+	}
+	if d.option("cwd") {
+		r.Cwd = d.bytes("cwd")
+	}
+	r.Stdin, r.Stdout, r.Stderr = d.stdio("stdin"), d.stdio("stdout"), d.stdio("stderr")
+	n = d.count("fd_mappings")
+	r.FdMappings = make([]fdMapping, 0, n)
+	for i := 0; i < n && d.err == nil; i++ {
+		r.FdMappings = append(r.FdMappings, fdMapping{d.u32("attached_index"), d.i32("child_fd")})
+	}
+	r.NewSession = d.boolean("new_session")
+	if d.option("process_group") {
+		v := d.i32("process_group")
+		r.ProcessGroup = &v
+	}
+	if d.option("umask") {
+		v := d.u32("umask")
+		r.Umask = &v
+	}
+	n = d.count("rlimits")
+	r.Rlimits = make([]resourceLimit, 0, n)
+	for i := 0; i < n && d.err == nil; i++ {
+		r.Rlimits = append(r.Rlimits, resourceLimit{d.u32("resource"), d.u64("soft"), d.u64("hard")})
+	}
+	if d.option("user") {
+		u := &userSpec{UID: d.u32("uid"), GID: d.u32("gid")}
+		n = d.count("groups")
+		u.Groups = make([]uint32, 0, n)
+		for i := 0; i < n && d.err == nil; i++ {
+			u.Groups = append(u.Groups, d.u32("group"))
+		}
+		r.User = u
+	}
+	if d.option("kill_on_close") {
+		r.KillOnClose = &killOnClose{d.i32("signal"), d.boolean("process_group")}
+	}
+	if d.option("timeout") {
+		r.Timeout = &timeoutSpec{d.u64("millis"), d.u64("grace_millis")}
+	}
+	return r
+}
+
+// decodeClient decodes one client frame (used by the conformance tests).
+func decodeClient(b []byte) (*clientMessage, error) {
+	d := &decoder{b: b}
+	m := &clientMessage{}
+	switch d.variant("ClientMessage", 4) {
+	case 0:
+		m.Hello = &hello{d.u32("protocol_version"), d.str("client")}
+	case 1:
+		m.Spawn = d.spawn()
+	case 2:
+		m.Signal = &signalRequest{d.u64("id"), d.u64("spawn_id"), d.i32("signal")}
+	case 3:
+		m.Status = &statusRequest{d.u64("id")}
+	}
+	if err := d.finish(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// decodeServer decodes one daemon frame.
+func decodeServer(b []byte) (*serverMessage, error) {
+	d := &decoder{b: b}
+	m := &serverMessage{}
+	switch d.variant("ServerMessage", 8) {
+	case 0:
+		m.HelloAck = &helloAck{d.u32("protocol_version"), d.str("server_version"),
+			limits{d.u32("max_frame_bytes"), d.u32("max_fds_per_frame")}}
+	case 1:
+		m.Spawned = &spawned{d.u64("id"), d.i32("pid")}
+	case 2:
+		m.SpawnFailed = &spawnFailed{d.u64("id"), spawnStage(d.variant("SpawnStage", len(stageNames))),
+			d.i32("errno"), d.str("message")}
+	case 3:
+		x := &exitNotice{ID: d.u64("id")}
+		if d.variant("ExitStatus", 2) == 0 {
+			code := d.i32("exit code")
+			x.Status.Exited = &code
+		} else {
+			x.Status.Signaled = &signaled{d.i32("signal"), d.boolean("core_dumped")}
+		}
+		x.Usage = resourceUsage{d.u64("user_micros"), d.u64("system_micros"), d.u64("max_rss_kib")}
+		x.TimedOut = d.boolean("timed_out")
+		m.Exited = x
+	case 4:
+		m.SignalSent = &signalSent{d.u64("id")}
+	case 5:
+		m.RequestFailed = &requestFailed{d.u64("id"), d.i32("errno"), d.str("message")}
+	case 6:
+		m.ProtocolError = &protocolError{protocolErrorKind(d.variant("ProtocolErrorKind", len(protocolErrorNames))),
+			d.str("message")}
+	case 7:
+		m.Status = &statusReply{ID: d.u64("id"), ServerVersion: d.str("server_version"), Pid: d.i32("pid"),
+			UptimeMillis: d.u64("uptime_millis"), ConnectionsOpen: d.u64("connections_open"),
+			ConnectionsAccepted: d.u64("connections_accepted"), ChildrenRunning: d.u64("children_running"),
+			SpawnsSucceeded: d.u64("spawns_succeeded"), SpawnsFailed: d.u64("spawns_failed")}
+	}
+	if err := d.finish(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// name is the variant's name, for errors that say what arrived.
+func (m *serverMessage) name() string {
+	switch {
+	case m.HelloAck != nil:
+		return "HelloAck"
+	case m.Spawned != nil:
+		return "Spawned"
+	case m.SpawnFailed != nil:
+		return "SpawnFailed"
+	case m.Exited != nil:
+		return "Exited"
+	case m.SignalSent != nil:
+		return "SignalSent"
+	case m.RequestFailed != nil:
+		return "RequestFailed"
+	case m.ProtocolError != nil:
+		return "ProtocolError"
+	case m.Status != nil:
+		return "Status"
+	}
+	return "nothing"
+}

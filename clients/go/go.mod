@@ -1,0 +1,3 @@
+module example.invalid/zygote/clients/go
+
+go 1.22

@@ -1,0 +1,147 @@
+package zygote
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+)
+
+type vectorFile struct {
+	ProtocolVersion int `json:"protocol_version"`
+	Vectors         []struct {
+		Name      string          `json:"name"`
+		Direction string          `json:"direction"`
+		Hex       string          `json:"hex"`
+		Message   json.RawMessage `json:"message"`
+	} `json:"vectors"`
+}
+
+// normalJSON parses JSON with exact numbers, for comparing two documents.
+func normalJSON(t *testing.T, data []byte) any {
+	t.Helper()
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		t.Fatalf("parsing %s: %v", data, err)
+	}
+	return v
+}
+
+func strictUnmarshal(data []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.DisallowUnknownFields()
+	return d.Decode(v)
+}
+
+// TestVectors decodes every shared vector with this package's decoder,
+// compares the result with the vector's message, and encodes the message
+// back to exactly the vector's bytes.
+func TestVectors(t *testing.T) {
+	path := filepath.Join("..", "..", "proto", "vectors", "frames.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("reading the shared vectors: %v", err)
+	}
+	var file vectorFile
+	if err := json.Unmarshal(data, &file); err != nil {
+		t.Fatalf("parsing %s: %v", path, err)
+	}
+	if file.ProtocolVersion != protocolVersion {
+		t.Fatalf("%s is for protocol %d, this package speaks %d", path, file.ProtocolVersion, protocolVersion)
+	}
+	if len(file.Vectors) < 20 {
+		t.Fatalf("%s has only %d vectors", path, len(file.Vectors))
+	}
+	for _, v := range file.Vectors {
+		t.Run(v.Name, func(t *testing.T) {
+			frame, err := hex.DecodeString(v.Hex)
+			if err != nil {
+				t.Fatalf("hex: %v", err)
+			}
+			var decoded, fromJSON any
+			var reencoded []byte
+			switch v.Direction {
+			case "client":
+				m, err := decodeClient(frame)
+				if err != nil {
+					t.Fatalf("decoding: %v", err)
+				}
+				var j clientMessage
+				if err := strictUnmarshal(v.Message, &j); err != nil {
+					t.Fatalf("message into Go: %v", err)
+				}
+				if reencoded, err = encodeClient(&j); err != nil {
+					t.Fatalf("encoding: %v", err)
+				}
+				decoded, fromJSON = m, &j
+			case "server":
+				m, err := decodeServer(frame)
+				if err != nil {
+					t.Fatalf("decoding: %v", err)
+				}
+				var j serverMessage
+				if err := strictUnmarshal(v.Message, &j); err != nil {
+					t.Fatalf("message into Go: %v", err)
+				}
+				if reencoded, err = encodeServer(&j); err != nil {
+					t.Fatalf("encoding: %v", err)
+				}
+				decoded, fromJSON = m, &j
+			default:
+				t.Fatalf("unknown direction %q", v.Direction)
+			}
+			if !reflect.DeepEqual(decoded, fromJSON) {
+				t.Errorf("decode(hex) = %+v, message = %+v", decoded, fromJSON)
+			}
+			out, err := json.Marshal(decoded)
+			if err != nil {
+				t.Fatalf("decoded value to JSON: %v", err)
+			}
+			if got, want := normalJSON(t, out), normalJSON(t, v.Message); !reflect.DeepEqual(got, want) {
+				t.Errorf("decoded value as JSON:\n got %s\nwant %s", out, v.Message)
+			}
+			if got := hex.EncodeToString(reencoded); got != v.Hex {
+				t.Errorf("encode(message):\n got %s\nwant %s", got, v.Hex)
+			}
+		})
+	}
+}
+
+// TestDecoderRejects checks the malformed frames of PROTOCOL.md §3.
+func TestDecoderRejects(t *testing.T) {
+	for _, tc := range []struct {
+		name, hex string
+	}{
+		{"empty", ""},
+		{"unknown variant", "08"},
+		{"trailing byte", "040800"},
+		{"ends early", "0408ff"},
+		{"u32 too long", "0001ffffffff1f"},
+		{"u64 too long", "04ffffffffffffffffff02"},
+		{"bad bool", "030700000000000002"},
+		{"invalid UTF-8", "0602" + "01ff"},
+		{"length beyond frame", "0602" + "05ff"},
+		{"unknown stage", "0209" + "0f" + "0400"},
+	} {
+		frame, err := hex.DecodeString(tc.hex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, err := decodeServer(frame); err == nil {
+			t.Errorf("%s: decoded %+v, want an error", tc.name, m)
+		}
+	}
+	// A client frame: spawn_minimal with an argv0 option tag of 2.
+	if m, err := decodeClient([]byte{0x01, 0x07, 0x01, 0x78, 0x02}); err == nil {
+		t.Errorf("bad option tag: decoded %+v", m)
+	}
+	// Over-long varints are accepted, as the reference decoder does.
+	if m, err := decodeServer([]byte{0x04, 0x88, 0x00}); err != nil || m.SignalSent.ID != 8 {
+		t.Errorf("over-long varint: %+v, %v", m, err)
+	}
+}
