@@ -76,14 +76,16 @@ type clientMessage struct {
 }
 
 type serverMessage struct {
-	HelloAck      *helloAck      `json:"HelloAck,omitempty"`
-	Spawned       *spawned       `json:"Spawned,omitempty"`
-	SpawnFailed   *spawnFailed   `json:"SpawnFailed,omitempty"`
-	Exited        *exitNotice    `json:"Exited,omitempty"`
-	SignalSent    *signalSent    `json:"SignalSent,omitempty"`
-	RequestFailed *requestFailed `json:"RequestFailed,omitempty"`
-	ProtocolError *protocolError `json:"ProtocolError,omitempty"`
-	Status        *statusReply   `json:"Status,omitempty"`
+	HelloAck      *helloAck       `json:"HelloAck,omitempty"`
+	Spawned       *spawned        `json:"Spawned,omitempty"`
+	SpawnFailed   *spawnFailed    `json:"SpawnFailed,omitempty"`
+	Exited        *exitNotice     `json:"Exited,omitempty"`
+	SignalSent    *signalSent     `json:"SignalSent,omitempty"`
+	RequestFailed *requestFailed  `json:"RequestFailed,omitempty"`
+	ProtocolError *protocolError  `json:"ProtocolError,omitempty"`
+	Status        *statusReply    `json:"Status,omitempty"`
+	Stopped       *stopNotice     `json:"Stopped,omitempty"`
+	Continued     *continueNotice `json:"Continued,omitempty"`
 }
 
 type hello struct {
@@ -200,6 +202,30 @@ type spawnRequest struct {
 	User         *userSpec       `json:"user"`
 	KillOnClose  *killOnClose    `json:"kill_on_close"`
 	Timeout      *timeoutSpec    `json:"timeout"`
+	Pty          *ptySpec        `json:"pty"`
+	ReportStops  bool            `json:"report_stops"`
+}
+
+// windowSize is a terminal's size in character cells.
+type windowSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// ptySpec asks the daemon for a new pseudo-terminal on the child's fds 0-2.
+type ptySpec struct {
+	Window windowSize `json:"window"`
+}
+
+// stopNotice says a child was stopped; sent only for report_stops spawns.
+type stopNotice struct {
+	ID     uint64 `json:"id"`
+	Signal int32  `json:"signal"`
+}
+
+// continueNotice says a stopped child was continued.
+type continueNotice struct {
+	ID uint64 `json:"id"`
 }
 
 type signalRequest struct {
@@ -428,6 +454,11 @@ func (e *encoder) spawn(r *spawnRequest) {
 		e.varint(r.Timeout.Millis)
 		e.varint(r.Timeout.GraceMillis)
 	}
+	if e.option(r.Pty != nil) {
+		e.varint(uint64(r.Pty.Window.Rows))
+		e.varint(uint64(r.Pty.Window.Cols))
+	}
+	e.boolean(r.ReportStops)
 }
 
 var errNoVariant = errors.New("message has no variant set")
@@ -518,6 +549,13 @@ func encodeServer(m *serverMessage) ([]byte, error) {
 			s.ChildrenRunning, s.SpawnsSucceeded, s.SpawnsFailed} {
 			e.varint(v)
 		}
+	case m.Stopped != nil:
+		e.varint(8)
+		e.varint(m.Stopped.ID)
+		e.i32(m.Stopped.Signal)
+	case m.Continued != nil:
+		e.varint(9)
+		e.varint(m.Continued.ID)
 	default:
 		return nil, errNoVariant
 	}
@@ -568,6 +606,7 @@ func (d *decoder) varint(maxBytes int, lastMax byte, what string) uint64 {
 	return v
 }
 
+func (d *decoder) u16(what string) uint16 { return uint16(d.varint(3, 0x03, what)) }
 func (d *decoder) u32(what string) uint32 { return uint32(d.varint(5, 0x0f, what)) }
 func (d *decoder) u64(what string) uint64 { return d.varint(10, 0x01, what) }
 
@@ -721,6 +760,10 @@ func (d *decoder) spawn() *spawnRequest {
 	if d.option("timeout") {
 		r.Timeout = &timeoutSpec{d.u64("millis"), d.u64("grace_millis")}
 	}
+	if d.option("pty") {
+		r.Pty = &ptySpec{windowSize{d.u16("rows"), d.u16("cols")}}
+	}
+	r.ReportStops = d.boolean("report_stops")
 	return r
 }
 
@@ -748,7 +791,7 @@ func decodeClient(b []byte) (*clientMessage, error) {
 func decodeServer(b []byte) (*serverMessage, error) {
 	d := &decoder{b: b}
 	m := &serverMessage{}
-	switch d.variant("ServerMessage", 8) {
+	switch d.variant("ServerMessage", 10) {
 	case 0:
 		m.HelloAck = &helloAck{d.u32("protocol_version"), d.str("server_version"),
 			limits{d.u32("max_frame_bytes"), d.u32("max_fds_per_frame")}}
@@ -780,6 +823,10 @@ func decodeServer(b []byte) (*serverMessage, error) {
 			UptimeMillis: d.u64("uptime_millis"), ConnectionsOpen: d.u64("connections_open"),
 			ConnectionsAccepted: d.u64("connections_accepted"), ChildrenRunning: d.u64("children_running"),
 			SpawnsSucceeded: d.u64("spawns_succeeded"), SpawnsFailed: d.u64("spawns_failed")}
+	case 8:
+		m.Stopped = &stopNotice{d.u64("id"), d.i32("signal")}
+	case 9:
+		m.Continued = &continueNotice{d.u64("id")}
 	}
 	if err := d.finish(); err != nil {
 		return nil, err
@@ -806,6 +853,10 @@ func (m *serverMessage) name() string {
 		return "ProtocolError"
 	case m.Status != nil:
 		return "Status"
+	case m.Stopped != nil:
+		return "Stopped"
+	case m.Continued != nil:
+		return "Continued"
 	}
 	return "nothing"
 }

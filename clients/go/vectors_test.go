@@ -118,7 +118,7 @@ func TestDecoderRejects(t *testing.T) {
 		name, hex string
 	}{
 		{"empty", ""},
-		{"unknown variant", "08"},
+		{"unknown variant", "0a"},
 		{"trailing byte", "040800"},
 		{"ends early", "0408ff"},
 		{"u32 too long", "0001ffffffff1f"},
