@@ -18,6 +18,9 @@ mod blocking;
 // concurrency, clients that leave mid-spawn, raw protocol errors.
 mod daemon;
 
+// A cgroup per child: tree kill, tree accounting, cleanup, refusals.
+mod cgroup;
+
 // The `zygote run` tool: exit codes, inherited fds, messages.
 mod run;
 

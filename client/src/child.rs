@@ -26,6 +26,8 @@ pub(crate) struct ChildCore {
     finished: Option<(ExitStatus, ResourceUsage)>,
     /// SIGKILL the child on drop unless it was seen to exit.
     kill_on_drop: bool,
+    /// `kill` ends the child's whole cgroup, through the zygote.
+    kill_tree: bool,
 }
 
 /// A freshly spawned child with its raw pipe ends, before a flavour wraps
@@ -55,7 +57,18 @@ impl ChildCore {
             exit,
             finished: None,
             kill_on_drop: false,
+            kill_tree: false,
         }
+    }
+
+    pub(crate) fn kill_tree(mut self, kill: bool) -> Self {
+        self.kill_tree = kill;
+        self
+    }
+
+    /// Whether `kill` ends the whole cgroup.
+    pub(crate) fn kills_tree(&self) -> bool {
+        self.kill_tree
     }
 
     pub(crate) fn kill_on_drop(mut self, kill: bool) -> Self {
@@ -136,7 +149,12 @@ impl ChildCore {
     /// Kills the child and waits until it is gone; when the zygote is lost
     /// meanwhile, the pidfd confirms the death instead.
     pub(crate) async fn kill(&mut self) -> Result<()> {
-        self.start_kill()?;
+        // With kill_tree the zygote's SIGKILL is `cgroup.kill`; when that
+        // request fails (the child already gone, the zygote lost), the
+        // pidfd still reaches the child.
+        if !self.kill_tree || self.signal(libc::SIGKILL).await.is_err() {
+            self.start_kill()?;
+        }
         match self.wait().await {
             Ok(_) => Ok(()),
             Err(Error::ZygoteLost { .. }) => self.terminated().await,

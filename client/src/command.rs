@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use rustix::process::{Signal, pidfd_send_signal};
-use zygote_proto::{KillOnClose, ProtocolErrorKind};
+use zygote_proto::{CgroupSpec, CpuMax, KillOnClose, ProtocolErrorKind};
 
 use crate::child::{ChildCore, SpawnedParts};
 use crate::connection::SpawnReply;
@@ -235,6 +235,69 @@ impl Command {
         self
     }
 
+    /// Sets `memory.max` of the child's own cgroup, in bytes: the whole
+    /// tree's memory. The zygote refuses the spawn when it has no cgroup
+    /// subtree or the memory controller is not delegated to it; a child
+    /// the OOM killer ended says so in [`ExitStatus::oom_killed`].
+    pub fn memory_max(&mut self, bytes: u64) -> &mut Self {
+        self.cgroup().memory_max = Some(bytes);
+        self
+    }
+
+    /// Sets `memory.swap.max` of the child's cgroup, in bytes.
+    pub fn memory_swap_max(&mut self, bytes: u64) -> &mut Self {
+        self.cgroup().memory_swap_max = Some(bytes);
+        self
+    }
+
+    /// Sets `pids.max` of the child's cgroup: at most this many processes
+    /// and threads in the whole tree.
+    pub fn pids_max(&mut self, pids: u64) -> &mut Self {
+        self.cgroup().pids_max = Some(pids);
+        self
+    }
+
+    /// Sets `cpu.max` of the child's cgroup: `quota` of CPU time per
+    /// `period`.
+    pub fn cpu_max(&mut self, quota: Duration, period: Duration) -> &mut Self {
+        self.cgroup().cpu_max = Some(CpuMax {
+            quota_micros: u64::try_from(quota.as_micros()).unwrap_or(u64::MAX),
+            period_micros: u64::try_from(period.as_micros()).unwrap_or(u64::MAX),
+        });
+        self
+    }
+
+    /// Sets `cpu.weight` of the child's cgroup (1 to 10000, default 100).
+    pub fn cpu_weight(&mut self, weight: u32) -> &mut Self {
+        self.cgroup().cpu_weight = Some(weight);
+        self
+    }
+
+    /// Sets `io.weight` of the child's cgroup (1 to 10000, default 100).
+    pub fn io_weight(&mut self, weight: u32) -> &mut Self {
+        self.cgroup().io_weight = Some(weight);
+        self
+    }
+
+    /// Makes timeouts, kill-on-close and [`Child::kill`] end the child's
+    /// whole cgroup (`cgroup.kill`, Linux 5.14): grandchildren that left
+    /// its process group or session too.
+    pub fn kill_tree(&mut self, on: bool) -> &mut Self {
+        self.cgroup().kill_tree = on;
+        self
+    }
+
+    /// Makes [`Child::wait`] return only once every process of the child's
+    /// cgroup has exited, not just the child.
+    pub fn wait_tree(&mut self, on: bool) -> &mut Self {
+        self.cgroup().wait_tree = on;
+        self
+    }
+
+    fn cgroup(&mut self) -> &mut CgroupSpec {
+        self.spec.cgroup.get_or_insert_with(CgroupSpec::default)
+    }
+
     /// Time between the timeout's SIGTERM and its SIGKILL.
     pub fn timeout_grace(&mut self, grace: Duration) -> &mut Self {
         self.spec.timeout_grace = grace;
@@ -371,7 +434,8 @@ impl Command {
         let pid = pid.unsigned_abs(); // the dispatcher only passes pid > 0
         Ok(SpawnedParts {
             core: ChildCore::new(self.client.clone(), spawn_id, pid, pidfd, exit)
-                .kill_on_drop(self.spec.kill_on_drop),
+                .kill_on_drop(self.spec.kill_on_drop)
+                .kill_tree(self.spec.cgroup.is_some_and(|cgroup| cgroup.kill_tree)),
             stdin,
             stdout,
             stderr,

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use zygote_proto::{
-    EnvVar, FdMapping, KillOnClose, PtySpec, SpawnRequest, StdioSpec, Timeout, UserSpec, WindowSize,
+    CgroupSpec, EnvVar, FdMapping, KillOnClose, PtySpec, SpawnRequest, StdioSpec, Timeout,
+    UserSpec, WindowSize,
 };
 
 use crate::stdio::StdioKind;
@@ -49,6 +50,8 @@ pub(crate) struct Spec {
     /// A pseudo-terminal of this size on the child's stdio.
     pub pty: Option<WindowSize>,
     pub report_stops: bool,
+    /// The child's cgroup: limits, whole-tree kill and wait.
+    pub cgroup: Option<CgroupSpec>,
 }
 
 /// Grace period between a timeout's SIGTERM and SIGKILL, unless set.
@@ -100,6 +103,7 @@ impl Spec {
             timeout_grace: DEFAULT_GRACE,
             pty: None,
             report_stops: false,
+            cgroup: None,
         }
     }
 
@@ -289,6 +293,7 @@ impl Spec {
             }),
             pty: self.pty.map(|window| PtySpec { window }),
             report_stops: self.report_stops,
+            cgroup: self.cgroup,
         };
         Ok(Prepared {
             request,

@@ -76,6 +76,7 @@ impl FakeDaemon {
                     max_rss_kib: 3000,
                 },
                 timed_out: false,
+                tree: None,
             }),
             &[],
         );

@@ -204,6 +204,34 @@ type spawnRequest struct {
 	Timeout      *timeoutSpec    `json:"timeout"`
 	Pty          *ptySpec        `json:"pty"`
 	ReportStops  bool            `json:"report_stops"`
+	Cgroup       *cgroupSpec     `json:"cgroup"`
+}
+
+// cgroupSpec sets limits and whole-tree behaviour of the child's cgroup
+// (PROTOCOL.md 4.6f).
+type cgroupSpec struct {
+	KillTree      bool    `json:"kill_tree"`
+	WaitTree      bool    `json:"wait_tree"`
+	MemoryMax     *uint64 `json:"memory_max"`
+	MemorySwapMax *uint64 `json:"memory_swap_max"`
+	PidsMax       *uint64 `json:"pids_max"`
+	CPUMax        *cpuMax `json:"cpu_max"`
+	CPUWeight     *uint32 `json:"cpu_weight"`
+	IOWeight      *uint32 `json:"io_weight"`
+}
+
+type cpuMax struct {
+	QuotaMicros  uint64 `json:"quota_micros"`
+	PeriodMicros uint64 `json:"period_micros"`
+}
+
+// treeUsage is what a child's whole cgroup used (PROTOCOL.md 4.17a).
+type treeUsage struct {
+	UserMicros      uint64  `json:"user_micros"`
+	SystemMicros    uint64  `json:"system_micros"`
+	MemoryPeakBytes *uint64 `json:"memory_peak_bytes"`
+	OomKills        uint64  `json:"oom_kills"`
+	MemoryMax       *uint64 `json:"memory_max"`
 }
 
 // windowSize is a terminal's size in character cells.
@@ -249,6 +277,7 @@ type spawnStage uint8
 var stageNames = [...]string{
 	"Validate", "Pipe", "Clone", "Signals", "Setsid", "Setpgid", "Setrlimit",
 	"Chdir", "Dup", "CloseFds", "Exec", "Admission", "Setgroups", "Setgid", "Setuid",
+	"Cgroup",
 }
 
 func (s spawnStage) String() string {
@@ -295,6 +324,7 @@ type exitNotice struct {
 	Status   exitStatus    `json:"status"`
 	Usage    resourceUsage `json:"usage"`
 	TimedOut bool          `json:"timed_out"`
+	Tree     *treeUsage    `json:"tree"`
 }
 
 type signalSent struct {
@@ -459,6 +489,48 @@ func (e *encoder) spawn(r *spawnRequest) {
 		e.varint(uint64(r.Pty.Window.Cols))
 	}
 	e.boolean(r.ReportStops)
+	if e.option(r.Cgroup != nil) {
+		c := r.Cgroup
+		e.boolean(c.KillTree)
+		e.boolean(c.WaitTree)
+		e.optU64(c.MemoryMax)
+		e.optU64(c.MemorySwapMax)
+		e.optU64(c.PidsMax)
+		if e.option(c.CPUMax != nil) {
+			e.varint(c.CPUMax.QuotaMicros)
+			e.varint(c.CPUMax.PeriodMicros)
+		}
+		e.optU32(c.CPUWeight)
+		e.optU32(c.IOWeight)
+	}
+}
+
+func (e *encoder) optU64(v *uint64) {
+	if e.option(v != nil) {
+		e.varint(*v)
+	}
+}
+
+func (e *encoder) optU32(v *uint32) {
+	if e.option(v != nil) {
+		e.varint(uint64(*v))
+	}
+}
+
+func (d *decoder) optU64(what string) *uint64 {
+	if !d.option(what) {
+		return nil
+	}
+	v := d.u64(what)
+	return &v
+}
+
+func (d *decoder) optU32(what string) *uint32 {
+	if !d.option(what) {
+		return nil
+	}
+	v := d.u32(what)
+	return &v
 }
 
 var errNoVariant = errors.New("message has no variant set")
@@ -527,6 +599,13 @@ func encodeServer(m *serverMessage) ([]byte, error) {
 		e.varint(x.Usage.SystemMicros)
 		e.varint(x.Usage.MaxRssKiB)
 		e.boolean(x.TimedOut)
+		if e.option(x.Tree != nil) {
+			e.varint(x.Tree.UserMicros)
+			e.varint(x.Tree.SystemMicros)
+			e.optU64(x.Tree.MemoryPeakBytes)
+			e.varint(x.Tree.OomKills)
+			e.optU64(x.Tree.MemoryMax)
+		}
 	case m.SignalSent != nil:
 		e.varint(4)
 		e.varint(m.SignalSent.ID)
@@ -764,6 +843,18 @@ func (d *decoder) spawn() *spawnRequest {
 		r.Pty = &ptySpec{windowSize{d.u16("rows"), d.u16("cols")}}
 	}
 	r.ReportStops = d.boolean("report_stops")
+	if d.option("cgroup") {
+		c := &cgroupSpec{KillTree: d.boolean("kill_tree"), WaitTree: d.boolean("wait_tree")}
+		c.MemoryMax = d.optU64("memory_max")
+		c.MemorySwapMax = d.optU64("memory_swap_max")
+		c.PidsMax = d.optU64("pids_max")
+		if d.option("cpu_max") {
+			c.CPUMax = &cpuMax{d.u64("quota_micros"), d.u64("period_micros")}
+		}
+		c.CPUWeight = d.optU32("cpu_weight")
+		c.IOWeight = d.optU32("io_weight")
+		r.Cgroup = c
+	}
 	return r
 }
 
@@ -810,6 +901,12 @@ func decodeServer(b []byte) (*serverMessage, error) {
 		}
 		x.Usage = resourceUsage{d.u64("user_micros"), d.u64("system_micros"), d.u64("max_rss_kib")}
 		x.TimedOut = d.boolean("timed_out")
+		if d.option("tree") {
+			x.Tree = &treeUsage{UserMicros: d.u64("user_micros"), SystemMicros: d.u64("system_micros")}
+			x.Tree.MemoryPeakBytes = d.optU64("memory_peak_bytes")
+			x.Tree.OomKills = d.u64("oom_kills")
+			x.Tree.MemoryMax = d.optU64("memory_max")
+		}
 		m.Exited = x
 	case 4:
 		m.SignalSent = &signalSent{d.u64("id")}

@@ -175,6 +175,10 @@ pub struct SpawnRequest {
     /// Send [`ServerMessage::Stopped`] and [`ServerMessage::Continued`]
     /// when the child stops or continues.
     pub report_stops: bool,
+    /// Limits and whole-tree behaviour for the child's own cgroup; the
+    /// daemon refuses the request when it has no cgroup subtree, or when a
+    /// limit's controller is not delegated to it.
+    pub cgroup: Option<CgroupSpec>,
 }
 
 impl SpawnRequest {
@@ -202,6 +206,7 @@ impl SpawnRequest {
             timeout: None,
             pty: None,
             report_stops: false,
+            cgroup: None,
         }
     }
 }
@@ -221,6 +226,41 @@ pub struct WindowSize {
     pub rows: u16,
     /// Columns.
     pub cols: u16,
+}
+
+/// What a child's own cgroup (`peers/<uid>/<n>` under the daemon's
+/// subtree) does beyond holding the child. Every limit is optional;
+/// `None` leaves the kernel default (`max`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupSpec {
+    /// Timeouts, kill-on-close and `SIGKILL` signal requests end the whole
+    /// tree with `cgroup.kill`, grandchildren that left the process group
+    /// included.
+    pub kill_tree: bool,
+    /// Send the exit notice only once every process of the tree has exited
+    /// (`cgroup.events` `populated 0`), not as soon as the child has.
+    pub wait_tree: bool,
+    /// `memory.max`, in bytes.
+    pub memory_max: Option<u64>,
+    /// `memory.swap.max`, in bytes.
+    pub memory_swap_max: Option<u64>,
+    /// `pids.max`.
+    pub pids_max: Option<u64>,
+    /// `cpu.max`: this much CPU time per period.
+    pub cpu_max: Option<CpuMax>,
+    /// `cpu.weight`, 1 to 10000.
+    pub cpu_weight: Option<u32>,
+    /// `io.weight`, 1 to 10000.
+    pub io_weight: Option<u32>,
+}
+
+/// A CPU bandwidth limit, as `cpu.max` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuMax {
+    /// CPU time allowed per period, in microseconds.
+    pub quota_micros: u64,
+    /// The period, in microseconds (the kernel's default is 100000).
+    pub period_micros: u64,
 }
 
 /// Who the child runs as.
@@ -288,11 +328,13 @@ pub enum SpawnStage {
     Setgid,
     /// `setresuid(2)`.
     Setuid,
+    /// Creating, limiting or joining the child's cgroup.
+    Cgroup,
 }
 
 impl SpawnStage {
     /// Every stage, in wire (variant index) order.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::Validate,
         Self::Pipe,
         Self::Clone,
@@ -308,6 +350,7 @@ impl SpawnStage {
         Self::Setgroups,
         Self::Setgid,
         Self::Setuid,
+        Self::Cgroup,
     ];
 
     /// Lowercase name, as used in logs and metric labels.
@@ -328,6 +371,7 @@ impl SpawnStage {
             Self::Setgroups => "setgroups",
             Self::Setgid => "setgid",
             Self::Setuid => "setuid",
+            Self::Cgroup => "cgroup",
         }
     }
 }
@@ -390,6 +434,27 @@ pub struct ExitNotice {
     pub usage: ResourceUsage,
     /// The daemon ended it because its [`Timeout`] expired.
     pub timed_out: bool,
+    /// What the child's whole cgroup used, grandchildren included; absent
+    /// when the daemon placed the child in no cgroup, or the request had no
+    /// [`CgroupSpec`].
+    pub tree: Option<TreeUsage>,
+}
+
+/// What a child's cgroup used, read just before the daemon removed it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeUsage {
+    /// `cpu.stat` `user_usec`: user CPU time of every process that ran in
+    /// the cgroup.
+    pub user_micros: u64,
+    /// `cpu.stat` `system_usec`.
+    pub system_micros: u64,
+    /// `memory.peak` in bytes; absent without the memory controller or
+    /// before Linux 5.19.
+    pub memory_peak_bytes: Option<u64>,
+    /// `memory.events` `oom_kill`: processes the OOM killer ended.
+    pub oom_kills: u64,
+    /// The `memory.max` in force, when one was set.
+    pub memory_max: Option<u64>,
 }
 
 /// A child stopped (`waitid` `WSTOPPED`).

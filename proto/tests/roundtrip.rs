@@ -143,6 +143,7 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
                 timeout,
                 pty,
                 report_stops,
+                cgroup: None,
             },
         )
 }
@@ -210,6 +211,7 @@ fn server_message() -> impl Strategy<Value = ServerMessage> {
                             max_rss_kib,
                         },
                         timed_out,
+                        tree: None,
                     })
                 }
             ),

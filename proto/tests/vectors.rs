@@ -13,14 +13,16 @@
 use std::collections::BTreeMap;
 
 use zygote_proto::{
-    ClientMessage, ContinueNotice, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck,
-    KillOnClose, Limits, ProtocolError, ProtocolErrorKind, PtySpec, RequestFailed, ResourceLimit,
-    ResourceUsage, ServerMessage, SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage,
-    Spawned, StatusReply, StatusRequest, StdioSpec, StopNotice, Timeout, UserSpec, WindowSize,
-    decode, encode,
+    CgroupSpec, ClientMessage, ContinueNotice, CpuMax, EnvVar, ExitNotice, ExitStatus, FdMapping,
+    Hello, HelloAck, KillOnClose, Limits, ProtocolError, ProtocolErrorKind, PtySpec, RequestFailed,
+    ResourceLimit, ResourceUsage, ServerMessage, SignalRequest, SignalSent, SpawnFailed,
+    SpawnRequest, SpawnStage, Spawned, StatusReply, StatusRequest, StdioSpec, StopNotice, Timeout,
+    TreeUsage, UserSpec, WindowSize, decode, encode,
 };
 
 /// A whole frame: what a client or the daemon sends.
+// One short-lived value per vector; boxing would only add noise.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, PartialEq)]
 enum Frame {
     Client(ClientMessage),
@@ -72,6 +74,8 @@ const NAMES: &[&str] = &[
     "spawn_pty",
     "stopped",
     "continued",
+    "spawn_cgroup",
+    "exited_tree",
 ];
 
 /// The vectors `PROTOCOL.md` shows with a hex block.
@@ -154,6 +158,7 @@ fn value(name: &str) -> Option<Frame> {
             }),
             pty: None,
             report_stops: false,
+            cgroup: None,
         })),
         "spawn_minimal" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
             id: 300,
@@ -175,6 +180,7 @@ fn value(name: &str) -> Option<Frame> {
             timeout: None,
             pty: None,
             report_stops: false,
+            cgroup: None,
         })),
         "signal" => Frame::Client(ClientMessage::Signal(SignalRequest {
             id: 8,
@@ -197,6 +203,7 @@ fn value(name: &str) -> Option<Frame> {
                 max_rss_kib: 3072,
             },
             timed_out: false,
+            tree: None,
         })),
         "exited_signal" => Frame::Server(ServerMessage::Exited(ExitNotice {
             id: 7,
@@ -206,6 +213,7 @@ fn value(name: &str) -> Option<Frame> {
             },
             usage: ResourceUsage::default(),
             timed_out: true,
+            tree: None,
         })),
         "status_request" => Frame::Client(ClientMessage::Status(StatusRequest { id: 11 })),
         "status_reply" => Frame::Server(ServerMessage::Status(StatusReply {
@@ -300,6 +308,7 @@ fn value(name: &str) -> Option<Frame> {
                 max_rss_kib: 127,
             },
             timed_out: false,
+            tree: None,
         })),
         "exited_max" => Frame::Server(ServerMessage::Exited(ExitNotice {
             id: u64::MAX,
@@ -310,6 +319,7 @@ fn value(name: &str) -> Option<Frame> {
                 max_rss_kib: u64::MAX,
             },
             timed_out: true,
+            tree: None,
         })),
         "protocol_error_busy" => Frame::Server(ServerMessage::ProtocolError(ProtocolError {
             kind: ProtocolErrorKind::Busy,
@@ -335,6 +345,42 @@ fn value(name: &str) -> Option<Frame> {
         })),
         "stopped" => Frame::Server(ServerMessage::Stopped(StopNotice { id: 12, signal: 20 })),
         "continued" => Frame::Server(ServerMessage::Continued(ContinueNotice { id: 12 })),
+        "spawn_cgroup" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
+            cgroup: Some(CgroupSpec {
+                kill_tree: true,
+                wait_tree: false,
+                memory_max: Some(512 << 20),
+                memory_swap_max: Some(0),
+                pids_max: Some(64),
+                cpu_max: Some(CpuMax {
+                    quota_micros: 50_000,
+                    period_micros: 100_000,
+                }),
+                cpu_weight: Some(100),
+                io_weight: None,
+            }),
+            ..SpawnRequest::new(9, "true")
+        })),
+        "exited_tree" => Frame::Server(ServerMessage::Exited(ExitNotice {
+            id: 9,
+            status: ExitStatus::Signaled {
+                signal: 9,
+                core_dumped: false,
+            },
+            usage: ResourceUsage {
+                user_micros: 1,
+                system_micros: 2,
+                max_rss_kib: 3,
+            },
+            timed_out: false,
+            tree: Some(TreeUsage {
+                user_micros: 1_000_000,
+                system_micros: 20,
+                memory_peak_bytes: Some(536_870_912),
+                oom_kills: 1,
+                memory_max: Some(536_870_912),
+            }),
+        })),
         _ => return None,
     })
 }

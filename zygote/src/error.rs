@@ -110,4 +110,8 @@ pub enum Error {
     /// Two sources for one listener.
     #[error("{0}")]
     Conflict(String),
+    /// The cgroup subtree asked for cannot be used, or the policy needs a
+    /// controller that is not delegated.
+    #[error("cgroup setup failed: {0}")]
+    Cgroup(String),
 }

@@ -104,12 +104,21 @@ impl Child {
 
     /// Sends SIGKILL through the pidfd, as std's `Child::kill` (it does not
     /// wait). Works even when the zygote has died; a child already gone is
-    /// not an error.
+    /// not an error. With [`kill_tree`](crate::Command::kill_tree), the
+    /// zygote ends the whole cgroup instead (the pidfd when that fails).
     ///
     /// # Errors
     ///
     /// [`Error::Io`] when `pidfd_send_signal` fails.
     pub fn kill(&mut self) -> Result<()> {
+        if self.core.kills_tree()
+            && self
+                .runtime
+                .block_on(self.core.signal(libc::SIGKILL))
+                .is_ok()
+        {
+            return Ok(());
+        }
         self.core.start_kill()
     }
 

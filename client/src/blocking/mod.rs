@@ -253,6 +253,22 @@ impl Command {
         fn timeout(limit: std::time::Duration);
         /// Time between the timeout's SIGTERM and SIGKILL.
         fn timeout_grace(grace: std::time::Duration);
+        /// `memory.max` of the child's cgroup, in bytes.
+        fn memory_max(bytes: u64);
+        /// `memory.swap.max` of the child's cgroup, in bytes.
+        fn memory_swap_max(bytes: u64);
+        /// `pids.max` of the child's cgroup.
+        fn pids_max(pids: u64);
+        /// `cpu.max` of the child's cgroup: `quota` per `period`.
+        fn cpu_max(quota: std::time::Duration, period: std::time::Duration);
+        /// `cpu.weight` of the child's cgroup.
+        fn cpu_weight(weight: u32);
+        /// `io.weight` of the child's cgroup.
+        fn io_weight(weight: u32);
+        /// Timeouts, kill-on-close and SIGKILL requests end the whole tree.
+        fn kill_tree(on: bool);
+        /// `wait` returns once the child's whole cgroup is empty.
+        fn wait_tree(on: bool);
     }
 
     /// Adds arguments.

@@ -268,6 +268,7 @@ def build_spawn(
             "timeout": timeout,
             "pty": None,
             "report_stops": False,
+            "cgroup": None,
         }
     }
     return message, attached

@@ -66,6 +66,21 @@ _SPAWN = _struct(
     ("timeout", _opt(_struct(("millis", "u64"), ("grace_millis", "u64")))),
     ("pty", _opt(_struct(("window", _struct(("rows", "u16"), ("cols", "u16")))))),
     ("report_stops", "bool"),
+    (
+        "cgroup",
+        _opt(
+            _struct(
+                ("kill_tree", "bool"),
+                ("wait_tree", "bool"),
+                ("memory_max", _opt("u64")),
+                ("memory_swap_max", _opt("u64")),
+                ("pids_max", _opt("u64")),
+                ("cpu_max", _opt(_struct(("quota_micros", "u64"), ("period_micros", "u64")))),
+                ("cpu_weight", _opt("u32")),
+                ("io_weight", _opt("u32")),
+            )
+        ),
+    ),
 )
 
 CLIENT_MESSAGE: Schema = _enum(
@@ -96,6 +111,7 @@ SPAWN_STAGES = (
     "Setgroups",
     "Setgid",
     "Setuid",
+    "Cgroup",
 )
 
 SERVER_MESSAGE: Schema = _enum(
@@ -133,6 +149,18 @@ SERVER_MESSAGE: Schema = _enum(
                 _struct(("user_micros", "u64"), ("system_micros", "u64"), ("max_rss_kib", "u64")),
             ),
             ("timed_out", "bool"),
+            (
+                "tree",
+                _opt(
+                    _struct(
+                        ("user_micros", "u64"),
+                        ("system_micros", "u64"),
+                        ("memory_peak_bytes", _opt("u64")),
+                        ("oom_kills", "u64"),
+                        ("memory_max", _opt("u64")),
+                    )
+                ),
+            ),
         ),
     ),
     (
@@ -438,7 +466,36 @@ def encode_spawn(body: Dict[str, Any]) -> bytes:
     else:
         add(b"\x01" + _uvar(pty["window"]["rows"]) + _uvar(pty["window"]["cols"]))
     add(b"\x01" if body.get("report_stops") else b"\x00")
+    cgroup = body.get("cgroup")
+    if cgroup is None:
+        add(b"\x00")
+    else:
+        add(_encode_cgroup(cgroup))
     return b"".join(parts)
+
+
+def _encode_cgroup(cgroup: Dict[str, Any]) -> bytes:
+    """``option<CgroupSpec>`` present: PROTOCOL.md section 4.6d."""
+
+    def opt(value: Optional[int]) -> bytes:
+        return b"\x00" if value is None else b"\x01" + _uvar(value)
+
+    cpu = cgroup["cpu_max"]
+    return b"".join(
+        [
+            b"\x01",
+            b"\x01" if cgroup["kill_tree"] else b"\x00",
+            b"\x01" if cgroup["wait_tree"] else b"\x00",
+            opt(cgroup["memory_max"]),
+            opt(cgroup["memory_swap_max"]),
+            opt(cgroup["pids_max"]),
+            b"\x00"
+            if cpu is None
+            else b"\x01" + _uvar(cpu["quota_micros"]) + _uvar(cpu["period_micros"]),
+            opt(cgroup["cpu_weight"]),
+            opt(cgroup["io_weight"]),
+        ]
+    )
 
 
 def encode(schema: Schema, message: Any) -> bytes:

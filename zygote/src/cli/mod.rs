@@ -81,6 +81,11 @@ pub struct ServeArgs {
     /// (e.g. 0666 for every local user of a root zygote).
     #[arg(long, value_name = "MODE", default_value = "0600", value_parser = parse_mode)]
     pub socket_mode: u32,
+    /// cgroup v2 directory to run children in (created if missing): the
+    /// daemon moves into PATH/daemon and gives each child
+    /// PATH/peers/UID/N [default: the daemon's own cgroup when delegated].
+    #[arg(long, value_name = "PATH", conflicts_with = "private_fd")]
+    pub cgroup: Option<PathBuf>,
     /// Private mode: serve only the connected socket inherited at fd FD,
     /// for its owner (same uid), and exit once it closes and every child
     /// is reaped. `zygote_client`'s `launch_private` passes fd 0.
@@ -131,6 +136,11 @@ pub struct RunArgs {
     /// command without one.
     #[arg(short = 't', long = "pty")]
     pub pty: bool,
+    /// A limit on the child's own cgroup, as systemd-run spells it:
+    /// MemoryMax=512M, MemorySwapMax=, TasksMax=, CPUQuota=50%, CPUWeight=,
+    /// IOWeight=. Refused by a zygote that cannot enforce it.
+    #[arg(short = 'p', long = "property", value_name = "NAME=VALUE")]
+    pub properties: Vec<String>,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,

@@ -73,6 +73,12 @@ async fn run_async(args: RunArgs) -> u8 {
     if !args.close_fds {
         command.inherit_fds();
     }
+    for property in &args.properties {
+        if let Err(message) = apply_property(&mut command, property) {
+            eprintln!("zygote: -p {property}: {message}");
+            return EXIT_ZYGOTE_FAILED;
+        }
+    }
     if args.pty {
         if pty::stdin_is_terminal() {
             return pty::run(&mut command, Path::new(program)).await;
@@ -141,5 +147,82 @@ pub(super) fn report_spawn_error(error: &Error, program: &Path) -> u8 {
             eprintln!("zygote: {other}");
             EXIT_ZYGOTE_FAILED
         }
+    }
+}
+
+/// Applies one `-p NAME=VALUE` cgroup property, spelled as in systemd-run.
+fn apply_property(command: &mut Command, property: &str) -> Result<(), String> {
+    let (name, value) = property
+        .split_once('=')
+        .ok_or("expected NAME=VALUE, e.g. MemoryMax=512M")?;
+    let number = |value: &str| {
+        value
+            .parse::<u64>()
+            .map_err(|_| format!("{value:?} is not a number"))
+    };
+    match name {
+        "MemoryMax" => command.memory_max(bytes(value)?),
+        "MemorySwapMax" => command.memory_swap_max(bytes(value)?),
+        "TasksMax" => command.pids_max(number(value)?),
+        "CPUWeight" => command.cpu_weight(weight(value)?),
+        "IOWeight" => command.io_weight(weight(value)?),
+        "CPUQuota" => {
+            let percent = number(
+                value
+                    .strip_suffix('%')
+                    .ok_or("expected a percentage, e.g. 50%")?,
+            )?;
+            let period = std::time::Duration::from_millis(100);
+            command.cpu_max(
+                period * u32::try_from(percent).unwrap_or(u32::MAX) / 100,
+                period,
+            )
+        }
+        _ => {
+            return Err(format!(
+                "unknown property {name:?}; known: MemoryMax, MemorySwapMax, TasksMax, CPUQuota, \
+                 CPUWeight, IOWeight"
+            ));
+        }
+    };
+    Ok(())
+}
+
+/// A size with an optional K, M, G or T suffix (powers of 1024, as
+/// systemd reads them).
+fn bytes(value: &str) -> Result<u64, String> {
+    let (digits, shift) = match value.as_bytes().last() {
+        Some(b'K') => (&value[..value.len() - 1], 10),
+        Some(b'M') => (&value[..value.len() - 1], 20),
+        Some(b'G') => (&value[..value.len() - 1], 30),
+        Some(b'T') => (&value[..value.len() - 1], 40),
+        _ => (value, 0),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|number| number.checked_mul(1 << shift))
+        .ok_or_else(|| format!("{value:?} is not a size such as 512M"))
+}
+
+fn weight(value: &str) -> Result<u32, String> {
+    value
+        .parse::<u32>()
+        .ok()
+        .filter(|weight| (1..=10_000).contains(weight))
+        .ok_or_else(|| format!("{value:?} is not a weight from 1 to 10000"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bytes;
+
+    #[test]
+    fn sizes_read_as_systemd_reads_them() {
+        assert_eq!(bytes("512M"), Ok(512 << 20));
+        assert_eq!(bytes("4096"), Ok(4096));
+        assert_eq!(bytes("1T"), Ok(1 << 40));
+        assert!(bytes("12X").is_err());
+        assert!(bytes("").is_err());
     }
 }

@@ -9,6 +9,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use crate::cli::ServeArgs;
+use crate::daemon::cgroup::Subtree;
 use crate::daemon::policy::Policy;
 use crate::daemon::private;
 use crate::daemon::server::{self, Options};
@@ -53,10 +54,19 @@ pub fn serve(args: &ServeArgs, activation: Activation) -> Result<(), Error> {
         None => Policy::default_for(uid),
     };
     tracing::info!(limits = ?policy.limits, "policy loaded");
+    // Before the runtime's threads exist: the daemon moves into a leaf.
+    let cgroups =
+        Subtree::setup(args.cgroup.as_deref(), &policy.peer_caps()).map_err(Error::Cgroup)?;
     let mut options = Options {
         notifier,
         watchdog,
         policy: Some(policy),
+        no_cgroups: cgroups.is_none().then(|| {
+            "this zygote has no cgroup subtree (see its log; run it with --cgroup PATH or \
+             Delegate=yes)"
+                .to_owned()
+        }),
+        cgroups,
         ..Options::default()
     };
     let listener = match (activated_spawn, &args.socket) {

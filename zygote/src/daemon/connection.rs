@@ -417,6 +417,14 @@ fn signal(request: &SignalRequest, connection: &Connection) -> ServerMessage {
                 request.spawn_id
             ),
         )),
+        // With kill_tree, SIGKILL ends the whole cgroup.
+        Some(_)
+            if connection
+                .cgroup(request.spawn_id)
+                .is_some_and(|cgroup| cgroup.doom(request.signal)) =>
+        {
+            Ok(())
+        }
         Some(pidfd) => {
             spawn::send_signal(pidfd.get_ref().as_fd(), request.signal).map_err(|error| {
                 (

@@ -3,6 +3,7 @@
 //!
 //! The modules form layers; each uses only those listed before it:
 //!
+//! - [`cgroup`]: the delegated cgroup subtree and each child's cgroup.
 //! - [`policy`], `peer`, `shutdown`, `reply`: who may ask for what, who
 //!   the peer is (`SO_PEERCRED`, `SO_PEERPIDFD`, `/proc`), the stop notice,
 //!   sending a reply.
@@ -21,6 +22,7 @@
 //!   (`zygote serve --private-fd`) or forked ([`template`]).
 
 mod admission;
+pub mod cgroup;
 mod connection;
 mod lifetime;
 pub(crate) mod peer;

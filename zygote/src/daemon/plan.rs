@@ -236,6 +236,7 @@ pub fn prepare(
             umask: request.umask,
             rlimits: request.rlimits.clone(),
             credentials: None,
+            cgroup: None,
         },
         client_ends,
         on_close,

@@ -5,6 +5,7 @@
 //! The invariant this enforces: a child never has more privilege than the
 //! peer that asked for it, unless the policy file says so for that peer.
 
+use crate::daemon::cgroup::PeerCaps;
 use std::path::Path;
 
 use serde::Deserialize;
@@ -57,6 +58,8 @@ struct LimitsFile {
     max_children: Option<usize>,
     max_children_per_peer: Option<usize>,
     max_argv_env_bytes: Option<usize>,
+    peer_memory_max: Option<u64>,
+    peer_pids_max: Option<u64>,
 }
 
 /// Daemon-wide limits.
@@ -71,6 +74,9 @@ pub struct Limits {
     pub max_children_per_peer: usize,
     /// argv plus environment of one request, in bytes.
     pub max_argv_env_bytes: usize,
+    /// Caps on each peer uid's cgroup subtree, unless a rule says
+    /// otherwise.
+    pub peer_caps: PeerCaps,
 }
 
 impl Default for Limits {
@@ -80,6 +86,7 @@ impl Default for Limits {
             max_children: DEFAULT_MAX_CHILDREN,
             max_children_per_peer: DEFAULT_MAX_CHILDREN_PER_PEER,
             max_argv_env_bytes: DEFAULT_MAX_ARGV_ENV_BYTES,
+            peer_caps: PeerCaps::default(),
         }
     }
 }
@@ -109,6 +116,10 @@ pub struct Rule {
     pub raise_rlimits: bool,
     /// Children running at once for this peer's uid.
     pub max_children: Option<usize>,
+    /// `memory.max` of this peer uid's cgroup subtree, in bytes.
+    pub memory_max: Option<u64>,
+    /// `pids.max` of this peer uid's cgroup subtree.
+    pub pids_max: Option<u64>,
 }
 
 impl Rule {
@@ -141,6 +152,9 @@ pub struct Grant {
     rule: Rule,
     /// Children running at once for this peer's uid.
     pub max_children: usize,
+    /// Caps on this peer uid's cgroup subtree, which its children cannot
+    /// lift: the files belong to the daemon.
+    pub caps: PeerCaps,
 }
 
 /// Why a request was refused by policy; becomes `SpawnFailed` with stage
@@ -210,6 +224,10 @@ impl Policy {
                 .limits
                 .max_argv_env_bytes
                 .unwrap_or(defaults.max_argv_env_bytes),
+            peer_caps: PeerCaps {
+                memory_max: file.limits.peer_memory_max,
+                pids_max: file.limits.peer_pids_max,
+            },
         };
         let connect = file.connect.unwrap_or_default();
         Self {
@@ -219,6 +237,17 @@ impl Policy {
             limits,
             rules: file.peer,
         }
+    }
+
+    /// Every per-peer cap the policy can set, to check at start that the
+    /// kernel can enforce them.
+    pub fn peer_caps(&self) -> Vec<PeerCaps> {
+        let mut caps = vec![self.limits.peer_caps];
+        caps.extend(self.rules.iter().map(|rule| PeerCaps {
+            memory_max: rule.memory_max,
+            pids_max: rule.pids_max,
+        }));
+        caps
     }
 
     /// Decides whether `peer` may use a daemon running as `daemon_uid`,
@@ -254,6 +283,10 @@ impl Policy {
             rule.raise_rlimits = true;
         }
         Ok(Grant {
+            caps: PeerCaps {
+                memory_max: rule.memory_max.or(self.limits.peer_caps.memory_max),
+                pids_max: rule.pids_max.or(self.limits.peer_caps.pids_max),
+            },
             max_children: rule
                 .max_children
                 .unwrap_or(self.limits.max_children_per_peer),

@@ -13,6 +13,7 @@ use tracing::{error, info, warn};
 use zygote_proto::{AsyncSeqpacketListener, ProtoError, socket};
 
 use crate::Error;
+use crate::daemon::cgroup::Subtree;
 use crate::daemon::connection;
 use crate::daemon::policy::Policy;
 use crate::daemon::shutdown::Coordinator;
@@ -106,6 +107,11 @@ pub struct Options {
     /// Who may connect and what each peer may ask for; the default policy
     /// for the daemon's uid when absent.
     pub policy: Option<Policy>,
+    /// The delegated cgroup subtree, set up by [`Subtree::setup`]; each
+    /// child gets its own cgroup in it.
+    pub cgroups: Option<Subtree>,
+    /// Why there is no subtree, told to clients whose requests need one.
+    pub no_cgroups: Option<String>,
 }
 
 /// Accepts and serves connections until `shutdown` resolves, then stops
@@ -147,10 +153,16 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let listener = AsyncSeqpacketListener::new(listener).map_err(Error::Accept)?;
-    let daemon = Arc::new(match options.policy {
+    let mut daemon = match options.policy {
         Some(policy) => Daemon::with_policy(policy),
         None => Daemon::new(),
-    });
+    };
+    daemon.cgroups = options.cgroups;
+    if let Some(reason) = options.no_cgroups {
+        daemon.no_cgroups = reason;
+    }
+    let daemon = Arc::new(daemon);
+    adopt_orphans();
     // However the serving ends (a finished stop, or this future dropped by
     // a second signal), every connection still open ends as if its client
     // had left, so kill-on-close children get their signal.
@@ -298,4 +310,30 @@ async fn back_off(error: &ProtoError) {
         error!(%error, "accept failed; pausing before the next try");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Makes the daemon a child subreaper and reaps the orphans it adopts:
+/// grandchildren whose parent exited come to it, not to init, and do not
+/// stay zombies. Our own children are reaped by pidfd; `spawn::reap_orphans`
+/// never takes one of those.
+fn adopt_orphans() {
+    let mut sigchld = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) {
+        Ok(stream) => stream,
+        Err(error) => {
+            warn!(%error, "cannot watch SIGCHLD; not becoming a child subreaper");
+            return;
+        }
+    };
+    if let Err(error) = crate::spawn::become_subreaper() {
+        warn!(%error, "cannot become a child subreaper; orphaned grandchildren go to init");
+        return;
+    }
+    tokio::spawn(async move {
+        loop {
+            crate::spawn::reap_orphans();
+            if sigchld.recv().await.is_none() {
+                return;
+            }
+        }
+    });
 }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
+use crate::daemon::cgroup::Subtree;
 use crate::daemon::peer;
 use crate::daemon::policy::Policy;
 use crate::service::metrics::Metrics;
@@ -64,6 +65,11 @@ pub struct Daemon {
     /// Every counter, as Prometheus metrics; the `Status` reply reads them
     /// too, so the two never disagree.
     pub metrics: Metrics,
+    /// The delegated cgroup subtree; children share the daemon's cgroup
+    /// when absent.
+    pub cgroups: Option<Subtree>,
+    /// Why there is no subtree, for refusals of cgroup requests.
+    pub(crate) no_cgroups: String,
     /// Signal dispositions read at the first spawn (see [`Daemon::spawn`]).
     spawner: OnceLock<Option<Spawner>>,
 }
@@ -95,6 +101,8 @@ impl Daemon {
                 && rustix::process::getgid() == rustix::process::getegid(),
             started: Instant::now(),
             metrics: Metrics::new(),
+            cgroups: None,
+            no_cgroups: "the daemon was started without a cgroup subtree".to_owned(),
             spawner: OnceLock::new(),
         }
     }
@@ -172,6 +180,7 @@ mod tests {
             umask: None,
             rlimits,
             credentials,
+            cgroup: None,
         }
     }
 

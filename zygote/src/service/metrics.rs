@@ -62,6 +62,8 @@ pub struct Metrics {
     connections_open: IntGauge,
     connections_accepted: IntCounter,
     protocol_errors: IntCounterVec,
+    oom_kills: IntCounterVec,
+    tree_kills: IntCounterVec,
 }
 
 impl Metrics {
@@ -138,6 +140,22 @@ impl Metrics {
             &["reason"],
         )
         .expect("valid counter");
+        let oom_kills = IntCounterVec::new(
+            Opts::new(
+                "zygote_oom_kills_total",
+                "Children whose cgroup saw an OOM kill, by the peer's uid.",
+            ),
+            &["uid"],
+        )
+        .expect("valid counter");
+        let tree_kills = IntCounterVec::new(
+            Opts::new(
+                "zygote_tree_kills_total",
+                "Whole child cgroups ended with cgroup.kill, by the peer's uid.",
+            ),
+            &["uid"],
+        )
+        .expect("valid counter");
         for result in [SpawnResult::Ok, SpawnResult::Failed, SpawnResult::Refused] {
             spawns.with_label_values(&[result.label()]);
         }
@@ -163,7 +181,9 @@ impl Metrics {
                 &zygote_proto::PROTOCOL_VERSION.to_string(),
             ])
             .set(1);
-        let collectors: [Box<dyn prometheus::core::Collector>; 11] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 13] = [
+            Box::new(oom_kills.clone()),
+            Box::new(tree_kills.clone()),
             Box::new(spawn_duration.clone()),
             Box::new(spawns.clone()),
             Box::new(peer_spawns.clone()),
@@ -190,7 +210,23 @@ impl Metrics {
             connections_open,
             connections_accepted,
             protocol_errors,
+            oom_kills,
+            tree_kills,
         }
+    }
+
+    /// The OOM killer ended a process in a child's cgroup.
+    pub fn oom_killed(&self, peer_uid: u32) {
+        self.oom_kills
+            .with_label_values(&[&peer_uid.to_string()])
+            .inc();
+    }
+
+    /// A child's whole cgroup was ended with `cgroup.kill`.
+    pub fn tree_killed(&self, peer_uid: u32) {
+        self.tree_kills
+            .with_label_values(&[&peer_uid.to_string()])
+            .inc();
     }
 
     /// Records a spawn's outcome, its latency (request to reply) and the

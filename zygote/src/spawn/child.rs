@@ -48,6 +48,8 @@ pub(super) struct ChildArgs<'a> {
     pub(super) rlimits: &'a [(c_int, Rlimit64)],
     /// `(uid, gid, groups)` to switch to.
     pub(super) credentials: Option<(libc::uid_t, libc::gid_t, &'a [libc::gid_t])>,
+    /// An open `cgroup.procs` to write `0` to, joining that cgroup first.
+    pub(super) join_cgroup: Option<RawFd>,
     /// Prebuilt signal data, since building a `sigaction` needs zeroing.
     pub(super) signals: &'a SignalReset,
     /// Where the child reports the step that failed.
@@ -187,6 +189,11 @@ fn setup_and_exec(args: &ChildArgs<'_>) -> Failed {
 }
 
 fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
+    if let Some(procs) = args.join_cgroup {
+        // SAFETY: writes two bytes from a static string to an open fd.
+        let written = unsafe { libc::write(procs, c"0".as_ptr().cast(), 1) };
+        check(if written == 1 { 0 } else { -1 }, SpawnStage::Cgroup)?;
+    }
     reset_signals(args.signals)?;
 
     if args.new_session {

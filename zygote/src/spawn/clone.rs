@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use zygote_proto::{ExitStatus, ResourceUsage};
+use zygote_proto::{ExitStatus, ResourceUsage, SpawnStage};
 
 use super::child::{self, ChildArgs};
 
@@ -124,6 +124,195 @@ pub(super) fn clone_child(args: &ChildArgs<'_>) -> Result<(libc::pid_t, OwnedFd)
     // borrow keeps alive for the whole (vfork-blocking) call; it runs only
     // async-signal-safe code and never returns.
     unsafe { clone_vfork(child::child_main, arg) }
+}
+
+/// As [`clone_child`], but the child starts in the cgroup `dir` (an open
+/// cgroup v2 directory), with `clone3(CLONE_INTO_CGROUP)`, Linux 5.7.
+///
+/// # Errors
+///
+/// `(Cgroup, errno)` when the kernel refuses that cgroup, `(Clone, errno)`
+/// for other failures. Where clone3 cannot place children (before 5.7,
+/// a seccomp filter, an architecture without our clone3 entry) it fails
+/// with `(Cgroup, ENOSYS)` once and [`into_cgroup_works`] turns false, so
+/// that callers use the join-before-exec path from then on.
+pub(super) fn clone_child_into(
+    args: &ChildArgs<'_>,
+    dir: BorrowedFd<'_>,
+) -> Result<(libc::pid_t, OwnedFd), (SpawnStage, c_int)> {
+    let arg = ptr::from_ref(args).cast_mut().cast::<c_void>();
+    let stack = match STACK.take() {
+        Some(stack) => stack,
+        None => Stack::new().map_err(|error| (SpawnStage::Clone, errno_of(&error)))?,
+    };
+    let result = BlockedSignals::block_all()
+        .map_err(|error| (SpawnStage::Clone, errno_of(&error)))
+        .and_then(|_blocked| {
+            // SAFETY: `child_main` reads the `ChildArgs` behind `arg`, which
+            // the borrow keeps alive for the whole (vfork-blocking) call; it
+            // is async-signal-safe and never returns. The stack is ours.
+            unsafe { clone3_on(&stack, child::child_main, arg, dir.as_raw_fd()) }
+        });
+    STACK.set(Some(stack));
+    result
+}
+
+/// Whether `clone3(CLONE_INTO_CGROUP)` may work: false once it did not.
+pub(super) fn into_cgroup_works() -> bool {
+    cfg!(target_arch = "x86_64") && INTO_CGROUP_WORKS.load(Ordering::Relaxed)
+}
+
+/// Opens `cgroup.procs` of the cgroup directory `dir` for writing, for a
+/// child that joins before exec.
+pub(super) fn open_cgroup_procs(dir: BorrowedFd<'_>) -> Result<OwnedFd, c_int> {
+    rustix::fs::openat(
+        dir,
+        "cgroup.procs",
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|errno| errno.raw_os_error())
+}
+
+/// Cleared the first time clone3 cannot place a child in a cgroup.
+static INTO_CGROUP_WORKS: AtomicBool = AtomicBool::new(true);
+
+/// `CLONE_INTO_CGROUP` from `<linux/sched.h>` (Linux 5.7).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// The kernel's `struct clone_args` up to `cgroup` (`CLONE_ARGS_SIZE_VER2`).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// `clone3(CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_INTO_CGROUP)`.
+///
+/// # Safety
+///
+/// As [`clone_vfork`], with all signals blocked in this thread.
+unsafe fn clone3_on(
+    stack: &Stack,
+    entry: extern "C" fn(*mut c_void) -> c_int,
+    arg: *mut c_void,
+    cgroup: c_int,
+) -> Result<(libc::pid_t, OwnedFd), (SpawnStage, c_int)> {
+    let mut pidfd: c_int = -1;
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD;
+    let args = CloneArgs {
+        flags: u64::try_from(flags).unwrap_or(0) | CLONE_INTO_CGROUP,
+        pidfd: (&raw mut pidfd) as u64,
+        exit_signal: CHILD_EXIT_SIGNAL,
+        stack: stack.base as u64,
+        stack_size: stack.len as u64,
+        cgroup: u64::try_from(cgroup).unwrap_or(u64::MAX),
+        ..CloneArgs::default()
+    };
+    // SAFETY: forwarded from our caller; `args` and `pidfd` outlive the call.
+    let ret = unsafe { raw_clone3(&args, entry, arg) };
+    if ret > 0 && pidfd >= 0 {
+        let pid = libc::pid_t::try_from(ret).unwrap_or(0);
+        // SAFETY: the kernel just gave us this fd; nobody else owns it.
+        return Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }));
+    }
+    let errno = c_int::try_from(-ret).unwrap_or(libc::EIO);
+    match errno {
+        // No clone3 (before 5.3, or filtered), no cgroup field (before 5.7).
+        libc::ENOSYS | libc::E2BIG | libc::EPERM | libc::EINVAL => {
+            if INTO_CGROUP_WORKS.swap(false, Ordering::Relaxed) {
+                tracing::info!(
+                    errno,
+                    "clone3 refused CLONE_INTO_CGROUP (Linux 5.7); children join their cgroup \
+                     before exec instead"
+                );
+            }
+            Err((SpawnStage::Cgroup, libc::ENOSYS))
+        }
+        libc::EBADF | libc::EBUSY | libc::EOPNOTSUPP | libc::ENOENT => {
+            Err((SpawnStage::Cgroup, errno))
+        }
+        _ => Err((SpawnStage::Clone, errno)),
+    }
+}
+
+/// The raw `clone3` syscall; in the child, calls `entry(arg)` on the new
+/// stack and exits with its result.
+///
+/// # Safety
+///
+/// As [`clone3_on`]; `args` describes a valid, unused stack.
+#[cfg(target_arch = "x86_64")]
+unsafe fn raw_clone3(
+    args: &CloneArgs,
+    entry: extern "C" fn(*mut c_void) -> c_int,
+    arg: *mut c_void,
+) -> i64 {
+    let ret: i64;
+    // SAFETY: the caller's contract. The child runs on the new stack (the
+    // kernel points rsp at its top, 16-byte aligned) and never comes back
+    // into this function: it calls `entry`, then `exit`. `syscall` keeps
+    // every register but rax, rcx and r11, so r12/r13 still hold `entry`
+    // and `arg` in the child.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "xor ebp, ebp",
+            "mov rdi, r13",
+            "call r12",
+            "mov edi, eax",
+            "mov eax, 60",
+            "syscall",
+            "ud2",
+            "2:",
+            inlateout("rax") libc::SYS_clone3 => ret,
+            in("rdi") ptr::from_ref(args),
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") entry,
+            in("r13") arg,
+            lateout("rcx") _,
+            lateout("r11") _,
+        );
+    }
+    ret
+}
+
+/// Elsewhere children join their cgroup before exec.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn raw_clone3(_: &CloneArgs, _: extern "C" fn(*mut c_void) -> c_int, _: *mut c_void) -> i64 {
+    -i64::from(libc::ENOSYS)
+}
+
+/// The signal a child sends its parent at exit (exec resets any other to
+/// `SIGCHLD` anyway).
+const CHILD_EXIT_SIGNAL: u64 = libc::SIGCHLD as u64;
+
+/// `waitpid(pid, WNOHANG | __WALL)`: reaps `pid` if it has exited.
+pub(super) fn reap_if_exited(pid: libc::pid_t) -> bool {
+    // SAFETY: plain syscall; no status is wanted.
+    unsafe { libc::waitpid(pid, ptr::null_mut(), libc::WNOHANG | libc::__WALL) == pid }
+}
+
+/// `prctl(PR_SET_CHILD_SUBREAPER, 1)`: orphaned descendants are re-parented
+/// to this process instead of init (Linux 3.4).
+pub(super) fn become_subreaper() -> io::Result<()> {
+    // SAFETY: plain prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD)` on a reusable stack.
@@ -292,6 +481,7 @@ pub(super) fn waitid(
     if pid == 0 {
         return Ok(None);
     }
+    super::forget_own(pid);
     let status = match info.si_code {
         libc::CLD_EXITED => ExitStatus::Exited(code),
         libc::CLD_KILLED => ExitStatus::Signaled {

@@ -47,10 +47,12 @@ pub use fork::{
 pub use selfsignal::{die_of_signal, stop_self};
 
 use std::cell::Cell;
+use std::collections::HashSet;
 use std::ffi::{CString, c_char, c_int, c_uint};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr;
+use std::sync::{LazyLock, Mutex, PoisonError, RwLock};
 
 use crate::strerror;
 use zygote_proto::{ExitStatus, ResourceLimit, ResourceUsage, SpawnStage};
@@ -91,6 +93,10 @@ pub struct SpawnPlan {
     /// Credentials to switch to before `chdir` and exec; the daemon's own
     /// when absent.
     pub credentials: Option<Credentials>,
+    /// The cgroup directory to start the child in: `clone3` with
+    /// `CLONE_INTO_CGROUP` (Linux 5.7), else the child joins it through
+    /// `cgroup.procs` before anything else; the daemon's own when absent.
+    pub cgroup: Option<OwnedFd>,
 }
 
 /// Who a child runs as: set with `setgroups`, `setresgid` and `setresuid`,
@@ -178,12 +184,31 @@ impl std::fmt::Debug for Spawner {
 fn spawn_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<SpawnedChild, SpawnError> {
     let prepared = Prepared::new(plan)?;
     let failure = Failure::default();
-    let args = prepared.child_args(signals, &failure);
+    let mut args = prepared.child_args(signals, &failure);
 
-    let (pid, pidfd) = clone::clone_child(&args).map_err(|errno| SpawnError {
-        stage: SpawnStage::Clone,
-        errno,
-    })?;
+    let cgroup = plan.cgroup.as_ref().map(AsFd::as_fd);
+    // Below 5.7 (or where clone3 is filtered) the child joins by itself.
+    let procs = match cgroup {
+        Some(dir) if !clone::into_cgroup_works() => {
+            Some(clone::open_cgroup_procs(dir).map_err(|errno| SpawnError {
+                stage: SpawnStage::Cgroup,
+                errno,
+            })?)
+        }
+        _ => None,
+    };
+    args.join_cgroup = procs.as_ref().map(AsRawFd::as_raw_fd);
+    let gate = OWN.gate.read().unwrap_or_else(PoisonError::into_inner);
+    let cloned = match (cgroup, &procs) {
+        (Some(dir), None) => clone::clone_child_into(&args, dir),
+        _ => clone::clone_child(&args).map_err(|errno| (SpawnStage::Clone, errno)),
+    };
+    let (pid, pidfd) = cloned.map_err(|(stage, errno)| SpawnError { stage, errno })?;
+    OWN.pids
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(pid);
+    drop(gate);
     if let Some((stage, errno)) = failure.get() {
         // The child has already _exit'ed: reap it now, so no zombie stays.
         if let Err(error) = clone::waitid(pidfd.as_fd(), true) {
@@ -262,6 +287,64 @@ pub fn peer_pidfd(socket: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
 /// `ESRCH` if no such process exists.
 pub fn open_pidfd(pid: i32) -> io::Result<OwnedFd> {
     clone::pidfd_open(pid)
+}
+
+/// Makes this process a child subreaper (`PR_SET_CHILD_SUBREAPER`), so
+/// that its children's orphans come to it, not to init.
+///
+/// # Errors
+///
+/// The `prctl` error.
+pub fn become_subreaper() -> io::Result<()> {
+    clone::become_subreaper()
+}
+
+/// Children that [`spawn`] started and that their pidfd's owner reaps: the
+/// orphan reaper must never take one. Spawns hold `gate` for reading from
+/// clone until their pid is listed; the orphan reaper holds it for writing,
+/// so it never sees a child of ours that is not listed yet.
+struct OwnChildren {
+    gate: RwLock<()>,
+    pids: Mutex<HashSet<i32>>,
+}
+
+static OWN: LazyLock<OwnChildren> = LazyLock::new(|| OwnChildren {
+    gate: RwLock::new(()),
+    pids: Mutex::new(HashSet::new()),
+});
+
+fn forget_own(pid: i32) {
+    OWN.pids
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&pid);
+}
+
+/// Reaps every exited orphan this subreaper adopted, never a child that
+/// [`spawn`] started (those are reaped by pidfd). Returns how many.
+///
+/// Our children come from `/proc/self/task/*/children` (needs
+/// `CONFIG_PROC_CHILDREN`, which common kernels have).
+pub fn reap_orphans() -> usize {
+    let _gate = OWN.gate.write().unwrap_or_else(PoisonError::into_inner);
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    let mut children = Vec::new();
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            children.extend(
+                list.split_whitespace()
+                    .filter_map(|pid| pid.parse::<i32>().ok()),
+            );
+        }
+    }
+    let own = OWN.pids.lock().unwrap_or_else(PoisonError::into_inner);
+    children
+        .into_iter()
+        .filter(|pid| !own.contains(pid))
+        .filter(|pid| clone::reap_if_exited(*pid))
+        .count()
 }
 
 /// Checks at daemon start that the kernel has what [`spawn`] needs: clone
@@ -392,6 +475,7 @@ impl<'a> Prepared<'a> {
                 .credentials
                 .as_ref()
                 .map(|credentials| (credentials.uid, credentials.gid, self.groups.as_slice())),
+            join_cgroup: None,
             signals,
             failure,
         }

@@ -48,6 +48,7 @@ fn plan(argv: &[&str]) -> SpawnPlan {
         umask: None,
         rlimits: Vec::new(),
         credentials: None,
+        cgroup: None,
     }
 }
 
