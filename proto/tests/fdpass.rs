@@ -169,7 +169,11 @@ fn the_fd_limit_is_exactly_the_announced_one() {
     let _guard = serialize();
     let (a, b) = pair(false).expect("socketpair");
     let before = open_fds();
-    for count in [MAX_FDS_PER_FRAME, MAX_FDS_PER_FRAME + 1, MAX_FDS_PER_FRAME + 3] {
+    for count in [
+        MAX_FDS_PER_FRAME,
+        MAX_FDS_PER_FRAME + 1,
+        MAX_FDS_PER_FRAME + 3,
+    ] {
         let null = dev_null();
         let fds: Vec<OwnedFd> = (0..count)
             .map(|_| rustix::io::dup(&null).expect("dup"))

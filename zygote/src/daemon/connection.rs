@@ -35,6 +35,12 @@ use crate::spawn;
 /// refusals being sent, and final replies a slow client has not read.
 const IN_FLIGHT_HEADROOM: usize = 256;
 
+/// Spawns of one connection not yet answered: being started, or their
+/// first reply not yet taken by the client. At the cap the connection
+/// stops reading, so a client that never reads its replies makes the
+/// daemon hold at most this many of them.
+const MAX_UNANSWERED: usize = 64;
+
 /// Serves one connection until the client closes it or breaks the
 /// protocol, or the daemon stops and the connection has become idle.
 pub async fn serve(socket: AsyncSeqpacket, cred: UCred, daemon: Arc<Daemon>, shutdown: Shutdown) {
@@ -155,6 +161,7 @@ async fn serve_counted(
         max_in_flight,
         changed: Notify::new(),
         left,
+        unanswered: Arc::new(Semaphore::new(MAX_UNANSWERED)),
     });
     daemon.register(&connection);
     let mut stopping = false;
@@ -361,12 +368,16 @@ async fn dispatch(
             let Ok(permit) = Arc::clone(&connection.in_flight).acquire_owned().await else {
                 return Ok(());
             };
+            let Ok(answer_slot) = Arc::clone(&connection.unanswered).acquire_owned().await else {
+                return Ok(());
+            };
             let task = SpawnTask {
                 connection: Arc::clone(connection),
                 daemon: Arc::clone(daemon),
                 shutdown: shutdown.clone(),
                 received_at,
                 _permit: permit,
+                answer_slot: Mutex::new(Some(answer_slot)),
             };
             // A task per spawn, so that concurrent requests on one
             // connection do not queue behind each other's exec.

@@ -24,7 +24,7 @@ use crate::daemon::peer::Peer;
 use crate::daemon::plan::{self, Group, OnClose};
 use crate::daemon::policy::Grant;
 use crate::daemon::reaper;
-use crate::daemon::reply::send_reply;
+use crate::daemon::reply::{clip, send_reply};
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::state::{Closable, Daemon};
 use crate::service::metrics::{SpawnResult, errno_name};
@@ -51,6 +51,11 @@ pub struct Connection {
     pub changed: Notify,
     /// Set when the client has left (or the daemon closed the connection).
     pub left: watch::Sender<bool>,
+    /// Caps the spawns of this connection not yet answered (being started,
+    /// or their reply waiting for the client to read): at the cap the
+    /// connection stops reading requests, and the client's socket buffer
+    /// pushes back on it.
+    pub unanswered: Arc<tokio::sync::Semaphore>,
 }
 
 /// The mutable part of a [`Connection`].
@@ -163,6 +168,9 @@ pub struct SpawnTask {
     pub received_at: Instant,
     /// This task's share of [`Connection::in_flight`].
     pub _permit: tokio::sync::OwnedSemaphorePermit,
+    /// This task's share of [`Connection::unanswered`], given back once
+    /// its first reply is sent.
+    pub answer_slot: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 impl Drop for SpawnTask {
@@ -176,10 +184,12 @@ impl SpawnTask {
     /// Runs the spawn and, once the child exec'd, waits for its exit.
     pub async fn run(self, request: SpawnRequest, attached: Vec<OwnedFd>) {
         let id = request.id;
-        let program = String::from_utf8_lossy(&request.program).into_owned();
-        match self.start(&request, attached, &program).await {
+        let mut program = String::from_utf8_lossy(&request.program).into_owned();
+        clip(&mut program);
+        match self.start(request, attached, &program).await {
             Ok(()) => {}
-            Err(failed) => {
+            Err(mut failed) => {
+                clip(&mut failed.message);
                 let peer = &self.connection.peer;
                 let errno = errno_name(failed.errno);
                 // A refusal at admission is the daemon at a limit or its
@@ -227,7 +237,7 @@ impl SpawnTask {
 
     async fn start(
         &self,
-        request: &SpawnRequest,
+        request: SpawnRequest,
         attached: Vec<OwnedFd>,
         program: &str,
     ) -> Result<(), SpawnFailed> {
@@ -243,12 +253,12 @@ impl SpawnTask {
         let credentials = self
             .connection
             .grant
-            .check(peer, request, &self.daemon.credentials)
+            .check(peer, &request, &self.daemon.credentials)
             .map_err(|denied| refused(SpawnStage::Admission, libc::EPERM, denied.0))?;
         let slot = admission::reserve(&self.daemon, peer.uid, self.connection.grant.max_children)
             .map_err(|busy| refused(SpawnStage::Admission, libc::EAGAIN, busy))?;
         let limit = self.daemon.policy.limits.max_argv_env_bytes;
-        let mut prepared = plan::prepare(request, attached, limit).map_err(|refusal| {
+        let mut prepared = plan::prepare(&request, attached, limit).map_err(|refusal| {
             refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
         })?;
         prepared.plan.credentials = credentials;
@@ -258,16 +268,30 @@ impl SpawnTask {
             &self.daemon.own_limits,
         );
         prepared.plan.rlimits.extend(clamped);
+        // A queued request holds no more than its reply from here on.
+        drop(request);
         self.daemon.drop_inherited_settings(&mut prepared.plan);
-        let spawned = self.daemon.spawn(&prepared.plan);
-        // The daemon's copies of the child's fds must not outlive the spawn.
-        drop(prepared.plan);
-        let child = spawned.map_err(|error| {
+        let failed = |error: spawn::SpawnError| {
             let reason = strerror(error.errno);
             refused(error.stage, error.errno, format!("{program}: {reason}"))
-        })?;
-        let pid = child.pid;
-        let pidfd = match zygote_proto::register(child.pidfd, Interest::READABLE) {
+        };
+        // A child that keeps the daemon's ids cannot be stopped by its
+        // peer: vfork, the fastest. One that switches to the peer's ids
+        // could be, between the switch and exec: fork, and wait for the
+        // exec here, asynchronously, so that only this spawn waits.
+        let (pid, pidfd, status) = if prepared.plan.credentials.is_none() {
+            let spawned = self.daemon.spawn(&prepared.plan);
+            // The daemon's copies of the child's fds must not outlive the spawn.
+            drop(prepared.plan);
+            let child = spawned.map_err(failed)?;
+            (child.pid, child.pidfd, None)
+        } else {
+            let started = self.daemon.start(&prepared.plan);
+            drop(prepared.plan);
+            let child = started.map_err(failed)?;
+            (child.pid, child.pidfd, Some(child.status))
+        };
+        let pidfd = match zygote_proto::register(pidfd, Interest::READABLE) {
             Ok(pidfd) => Arc::new(pidfd),
             Err(error) => {
                 // Cannot happen short of epoll failing; the child is then
@@ -277,6 +301,21 @@ impl SpawnTask {
                 return Ok(());
             }
         };
+        if let Some(status) = status {
+            self.await_exec(status, &pidfd, pid)
+                .await
+                .map_err(|error| match error {
+                    Some(error) => failed(error),
+                    None => refused(
+                        SpawnStage::Exec,
+                        libc::ECANCELED,
+                        format!(
+                            "{program}: killed before exec: its client left, or the zygote \
+                             is stopping (the child was stopped or stuck before exec)"
+                        ),
+                    ),
+                })?;
+        }
         self.daemon.metrics.child_started();
         {
             let tracked = Tracked {
@@ -362,6 +401,74 @@ impl SpawnTask {
         Ok(())
     }
 
+    /// Waits for a child on the fork path to exec, without holding any
+    /// thread: `Err(Some(_))` when it failed before exec, `Err(None)` when
+    /// it was killed because its client left or the daemon is stopping.
+    /// A failed child is reaped before this returns.
+    async fn await_exec(
+        &self,
+        status: OwnedFd,
+        pidfd: &AsyncFd<OwnedFd>,
+        pid: i32,
+    ) -> Result<(), Option<spawn::SpawnError>> {
+        let kill = || {
+            let _ = spawn::send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
+        };
+        let outcome = match zygote_proto::register(status, Interest::READABLE) {
+            Ok(status) => tokio::select! {
+                report = read_exec_report(&status) => report.map_err(|error| {
+                    warn!(pid, %error, "failed to read a child's status pipe; killing it");
+                    kill();
+                    Some(spawn::SpawnError { stage: SpawnStage::Pipe, errno: error.raw_os_error().unwrap_or(libc::EIO) })
+                }),
+                () = self.cancelled() => {
+                    debug!(pid, "killing a child that has not exec'd: its spawn was cancelled");
+                    kill();
+                    Err(None)
+                }
+            },
+            Err(error) => {
+                kill();
+                Err(Some(spawn::SpawnError {
+                    stage: SpawnStage::Pipe,
+                    errno: error.raw_os_error().unwrap_or(libc::EIO),
+                }))
+            }
+        };
+        let error = match outcome {
+            Ok(spawn::ExecReport::Execd) => return Ok(()),
+            Ok(spawn::ExecReport::Failed(error)) => Some(error),
+            Err(error) => error,
+        };
+        // The child is exiting; its peer could still stop it on the way.
+        let reaped = tokio::select! {
+            reaped = reaper::wait_exit(pidfd) => reaped,
+            () = self.cancelled() => {
+                kill();
+                reaper::wait_exit(pidfd).await
+            }
+        };
+        if let Err(reap) = reaped {
+            warn!(pid, error = %reap, "failed to reap a child that failed before exec");
+        }
+        Err(error)
+    }
+
+    /// Resolves when a child that has not exec'd yet is no longer wanted:
+    /// its client left, or the daemon has been stopping for
+    /// [`EXEC_GRACE_ON_STOP`].
+    async fn cancelled(&self) {
+        let mut left = self.connection.left.subscribe();
+        let mut shutdown = self.shutdown.clone();
+        tokio::select! {
+            _ = left.wait_for(|left| *left) => {}
+            () = async {
+                shutdown.stopping().await;
+                tokio::time::sleep(EXEC_GRACE_ON_STOP).await;
+            } => {}
+        }
+    }
+
     /// Resolves when nobody will ever want this child's exit: the daemon
     /// is stopping and the child's client has gone.
     async fn abandoned(&self) {
@@ -381,6 +488,26 @@ impl SpawnTask {
     async fn reply(&self, message: &ServerMessage, fds: &[BorrowedFd<'_>]) {
         if let Some(socket) = self.connection.socket.upgrade() {
             send_reply(&socket, message, fds).await;
+        }
+        // Answered: the connection may read another request.
+        self.answer_slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+    }
+}
+
+/// How long a stopping daemon lets a spawn in flight reach exec before it
+/// kills the child: a child its peer stopped must not hold the stop up.
+const EXEC_GRACE_ON_STOP: Duration = Duration::from_secs(2);
+
+/// Reads a started child's status pipe until it says how the start ended.
+async fn read_exec_report(status: &AsyncFd<OwnedFd>) -> std::io::Result<spawn::ExecReport> {
+    loop {
+        let mut guard = status.readable().await?;
+        match spawn::read_exec_report(status.get_ref().as_fd()) {
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => guard.clear_ready(),
+            result => return result,
         }
     }
 }

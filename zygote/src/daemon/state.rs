@@ -10,7 +10,7 @@ use std::time::Instant;
 use crate::daemon::peer;
 use crate::daemon::policy::Policy;
 use crate::service::metrics::Metrics;
-use crate::spawn::{self, Credentials, SpawnError, SpawnPlan, SpawnedChild, Spawner};
+use crate::spawn::{self, Credentials, SpawnError, SpawnPlan, SpawnedChild, Spawner, StartedChild};
 
 /// An open connection, as the daemon's shutdown sees it.
 pub(crate) trait Closable: Send + Sync {
@@ -117,6 +117,15 @@ impl Daemon {
         match self.spawner.get_or_init(Spawner::with_current_dispositions) {
             Some(spawner) => spawner.spawn(plan),
             None => spawn::spawn(plan),
+        }
+    }
+
+    /// Starts a child on the fork path, without waiting for its exec (see
+    /// [`Spawner::start`]).
+    pub(crate) fn start(&self, plan: &SpawnPlan) -> Result<StartedChild, SpawnError> {
+        match self.spawner.get_or_init(Spawner::with_current_dispositions) {
+            Some(spawner) => spawner.start(plan),
+            None => spawn::start(plan),
         }
     }
 
