@@ -1,5 +1,6 @@
-//! Admission control: a slot per child, counted per peer uid and in total.
-//! A spawn over either limit is refused at once ("busy"), never queued.
+//! Admission control: a slot per child, counted per peer uid and in total,
+//! and a slot per connection, counted per peer uid. A spawn or connection
+//! over a limit is refused at once ("busy"), never queued.
 
 use std::sync::Arc;
 
@@ -54,6 +55,58 @@ impl Drop for Slot {
             *own -= 1;
             if *own == 0 {
                 counts.by_uid.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// One peer uid's share of the connection table, released on drop.
+#[derive(Debug)]
+pub struct ConnectionSlot {
+    daemon: Arc<Daemon>,
+    uid: u32,
+}
+
+/// Reserves a connection slot for a peer of `uid`, allowed `per_peer`
+/// connections at once.
+///
+/// # Errors
+///
+/// A sentence naming the limit that was hit.
+pub fn reserve_connection(
+    daemon: &Arc<Daemon>,
+    uid: u32,
+    per_peer: usize,
+) -> Result<ConnectionSlot, String> {
+    let mut counts = daemon
+        .connections_by_uid
+        .lock()
+        .expect("connection counts poisoned");
+    let own = counts.entry(uid).or_insert(0);
+    if *own >= per_peer {
+        return Err(format!(
+            "busy: uid {uid} already has {own} connections open to this zygote, its limit \
+             (limits.max_connections_per_peer); close some, or try again later"
+        ));
+    }
+    *own += 1;
+    Ok(ConnectionSlot {
+        daemon: Arc::clone(daemon),
+        uid,
+    })
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut counts = self
+            .daemon
+            .connections_by_uid
+            .lock()
+            .expect("connection counts poisoned");
+        if let Some(own) = counts.get_mut(&self.uid) {
+            *own -= 1;
+            if *own == 0 {
+                counts.remove(&self.uid);
             }
         }
     }

@@ -23,6 +23,7 @@ use zygote_proto::{
     SignalRequest, SignalSent, SpawnFailed, SpawnStage, StatusReply, UCred, decode,
 };
 
+use crate::daemon::admission;
 use crate::daemon::lifetime::{self, Connection, SpawnTask};
 use crate::daemon::peer::Peer;
 use crate::daemon::reply::send_reply;
@@ -41,12 +42,22 @@ const IN_FLIGHT_HEADROOM: usize = 256;
 /// daemon hold at most this many of them.
 const MAX_UNANSWERED: usize = 64;
 
+/// How long a client has from connecting to sending its `Hello`: a
+/// connection that says nothing must not hold a place in the table.
+const HANDSHAKE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Serves one connection until the client closes it or breaks the
 /// protocol, or the daemon stops and the connection has become idle.
 pub async fn serve(socket: AsyncSeqpacket, cred: UCred, daemon: Arc<Daemon>, shutdown: Shutdown) {
     daemon.metrics.connection_opened();
     let open = daemon.metrics.connections_open();
-    let limit = daemon.policy.limits.max_connections;
+    let limits = &daemon.policy.limits;
+    // Root keeps a reserve, so that an admin can always look in.
+    let limit = if cred.uid.is_root() {
+        limits.max_connections
+    } else {
+        limits.max_connections - limits.root_reserve()
+    };
     if open > limit as u64 {
         warn!(
             peer_pid = cred.pid.as_raw_nonzero(),
@@ -54,7 +65,12 @@ pub async fn serve(socket: AsyncSeqpacket, cred: UCred, daemon: Arc<Daemon>, shu
             peer_gid = cred.gid.as_raw(),
             "refusing a connection: at the connection limit"
         );
-        let message = format!("busy: the zygote has {limit} connections open, its limit");
+        let message = format!(
+            "busy: the zygote has {} connections open, its limit for uid {} \
+             (limits.max_connections); try again later",
+            open - 1,
+            cred.uid.as_raw()
+        );
         refuse(&socket, &daemon, ProtocolErrorKind::Busy, message).await;
     } else {
         serve_counted(socket, &cred, &daemon, shutdown).await;
@@ -110,9 +126,26 @@ async fn serve_counted(
             return;
         }
     };
+    let _slot = match admission::reserve_connection(daemon, peer.uid, grant.max_connections) {
+        Ok(slot) => slot,
+        Err(busy) => {
+            warn!(%peer, "refusing a connection: at the peer's connection limit");
+            refuse(&socket, daemon, ProtocolErrorKind::Busy, busy).await;
+            return;
+        }
+    };
     let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
     let handshaken = tokio::select! {
         handshaken = handshake(&socket, &mut scratch) => handshaken,
+        () = tokio::time::sleep(HANDSHAKE_DEADLINE) => {
+            debug!(%peer, "closing a connection that sent no hello in time");
+            let message = format!(
+                "no Hello within {} s of connecting; closing",
+                HANDSHAKE_DEADLINE.as_secs()
+            );
+            close_with(&socket, daemon, ProtocolErrorKind::UnexpectedMessage, message).await;
+            return;
+        }
         // A client that has not said hello has nothing to finish.
         () = shutdown.stopping() => return,
     };

@@ -120,7 +120,7 @@ pub fn connection_closed(connection: &Connection) {
         state.closed = true;
         for tracked in state.children.values() {
             if let Some(on_close) = tracked.on_close {
-                signal_on_close(tracked, on_close);
+                signal_on_close(tracked, on_close, connection.peer.uid);
             }
         }
     }
@@ -129,31 +129,47 @@ pub fn connection_closed(connection: &Connection) {
     connection.left.send_replace(true);
 }
 
-fn signal_on_close(tracked: &Tracked, on_close: OnClose) {
+fn signal_on_close(tracked: &Tracked, on_close: OnClose, peer_uid: u32) {
+    let group = on_close.group == Some(Group::Own);
     let pidfd = tracked.pidfd.get_ref().as_fd();
-    let result = match on_close.group.map(|group| match group {
-        Group::Own => tracked.pid,
-        Group::Joined(pgid) => pgid,
-    }) {
-        Some(pgid) if !is_own_group(tracked.pid) => {
-            spawn::send_group_signal(pidfd, pgid, on_close.signal)
-        }
-        _ => spawn::send_signal(pidfd, on_close.signal),
-    };
-    match result {
+    match signal_child(pidfd, tracked.pid, group, on_close.signal, peer_uid) {
         Ok(()) => debug!(pid = tracked.pid, signal = on_close.signal, "kill-on-close"),
         Err(error) if error.raw_os_error() == Some(libc::ESRCH) => {}
         Err(error) => warn!(pid = tracked.pid, %error, "kill-on-close signal failed"),
     }
 }
 
-/// Whether the child has (re)joined the daemon's own process group, which
-/// a group signal must never reach.
-fn is_own_group(pid: i32) -> bool {
+/// Sends `signal` to a child and, when `group` asks for it, to the process
+/// group the child leads: the one made for it at spawn (`setsid`, or
+/// `setpgid(0, 0)`), and only while the child still leads it. A group the
+/// child joined, or moved to, is never signalled: it may hold processes
+/// its peer could not signal. The group signal goes out with the peer's
+/// uid, so members the peer could not signal (a setuid program) are
+/// spared. Whatever happens to the group, the child itself gets the signal.
+fn signal_child(
+    pidfd: BorrowedFd<'_>,
+    pid: i32,
+    group: bool,
+    signal: i32,
+    peer_uid: u32,
+) -> std::io::Result<()> {
+    if group && leads_own_group(pid) {
+        if let Err(error) = spawn::send_group_signal_as(pidfd, pid, signal, peer_uid) {
+            debug!(pid, %error, "group signal failed; signalling the child alone");
+        }
+    }
+    // Directly as well: the child may have left the group, or run with ids
+    // its peer cannot signal. (A signal already pending is not doubled.)
+    spawn::send_signal(pidfd, signal)
+}
+
+/// Whether the child leads its own process group (its pgid is its pid).
+/// Unreaped, it keeps its pid, so that group cannot be anyone else's.
+fn leads_own_group(pid: i32) -> bool {
     let Some(pid) = rustix::process::Pid::from_raw(pid) else {
-        return true;
+        return false;
     };
-    rustix::process::getpgid(Some(pid)).map_or(true, |pgid| pgid == rustix::process::getpgrp())
+    rustix::process::getpgid(Some(pid)).is_ok_and(|pgid| pgid == pid)
 }
 
 /// One spawn, from request to exit notice.
@@ -269,6 +285,7 @@ impl SpawnTask {
         );
         prepared.plan.rlimits.extend(clamped);
         // A queued request holds no more than its reply from here on.
+        let report_stops = request.report_stops;
         drop(request);
         self.daemon.drop_inherited_settings(&mut prepared.plan);
         let failed = |error: spawn::SpawnError| {
@@ -326,7 +343,7 @@ impl SpawnTask {
             let mut state = self.connection.lock();
             // The client may have left while we spawned.
             if let (true, Some(on_close)) = (state.closed, tracked.on_close) {
-                signal_on_close(&tracked, on_close);
+                signal_on_close(&tracked, on_close, peer.uid);
             }
             state.children.insert(id, tracked);
         }
@@ -351,7 +368,7 @@ impl SpawnTask {
         );
 
         let stops = async {
-            if !request.report_stops {
+            if !report_stops {
                 return std::future::pending().await;
             }
             reaper::follow_stops(pidfd.get_ref().as_fd(), |change| {
@@ -370,7 +387,7 @@ impl SpawnTask {
         // can follow its `Exited`.
         let (exit, timed_out) = tokio::select! {
             biased;
-            exit = wait_with_timeout(&pidfd, pid, prepared.timeout, prepared.leads_own_group) => exit,
+            exit = wait_with_timeout(&pidfd, pid, prepared.timeout, prepared.leads_own_group, peer.uid) => exit,
             () = stops => unreachable!("following stops never ends"),
             () = self.abandoned() => {
                 debug!(pid, "leaving a child to the system's reaper: the daemon is stopping and its client has left");
@@ -516,12 +533,14 @@ async fn read_exec_report(status: &AsyncFd<OwnedFd>) -> std::io::Result<spawn::E
 /// the grace period SIGKILL. Returns whether the timeout fired.
 ///
 /// A child leading its own process group gets the signals as a group, as
-/// coreutils `timeout` does, so that what it started ends with it.
+/// coreutils `timeout` does, so that what it started ends with it (see
+/// [`signal_child`]); the child itself always gets them.
 async fn wait_with_timeout(
     pidfd: &AsyncFd<OwnedFd>,
     pid: i32,
     timeout: Option<Timeout>,
     leads_own_group: bool,
+    peer_uid: u32,
 ) -> (
     std::io::Result<(zygote_proto::ExitStatus, zygote_proto::ResourceUsage)>,
     bool,
@@ -530,13 +549,13 @@ async fn wait_with_timeout(
         return (reaper::wait_exit(pidfd).await, false);
     };
     let signal = |signal| {
-        let pidfd = pidfd.get_ref().as_fd();
-        // Re-checked each time: the child may have joined another group.
-        if leads_own_group && !is_own_group(pid) {
-            spawn::send_group_signal(pidfd, pid, signal)
-        } else {
-            spawn::send_signal(pidfd, signal)
-        }
+        signal_child(
+            pidfd.get_ref().as_fd(),
+            pid,
+            leads_own_group,
+            signal,
+            peer_uid,
+        )
     };
     let expire = tokio::time::sleep(Duration::from_millis(timeout.millis));
     tokio::select! {

@@ -16,6 +16,12 @@ use crate::spawn::Credentials;
 
 /// Default cap on open connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Default cap on open connections from the peers of one uid.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 128;
+/// Connections kept for root peers only (at most a quarter of
+/// `max_connections`): an admin can run `zygote status` however many
+/// connections other peers hold.
+pub const ROOT_RESERVED_CONNECTIONS: usize = 16;
 /// Default cap on children running at once, over all peers.
 pub const DEFAULT_MAX_CHILDREN: usize = 4096;
 /// Default cap on children running at once for the peers of one uid.
@@ -54,6 +60,7 @@ struct ConnectFile {
 #[serde(deny_unknown_fields)]
 struct LimitsFile {
     max_connections: Option<usize>,
+    max_connections_per_peer: Option<usize>,
     max_children: Option<usize>,
     max_children_per_peer: Option<usize>,
     max_argv_env_bytes: Option<usize>,
@@ -63,7 +70,11 @@ struct LimitsFile {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Connections open at once; one more gets `ProtocolError::Busy`.
+    /// Peers other than root get all but [`Limits::root_reserve`] of them.
     pub max_connections: usize,
+    /// Connections open at once from the peers of one uid, unless a rule
+    /// says otherwise.
+    pub max_connections_per_peer: usize,
     /// Children running at once, over all peers.
     pub max_children: usize,
     /// Children running at once for the peers of one uid, unless a rule
@@ -73,10 +84,19 @@ pub struct Limits {
     pub max_argv_env_bytes: usize,
 }
 
+impl Limits {
+    /// Connections only root peers may take: [`ROOT_RESERVED_CONNECTIONS`],
+    /// or a quarter of `max_connections` when that is smaller.
+    pub fn root_reserve(&self) -> usize {
+        ROOT_RESERVED_CONNECTIONS.min(self.max_connections / 4)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             max_children: DEFAULT_MAX_CHILDREN,
             max_children_per_peer: DEFAULT_MAX_CHILDREN_PER_PEER,
             max_argv_env_bytes: DEFAULT_MAX_ARGV_ENV_BYTES,
@@ -109,6 +129,8 @@ pub struct Rule {
     pub raise_rlimits: bool,
     /// Children running at once for this peer's uid.
     pub max_children: Option<usize>,
+    /// Connections open at once for this peer's uid.
+    pub max_connections: Option<usize>,
 }
 
 impl Rule {
@@ -141,6 +163,8 @@ pub struct Grant {
     rule: Rule,
     /// Children running at once for this peer's uid.
     pub max_children: usize,
+    /// Connections open at once for this peer's uid.
+    pub max_connections: usize,
 }
 
 /// Why a request was refused by policy; becomes `SpawnFailed` with stage
@@ -201,6 +225,10 @@ impl Policy {
                 .limits
                 .max_connections
                 .unwrap_or(defaults.max_connections),
+            max_connections_per_peer: file
+                .limits
+                .max_connections_per_peer
+                .unwrap_or(defaults.max_connections_per_peer),
             max_children: file.limits.max_children.unwrap_or(defaults.max_children),
             max_children_per_peer: file
                 .limits
@@ -257,6 +285,9 @@ impl Policy {
             max_children: rule
                 .max_children
                 .unwrap_or(self.limits.max_children_per_peer),
+            max_connections: rule
+                .max_connections
+                .unwrap_or(self.limits.max_connections_per_peer),
             rule,
         })
     }

@@ -50,6 +50,8 @@ pub struct Daemon {
     pub policy: Policy,
     /// Children running or being started, per peer uid and in total.
     pub(crate) child_counts: Mutex<ChildCounts>,
+    /// Open connections per peer uid (see `admission`).
+    pub(crate) connections_by_uid: Mutex<HashMap<u32, usize>>,
     /// The daemon's own `(resource, soft, hard)` limits, which children
     /// inherit for resources a request leaves unset.
     pub(crate) own_limits: Vec<(u32, u64, u64)>,
@@ -89,6 +91,7 @@ impl Daemon {
             },
             policy,
             child_counts: Mutex::default(),
+            connections_by_uid: Mutex::default(),
             connections: OpenConnections::default(),
             own_limits: peer::own_limits(),
             plain_ids: rustix::process::getuid() == rustix::process::geteuid()

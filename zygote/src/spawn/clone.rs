@@ -448,6 +448,35 @@ pub(super) fn pidfd_send_group_signal(
     Ok(())
 }
 
+/// [`pidfd_send_group_signal`] from a scoped thread that has switched its
+/// own uids to `uid` first; directly when we already are `uid`, or when
+/// `uid` is root.
+pub(super) fn pidfd_send_group_signal_as(
+    pidfd: BorrowedFd<'_>,
+    pgid: libc::pid_t,
+    signal: c_int,
+    uid: u32,
+) -> io::Result<()> {
+    if uid == 0 || rustix::process::geteuid().as_raw() == uid {
+        return pidfd_send_group_signal(pidfd, pgid, signal);
+    }
+    std::thread::scope(|scope| {
+        let sender = scope.spawn(|| {
+            // SAFETY: the raw syscall changes the credentials of this
+            // thread alone (glibc's wrapper would change every thread's);
+            // the thread ends right after the signal, never switching back.
+            let ret = unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) };
+            if ret != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            pidfd_send_group_signal(pidfd, pgid, signal)
+        });
+        sender
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the signalling thread panicked")))
+    })
+}
+
 /// `SO_PEERPIDFD` from `<asm-generic/socket.h>`: 77 on every architecture
 /// we build for (MIPS and SPARC differ).
 const SO_PEERPIDFD: c_int = 77;

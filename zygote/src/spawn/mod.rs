@@ -346,6 +346,24 @@ pub fn send_group_signal(pidfd: BorrowedFd<'_>, pgid: i32, signal: i32) -> io::R
     clone::pidfd_send_group_signal(pidfd, pgid, signal)
 }
 
+/// As [`send_group_signal`], with the permissions of `uid`: a root caller
+/// sends it from a short-lived thread that first sets its own uids (and
+/// only its own: the raw syscall, not glibc's process-wide wrapper) to
+/// `uid`, which drops its capabilities, so that the kernel skips every
+/// member `uid` could not signal itself.
+///
+/// # Errors
+///
+/// As [`send_group_signal`]; `EPERM` when no member could be signalled.
+pub fn send_group_signal_as(
+    pidfd: BorrowedFd<'_>,
+    pgid: i32,
+    signal: i32,
+    uid: u32,
+) -> io::Result<()> {
+    clone::pidfd_send_group_signal_as(pidfd, pgid, signal, uid)
+}
+
 /// The pidfd of a Unix socket's peer, from `SO_PEERPIDFD` (Linux 6.5).
 ///
 /// # Returns
