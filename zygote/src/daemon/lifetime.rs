@@ -284,6 +284,16 @@ impl SpawnTask {
             &self.daemon.own_limits,
         );
         prepared.plan.rlimits.extend(clamped);
+        if let Some(nofile) = self.daemon.child_nofile {
+            if !prepared
+                .plan
+                .rlimits
+                .iter()
+                .any(|limit| limit.resource == nofile.resource)
+            {
+                prepared.plan.rlimits.push(nofile);
+            }
+        }
         // A queued request holds no more than its reply from here on.
         let report_stops = request.report_stops;
         drop(request);

@@ -92,6 +92,48 @@ impl Limits {
     }
 }
 
+/// Fds one connection may hold at once: its socket, the registration of
+/// a send waiting for room, and the fds of one received frame (64).
+pub const FDS_PER_CONNECTION: usize = 66;
+/// Fds one child holds: its pidfd, and while its spawn is answered the
+/// status pipe and the client's ends of its stdio pipes.
+pub const FDS_PER_CHILD: usize = 5;
+/// Fds kept for everything else: the listener, the metrics exporter,
+/// logs, `/proc` reads.
+pub const FDS_RESERVED: usize = 64;
+
+impl Limits {
+    /// Lowers `max_connections` and `max_children` (and the per-peer
+    /// limits with them) until their fds fit in `nofile`, the daemon's
+    /// fd limit, so that a full connection table never starves `accept`.
+    /// Returns whether anything was lowered.
+    pub fn fit_fds(&mut self, nofile: u64) -> bool {
+        let budget = usize::try_from(nofile)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(FDS_RESERVED);
+        let need = |limits: &Self| {
+            limits
+                .max_connections
+                .saturating_mul(FDS_PER_CONNECTION)
+                .saturating_add(limits.max_children.saturating_mul(FDS_PER_CHILD))
+        };
+        let needed = need(self);
+        if needed <= budget {
+            return false;
+        }
+        // Scale both by the same factor, keeping at least one of each.
+        let scale = |value: usize| {
+            let scaled = u128::from(value as u64) * budget as u128 / needed as u128;
+            usize::try_from(scaled).unwrap_or(usize::MAX).max(1)
+        };
+        self.max_connections = scale(self.max_connections);
+        self.max_children = scale(self.max_children);
+        self.max_connections_per_peer = self.max_connections_per_peer.min(self.max_connections);
+        self.max_children_per_peer = self.max_children_per_peer.min(self.max_children);
+        true
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
@@ -421,6 +463,22 @@ fn show_limit(value: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn limits_are_fitted_to_the_fd_limit() {
+        let mut roomy = Limits::default();
+        assert!(!roomy.fit_fds(1 << 20), "the defaults fit a million fds");
+        assert_eq!(roomy, Limits::default());
+
+        let mut tight = Limits::default();
+        assert!(tight.fit_fds(1024));
+        let used = tight.max_connections * FDS_PER_CONNECTION + tight.max_children * FDS_PER_CHILD;
+        assert!(used + FDS_RESERVED <= 1024, "{tight:?} uses {used} fds");
+        assert!(tight.max_connections >= 1 && tight.max_children >= 1);
+        assert!(tight.max_connections_per_peer <= tight.max_connections);
+        assert!(tight.max_children_per_peer <= tight.max_children);
+    }
+
     use super::*;
     use zygote_proto::UserSpec;
 

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
+use zygote_proto::ResourceLimit;
+
 use crate::daemon::peer;
 use crate::daemon::policy::Policy;
 use crate::service::metrics::Metrics;
@@ -55,6 +57,9 @@ pub struct Daemon {
     /// The daemon's own `(resource, soft, hard)` limits, which children
     /// inherit for resources a request leaves unset.
     pub(crate) own_limits: Vec<(u32, u64, u64)>,
+    /// The fd limit a child gets when its request leaves it unset: the
+    /// one the daemon started with, when the daemon raised its own.
+    pub(crate) child_nofile: Option<ResourceLimit>,
     /// Whether the daemon's real uid and gid equal its effective ones, so
     /// that a child meant to run with [`Daemon::credentials`] already does.
     pub(crate) plain_ids: bool,
@@ -94,6 +99,7 @@ impl Daemon {
             connections_by_uid: Mutex::default(),
             connections: OpenConnections::default(),
             own_limits: peer::own_limits(),
+            child_nofile: None,
             plain_ids: rustix::process::getuid() == rustix::process::geteuid()
                 && rustix::process::getgid() == rustix::process::getegid(),
             started: Instant::now(),
