@@ -60,15 +60,18 @@ impl Drop for Slot {
     }
 }
 
-/// One peer uid's share of the connection table, released on drop.
+/// A place in the connection table, counted per peer uid and in total;
+/// released on drop.
 #[derive(Debug)]
 pub struct ConnectionSlot {
     daemon: Arc<Daemon>,
     uid: u32,
 }
 
-/// Reserves a connection slot for a peer of `uid`, allowed `per_peer`
-/// connections at once.
+/// Reserves a place in the connection table for a peer of `uid`, allowed
+/// `per_peer` connections at once. Peers other than root may not take
+/// the last [`Limits::root_reserve`](crate::daemon::policy::Limits::root_reserve)
+/// places.
 ///
 /// # Errors
 ///
@@ -78,11 +81,24 @@ pub fn reserve_connection(
     uid: u32,
     per_peer: usize,
 ) -> Result<ConnectionSlot, String> {
+    let limits = &daemon.policy.limits;
+    let limit = if uid == 0 {
+        limits.max_connections
+    } else {
+        limits.max_connections - limits.root_reserve()
+    };
     let mut counts = daemon
-        .connections_by_uid
+        .connection_counts
         .lock()
         .expect("connection counts poisoned");
-    let own = counts.entry(uid).or_insert(0);
+    if counts.total >= limit {
+        return Err(format!(
+            "busy: the zygote has {} connections open, its limit for uid {uid} \
+             (limits.max_connections); try again later",
+            counts.total
+        ));
+    }
+    let own = counts.by_uid.entry(uid).or_insert(0);
     if *own >= per_peer {
         return Err(format!(
             "busy: uid {uid} already has {own} connections open to this zygote, its limit \
@@ -90,6 +106,7 @@ pub fn reserve_connection(
         ));
     }
     *own += 1;
+    counts.total += 1;
     Ok(ConnectionSlot {
         daemon: Arc::clone(daemon),
         uid,
@@ -100,13 +117,14 @@ impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         let mut counts = self
             .daemon
-            .connections_by_uid
+            .connection_counts
             .lock()
             .expect("connection counts poisoned");
-        if let Some(own) = counts.get_mut(&self.uid) {
+        counts.total -= 1;
+        if let Some(own) = counts.by_uid.get_mut(&self.uid) {
             *own -= 1;
             if *own == 0 {
-                counts.remove(&self.uid);
+                counts.by_uid.remove(&self.uid);
             }
         }
     }

@@ -42,6 +42,9 @@ const IN_FLIGHT_HEADROOM: usize = 256;
 /// daemon hold at most this many of them.
 const MAX_UNANSWERED: usize = 64;
 
+/// Connections being refused at once, beyond the connection table.
+const REFUSING_AT_ONCE: usize = 64;
+
 /// How long a client has from connecting to sending its `Hello`: a
 /// connection that says nothing must not hold a place in the table.
 const HANDSHAKE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -50,28 +53,18 @@ const HANDSHAKE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5
 /// protocol, or the daemon stops and the connection has become idle.
 pub async fn serve(socket: AsyncSeqpacket, cred: UCred, daemon: Arc<Daemon>, shutdown: Shutdown) {
     daemon.metrics.connection_opened();
+    // The table itself is checked once the peer is known (`admission`).
+    // This bounds the connections being refused on top of it, which hold
+    // an fd for up to a second each: beyond it, close without an answer.
     let open = daemon.metrics.connections_open();
-    let limits = &daemon.policy.limits;
-    // Root keeps a reserve, so that an admin can always look in.
-    let limit = if cred.uid.is_root() {
-        limits.max_connections
-    } else {
-        limits.max_connections - limits.root_reserve()
-    };
-    if open > limit as u64 {
-        warn!(
+    let hard_limit = daemon.policy.limits.max_connections + REFUSING_AT_ONCE;
+    if open > hard_limit as u64 {
+        debug!(
             peer_pid = cred.pid.as_raw_nonzero(),
             peer_uid = cred.uid.as_raw(),
             peer_gid = cred.gid.as_raw(),
-            "refusing a connection: at the connection limit"
+            "closing a connection unanswered: far over the connection limit"
         );
-        let message = format!(
-            "busy: the zygote has {} connections open, its limit for uid {} \
-             (limits.max_connections); try again later",
-            open - 1,
-            cred.uid.as_raw()
-        );
-        refuse(&socket, &daemon, ProtocolErrorKind::Busy, message).await;
     } else {
         serve_counted(socket, &cred, &daemon, shutdown).await;
     }
@@ -129,7 +122,14 @@ async fn serve_counted(
     let _slot = match admission::reserve_connection(daemon, peer.uid, grant.max_connections) {
         Ok(slot) => slot,
         Err(busy) => {
-            warn!(%peer, "refusing a connection: at the peer's connection limit");
+            // DEBUG: one line per attempt would let a peer flood the log.
+            debug!(
+                peer_pid = peer.pid,
+                peer_uid = peer.uid,
+                peer_gid = peer.gid,
+                reason = %busy,
+                "refusing a connection"
+            );
             refuse(&socket, daemon, ProtocolErrorKind::Busy, busy).await;
             return;
         }
@@ -138,7 +138,12 @@ async fn serve_counted(
     let handshaken = tokio::select! {
         handshaken = handshake(&socket, &mut scratch) => handshaken,
         () = tokio::time::sleep(HANDSHAKE_DEADLINE) => {
-            debug!(%peer, "closing a connection that sent no hello in time");
+            debug!(
+                peer_pid = peer.pid,
+                peer_uid = peer.uid,
+                peer_gid = peer.gid,
+                "closing a connection that sent no hello in time"
+            );
             let message = format!(
                 "no Hello within {} s of connecting; closing",
                 HANDSHAKE_DEADLINE.as_secs()

@@ -152,7 +152,7 @@ pub async fn run_with(
         .unwrap_or_else(|| Policy::default_for(rustix::process::geteuid().as_raw()));
     let nofile = raise_fd_limit();
     if policy.limits.fit_fds(nofile.raised) {
-        warn!(
+        info!(
             fd_limit = nofile.raised,
             "the fd limit is too low for the configured connections and children; \
              lowered them to fit (raise LimitNOFILE= to serve more)"

@@ -33,7 +33,8 @@ impl std::fmt::Debug for OpenConnections {
     }
 }
 
-/// Children running or being started, per peer uid and in total.
+/// Children running or being started (or connections open), per peer uid
+/// and in total.
 #[derive(Debug, Default)]
 pub struct ChildCounts {
     pub(crate) total: usize,
@@ -52,8 +53,9 @@ pub struct Daemon {
     pub policy: Policy,
     /// Children running or being started, per peer uid and in total.
     pub(crate) child_counts: Mutex<ChildCounts>,
-    /// Open connections per peer uid (see `admission`).
-    pub(crate) connections_by_uid: Mutex<HashMap<u32, usize>>,
+    /// Connections past their peer check, per peer uid and in total
+    /// (see `admission`).
+    pub(crate) connection_counts: Mutex<ChildCounts>,
     /// The daemon's own `(resource, soft, hard)` limits, which children
     /// inherit for resources a request leaves unset.
     pub(crate) own_limits: Vec<(u32, u64, u64)>,
@@ -96,7 +98,7 @@ impl Daemon {
             },
             policy,
             child_counts: Mutex::default(),
-            connections_by_uid: Mutex::default(),
+            connection_counts: Mutex::default(),
             connections: OpenConnections::default(),
             own_limits: peer::own_limits(),
             child_nofile: None,
