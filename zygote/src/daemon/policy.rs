@@ -103,35 +103,52 @@ pub const FDS_PER_CHILD: usize = 5;
 pub const FDS_RESERVED: usize = 64;
 
 impl Limits {
-    /// Lowers `max_connections` and `max_children` (and the per-peer
-    /// limits with them) until their fds fit in `nofile`, the daemon's
-    /// fd limit, so that a full connection table never starves `accept`.
-    /// Returns whether anything was lowered.
-    pub fn fit_fds(&mut self, nofile: u64) -> bool {
+    /// Lowers `max_connections` and `max_children` (with the per-peer
+    /// limits) where `defaulted` says they were not set in the policy,
+    /// until every connection and child fits in `nofile`, the daemon's fd
+    /// limit, so that a full table never starves `accept`. Values the
+    /// policy set are kept. Returns whether anything was lowered.
+    fn fit_fds(&mut self, nofile: u64, defaulted: Defaulted) -> bool {
         let budget = usize::try_from(nofile)
             .unwrap_or(usize::MAX)
             .saturating_sub(FDS_RESERVED);
-        let need = |limits: &Self| {
-            limits
-                .max_connections
-                .saturating_mul(FDS_PER_CONNECTION)
-                .saturating_add(limits.max_children.saturating_mul(FDS_PER_CHILD))
-        };
-        let needed = need(self);
-        if needed <= budget {
+        let connections = self.max_connections.saturating_mul(FDS_PER_CONNECTION);
+        let children = self.max_children.saturating_mul(FDS_PER_CHILD);
+        if connections.saturating_add(children) <= budget {
             return false;
         }
-        // Scale both by the same factor, keeping at least one of each.
+        let fixed = if defaulted.connections {
+            0
+        } else {
+            connections
+        } + if defaulted.children { 0 } else { children };
+        let scalable = connections.saturating_add(children) - fixed;
+        if scalable == 0 {
+            return false;
+        }
+        let room = budget.saturating_sub(fixed);
+        // Scale the defaulted ones by the same factor, keeping one of each.
         let scale = |value: usize| {
-            let scaled = u128::from(value as u64) * budget as u128 / needed as u128;
+            let scaled = value as u128 * room as u128 / scalable as u128;
             usize::try_from(scaled).unwrap_or(usize::MAX).max(1)
         };
-        self.max_connections = scale(self.max_connections);
-        self.max_children = scale(self.max_children);
-        self.max_connections_per_peer = self.max_connections_per_peer.min(self.max_connections);
-        self.max_children_per_peer = self.max_children_per_peer.min(self.max_children);
+        if defaulted.connections {
+            self.max_connections = scale(self.max_connections);
+            self.max_connections_per_peer = self.max_connections_per_peer.min(self.max_connections);
+        }
+        if defaulted.children {
+            self.max_children = scale(self.max_children);
+            self.max_children_per_peer = self.max_children_per_peer.min(self.max_children);
+        }
         true
     }
+}
+
+/// Which limits the policy file left to their defaults.
+#[derive(Debug, Clone, Copy, Default)]
+struct Defaulted {
+    connections: bool,
+    children: bool,
 }
 
 impl Default for Limits {
@@ -197,6 +214,7 @@ pub struct Policy {
     /// Daemon-wide limits.
     pub limits: Limits,
     rules: Vec<Rule>,
+    defaulted: Defaulted,
 }
 
 /// What one connected peer may do: its matching rule, or the defaults.
@@ -281,14 +299,27 @@ impl Policy {
                 .max_argv_env_bytes
                 .unwrap_or(defaults.max_argv_env_bytes),
         };
+        let defaulted = Defaulted {
+            connections: file.limits.max_connections.is_none(),
+            children: file.limits.max_children.is_none(),
+        };
         let connect = file.connect.unwrap_or_default();
         Self {
+            defaulted,
             connect_any: connect.any.unwrap_or(daemon_uid == 0),
             connect_uids: connect.uids,
             connect_gids: connect.gids,
             limits,
             rules: file.peer,
         }
+    }
+
+    /// Lowers the connection and child limits the policy file left to
+    /// their defaults until they fit in `nofile`, the daemon's fd limit
+    /// (see [`FDS_PER_CONNECTION`], [`FDS_PER_CHILD`]). Returns whether it
+    /// lowered any.
+    pub fn fit_fds(&mut self, nofile: u64) -> bool {
+        self.limits.fit_fds(nofile, self.defaulted)
     }
 
     /// Decides whether `peer` may use a daemon running as `daemon_uid`,
@@ -466,17 +497,24 @@ mod tests {
 
     #[test]
     fn limits_are_fitted_to_the_fd_limit() {
-        let mut roomy = Limits::default();
+        let mut roomy = Policy::default_for(0);
         assert!(!roomy.fit_fds(1 << 20), "the defaults fit a million fds");
-        assert_eq!(roomy, Limits::default());
+        assert_eq!(roomy.limits, Limits::default());
 
-        let mut tight = Limits::default();
-        assert!(tight.fit_fds(1024));
+        let mut policy = Policy::default_for(0);
+        assert!(policy.fit_fds(1024));
+        let tight = policy.limits;
         let used = tight.max_connections * FDS_PER_CONNECTION + tight.max_children * FDS_PER_CHILD;
         assert!(used + FDS_RESERVED <= 1024, "{tight:?} uses {used} fds");
         assert!(tight.max_connections >= 1 && tight.max_children >= 1);
         assert!(tight.max_connections_per_peer <= tight.max_connections);
         assert!(tight.max_children_per_peer <= tight.max_children);
+
+        // What the file sets is kept; only the defaults make room.
+        let mut set = Policy::parse("[limits]\nmax_connections = 2\n", 0).unwrap();
+        assert!(set.fit_fds(1024));
+        assert_eq!(set.limits.max_connections, 2);
+        assert!(set.limits.max_children * FDS_PER_CHILD + 2 * FDS_PER_CONNECTION <= 1024);
     }
 
     use super::*;

@@ -151,7 +151,7 @@ pub async fn run_with(
         .policy
         .unwrap_or_else(|| Policy::default_for(rustix::process::geteuid().as_raw()));
     let nofile = raise_fd_limit();
-    if policy.limits.fit_fds(nofile.raised) {
+    if policy.fit_fds(nofile.raised) {
         info!(
             fd_limit = nofile.raised,
             "the fd limit is too low for the configured connections and children; \
@@ -172,7 +172,7 @@ pub async fn run_with(
     // Children keep the fd limit the daemon started with, not its raised
     // one: a soft limit above 1024 breaks programs that use select(2).
     daemon.child_nofile = (nofile.raised != nofile.original).then_some(ResourceLimit {
-        resource: libc::RLIMIT_NOFILE as u32,
+        resource: libc::RLIMIT_NOFILE,
         soft: nofile.original,
         hard: nofile.hard,
     });
