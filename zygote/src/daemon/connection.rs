@@ -36,10 +36,11 @@ use crate::spawn;
 /// refusals being sent, and final replies a slow client has not read.
 const IN_FLIGHT_HEADROOM: usize = 256;
 
-/// Spawns of one connection not yet answered: being started, or their
-/// first reply not yet taken by the client. At the cap the connection
-/// stops reading, so a client that never reads its replies makes the
-/// daemon hold at most this many of them.
+/// Spawns of one connection not yet answered and not yet holding a child
+/// slot: being checked, or their refusal not yet taken by the client. At
+/// the cap the connection stops reading, so a client that never reads its
+/// replies makes the daemon hold at most this many refusals (and as many
+/// other replies as it has child slots).
 const MAX_UNANSWERED: usize = 64;
 
 /// Connections being refused at once, beyond the connection table.

@@ -51,10 +51,10 @@ pub struct Connection {
     pub changed: Notify,
     /// Set when the client has left (or the daemon closed the connection).
     pub left: watch::Sender<bool>,
-    /// Caps the spawns of this connection not yet answered (being started,
-    /// or their reply waiting for the client to read): at the cap the
-    /// connection stops reading requests, and the client's socket buffer
-    /// pushes back on it.
+    /// Caps the spawns of this connection not yet answered that hold no
+    /// child slot (being checked, or their refusal waiting for the client
+    /// to read): at the cap the connection stops reading requests, and the
+    /// client's socket buffer pushes back on it.
     pub unanswered: Arc<tokio::sync::Semaphore>,
 }
 
@@ -273,6 +273,10 @@ impl SpawnTask {
             .map_err(|denied| refused(SpawnStage::Admission, libc::EPERM, denied.0))?;
         let slot = admission::reserve(&self.daemon, peer.uid, self.connection.grant.max_children)
             .map_err(|busy| refused(SpawnStage::Admission, libc::EAGAIN, busy))?;
+        // From here the child slot bounds this spawn and its replies: a
+        // child its peer stopped before exec must not keep the connection
+        // from being read (its client could not cancel it by closing).
+        self.release_answer_slot();
         let limit = self.daemon.policy.limits.max_argv_env_bytes;
         let mut prepared = plan::prepare(&request, attached, limit).map_err(|refusal| {
             refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
@@ -517,6 +521,10 @@ impl SpawnTask {
             send_reply(&socket, message, fds).await;
         }
         // Answered: the connection may read another request.
+        self.release_answer_slot();
+    }
+
+    fn release_answer_slot(&self) {
         self.answer_slot
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
