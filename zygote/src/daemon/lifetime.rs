@@ -273,10 +273,6 @@ impl SpawnTask {
             .map_err(|denied| refused(SpawnStage::Admission, libc::EPERM, denied.0))?;
         let slot = admission::reserve(&self.daemon, peer.uid, self.connection.grant.max_children)
             .map_err(|busy| refused(SpawnStage::Admission, libc::EAGAIN, busy))?;
-        // From here the child slot bounds this spawn and its replies: a
-        // child its peer stopped before exec must not keep the connection
-        // from being read (its client could not cancel it by closing).
-        self.release_answer_slot();
         let limit = self.daemon.policy.limits.max_argv_env_bytes;
         let mut prepared = plan::prepare(&request, attached, limit).map_err(|refusal| {
             refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
@@ -301,6 +297,11 @@ impl SpawnTask {
         // A queued request holds no more than its reply from here on.
         let report_stops = request.report_stops;
         drop(request);
+        // Checked: from here the child slot bounds this spawn and its
+        // replies. A child its peer stops before exec must not keep the
+        // connection from being read (its client could not cancel it by
+        // closing).
+        self.release_answer_slot();
         self.daemon.drop_inherited_settings(&mut prepared.plan);
         let failed = |error: spawn::SpawnError| {
             let reason = strerror(error.errno);

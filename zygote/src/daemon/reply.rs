@@ -61,6 +61,8 @@ pub(crate) fn clip(text: &mut String) {
     }
     text.truncate(end);
     text.push_str(MARK);
+    // Give the rest back: a queued refusal must not keep 100 KiB alive.
+    text.shrink_to_fit();
 }
 
 #[cfg(test)]
