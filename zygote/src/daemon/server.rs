@@ -151,16 +151,13 @@ pub async fn run_with(
         .policy
         .unwrap_or_else(|| Policy::default_for(rustix::process::geteuid().as_raw()));
     let nofile = raise_fd_limit();
-    if policy.fit_fds(nofile.raised) {
-        info!(
-            fd_limit = nofile.raised,
-            "the fd limit is too low for the configured connections and children; \
-             lowered them to fit (raise LimitNOFILE= to serve more)"
-        );
-    }
+    // Defaults the fd limit cannot hold are lowered; raise LimitNOFILE=
+    // to serve more. One line: the journal's queue is short at start.
+    let lowered = policy.fit_fds(nofile.raised);
     let limits = &policy.limits;
     info!(
         fd_limit = nofile.raised,
+        lowered_to_fit_fd_limit = lowered,
         max_connections = limits.max_connections,
         max_connections_per_peer = limits.max_connections_per_peer,
         root_reserve = limits.root_reserve(),
