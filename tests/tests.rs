@@ -61,3 +61,7 @@ mod lifetimes;
 
 // 10,000 spawns from several processes; nothing leaks.
 mod load;
+
+// Denial of service by an unprivileged peer of a shared root daemon: the
+// daemon keeps serving everyone else, within bounded memory and fds.
+mod dos;

@@ -2,6 +2,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
 
 use rustix::net::UCred;
 use serde::Serialize;
@@ -24,6 +25,10 @@ use crate::{ProtoError, encode, socket};
 #[derive(Debug)]
 pub struct AsyncSeqpacket {
     fd: AsyncFd<OwnedFd>,
+    /// The writability registration of [`Self::send`]'s slow path: made
+    /// at the first full queue and shared by every waiting send, so that
+    /// a client that never reads costs one fd, not one per queued reply.
+    writable: Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
 }
 
 /// Registers an owned fd with tokio's reactor for `interest`.
@@ -53,7 +58,10 @@ impl AsyncSeqpacket {
             .map_err(|errno| ProtoError::io("ioctl(FIONBIO)", errno))?;
         let fd = register(fd, Interest::READABLE)
             .map_err(|error| ProtoError::io("register with tokio", error))?;
-        Ok(Self { fd })
+        Ok(Self {
+            fd,
+            writable: Mutex::default(),
+        })
     }
 
     /// Sends one frame, waiting while the peer's queue is full.
@@ -69,18 +77,15 @@ impl AsyncSeqpacket {
     }
 
     /// The rare slow path of [`Self::send`]: a duplicate of the socket,
-    /// registered for writability only while this frame waits. epoll keys
+    /// registered for writability from the first full queue on. epoll keys
     /// registrations by fd and open file, so the duplicate does not clash
-    /// with the readable one.
+    /// with the readable one. One per socket, however many sends wait.
     async fn send_when_writable(
         &self,
         bytes: &[u8],
         fds: &[BorrowedFd<'_>],
     ) -> Result<(), ProtoError> {
-        let duplicate = rustix::io::fcntl_dupfd_cloexec(self.fd.get_ref(), 0)
-            .map_err(|errno| ProtoError::io("fcntl(F_DUPFD_CLOEXEC)", errno))?;
-        let writable = register(duplicate, Interest::WRITABLE)
-            .map_err(|error| ProtoError::io("register with tokio", error))?;
+        let writable = self.writable_registration()?;
         loop {
             let mut guard = writable
                 .writable()
@@ -91,6 +96,24 @@ impl AsyncSeqpacket {
                 result => return result,
             }
         }
+    }
+
+    fn writable_registration(&self) -> Result<Arc<AsyncFd<OwnedFd>>, ProtoError> {
+        let mut slot = self
+            .writable
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if let Some(writable) = &*slot {
+            return Ok(Arc::clone(writable));
+        }
+        let duplicate = rustix::io::fcntl_dupfd_cloexec(self.fd.get_ref(), 0)
+            .map_err(|errno| ProtoError::io("fcntl(F_DUPFD_CLOEXEC)", errno))?;
+        let writable = Arc::new(
+            register(duplicate, Interest::WRITABLE)
+                .map_err(|error| ProtoError::io("register with tokio", error))?,
+        );
+        *slot = Some(Arc::clone(&writable));
+        Ok(writable)
     }
 
     /// Encodes and sends one message with its fds.

@@ -118,7 +118,9 @@ pub fn recv_frame(socket: BorrowedFd<'_>, scratch: &mut [u8]) -> Result<Option<F
             fds.extend(rights);
         }
     }
-    if received.flags.contains(ReturnFlags::CTRUNC) {
+    // The control buffer is rounded up to whole words, so the kernel can
+    // deliver a few fds over the limit without truncating: count them.
+    if received.flags.contains(ReturnFlags::CTRUNC) || fds.len() > MAX_FDS_PER_FRAME {
         return Err(ProtoError::TooManyFds {
             limit: MAX_FDS_PER_FRAME,
         });

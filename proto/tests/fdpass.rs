@@ -161,6 +161,39 @@ fn too_many_fds_from_a_raw_sender_are_refused_and_closed() {
     assert_eq!(frame.bytes, b"next");
 }
 
+/// Exactly the announced limit: 64 fds pass, 65 and 67 are refused (the
+/// control buffer is rounded up, so the kernel alone would let 65 and 66
+/// through), and every refused fd is closed.
+#[test]
+fn the_fd_limit_is_exactly_the_announced_one() {
+    let _guard = serialize();
+    let (a, b) = pair(false).expect("socketpair");
+    let before = open_fds();
+    for count in [
+        MAX_FDS_PER_FRAME,
+        MAX_FDS_PER_FRAME + 1,
+        MAX_FDS_PER_FRAME + 3,
+    ] {
+        let null = dev_null();
+        let fds: Vec<OwnedFd> = (0..count)
+            .map(|_| rustix::io::dup(&null).expect("dup"))
+            .collect();
+        let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
+        send_raw(a.as_fd(), b"fds", &borrowed);
+        drop(borrowed);
+        drop(fds);
+        drop(null);
+        match recv_frame(b.as_fd(), &mut scratch()) {
+            Ok(Some(frame)) if count <= MAX_FDS_PER_FRAME => assert_eq!(frame.fds.len(), count),
+            Err(ProtoError::TooManyFds { limit }) if count > MAX_FDS_PER_FRAME => {
+                assert_eq!(limit, MAX_FDS_PER_FRAME);
+            }
+            other => panic!("{count} fds: unexpected {other:?}"),
+        }
+        assert_eq!(open_fds(), before, "{count} fds: received fds stayed open");
+    }
+}
+
 #[test]
 fn an_oversized_raw_frame_is_frame_too_large() {
     let _guard = serialize();

@@ -1,5 +1,6 @@
-//! Admission control: a slot per child, counted per peer uid and in total.
-//! A spawn over either limit is refused at once ("busy"), never queued.
+//! Admission control: a slot per child, counted per peer uid and in total,
+//! and a slot per connection, counted per peer uid. A spawn or connection
+//! over a limit is refused at once ("busy"), never queued.
 
 use std::sync::Arc;
 
@@ -49,6 +50,76 @@ impl Drop for Slot {
             .child_counts
             .lock()
             .expect("child counts poisoned");
+        counts.total -= 1;
+        if let Some(own) = counts.by_uid.get_mut(&self.uid) {
+            *own -= 1;
+            if *own == 0 {
+                counts.by_uid.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// A place in the connection table, counted per peer uid and in total;
+/// released on drop.
+#[derive(Debug)]
+pub struct ConnectionSlot {
+    daemon: Arc<Daemon>,
+    uid: u32,
+}
+
+/// Reserves a place in the connection table for a peer of `uid`, allowed
+/// `per_peer` connections at once. Peers other than root may not take
+/// the last [`Limits::root_reserve`](crate::daemon::policy::Limits::root_reserve)
+/// places.
+///
+/// # Errors
+///
+/// A sentence naming the limit that was hit.
+pub fn reserve_connection(
+    daemon: &Arc<Daemon>,
+    uid: u32,
+    per_peer: usize,
+) -> Result<ConnectionSlot, String> {
+    let limits = &daemon.policy.limits;
+    let limit = if uid == 0 {
+        limits.max_connections
+    } else {
+        limits.max_connections - limits.root_reserve()
+    };
+    let mut counts = daemon
+        .connection_counts
+        .lock()
+        .expect("connection counts poisoned");
+    if counts.total >= limit {
+        return Err(format!(
+            "busy: the zygote has {} connections open, its limit for uid {uid} \
+             (limits.max_connections); try again later",
+            counts.total
+        ));
+    }
+    let own = counts.by_uid.entry(uid).or_insert(0);
+    if *own >= per_peer {
+        return Err(format!(
+            "busy: uid {uid} already has {own} connections open to this zygote, its limit \
+             (limits.max_connections_per_peer); close some, or try again later"
+        ));
+    }
+    *own += 1;
+    counts.total += 1;
+    Ok(ConnectionSlot {
+        daemon: Arc::clone(daemon),
+        uid,
+    })
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut counts = self
+            .daemon
+            .connection_counts
+            .lock()
+            .expect("connection counts poisoned");
         counts.total -= 1;
         if let Some(own) = counts.by_uid.get_mut(&self.uid) {
             *own -= 1;

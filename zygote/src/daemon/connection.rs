@@ -23,6 +23,7 @@ use zygote_proto::{
     SignalRequest, SignalSent, SpawnFailed, SpawnStage, StatusReply, UCred, decode,
 };
 
+use crate::daemon::admission;
 use crate::daemon::lifetime::{self, Connection, SpawnTask};
 use crate::daemon::peer::Peer;
 use crate::daemon::reply::send_reply;
@@ -35,21 +36,36 @@ use crate::spawn;
 /// refusals being sent, and final replies a slow client has not read.
 const IN_FLIGHT_HEADROOM: usize = 256;
 
+/// Spawns of one connection not yet answered and not yet holding a child
+/// slot: being checked, or their refusal not yet taken by the client. At
+/// the cap the connection stops reading, so a client that never reads its
+/// replies makes the daemon hold at most this many refusals (and as many
+/// other replies as it has child slots).
+const MAX_UNANSWERED: usize = 64;
+
+/// Connections being refused at once, beyond the connection table.
+const REFUSING_AT_ONCE: usize = 64;
+
+/// How long a client has from connecting to sending its `Hello`: a
+/// connection that says nothing must not hold a place in the table.
+const HANDSHAKE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Serves one connection until the client closes it or breaks the
 /// protocol, or the daemon stops and the connection has become idle.
 pub async fn serve(socket: AsyncSeqpacket, cred: UCred, daemon: Arc<Daemon>, shutdown: Shutdown) {
     daemon.metrics.connection_opened();
+    // The table itself is checked once the peer is known (`admission`).
+    // This bounds the connections being refused on top of it, which hold
+    // an fd for up to a second each: beyond it, close without an answer.
     let open = daemon.metrics.connections_open();
-    let limit = daemon.policy.limits.max_connections;
-    if open > limit as u64 {
-        warn!(
+    let hard_limit = daemon.policy.limits.max_connections + REFUSING_AT_ONCE;
+    if open > hard_limit as u64 {
+        debug!(
             peer_pid = cred.pid.as_raw_nonzero(),
             peer_uid = cred.uid.as_raw(),
             peer_gid = cred.gid.as_raw(),
-            "refusing a connection: at the connection limit"
+            "closing a connection unanswered: far over the connection limit"
         );
-        let message = format!("busy: the zygote has {limit} connections open, its limit");
-        refuse(&socket, &daemon, ProtocolErrorKind::Busy, message).await;
     } else {
         serve_counted(socket, &cred, &daemon, shutdown).await;
     }
@@ -104,9 +120,38 @@ async fn serve_counted(
             return;
         }
     };
+    let _slot = match admission::reserve_connection(daemon, peer.uid, grant.max_connections) {
+        Ok(slot) => slot,
+        Err(busy) => {
+            // DEBUG: one line per attempt would let a peer flood the log.
+            debug!(
+                peer_pid = peer.pid,
+                peer_uid = peer.uid,
+                peer_gid = peer.gid,
+                reason = %busy,
+                "refusing a connection"
+            );
+            refuse(&socket, daemon, ProtocolErrorKind::Busy, busy).await;
+            return;
+        }
+    };
     let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
     let handshaken = tokio::select! {
         handshaken = handshake(&socket, &mut scratch) => handshaken,
+        () = tokio::time::sleep(HANDSHAKE_DEADLINE) => {
+            debug!(
+                peer_pid = peer.pid,
+                peer_uid = peer.uid,
+                peer_gid = peer.gid,
+                "closing a connection that sent no hello in time"
+            );
+            let message = format!(
+                "no Hello within {} s of connecting; closing",
+                HANDSHAKE_DEADLINE.as_secs()
+            );
+            close_with(&socket, daemon, ProtocolErrorKind::UnexpectedMessage, message).await;
+            return;
+        }
         // A client that has not said hello has nothing to finish.
         () = shutdown.stopping() => return,
     };
@@ -155,6 +200,7 @@ async fn serve_counted(
         max_in_flight,
         changed: Notify::new(),
         left,
+        unanswered: Arc::new(Semaphore::new(MAX_UNANSWERED)),
     });
     daemon.register(&connection);
     let mut stopping = false;
@@ -361,12 +407,16 @@ async fn dispatch(
             let Ok(permit) = Arc::clone(&connection.in_flight).acquire_owned().await else {
                 return Ok(());
             };
+            let Ok(answer_slot) = Arc::clone(&connection.unanswered).acquire_owned().await else {
+                return Ok(());
+            };
             let task = SpawnTask {
                 connection: Arc::clone(connection),
                 daemon: Arc::clone(daemon),
                 shutdown: shutdown.clone(),
                 received_at,
                 _permit: permit,
+                answer_slot: Mutex::new(Some(answer_slot)),
             };
             // A task per spawn, so that concurrent requests on one
             // connection do not queue behind each other's exec.

@@ -25,7 +25,7 @@ use crate::daemon::peer::Peer;
 use crate::daemon::plan::{self, Group, OnClose};
 use crate::daemon::policy::Grant;
 use crate::daemon::reaper;
-use crate::daemon::reply::send_reply;
+use crate::daemon::reply::{clip, send_reply};
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::state::{Closable, Daemon};
 use crate::service::metrics::{SpawnResult, errno_name};
@@ -52,6 +52,11 @@ pub struct Connection {
     pub changed: Notify,
     /// Set when the client has left (or the daemon closed the connection).
     pub left: watch::Sender<bool>,
+    /// Caps the spawns of this connection not yet answered that hold no
+    /// child slot (being checked, or their refusal waiting for the client
+    /// to read): at the cap the connection stops reading requests, and the
+    /// client's socket buffer pushes back on it.
+    pub unanswered: Arc<tokio::sync::Semaphore>,
 }
 
 /// The mutable part of a [`Connection`].
@@ -125,7 +130,7 @@ pub fn connection_closed(connection: &Connection) {
         state.closed = true;
         for tracked in state.children.values() {
             if let Some(on_close) = tracked.on_close {
-                signal_on_close(tracked, on_close);
+                signal_on_close(tracked, on_close, connection.peer.uid);
             }
         }
     }
@@ -134,37 +139,53 @@ pub fn connection_closed(connection: &Connection) {
     connection.left.send_replace(true);
 }
 
-fn signal_on_close(tracked: &Tracked, on_close: OnClose) {
+fn signal_on_close(tracked: &Tracked, on_close: OnClose, peer_uid: u32) {
     if let Some(cgroup) = &tracked.cgroup
         && cgroup.doom(on_close.signal)
     {
         debug!(pid = tracked.pid, cgroup = %cgroup.path().display(), "kill-on-close: whole tree");
         return;
     }
+    let group = on_close.group == Some(Group::Own);
     let pidfd = tracked.pidfd.get_ref().as_fd();
-    let result = match on_close.group.map(|group| match group {
-        Group::Own => tracked.pid,
-        Group::Joined(pgid) => pgid,
-    }) {
-        Some(pgid) if !is_own_group(tracked.pid) => {
-            spawn::send_group_signal(pidfd, pgid, on_close.signal)
-        }
-        _ => spawn::send_signal(pidfd, on_close.signal),
-    };
-    match result {
+    match signal_child(pidfd, tracked.pid, group, on_close.signal, peer_uid) {
         Ok(()) => debug!(pid = tracked.pid, signal = on_close.signal, "kill-on-close"),
         Err(error) if error.raw_os_error() == Some(libc::ESRCH) => {}
         Err(error) => warn!(pid = tracked.pid, %error, "kill-on-close signal failed"),
     }
 }
 
-/// Whether the child has (re)joined the daemon's own process group, which
-/// a group signal must never reach.
-fn is_own_group(pid: i32) -> bool {
+/// Sends `signal` to a child and, when `group` asks for it, to the process
+/// group the child leads: the one made for it at spawn (`setsid`, or
+/// `setpgid(0, 0)`), and only while the child still leads it. A group the
+/// child joined, or moved to, is never signalled: it may hold processes
+/// its peer could not signal. The group signal goes out with the peer's
+/// uid, so members the peer could not signal (a setuid program) are
+/// spared. Whatever happens to the group, the child itself gets the signal.
+fn signal_child(
+    pidfd: BorrowedFd<'_>,
+    pid: i32,
+    group: bool,
+    signal: i32,
+    peer_uid: u32,
+) -> std::io::Result<()> {
+    if group && leads_own_group(pid) {
+        if let Err(error) = spawn::send_group_signal_as(pidfd, pid, signal, peer_uid) {
+            debug!(pid, %error, "group signal failed; signalling the child alone");
+        }
+    }
+    // Directly as well: the child may have left the group, or run with ids
+    // its peer cannot signal. (A signal already pending is not doubled.)
+    spawn::send_signal(pidfd, signal)
+}
+
+/// Whether the child leads its own process group (its pgid is its pid).
+/// Unreaped, it keeps its pid, so that group cannot be anyone else's.
+fn leads_own_group(pid: i32) -> bool {
     let Some(pid) = rustix::process::Pid::from_raw(pid) else {
-        return true;
+        return false;
     };
-    rustix::process::getpgid(Some(pid)).map_or(true, |pgid| pgid == rustix::process::getpgrp())
+    rustix::process::getpgid(Some(pid)).is_ok_and(|pgid| pgid == pid)
 }
 
 /// One spawn, from request to exit notice.
@@ -179,6 +200,9 @@ pub struct SpawnTask {
     pub received_at: Instant,
     /// This task's share of [`Connection::in_flight`].
     pub _permit: tokio::sync::OwnedSemaphorePermit,
+    /// This task's share of [`Connection::unanswered`], given back once
+    /// its first reply is sent.
+    pub answer_slot: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 impl Drop for SpawnTask {
@@ -192,10 +216,12 @@ impl SpawnTask {
     /// Runs the spawn and, once the child exec'd, waits for its exit.
     pub async fn run(self, request: SpawnRequest, attached: Vec<OwnedFd>) {
         let id = request.id;
-        let program = String::from_utf8_lossy(&request.program).into_owned();
-        match self.start(&request, attached, &program).await {
+        let mut program = String::from_utf8_lossy(&request.program).into_owned();
+        clip(&mut program);
+        match self.start(request, attached, &program).await {
             Ok(()) => {}
-            Err(failed) => {
+            Err(mut failed) => {
+                clip(&mut failed.message);
                 let peer = &self.connection.peer;
                 let errno = errno_name(failed.errno);
                 // A refusal at admission is the daemon at a limit or its
@@ -243,7 +269,7 @@ impl SpawnTask {
 
     async fn start(
         &self,
-        request: &SpawnRequest,
+        mut request: SpawnRequest,
         attached: Vec<OwnedFd>,
         program: &str,
     ) -> Result<(), SpawnFailed> {
@@ -259,12 +285,12 @@ impl SpawnTask {
         let credentials = self
             .connection
             .grant
-            .check(peer, request, &self.daemon.credentials)
+            .check(peer, &request, &self.daemon.credentials)
             .map_err(|denied| refused(SpawnStage::Admission, libc::EPERM, denied.0))?;
         let slot = admission::reserve(&self.daemon, peer.uid, self.connection.grant.max_children)
             .map_err(|busy| refused(SpawnStage::Admission, libc::EAGAIN, busy))?;
         let limit = self.daemon.policy.limits.max_argv_env_bytes;
-        let mut prepared = plan::prepare(request, attached, limit).map_err(|refusal| {
+        let mut prepared = plan::prepare(&request, attached, limit).map_err(|refusal| {
             refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
         })?;
         prepared.plan.credentials = credentials;
@@ -274,8 +300,27 @@ impl SpawnTask {
             &self.daemon.own_limits,
         );
         prepared.plan.rlimits.extend(clamped);
+        if let Some(nofile) = self.daemon.child_nofile {
+            if !prepared
+                .plan
+                .rlimits
+                .iter()
+                .any(|limit| limit.resource == nofile.resource)
+            {
+                prepared.plan.rlimits.push(nofile);
+            }
+        }
+        // A queued request holds no more than its reply from here on.
+        let report_stops = request.report_stops;
+        let cgroup_spec = request.cgroup.take();
+        drop(request);
+        // Checked: from here the child slot bounds this spawn and its
+        // replies. A child its peer stops before exec must not keep the
+        // connection from being read (its client could not cancel it by
+        // closing).
+        self.release_answer_slot();
         self.daemon.drop_inherited_settings(&mut prepared.plan);
-        let cgroup = match (&self.daemon.cgroups, request.cgroup.as_ref()) {
+        let cgroup = match (&self.daemon.cgroups, cgroup_spec.as_ref()) {
             (Some(subtree), spec) => {
                 let (cgroup, dir) = subtree
                     .create(peer.uid, self.connection.grant.caps, spec)
@@ -289,18 +334,34 @@ impl SpawnTask {
             }
             (None, None) => None,
         };
-        let spawned = self.daemon.spawn(&prepared.plan);
-        // The daemon's copies of the child's fds must not outlive the spawn.
-        drop(prepared.plan);
-        let child = spawned.map_err(|error| {
+        // No child is left in a cgroup made for a spawn that failed.
+        let remove_cgroup = || {
             if let Some(cgroup) = &cgroup {
                 let _ = cgroup.remove();
             }
+        };
+        let failed = |error: spawn::SpawnError| {
+            remove_cgroup();
             let reason = strerror(error.errno);
             refused(error.stage, error.errno, format!("{program}: {reason}"))
-        })?;
-        let pid = child.pid;
-        let pidfd = match zygote_proto::register(child.pidfd, Interest::READABLE) {
+        };
+        // A child that keeps the daemon's ids cannot be stopped by its
+        // peer: vfork, the fastest. One that switches to the peer's ids
+        // could be, between the switch and exec: fork, and wait for the
+        // exec here, asynchronously, so that only this spawn waits.
+        let (pid, pidfd, status) = if prepared.plan.credentials.is_none() {
+            let spawned = self.daemon.spawn(&prepared.plan);
+            // The daemon's copies of the child's fds must not outlive the spawn.
+            drop(prepared.plan);
+            let child = spawned.map_err(failed)?;
+            (child.pid, child.pidfd, None)
+        } else {
+            let started = self.daemon.start(&prepared.plan);
+            drop(prepared.plan);
+            let child = started.map_err(failed)?;
+            (child.pid, child.pidfd, Some(child.status))
+        };
+        let pidfd = match zygote_proto::register(pidfd, Interest::READABLE) {
             Ok(pidfd) => Arc::new(pidfd),
             Err(error) => {
                 // Cannot happen short of epoll failing; the child is then
@@ -310,6 +371,24 @@ impl SpawnTask {
                 return Ok(());
             }
         };
+        if let Some(status) = status {
+            self.await_exec(status, &pidfd, pid)
+                .await
+                .map_err(|error| match error {
+                    Some(error) => failed(error),
+                    None => {
+                        remove_cgroup();
+                        refused(
+                            SpawnStage::Exec,
+                            libc::ECANCELED,
+                            format!(
+                                "{program}: killed before exec: its client left, or the zygote \
+                             is stopping (the child was stopped or stuck before exec)"
+                            ),
+                        )
+                    }
+                })?;
+        }
         self.daemon.metrics.child_started();
         {
             let tracked = Tracked {
@@ -321,7 +400,7 @@ impl SpawnTask {
             let mut state = self.connection.lock();
             // The client may have left while we spawned.
             if let (true, Some(on_close)) = (state.closed, tracked.on_close) {
-                signal_on_close(&tracked, on_close);
+                signal_on_close(&tracked, on_close, peer.uid);
             }
             state.children.insert(id, tracked);
         }
@@ -346,7 +425,7 @@ impl SpawnTask {
         );
 
         let stops = async {
-            if !request.report_stops {
+            if !report_stops {
                 return std::future::pending().await;
             }
             reaper::follow_stops(pidfd.get_ref().as_fd(), |change| {
@@ -365,7 +444,7 @@ impl SpawnTask {
         // can follow its `Exited`.
         let (exit, timed_out) = tokio::select! {
             biased;
-            exit = wait_with_timeout(&pidfd, pid, prepared.timeout, prepared.leads_own_group, cgroup.as_deref()) => exit,
+            exit = wait_with_timeout(&pidfd, pid, prepared.timeout, prepared.leads_own_group, peer.uid, cgroup.as_deref()) => exit,
             () = stops => unreachable!("following stops never ends"),
             () = self.abandoned() => {
                 debug!(pid, "leaving a child to the system's reaper: the daemon is stopping and its client has left");
@@ -430,6 +509,74 @@ impl SpawnTask {
         Some(usage)
     }
 
+    /// Waits for a child on the fork path to exec, without holding any
+    /// thread: `Err(Some(_))` when it failed before exec, `Err(None)` when
+    /// it was killed because its client left or the daemon is stopping.
+    /// A failed child is reaped before this returns.
+    async fn await_exec(
+        &self,
+        status: OwnedFd,
+        pidfd: &AsyncFd<OwnedFd>,
+        pid: i32,
+    ) -> Result<(), Option<spawn::SpawnError>> {
+        let kill = || {
+            let _ = spawn::send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
+        };
+        let outcome = match zygote_proto::register(status, Interest::READABLE) {
+            Ok(status) => tokio::select! {
+                report = read_exec_report(&status) => report.map_err(|error| {
+                    warn!(pid, %error, "failed to read a child's status pipe; killing it");
+                    kill();
+                    Some(spawn::SpawnError { stage: SpawnStage::Pipe, errno: error.raw_os_error().unwrap_or(libc::EIO) })
+                }),
+                () = self.cancelled() => {
+                    debug!(pid, "killing a child that has not exec'd: its spawn was cancelled");
+                    kill();
+                    Err(None)
+                }
+            },
+            Err(error) => {
+                kill();
+                Err(Some(spawn::SpawnError {
+                    stage: SpawnStage::Pipe,
+                    errno: error.raw_os_error().unwrap_or(libc::EIO),
+                }))
+            }
+        };
+        let error = match outcome {
+            Ok(spawn::ExecReport::Execd) => return Ok(()),
+            Ok(spawn::ExecReport::Failed(error)) => Some(error),
+            Err(error) => error,
+        };
+        // The child is exiting; its peer could still stop it on the way.
+        let reaped = tokio::select! {
+            reaped = reaper::wait_exit(pidfd) => reaped,
+            () = self.cancelled() => {
+                kill();
+                reaper::wait_exit(pidfd).await
+            }
+        };
+        if let Err(reap) = reaped {
+            warn!(pid, error = %reap, "failed to reap a child that failed before exec");
+        }
+        Err(error)
+    }
+
+    /// Resolves when a child that has not exec'd yet is no longer wanted:
+    /// its client left, or the daemon has been stopping for
+    /// [`EXEC_GRACE_ON_STOP`].
+    async fn cancelled(&self) {
+        let mut left = self.connection.left.subscribe();
+        let mut shutdown = self.shutdown.clone();
+        tokio::select! {
+            _ = left.wait_for(|left| *left) => {}
+            () = async {
+                shutdown.stopping().await;
+                tokio::time::sleep(EXEC_GRACE_ON_STOP).await;
+            } => {}
+        }
+    }
+
     /// Resolves when nobody will ever want this child's exit: the daemon
     /// is stopping and the child's client has gone.
     async fn abandoned(&self) {
@@ -450,6 +597,30 @@ impl SpawnTask {
         if let Some(socket) = self.connection.socket.upgrade() {
             send_reply(&socket, message, fds).await;
         }
+        // Answered: the connection may read another request.
+        self.release_answer_slot();
+    }
+
+    fn release_answer_slot(&self) {
+        self.answer_slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+    }
+}
+
+/// How long a stopping daemon lets a spawn in flight reach exec before it
+/// kills the child: a child its peer stopped must not hold the stop up.
+const EXEC_GRACE_ON_STOP: Duration = Duration::from_secs(2);
+
+/// Reads a started child's status pipe until it says how the start ended.
+async fn read_exec_report(status: &AsyncFd<OwnedFd>) -> std::io::Result<spawn::ExecReport> {
+    loop {
+        let mut guard = status.readable().await?;
+        match spawn::read_exec_report(status.get_ref().as_fd()) {
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => guard.clear_ready(),
+            result => return result,
+        }
     }
 }
 
@@ -457,12 +628,14 @@ impl SpawnTask {
 /// the grace period SIGKILL. Returns whether the timeout fired.
 ///
 /// A child leading its own process group gets the signals as a group, as
-/// coreutils `timeout` does, so that what it started ends with it.
+/// coreutils `timeout` does, so that what it started ends with it (see
+/// [`signal_child`]); the child itself always gets them.
 async fn wait_with_timeout(
     pidfd: &AsyncFd<OwnedFd>,
     pid: i32,
     timeout: Option<Timeout>,
     leads_own_group: bool,
+    peer_uid: u32,
     cgroup: Option<&ChildCgroup>,
 ) -> (
     std::io::Result<(zygote_proto::ExitStatus, zygote_proto::ResourceUsage)>,
@@ -475,13 +648,13 @@ async fn wait_with_timeout(
         if cgroup.is_some_and(|cgroup| cgroup.doom(signal)) {
             return Ok(());
         }
-        let pidfd = pidfd.get_ref().as_fd();
-        // Re-checked each time: the child may have joined another group.
-        if leads_own_group && !is_own_group(pid) {
-            spawn::send_group_signal(pidfd, pid, signal)
-        } else {
-            spawn::send_signal(pidfd, signal)
-        }
+        signal_child(
+            pidfd.get_ref().as_fd(),
+            pid,
+            leads_own_group,
+            signal,
+            peer_uid,
+        )
     };
     let expire = tokio::time::sleep(Duration::from_millis(timeout.millis));
     tokio::select! {

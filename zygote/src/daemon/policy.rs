@@ -17,6 +17,12 @@ use crate::spawn::Credentials;
 
 /// Default cap on open connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Default cap on open connections from the peers of one uid.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 128;
+/// Connections kept for root peers only (at most a quarter of
+/// `max_connections`): an admin can run `zygote status` however many
+/// connections other peers hold.
+pub const ROOT_RESERVED_CONNECTIONS: usize = 16;
 /// Default cap on children running at once, over all peers.
 pub const DEFAULT_MAX_CHILDREN: usize = 4096;
 /// Default cap on children running at once for the peers of one uid.
@@ -55,6 +61,7 @@ struct ConnectFile {
 #[serde(deny_unknown_fields)]
 struct LimitsFile {
     max_connections: Option<usize>,
+    max_connections_per_peer: Option<usize>,
     max_children: Option<usize>,
     max_children_per_peer: Option<usize>,
     max_argv_env_bytes: Option<usize>,
@@ -66,7 +73,11 @@ struct LimitsFile {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Connections open at once; one more gets `ProtocolError::Busy`.
+    /// Peers other than root get all but [`Limits::root_reserve`] of them.
     pub max_connections: usize,
+    /// Connections open at once from the peers of one uid, unless a rule
+    /// says otherwise.
+    pub max_connections_per_peer: usize,
     /// Children running at once, over all peers.
     pub max_children: usize,
     /// Children running at once for the peers of one uid, unless a rule
@@ -79,10 +90,78 @@ pub struct Limits {
     pub peer_caps: PeerCaps,
 }
 
+impl Limits {
+    /// Connections only root peers may take: [`ROOT_RESERVED_CONNECTIONS`],
+    /// or a quarter of `max_connections` when that is smaller.
+    pub fn root_reserve(&self) -> usize {
+        ROOT_RESERVED_CONNECTIONS.min(self.max_connections / 4)
+    }
+}
+
+/// Fds one connection may hold at once: its socket, the registration of
+/// a send waiting for room, and the fds of one received frame (64).
+pub const FDS_PER_CONNECTION: usize = 66;
+/// Fds one child holds: its pidfd, and while its spawn is answered the
+/// status pipe and the client's ends of its stdio pipes.
+pub const FDS_PER_CHILD: usize = 5;
+/// Fds kept for everything else: the listener, the metrics exporter,
+/// logs, `/proc` reads.
+pub const FDS_RESERVED: usize = 64;
+
+impl Limits {
+    /// Lowers `max_connections` and `max_children` (with the per-peer
+    /// limits) where `defaulted` says they were not set in the policy,
+    /// until every connection and child fits in `nofile`, the daemon's fd
+    /// limit, so that a full table never starves `accept`. Values the
+    /// policy set are kept. Returns whether anything was lowered.
+    fn fit_fds(&mut self, nofile: u64, defaulted: Defaulted) -> bool {
+        let budget = usize::try_from(nofile)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(FDS_RESERVED);
+        let connections = self.max_connections.saturating_mul(FDS_PER_CONNECTION);
+        let children = self.max_children.saturating_mul(FDS_PER_CHILD);
+        if connections.saturating_add(children) <= budget {
+            return false;
+        }
+        let fixed = if defaulted.connections {
+            0
+        } else {
+            connections
+        } + if defaulted.children { 0 } else { children };
+        let scalable = connections.saturating_add(children) - fixed;
+        if scalable == 0 {
+            return false;
+        }
+        let room = budget.saturating_sub(fixed);
+        // Scale the defaulted ones by the same factor, keeping one of each.
+        let scale = |value: usize| {
+            let scaled = value as u128 * room as u128 / scalable as u128;
+            usize::try_from(scaled).unwrap_or(usize::MAX).max(1)
+        };
+        if defaulted.connections {
+            self.max_connections = scale(self.max_connections);
+            self.max_connections_per_peer = self.max_connections_per_peer.min(self.max_connections);
+        }
+        if defaulted.children {
+            self.max_children = scale(self.max_children);
+            self.max_children_per_peer = self.max_children_per_peer.min(self.max_children);
+        }
+        true
+    }
+}
+
+/// Which limits the policy file left to their defaults.
+#[derive(Debug, Clone, Copy, Default)]
+struct Defaulted {
+    connections: bool,
+    children: bool,
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             max_children: DEFAULT_MAX_CHILDREN,
             max_children_per_peer: DEFAULT_MAX_CHILDREN_PER_PEER,
             max_argv_env_bytes: DEFAULT_MAX_ARGV_ENV_BYTES,
@@ -120,6 +199,8 @@ pub struct Rule {
     pub memory_max: Option<u64>,
     /// `pids.max` of this peer uid's cgroup subtree.
     pub pids_max: Option<u64>,
+    /// Connections open at once for this peer's uid.
+    pub max_connections: Option<usize>,
 }
 
 impl Rule {
@@ -144,6 +225,7 @@ pub struct Policy {
     /// Daemon-wide limits.
     pub limits: Limits,
     rules: Vec<Rule>,
+    defaulted: Defaulted,
 }
 
 /// What one connected peer may do: its matching rule, or the defaults.
@@ -155,6 +237,8 @@ pub struct Grant {
     /// Caps on this peer uid's cgroup subtree, which its children cannot
     /// lift: the files belong to the daemon.
     pub caps: PeerCaps,
+    /// Connections open at once for this peer's uid.
+    pub max_connections: usize,
 }
 
 /// Why a request was refused by policy; becomes `SpawnFailed` with stage
@@ -215,6 +299,10 @@ impl Policy {
                 .limits
                 .max_connections
                 .unwrap_or(defaults.max_connections),
+            max_connections_per_peer: file
+                .limits
+                .max_connections_per_peer
+                .unwrap_or(defaults.max_connections_per_peer),
             max_children: file.limits.max_children.unwrap_or(defaults.max_children),
             max_children_per_peer: file
                 .limits
@@ -229,8 +317,13 @@ impl Policy {
                 pids_max: file.limits.peer_pids_max,
             },
         };
+        let defaulted = Defaulted {
+            connections: file.limits.max_connections.is_none(),
+            children: file.limits.max_children.is_none(),
+        };
         let connect = file.connect.unwrap_or_default();
         Self {
+            defaulted,
             connect_any: connect.any.unwrap_or(daemon_uid == 0),
             connect_uids: connect.uids,
             connect_gids: connect.gids,
@@ -248,6 +341,14 @@ impl Policy {
             pids_max: rule.pids_max,
         }));
         caps
+    }
+
+    /// Lowers the connection and child limits the policy file left to
+    /// their defaults until they fit in `nofile`, the daemon's fd limit
+    /// (see [`FDS_PER_CONNECTION`], [`FDS_PER_CHILD`]). Returns whether it
+    /// lowered any.
+    pub fn fit_fds(&mut self, nofile: u64) -> bool {
+        self.limits.fit_fds(nofile, self.defaulted)
     }
 
     /// Decides whether `peer` may use a daemon running as `daemon_uid`,
@@ -290,6 +391,9 @@ impl Policy {
             max_children: rule
                 .max_children
                 .unwrap_or(self.limits.max_children_per_peer),
+            max_connections: rule
+                .max_connections
+                .unwrap_or(self.limits.max_connections_per_peer),
             rule,
         })
     }
@@ -423,6 +527,29 @@ fn show_limit(value: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn limits_are_fitted_to_the_fd_limit() {
+        let mut roomy = Policy::default_for(0);
+        assert!(!roomy.fit_fds(1 << 20), "the defaults fit a million fds");
+        assert_eq!(roomy.limits, Limits::default());
+
+        let mut policy = Policy::default_for(0);
+        assert!(policy.fit_fds(1024));
+        let tight = policy.limits;
+        let used = tight.max_connections * FDS_PER_CONNECTION + tight.max_children * FDS_PER_CHILD;
+        assert!(used + FDS_RESERVED <= 1024, "{tight:?} uses {used} fds");
+        assert!(tight.max_connections >= 1 && tight.max_children >= 1);
+        assert!(tight.max_connections_per_peer <= tight.max_connections);
+        assert!(tight.max_children_per_peer <= tight.max_children);
+
+        // What the file sets is kept; only the defaults make room.
+        let mut set = Policy::parse("[limits]\nmax_connections = 2\n", 0).unwrap();
+        assert!(set.fit_fds(1024));
+        assert_eq!(set.limits.max_connections, 2);
+        assert!(set.limits.max_children * FDS_PER_CHILD + 2 * FDS_PER_CONNECTION <= 1024);
+    }
+
     use super::*;
     use zygote_proto::UserSpec;
 

@@ -1,10 +1,16 @@
 //! Sending a reply to a client, shared by the connection loop and the
 //! spawn tasks.
 
+use std::borrow::Cow;
 use std::os::fd::BorrowedFd;
 
 use tracing::warn;
 use zygote_proto::{AsyncSeqpacket, ServerMessage};
+
+/// Longest error text a reply carries, in bytes. Refusals may quote what
+/// the client sent (an env name, a path); a client must not be able to
+/// make the daemon hold many copies of 100 KiB of its own text.
+pub(crate) const MAX_REPLY_TEXT: usize = 1024;
 
 /// Sends a reply; a client that already left is not an error.
 pub(crate) async fn send_reply(
@@ -12,9 +18,65 @@ pub(crate) async fn send_reply(
     message: &ServerMessage,
     fds: &[BorrowedFd<'_>],
 ) {
-    if let Err(error) = socket.send_message(message, fds).await {
+    let message = clipped(message);
+    if let Err(error) = socket.send_message(&*message, fds).await {
         if !error.is_disconnect() {
             warn!(%error, "failed to send a reply");
         }
+    }
+}
+
+/// `message` with its error text cut to [`MAX_REPLY_TEXT`].
+pub(crate) fn clipped(message: &ServerMessage) -> Cow<'_, ServerMessage> {
+    let text = match message {
+        ServerMessage::SpawnFailed(failed) => &failed.message,
+        ServerMessage::RequestFailed(failed) => &failed.message,
+        ServerMessage::ProtocolError(error) => &error.message,
+        _ => return Cow::Borrowed(message),
+    };
+    if text.len() <= MAX_REPLY_TEXT {
+        return Cow::Borrowed(message);
+    }
+    let mut message = message.clone();
+    let text = match &mut message {
+        ServerMessage::SpawnFailed(failed) => &mut failed.message,
+        ServerMessage::RequestFailed(failed) => &mut failed.message,
+        ServerMessage::ProtocolError(error) => &mut error.message,
+        _ => return Cow::Owned(message),
+    };
+    clip(text);
+    Cow::Owned(message)
+}
+
+/// Cuts `text` to at most [`MAX_REPLY_TEXT`] bytes, on a character
+/// boundary, marking the cut.
+pub(crate) fn clip(text: &mut String) {
+    const MARK: &str = " [...]";
+    if text.len() <= MAX_REPLY_TEXT {
+        return;
+    }
+    let mut end = MAX_REPLY_TEXT - MARK.len();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str(MARK);
+    // Give the rest back: a queued refusal must not keep 100 KiB alive.
+    text.shrink_to_fit();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_text_is_clipped_on_a_character_boundary() {
+        let mut text = "é".repeat(MAX_REPLY_TEXT);
+        clip(&mut text);
+        assert!(text.len() <= MAX_REPLY_TEXT, "{}", text.len());
+        assert!(text.ends_with(" [...]"));
+        let mut short = "short".to_owned();
+        clip(&mut short);
+        assert_eq!(short, "short");
     }
 }

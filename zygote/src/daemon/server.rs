@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sd_notify::NotifyState;
 use tracing::{error, info, warn};
-use zygote_proto::{AsyncSeqpacketListener, ProtoError, socket};
+use zygote_proto::{AsyncSeqpacketListener, ProtoError, ResourceLimit, socket};
 
 use crate::Error;
 use crate::daemon::cgroup::Subtree;
@@ -153,10 +153,32 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let listener = AsyncSeqpacketListener::new(listener).map_err(Error::Accept)?;
-    let mut daemon = match options.policy {
-        Some(policy) => Daemon::with_policy(policy),
-        None => Daemon::new(),
-    };
+    let mut policy = options
+        .policy
+        .unwrap_or_else(|| Policy::default_for(rustix::process::geteuid().as_raw()));
+    let nofile = raise_fd_limit();
+    // Defaults the fd limit cannot hold are lowered; raise LimitNOFILE=
+    // to serve more. One line: the journal's queue is short at start.
+    let lowered = policy.fit_fds(nofile.raised);
+    let limits = &policy.limits;
+    info!(
+        fd_limit = nofile.raised,
+        lowered_to_fit_fd_limit = lowered,
+        max_connections = limits.max_connections,
+        max_connections_per_peer = limits.max_connections_per_peer,
+        root_reserve = limits.root_reserve(),
+        max_children = limits.max_children,
+        max_children_per_peer = limits.max_children_per_peer,
+        "limits"
+    );
+    let mut daemon = Daemon::with_policy(policy);
+    // Children keep the fd limit the daemon started with, not its raised
+    // one: a soft limit above 1024 breaks programs that use select(2).
+    daemon.child_nofile = (nofile.raised != nofile.original).then_some(ResourceLimit {
+        resource: libc::RLIMIT_NOFILE,
+        soft: nofile.original,
+        hard: nofile.hard,
+    });
     daemon.cgroups = options.cgroups;
     if let Some(reason) = options.no_cgroups {
         daemon.no_cgroups = reason;
@@ -254,6 +276,38 @@ pub async fn run_with(
     drop(exporter);
     info!("stopped");
     Ok(())
+}
+
+/// The daemon's soft `RLIMIT_NOFILE` before and after [`raise_fd_limit`].
+struct FdLimit {
+    original: u64,
+    raised: u64,
+    hard: u64,
+}
+
+/// Raises the soft fd limit to the hard one: at the usual soft 1,024 the
+/// default connection and child limits cannot be reached, and an fd
+/// mapped to a number above it could not be placed in a child.
+fn raise_fd_limit() -> FdLimit {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let original = limit.current.unwrap_or(u64::MAX);
+    let hard = limit.maximum.unwrap_or(u64::MAX);
+    let mut raised = original;
+    if original < hard {
+        let wanted = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match rustix::process::setrlimit(rustix::process::Resource::Nofile, wanted) {
+            Ok(()) => raised = hard,
+            Err(error) => warn!(%error, from = original, to = hard, "could not raise the fd limit"),
+        }
+    }
+    FdLimit {
+        original,
+        raised,
+        hard,
+    }
 }
 
 /// Closes every connection still open when dropped.

@@ -8,10 +8,12 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
 use crate::daemon::cgroup::Subtree;
+use zygote_proto::ResourceLimit;
+
 use crate::daemon::peer;
 use crate::daemon::policy::Policy;
 use crate::service::metrics::Metrics;
-use crate::spawn::{self, Credentials, SpawnError, SpawnPlan, SpawnedChild, Spawner};
+use crate::spawn::{self, Credentials, SpawnError, SpawnPlan, SpawnedChild, Spawner, StartedChild};
 
 /// An open connection, as the daemon's shutdown sees it.
 pub(crate) trait Closable: Send + Sync {
@@ -32,7 +34,8 @@ impl std::fmt::Debug for OpenConnections {
     }
 }
 
-/// Children running or being started, per peer uid and in total.
+/// Children running or being started (or connections open), per peer uid
+/// and in total.
 #[derive(Debug, Default)]
 pub struct ChildCounts {
     pub(crate) total: usize,
@@ -51,9 +54,15 @@ pub struct Daemon {
     pub policy: Policy,
     /// Children running or being started, per peer uid and in total.
     pub(crate) child_counts: Mutex<ChildCounts>,
+    /// Connections past their peer check, per peer uid and in total
+    /// (see `admission`).
+    pub(crate) connection_counts: Mutex<ChildCounts>,
     /// The daemon's own `(resource, soft, hard)` limits, which children
     /// inherit for resources a request leaves unset.
     pub(crate) own_limits: Vec<(u32, u64, u64)>,
+    /// The fd limit a child gets when its request leaves it unset: the
+    /// one the daemon started with, when the daemon raised its own.
+    pub(crate) child_nofile: Option<ResourceLimit>,
     /// Whether the daemon's real uid and gid equal its effective ones, so
     /// that a child meant to run with [`Daemon::credentials`] already does.
     pub(crate) plain_ids: bool,
@@ -95,8 +104,10 @@ impl Daemon {
             },
             policy,
             child_counts: Mutex::default(),
+            connection_counts: Mutex::default(),
             connections: OpenConnections::default(),
             own_limits: peer::own_limits(),
+            child_nofile: None,
             plain_ids: rustix::process::getuid() == rustix::process::geteuid()
                 && rustix::process::getgid() == rustix::process::getegid(),
             started: Instant::now(),
@@ -125,6 +136,15 @@ impl Daemon {
         match self.spawner.get_or_init(Spawner::with_current_dispositions) {
             Some(spawner) => spawner.spawn(plan),
             None => spawn::spawn(plan),
+        }
+    }
+
+    /// Starts a child on the fork path, without waiting for its exec (see
+    /// [`Spawner::start`]).
+    pub(crate) fn start(&self, plan: &SpawnPlan) -> Result<StartedChild, SpawnError> {
+        match self.spawner.get_or_init(Spawner::with_current_dispositions) {
+            Some(spawner) => spawner.start(plan),
+            None => spawn::start(plan),
         }
     }
 

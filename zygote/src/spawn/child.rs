@@ -54,6 +54,34 @@ pub(super) struct ChildArgs<'a> {
     pub(super) signals: &'a SignalReset,
     /// Where the child reports the step that failed.
     pub(super) failure: &'a Failure,
+    /// On the fork path, which shares no memory: the write end of the
+    /// close-on-exec status pipe, where the child also writes the failed
+    /// step (see [`encode_failure`]).
+    pub(super) report: Option<RawFd>,
+}
+
+/// The status pipe's failure report: the stage's index in
+/// [`SpawnStage::ALL`] and the errno, native-endian. Eight bytes, under
+/// `PIPE_BUF`, so written and read whole.
+pub(super) fn encode_failure(stage: SpawnStage, errno: c_int) -> [u8; 8] {
+    let index = SpawnStage::ALL
+        .iter()
+        .position(|known| *known == stage)
+        .and_then(|index| u32::try_from(index).ok())
+        .unwrap_or(u32::MAX);
+    let mut bytes = [0u8; 8];
+    let (first, second) = bytes.split_at_mut(4);
+    first.copy_from_slice(&index.to_ne_bytes());
+    second.copy_from_slice(&errno.to_ne_bytes());
+    bytes
+}
+
+/// Reverses [`encode_failure`]; `None` for an unknown stage.
+pub(super) fn decode_failure(bytes: [u8; 8]) -> Option<(SpawnStage, c_int)> {
+    let [a, b, c, d, e, f, g, h] = bytes;
+    let index = usize::try_from(u32::from_ne_bytes([a, b, c, d])).ok()?;
+    let stage = *SpawnStage::ALL.get(index)?;
+    Some((stage, c_int::from_ne_bytes([e, f, g, h])))
 }
 
 /// The kernel's `struct rlimit64`, as `prlimit64(2)` takes it on every
@@ -164,11 +192,18 @@ type Failed = (SpawnStage, c_int);
 pub(super) extern "C" fn child_main(arg: *mut c_void) -> c_int {
     // SAFETY: `clone::clone_child` passes a pointer to a live `ChildArgs`;
     // the parent thread is suspended until we exec or exit, so it stays
-    // valid and nobody else reads or writes it meanwhile.
+    // valid and nobody else reads or writes it meanwhile. On the fork path
+    // (`clone::fork_child`) it points into our own copy of the memory.
     let args = unsafe { &*arg.cast::<ChildArgs<'_>>() };
     let (stage, errno) = setup_and_exec(args);
     args.failure.errno.set(errno);
     args.failure.stage.set(Some(stage));
+    if let Some(fd) = args.report {
+        let report = encode_failure(stage, errno);
+        // SAFETY: writes 8 bytes from a valid buffer to our own pipe end;
+        // a failed write leaves the parent to see a plain exit.
+        unsafe { libc::write(fd, report.as_ptr().cast(), report.len()) };
+    }
     // SAFETY: `_exit` is async-signal-safe and ends only this process (no
     // CLONE_THREAD); it skips atexit handlers, which belong to the parent.
     unsafe { libc::_exit(127) }

@@ -24,7 +24,8 @@ static CLONE_PIDFD_WORKS: AtomicBool = AtomicBool::new(true);
 
 thread_local! {
     /// One stack per thread, reused: `spawn` blocks its thread until the
-    /// child has exec'd, so a thread never needs two at once.
+    /// child has exec'd, so a thread never needs two at once; a forked
+    /// child runs on its own copy.
     static STACK: Cell<Option<Stack>> = const { Cell::new(None) };
 }
 
@@ -71,7 +72,8 @@ impl Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly our own mapping; no child still runs on it
-        // (clone returns only after the child exec'd or exited).
+        // (a vfork'd child has exec'd or exited when clone returns; a
+        // forked one runs on its own copy).
         unsafe { libc::munmap(self.base, self.len) };
     }
 }
@@ -315,6 +317,31 @@ pub(super) fn become_subreaper() -> io::Result<()> {
     Ok(())
 }
 
+/// Starts a child running [`child::child_main`] on `args` in a copy of
+/// this process's memory (`clone` without `CLONE_VM`, a fork), and returns
+/// at once, without waiting for its exec: its pid and a close-on-exec
+/// pidfd. The child reports a failure through `args.report`.
+///
+/// # Errors
+///
+/// As [`clone_child`].
+pub(super) fn fork_child(args: &ChildArgs<'_>) -> Result<(libc::pid_t, OwnedFd), c_int> {
+    let arg = ptr::from_ref(args).cast_mut().cast::<c_void>();
+    // SAFETY: the child gets its own copy of our memory, `args` included,
+    // valid in it as here; `child_main` runs only async-signal-safe code
+    // (locks other threads held stay held in the copy) and never returns.
+    unsafe { clone_with(child::child_main, arg, Sharing::Fork) }
+}
+
+/// How the child relates to our memory.
+#[derive(Clone, Copy)]
+enum Sharing {
+    /// `CLONE_VM | CLONE_VFORK`: shares it, while this thread waits.
+    Vfork,
+    /// Neither: gets a copy, and this thread carries on.
+    Fork,
+}
+
 /// `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD)` on a reusable stack.
 ///
 /// # Safety
@@ -326,6 +353,19 @@ unsafe fn clone_vfork(
     entry: extern "C" fn(*mut c_void) -> c_int,
     arg: *mut c_void,
 ) -> Result<(libc::pid_t, OwnedFd), c_int> {
+    // SAFETY: forwarded from our caller.
+    unsafe { clone_with(entry, arg, Sharing::Vfork) }
+}
+
+/// # Safety
+///
+/// As [`clone_vfork`]; for [`Sharing::Fork`], `entry` and `arg` run on a
+/// copy of our memory instead.
+unsafe fn clone_with(
+    entry: extern "C" fn(*mut c_void) -> c_int,
+    arg: *mut c_void,
+    sharing: Sharing,
+) -> Result<(libc::pid_t, OwnedFd), c_int> {
     let stack = match STACK.take() {
         Some(stack) => stack,
         None => Stack::new().map_err(|error| errno_of(&error))?,
@@ -333,7 +373,7 @@ unsafe fn clone_vfork(
     let result = {
         let _blocked = BlockedSignals::block_all().map_err(|error| errno_of(&error))?;
         // SAFETY: forwarded from our caller; the stack is ours and unused.
-        unsafe { clone_on(&stack, entry, arg) }
+        unsafe { clone_on(&stack, entry, arg, sharing) }
     };
     STACK.set(Some(stack));
     result
@@ -341,13 +381,17 @@ unsafe fn clone_vfork(
 
 /// # Safety
 ///
-/// As [`clone_vfork`], with all signals blocked in this thread.
+/// As [`clone_with`], with all signals blocked in this thread.
 unsafe fn clone_on(
     stack: &Stack,
     entry: extern "C" fn(*mut c_void) -> c_int,
     arg: *mut c_void,
+    sharing: Sharing,
 ) -> Result<(libc::pid_t, OwnedFd), c_int> {
-    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD;
+    let flags = match sharing {
+        Sharing::Vfork => libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+        Sharing::Fork => libc::SIGCHLD,
+    };
     if CLONE_PIDFD_WORKS.load(Ordering::Relaxed) {
         let mut pidfd: c_int = -1;
         // SAFETY: see the function's contract. With CLONE_PIDFD the kernel
@@ -592,6 +636,35 @@ pub(super) fn pidfd_send_group_signal(
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// [`pidfd_send_group_signal`] from a scoped thread that has switched its
+/// own uids to `uid` first; directly when we already are `uid`, or when
+/// `uid` is root.
+pub(super) fn pidfd_send_group_signal_as(
+    pidfd: BorrowedFd<'_>,
+    pgid: libc::pid_t,
+    signal: c_int,
+    uid: u32,
+) -> io::Result<()> {
+    if uid == 0 || rustix::process::geteuid().as_raw() == uid {
+        return pidfd_send_group_signal(pidfd, pgid, signal);
+    }
+    std::thread::scope(|scope| {
+        let sender = scope.spawn(|| {
+            // SAFETY: the raw syscall changes the credentials of this
+            // thread alone (glibc's wrapper would change every thread's);
+            // the thread ends right after the signal, never switching back.
+            let ret = unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) };
+            if ret != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            pidfd_send_group_signal(pidfd, pgid, signal)
+        });
+        sender
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the signalling thread panicked")))
+    })
 }
 
 /// `SO_PEERPIDFD` from `<asm-generic/socket.h>`: 77 on every architecture

@@ -121,6 +121,30 @@ pub struct SpawnedChild {
     pub pidfd: OwnedFd,
 }
 
+/// A child started on the fork path ([`Spawner::start`]), not yet known to
+/// have exec'd: nothing waited for it. Read [`StartedChild::status`] with
+/// [`read_exec_report`] until it says how the start ended.
+#[derive(Debug)]
+pub struct StartedChild {
+    /// Its pid in the daemon's pid namespace.
+    pub pid: i32,
+    /// A close-on-exec pidfd.
+    pub pidfd: OwnedFd,
+    /// The read end of the child's close-on-exec status pipe,
+    /// non-blocking and close-on-exec.
+    pub status: OwnedFd,
+}
+
+/// What a [`StartedChild`]'s status pipe said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecReport {
+    /// End of file without a report: the child exec'd, or died before
+    /// (killed); its exit status tells which.
+    Execd,
+    /// The child failed at this step and is exiting with 127; reap it.
+    Failed(SpawnError),
+}
+
 /// A spawn that failed: the step and its errno. No child is left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{} failed: {}", .stage.name(), strerror(*.errno))]
@@ -171,6 +195,19 @@ impl Spawner {
     pub fn spawn(&self, plan: &SpawnPlan) -> Result<SpawnedChild, SpawnError> {
         spawn_with(plan, &self.signals)
     }
+
+    /// Starts a child as `plan` says and returns at once, before its exec
+    /// (the fork path): the caller learns from [`StartedChild::status`]
+    /// whether it exec'd. For children whose owner could stop them before
+    /// exec: [`spawn`] would block its thread until they go on.
+    ///
+    /// # Errors
+    ///
+    /// `Validate`, `Pipe` or `Clone`; later steps are reported on the
+    /// status pipe.
+    pub fn start(&self, plan: &SpawnPlan) -> Result<StartedChild, SpawnError> {
+        start_with(plan, &self.signals)
+    }
 }
 
 impl std::fmt::Debug for Spawner {
@@ -219,6 +256,95 @@ fn spawn_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<SpawnedChild, S
     Ok(SpawnedChild { pid, pidfd })
 }
 
+/// Starts a child as `plan` says without waiting for its exec, on the fork
+/// path: see [`Spawner::start`].
+///
+/// # Errors
+///
+/// As [`Spawner::start`].
+pub fn start(plan: &SpawnPlan) -> Result<StartedChild, SpawnError> {
+    start_with(plan, &SignalReset::new())
+}
+
+/// Reads a [`StartedChild`]'s status pipe once.
+///
+/// # Errors
+///
+/// `WouldBlock` while the child has neither exec'd nor failed yet; any
+/// other read error.
+pub fn read_exec_report(status: BorrowedFd<'_>) -> io::Result<ExecReport> {
+    let mut report = [0u8; 8];
+    loop {
+        match rustix::io::read(status, &mut report) {
+            Ok(0) => return Ok(ExecReport::Execd),
+            Ok(8) => {
+                let (stage, errno) =
+                    child::decode_failure(report).unwrap_or((SpawnStage::Exec, libc::EIO));
+                return Ok(ExecReport::Failed(SpawnError { stage, errno }));
+            }
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a partial report on the status pipe",
+                ));
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(errno) => return Err(errno.into()),
+        }
+    }
+}
+
+/// The fork path: the child gets a copy of our memory and runs as its
+/// own process while the calling thread carries on, so nothing the child
+/// does before exec (stopped by its new owner, stuck on a slow
+/// filesystem) can hold this thread. The price is copying the page tables.
+fn start_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<StartedChild, SpawnError> {
+    let mut prepared = Prepared::new(plan)?;
+    let pipe_failed = |errno: rustix::io::Errno| SpawnError {
+        stage: SpawnStage::Pipe,
+        errno: errno.raw_os_error(),
+    };
+    let (status, write) = rustix::pipe::pipe_with(
+        rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+    )
+    .map_err(pipe_failed)?;
+    // Above every target, so that placing the child's fds cannot
+    // overwrite it, and kept open by the child's closing of the rest.
+    let write = rustix::io::fcntl_dupfd_cloexec(&write, prepared.dup_floor).map_err(pipe_failed)?;
+    prepared.keep_open(write.as_raw_fd());
+    let failure = Failure::default();
+    let mut args = prepared.child_args(signals, &failure);
+    args.report = Some(write.as_raw_fd());
+    // Forked children join their cgroup themselves, first thing, while
+    // they still have the daemon's ids (clone3's placement is used on the
+    // vfork path only).
+    let procs = match plan.cgroup.as_ref() {
+        Some(dir) => Some(
+            clone::open_cgroup_procs(dir.as_fd()).map_err(|errno| SpawnError {
+                stage: SpawnStage::Cgroup,
+                errno,
+            })?,
+        ),
+        None => None,
+    };
+    args.join_cgroup = procs.as_ref().map(AsRawFd::as_raw_fd);
+    // Listed before the orphan reaper can see it, as in `spawn_with`.
+    let gate = OWN.gate.read().unwrap_or_else(PoisonError::into_inner);
+    let (pid, pidfd) = clone::fork_child(&args).map_err(|errno| SpawnError {
+        stage: SpawnStage::Clone,
+        errno,
+    })?;
+    OWN.pids
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(pid);
+    drop(gate);
+    // Only the child may hold the write end: its exec (or exit) is the EOF.
+    drop(write);
+    drop(procs);
+    Ok(StartedChild { pid, pidfd, status })
+}
+
 /// Non-blocking reap via `waitid(P_PIDFD, pidfd, WEXITED | WNOHANG)`, with
 /// the child's rusage (raw syscall: glibc's wrapper has no rusage).
 ///
@@ -264,6 +390,24 @@ pub fn mark_inherited_fds_cloexec() -> io::Result<()> {
 /// `ESRCH` if the group is gone, `EINVAL` for a bad signal number.
 pub fn send_group_signal(pidfd: BorrowedFd<'_>, pgid: i32, signal: i32) -> io::Result<()> {
     clone::pidfd_send_group_signal(pidfd, pgid, signal)
+}
+
+/// As [`send_group_signal`], with the permissions of `uid`: a root caller
+/// sends it from a short-lived thread that first sets its own uids (and
+/// only its own: the raw syscall, not glibc's process-wide wrapper) to
+/// `uid`, which drops its capabilities, so that the kernel skips every
+/// member `uid` could not signal itself.
+///
+/// # Errors
+///
+/// As [`send_group_signal`]; `EPERM` when no member could be signalled.
+pub fn send_group_signal_as(
+    pidfd: BorrowedFd<'_>,
+    pgid: i32,
+    signal: i32,
+    uid: u32,
+) -> io::Result<()> {
+    clone::pidfd_send_group_signal_as(pidfd, pgid, signal, uid)
 }
 
 /// The pidfd of a Unix socket's peer, from `SO_PEERPIDFD` (Linux 6.5).
@@ -455,6 +599,22 @@ impl<'a> Prepared<'a> {
         })
     }
 
+    /// Leaves fd `keep`, at or above `dup_floor`, open in the child.
+    fn keep_open(&mut self, keep: RawFd) {
+        let Ok(keep) = c_uint::try_from(keep) else {
+            return;
+        };
+        if let Some(last) = self.close_ranges.pop() {
+            let (first, end) = last;
+            if keep > first {
+                self.close_ranges.push((first, keep - 1));
+            }
+            if keep < end {
+                self.close_ranges.push((keep + 1, end));
+            }
+        }
+    }
+
     fn child_args<'b>(&'b self, signals: &'b SignalReset, failure: &'b Failure) -> ChildArgs<'b> {
         let plan = self.plan;
         ChildArgs {
@@ -478,6 +638,7 @@ impl<'a> Prepared<'a> {
             join_cgroup: None,
             signals,
             failure,
+            report: None,
         }
     }
 }

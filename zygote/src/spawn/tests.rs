@@ -624,3 +624,86 @@ fn measure() {
         report(&format!("{program}: clone-vfork spawn() alone"), blocked);
     }
 }
+
+/// Waits (polling) for a fork-path child's report.
+fn exec_report(started: &super::StartedChild) -> super::ExecReport {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match super::read_exec_report(started.status.as_fd()) {
+            Ok(report) => return report,
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) => panic!("reading the status pipe: {error}"),
+        }
+        assert!(Instant::now() < deadline, "no exec report");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn fork_path_reports_exec_and_output() {
+    let mut plan = sh("echo forked; ls /proc/self/fd");
+    let stdout = capture_stdout(&mut plan);
+    let started = super::start(&plan).unwrap();
+    drop(plan);
+    assert_eq!(exec_report(&started), super::ExecReport::Execd);
+    let child = SpawnedChild {
+        pid: started.pid,
+        pidfd: started.pidfd,
+    };
+    assert_eq!(wait(&child).0, ExitStatus::Exited(0));
+    let text = read_all(stdout);
+    // The status pipe's write end closed at exec: only 0, 1, 2 and the
+    // fd `ls` opened itself.
+    let fds: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(text.lines().next(), Some("forked"));
+    assert_eq!(fds, ["0", "1", "2", "3"], "{text}");
+}
+
+#[test]
+fn fork_path_reports_the_failed_step() {
+    for (plan, stage, errno) in [
+        (
+            plan(&["/nonexistent/program"]),
+            SpawnStage::Exec,
+            libc::ENOENT,
+        ),
+        (
+            SpawnPlan {
+                cwd: Some(c("/nonexistent/dir")),
+                ..plan(&["/bin/true"])
+            },
+            SpawnStage::Chdir,
+            libc::ENOENT,
+        ),
+    ] {
+        let started = super::start(&plan).unwrap();
+        assert_eq!(
+            exec_report(&started),
+            super::ExecReport::Failed(SpawnError { stage, errno })
+        );
+        let child = SpawnedChild {
+            pid: started.pid,
+            pidfd: started.pidfd,
+        };
+        assert_eq!(wait(&child).0, ExitStatus::Exited(127));
+    }
+}
+
+#[test]
+fn fork_path_keeps_a_high_target_fd() {
+    // A target above the status pipe's usual number must still be placed.
+    let mut plan = sh("ls /proc/self/fd");
+    let stdout = capture_stdout(&mut plan);
+    plan.fds.push((dev_null(), 40));
+    let started = super::start(&plan).unwrap();
+    drop(plan);
+    assert_eq!(exec_report(&started), super::ExecReport::Execd);
+    let child = SpawnedChild {
+        pid: started.pid,
+        pidfd: started.pidfd,
+    };
+    assert_eq!(wait(&child).0, ExitStatus::Exited(0));
+    let text = read_all(stdout);
+    let fds: Vec<&str> = text.lines().collect();
+    assert_eq!(fds, ["0", "1", "2", "3", "40"], "{text}");
+}
