@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::tools::have_tool;
@@ -66,6 +68,22 @@ fn journal_entries_have_syslog_priorities_and_consistent_fields() {
     journal
         .set_read_timeout(Some(Duration::from_millis(200)))
         .expect("read timeout");
+    // Read as the daemon writes, as journald does: a datagram socket's
+    // queue holds only ~10 entries, and a full one blocks the daemon.
+    let collected = Arc::new(Mutex::new(Vec::<Entry>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (collected, stop) = (Arc::clone(&collected), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut buffer = vec![0u8; 1 << 16];
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(len @ 1..) = journal.recv(&mut buffer) {
+                    let entry = parse_entry(&buffer[..len]);
+                    collected.lock().expect("entries").push(entry);
+                }
+            }
+        })
+    };
     let socket = dir.path().join("zygote.sock");
     // The daemon, alone in a mount namespace where our socket is
     // /run/systemd/journal/socket; the host's /run is untouched.
@@ -114,23 +132,21 @@ fn journal_entries_have_syslog_priorities_and_consistent_fields() {
     assert_eq!(run("true").code(), Some(0));
     assert_eq!(run("/nonexistent/program").code(), Some(127));
 
-    let mut entries = Vec::new();
-    let mut buffer = vec![0u8; 1 << 16];
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let has = |entries: &[Entry], message: &str| {
-        entries
+    let has = |message: &str| {
+        collected
+            .lock()
+            .expect("entries")
             .iter()
             .any(|entry| entry.get("MESSAGE").is_some_and(|m| m == message))
     };
-    while Instant::now() < deadline && !(has(&entries, "spawned") && has(&entries, "spawn failed"))
-    {
-        if let Ok(len) = journal.recv(&mut buffer) {
-            if len > 0 {
-                entries.push(parse_entry(&buffer[..len]));
-            }
-        }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && !(has("spawned") && has("spawn failed")) {
+        std::thread::sleep(Duration::from_millis(20));
     }
     let _ = daemon.kill();
+    stop.store(true, Ordering::Relaxed);
+    reader.join().expect("journal reader");
+    let entries = std::mem::take(&mut *collected.lock().expect("entries"));
     let output = daemon.wait_with_output().expect("reap the daemon");
     let find = |message: &str| {
         entries
