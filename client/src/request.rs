@@ -289,6 +289,11 @@ impl Spec {
             }),
             pty: self.pty.map(|window| PtySpec { window }),
             report_stops: self.report_stops,
+            ignored_signals: snapshot.attributes.ignored_signals,
+            nice: snapshot.attributes.nice,
+            cpu_affinity: snapshot.attributes.cpu_affinity.clone(),
+            oom_score_adj: snapshot.attributes.oom_score_adj,
+            large_args: None,
         };
         Ok(Prepared {
             request,
@@ -368,6 +373,7 @@ mod tests {
     use zygote_proto::ResourceLimit;
 
     use super::*;
+    use crate::transparent::Attributes;
 
     fn snapshot() -> Snapshot {
         Snapshot {
@@ -383,6 +389,12 @@ mod tests {
                 soft: 1024,
                 hard: u64::MAX,
             }],
+            attributes: Attributes {
+                ignored_signals: 1,
+                nice: Some(7),
+                cpu_affinity: vec![0],
+                oom_score_adj: Some(300),
+            },
             inherited_fds: Vec::new(),
         }
     }
@@ -414,6 +426,15 @@ mod tests {
         assert_eq!(request.cwd.as_deref(), Some(&b"/srv/work"[..]));
         assert_eq!(request.umask, Some(0o027));
         assert_eq!(request.rlimits, snapshot.rlimits);
+        assert_eq!(
+            (
+                request.ignored_signals,
+                request.nice,
+                &request.cpu_affinity[..],
+                request.oom_score_adj
+            ),
+            (1, Some(7), &[0][..], Some(300))
+        );
         assert_eq!(
             [request.stdin, request.stdout, request.stderr],
             [StdioSpec::Null, StdioSpec::Pipe, StdioSpec::Pipe]

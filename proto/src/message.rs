@@ -175,6 +175,35 @@ pub struct SpawnRequest {
     /// Send [`ServerMessage::Stopped`] and [`ServerMessage::Continued`]
     /// when the child stops or continues.
     pub report_stops: bool,
+    /// Signals the child starts with ignored (`SIG_IGN`), bit `n - 1` for
+    /// signal `n`, as `execve(2)` keeps a caller's ignored signals. Every
+    /// other signal starts with its default action.
+    pub ignored_signals: u64,
+    /// The child's nice value; the daemon's when absent. A peer without
+    /// privilege gets no lower (higher priority) value than its own.
+    pub nice: Option<i32>,
+    /// The CPUs the child may run on (`sched_setaffinity(2)`); the
+    /// daemon's affinity when empty.
+    pub cpu_affinity: Vec<u32>,
+    /// The child's `/proc/PID/oom_score_adj`; the daemon's when absent. A
+    /// peer without privilege gets no lower value than its own.
+    pub oom_score_adj: Option<i32>,
+    /// Index, among the attached fds, of a sealed memfd holding
+    /// [`LargeArgs`]: the arguments and environment of a request too large
+    /// for one frame. `args` and `env` are then empty.
+    pub large_args: Option<u32>,
+}
+
+/// The arguments and environment of a large request, postcard-encoded in a
+/// memfd sealed against writing, growing and shrinking (see
+/// [`SpawnRequest::large_args`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LargeArgs {
+    /// `argv[1..]`.
+    #[serde(with = "crate::bytes::list")]
+    pub args: Vec<Vec<u8>>,
+    /// The child's whole environment.
+    pub env: Vec<EnvVar>,
 }
 
 impl SpawnRequest {
@@ -202,6 +231,11 @@ impl SpawnRequest {
             timeout: None,
             pty: None,
             report_stops: false,
+            ignored_signals: 0,
+            nice: None,
+            cpu_affinity: Vec::new(),
+            oom_score_adj: None,
+            large_args: None,
         }
     }
 }
@@ -288,11 +322,17 @@ pub enum SpawnStage {
     Setgid,
     /// `setresuid(2)`.
     Setuid,
+    /// `setpriority(2)`: the nice value.
+    Nice,
+    /// `sched_setaffinity(2)`.
+    Affinity,
+    /// Writing `/proc/self/oom_score_adj`.
+    OomScoreAdj,
 }
 
 impl SpawnStage {
     /// Every stage, in wire (variant index) order.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 18] = [
         Self::Validate,
         Self::Pipe,
         Self::Clone,
@@ -308,6 +348,9 @@ impl SpawnStage {
         Self::Setgroups,
         Self::Setgid,
         Self::Setuid,
+        Self::Nice,
+        Self::Affinity,
+        Self::OomScoreAdj,
     ];
 
     /// Lowercase name, as used in logs and metric labels.
@@ -328,6 +371,9 @@ impl SpawnStage {
             Self::Setgroups => "setgroups",
             Self::Setgid => "setgid",
             Self::Setuid => "setuid",
+            Self::Nice => "nice",
+            Self::Affinity => "affinity",
+            Self::OomScoreAdj => "oom_score_adj",
         }
     }
 }

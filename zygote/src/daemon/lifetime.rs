@@ -252,6 +252,7 @@ impl SpawnTask {
             refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
         })?;
         prepared.plan.credentials = credentials;
+        plan::apply_peer_floor(&mut prepared.plan, peer);
         let clamped = self.connection.grant.clamp_unset_rlimits(
             peer,
             &request.rlimits,

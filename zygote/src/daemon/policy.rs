@@ -402,6 +402,9 @@ mod tests {
             hard_limits: vec![(7, 1024)],
             can_setid: uid == 0,
             can_raise_limits: uid == 0,
+            nice: 0,
+            can_nice: false,
+            oom_score_adj: 0,
         }
     }
 

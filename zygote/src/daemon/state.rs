@@ -172,6 +172,10 @@ mod tests {
             umask: None,
             rlimits,
             credentials,
+            ignored_signals: 0,
+            nice: None,
+            cpu_affinity: Vec::new(),
+            oom_score_adj: None,
         }
     }
 

@@ -48,6 +48,10 @@ fn plan(argv: &[&str]) -> SpawnPlan {
         umask: None,
         rlimits: Vec::new(),
         credentials: None,
+        ignored_signals: 0,
+        nice: None,
+        cpu_affinity: Vec::new(),
+        oom_score_adj: None,
     }
 }
 
