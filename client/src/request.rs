@@ -10,8 +10,10 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use rustix::fs::{MemfdFlags, SealFlags, fcntl_add_seals, memfd_create};
 use zygote_proto::{
-    EnvVar, FdMapping, KillOnClose, PtySpec, SpawnRequest, StdioSpec, Timeout, UserSpec, WindowSize,
+    EnvVar, FdMapping, KillOnClose, LargeArgs, PtySpec, SpawnRequest, StdioSpec, Timeout, UserSpec,
+    WindowSize,
 };
 
 use crate::stdio::StdioKind;
@@ -322,6 +324,83 @@ impl Spec {
         };
         bytes("working directory", path.as_os_str())
     }
+}
+
+impl<'a> Prepared<'a> {
+    /// Attaches the [`LargeArgs`] memfd and names it in the request.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::TooManyFds`] over `max_fds`.
+    pub fn attach(&mut self, memfd: BorrowedFd<'a>, max_fds: usize) -> Result<()> {
+        if self.fds.len() >= max_fds {
+            return Err(Error::TooManyFds {
+                count: self.fds.len() + 1,
+                limit: max_fds,
+                inherited: false,
+            });
+        }
+        self.request.large_args =
+            Some(u32::try_from(self.fds.len()).expect("fd count is far below u32::MAX"));
+        self.fds.push(memfd);
+        Ok(())
+    }
+}
+
+/// Room kept in a frame for the request's other fields when deciding
+/// whether its argv and environment fit.
+const FRAME_HEADROOM: usize = 16 * 1024;
+
+/// When `request` would not fit in a frame of `frame_limit` bytes, moves
+/// its arguments and environment into a sealed memfd (see
+/// [`LargeArgs`]) and returns the memfd to attach; the daemon's own
+/// argv/env limit still applies.
+///
+/// # Errors
+///
+/// [`Error::Io`] when the memfd cannot be made.
+pub(crate) fn move_large_args(
+    request: &mut SpawnRequest,
+    frame_limit: usize,
+) -> Result<Option<OwnedFd>> {
+    // An upper bound of the encoded size: each length takes at most 5
+    // bytes. Most requests are far below and skip the encoding.
+    let strings = request
+        .args
+        .iter()
+        .map(|arg| arg.len() + 5)
+        .chain(
+            request
+                .env
+                .iter()
+                .map(|var| var.key.len() + var.value.len() + 10),
+        )
+        .sum::<usize>();
+    if strings + FRAME_HEADROOM <= frame_limit {
+        return Ok(None);
+    }
+    let large = LargeArgs {
+        args: std::mem::take(&mut request.args),
+        env: std::mem::take(&mut request.env),
+    };
+    let bytes = zygote_proto::encode(&large)
+        .map_err(|error| Error::io("encoding a large argument list", io::Error::other(error)))?;
+    let fail = |op: &str, errno: rustix::io::Errno| Error::io(op, io::Error::from(errno));
+    let memfd = memfd_create(
+        "zygote-args",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(|errno| fail("creating a memfd for a large argument list", errno))?;
+    let mut file = std::fs::File::from(memfd);
+    std::io::Write::write_all(&mut file, &bytes)
+        .map_err(|error| Error::io("writing a large argument list to a memfd", error))?;
+    let memfd = OwnedFd::from(file);
+    fcntl_add_seals(
+        &memfd,
+        SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
+    )
+    .map_err(|errno| fail("sealing the large argument list's memfd", errno))?;
+    Ok(Some(memfd))
 }
 
 /// The calling process's fd 0, 1 or 2, when it is open.

@@ -247,7 +247,7 @@ impl SpawnTask {
             .map_err(|denied| refused(SpawnStage::Admission, libc::EPERM, denied.0))?;
         let slot = admission::reserve(&self.daemon, peer.uid, self.connection.grant.max_children)
             .map_err(|busy| refused(SpawnStage::Admission, libc::EAGAIN, busy))?;
-        let limit = self.daemon.policy.limits.max_argv_env_bytes;
+        let limit = self.connection.grant.max_argv_env_bytes;
         let mut prepared = plan::prepare(request, attached, limit).map_err(|refusal| {
             refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
         })?;
@@ -265,7 +265,14 @@ impl SpawnTask {
         drop(prepared.plan);
         let child = spawned.map_err(|error| {
             let reason = strerror(error.errno);
-            refused(error.stage, error.errno, format!("{program}: {reason}"))
+            let message = match (error.stage, &request.cwd) {
+                // The directory is what is missing, not the program.
+                (SpawnStage::Chdir, Some(cwd)) => {
+                    format!("chdir {}: {reason}", String::from_utf8_lossy(cwd))
+                }
+                _ => format!("{program}: {reason}"),
+            };
+            refused(error.stage, error.errno, message)
         })?;
         let pid = child.pid;
         let pidfd = match zygote_proto::register(child.pidfd, Interest::READABLE) {

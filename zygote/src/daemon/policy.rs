@@ -21,10 +21,10 @@ pub const DEFAULT_MAX_CHILDREN: usize = 4096;
 /// Default cap on children running at once for the peers of one uid.
 pub const DEFAULT_MAX_CHILDREN_PER_PEER: usize = 1024;
 /// Default cap on argv plus environment, counted as the kernel counts them
-/// (each string with its NUL, plus one pointer each). Below the frame cap
-/// (256 KiB), so that a request refused for size gets an `E2BIG` answer
-/// rather than a closed connection whenever its frame fits.
-pub const DEFAULT_MAX_ARGV_ENV_BYTES: usize = 192 * 1024;
+/// (each string with its NUL, plus one pointer each): the kernel's own
+/// `ARG_MAX` with the default 8 MiB stack limit (a quarter of it). Larger
+/// than a frame: clients send big lists in a sealed memfd.
+pub const DEFAULT_MAX_ARGV_ENV_BYTES: usize = 2 * 1024 * 1024;
 
 /// The policy file, as written. Unknown keys are errors: a typo in a
 /// security policy must not silently mean "default".
@@ -109,6 +109,8 @@ pub struct Rule {
     pub raise_rlimits: bool,
     /// Children running at once for this peer's uid.
     pub max_children: Option<usize>,
+    /// argv plus environment of one request from this peer, in bytes.
+    pub max_argv_env_bytes: Option<usize>,
 }
 
 impl Rule {
@@ -141,6 +143,8 @@ pub struct Grant {
     rule: Rule,
     /// Children running at once for this peer's uid.
     pub max_children: usize,
+    /// argv plus environment of one request, in bytes.
+    pub max_argv_env_bytes: usize,
 }
 
 /// Why a request was refused by policy; becomes `SpawnFailed` with stage
@@ -257,6 +261,9 @@ impl Policy {
             max_children: rule
                 .max_children
                 .unwrap_or(self.limits.max_children_per_peer),
+            max_argv_env_bytes: rule
+                .max_argv_env_bytes
+                .unwrap_or(self.limits.max_argv_env_bytes),
             rule,
         })
     }

@@ -39,6 +39,9 @@ mod child;
 mod clone;
 mod fork;
 mod selfsignal;
+mod wrapper;
+
+pub use wrapper::{die_by, stop_self_by};
 
 pub use fork::{
     ForkError, Forked, close_fds_above_2_except, exit_now, fork_single_threaded, take_inherited_fd,
