@@ -24,6 +24,10 @@ mod run;
 // Generated docs: `zygote run --help`, man pages, shell completions.
 mod docs;
 
+// `zygote run -- CMD` against `CMD` run directly: signals, attributes,
+// argument lists, messages, flags.
+mod run_transparent;
+
 // The harness for tests driving outside tools: tool checks, HTTP, ports.
 mod tools;
 

@@ -68,7 +68,9 @@ pub(crate) struct Snapshot {
 pub(crate) struct Attributes {
     /// Ignored signals (bit `n - 1` for signal `n`), except SIGPIPE, which
     /// Rust programs ignore at start and std's `Command` resets for its
-    /// children, and glibc's internal signals.
+    /// children. glibc's internal signals 32 and 33 included: its
+    /// `posix_spawn` leaves them ignored, so children of such a process
+    /// inherit that.
     pub ignored_signals: u64,
     /// `None` when unknown (the zygote's applies).
     pub nice: Option<i32>,
@@ -110,17 +112,15 @@ impl Attributes {
     }
 }
 
-/// The `SigIgn:` mask of a `/proc/<pid>/status` text, without SIGPIPE and
-/// glibc's internal signals 32 and 33 (see [`Attributes`]).
+/// The `SigIgn:` mask of a `/proc/<pid>/status` text, without SIGPIPE
+/// (see [`Attributes`]).
 pub(crate) fn parse_ignored(status: &str) -> Option<u64> {
     let value = status
         .lines()
         .find_map(|line| line.strip_prefix("SigIgn:"))?
         .trim();
     let mask = u64::from_str_radix(value, 16).ok()?;
-    let pipe = 1 << (libc::SIGPIPE - 1);
-    let glibc_internal = 0b11 << 31;
-    Some(mask & !pipe & !glibc_internal)
+    Some(mask & !(1 << (libc::SIGPIPE - 1)))
 }
 
 /// The process-wide settings a request copies that programs set at start
@@ -260,10 +260,10 @@ mod tests {
     }
 
     #[test]
-    fn ignored_signals_skip_sigpipe_and_glibc_internals() {
+    fn ignored_signals_skip_sigpipe() {
         // SIGHUP (1), SIGINT (2), SIGPIPE (13), 32 and 33 ignored.
         let status = "Name:\tx\nSigIgn:\t0000000180001003\n";
-        assert_eq!(parse_ignored(status), Some(0b11));
+        assert_eq!(parse_ignored(status), Some(0x1_8000_0003));
         assert_eq!(parse_ignored("Name:\tx\n"), None);
     }
 

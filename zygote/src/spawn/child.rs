@@ -313,8 +313,9 @@ fn set_attributes(args: &ChildArgs<'_>) -> Result<(), Failed> {
 }
 
 /// Sets `SIG_IGN` for each signal in `mask`, as exec keeps a caller's
-/// ignored signals. SIGKILL and SIGSTOP cannot be ignored, and glibc's
-/// internal signals refuse; those bits are skipped.
+/// ignored signals. SIGKILL and SIGSTOP cannot be ignored; those bits are
+/// skipped. glibc refuses its internal signals (32, 33), which the raw
+/// syscall sets.
 fn ignore_signals(signals: &SignalReset, mask: u64) -> Result<(), Failed> {
     for signal in 1..=signals.max_signal.min(64) {
         let bit = u32::try_from(signal - 1).unwrap_or(0);
@@ -325,11 +326,34 @@ fn ignore_signals(signals: &SignalReset, mask: u64) -> Result<(), Failed> {
         // has its own copy of the handler table (no CLONE_SIGHAND).
         let ret =
             unsafe { libc::sigaction(signal, &raw const signals.ignore_action, ptr::null_mut()) };
-        if ret != 0 && errno() != libc::EINVAL {
+        if ret == 0 {
+            continue;
+        }
+        if errno() != libc::EINVAL {
             return Err((SpawnStage::Signals, errno()));
         }
+        ignore_signal_raw(signal, signals.sigset_bytes)?;
     }
     Ok(())
+}
+
+/// `rt_sigaction(signal, SIG_IGN)` without libc.
+fn ignore_signal_raw(signal: c_int, sigset_bytes: usize) -> Result<(), Failed> {
+    // The kernel's struct sigaction starts with the handler on the 64-bit
+    // targets we build for; no flags, no restorer, an empty mask follow.
+    let ignore_action: [u64; 8] = [libc::SIG_IGN as u64, 0, 0, 0, 0, 0, 0, 0];
+    // SAFETY: the kernel reads at most 64 bytes from a valid buffer and
+    // writes nothing (no old action pointer).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            signal,
+            ignore_action.as_ptr(),
+            ptr::null_mut::<c_void>(),
+            sigset_bytes,
+        )
+    };
+    check_long(ret, SpawnStage::Signals)
 }
 
 /// Sets groups, then gid, then uid: each later step removes the right to
