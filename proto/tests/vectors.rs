@@ -21,6 +21,8 @@ use zygote_proto::{
 };
 
 /// A whole frame: what a client or the daemon sends.
+// A handful of test values; boxing would only add noise.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, PartialEq)]
 enum Frame {
     Client(ClientMessage),

@@ -772,6 +772,135 @@ mod tests {
         assert_eq!(got, "12");
     }
 
+    fn sealed_memfd(bytes: &[u8], seals: rustix::fs::SealFlags) -> OwnedFd {
+        use rustix::fs::{MemfdFlags, memfd_create};
+        use std::io::Write;
+        let memfd = memfd_create("test", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .expect("memfd_create");
+        let mut file = File::from(memfd);
+        file.write_all(bytes).expect("write");
+        let memfd = OwnedFd::from(file);
+        rustix::fs::fcntl_add_seals(&memfd, seals).expect("seal");
+        memfd
+    }
+
+    #[test]
+    fn large_args_come_from_a_sealed_memfd() {
+        use rustix::fs::SealFlags;
+        let large = LargeArgs {
+            args: vec![b"one".to_vec(), b"two".to_vec()],
+            env: vec![EnvVar {
+                key: b"K".to_vec(),
+                value: b"v".to_vec(),
+            }],
+        };
+        let bytes = zygote_proto::encode(&large).expect("encode");
+        let all = SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK;
+        let mut request = request();
+        request.large_args = Some(0);
+        let prepared = prepare(&request, vec![sealed_memfd(&bytes, all)]).expect("valid");
+        let argv: Vec<_> = prepared.plan.argv.iter().map(|a| a.to_bytes()).collect();
+        assert_eq!(argv, [&b"true"[..], b"one", b"two"]);
+        assert_eq!(prepared.plan.envp[0].to_bytes(), b"K=v");
+        // The memfd is not the child's.
+        assert_eq!(prepared.plan.fds.len(), 3);
+
+        // Unsealed, or a pipe: refused, never read.
+        let refused = refusal(&request, vec![sealed_memfd(&bytes, SealFlags::GROW)]);
+        assert!(refused.message.contains("sealed"), "{}", refused.message);
+        let (read, _write) = pipe_with(PipeFlags::CLOEXEC).expect("pipe");
+        let refused = refusal(&request, vec![read]);
+        assert!(
+            refused.message.contains("not a memfd"),
+            "{}",
+            refused.message
+        );
+        // Also used as stdio: refused.
+        request.stdout = StdioSpec::Fd(0);
+        let refused = refusal(&request, vec![sealed_memfd(&bytes, all)]);
+        assert!(
+            refused.message.contains("large_args"),
+            "{}",
+            refused.message
+        );
+        // Over the limit: E2BIG, like the kernel.
+        let mut request = self::request();
+        request.large_args = Some(0);
+        let huge = LargeArgs {
+            args: vec![vec![b'a'; 1000]; 400],
+            env: vec![],
+        };
+        let bytes = zygote_proto::encode(&huge).expect("encode");
+        let refused = refusal(&request, vec![sealed_memfd(&bytes, all)]);
+        assert_eq!(refused.errno, Errno::TOOBIG);
+    }
+
+    #[test]
+    fn attributes_are_checked_and_carried() {
+        let mut request = request();
+        request.nice = Some(7);
+        request.oom_score_adj = Some(300);
+        request.cpu_affinity = vec![0, 65];
+        request.ignored_signals = 1;
+        let plan = prepare(&request, vec![]).expect("valid").plan;
+        assert_eq!(plan.nice, Some(7));
+        assert_eq!(plan.oom_score_adj, Some(300));
+        assert_eq!(plan.cpu_affinity, vec![1, 2]);
+        assert_eq!(plan.ignored_signals, 1);
+        for bad in [
+            SpawnRequest {
+                nice: Some(20),
+                ..self::request()
+            },
+            SpawnRequest {
+                oom_score_adj: Some(-1001),
+                ..self::request()
+            },
+            SpawnRequest {
+                cpu_affinity: vec![MAX_CPUS],
+                ..self::request()
+            },
+        ] {
+            assert_eq!(refusal(&bad, vec![]).errno, Errno::INVAL);
+        }
+    }
+
+    #[test]
+    fn an_unprivileged_peer_gets_no_lower_nice_or_oom_score_adj_than_its_own() {
+        let mut peer = Peer {
+            pid: 1,
+            uid: 1000,
+            gid: 1000,
+            groups: vec![],
+            hard_limits: vec![],
+            can_setid: false,
+            can_raise_limits: false,
+            nice: 5,
+            can_nice: false,
+            oom_score_adj: 200,
+        };
+        let mut request = request();
+        request.nice = Some(-10);
+        request.oom_score_adj = Some(-500);
+        let mut plan = prepare(&request, vec![]).expect("valid").plan;
+        apply_peer_floor(&mut plan, &peer);
+        assert_eq!((plan.nice, plan.oom_score_adj), (Some(5), Some(200)));
+        // Higher is always allowed.
+        request.nice = Some(10);
+        request.oom_score_adj = Some(900);
+        let mut plan = prepare(&request, vec![]).expect("valid").plan;
+        apply_peer_floor(&mut plan, &peer);
+        assert_eq!((plan.nice, plan.oom_score_adj), (Some(10), Some(900)));
+        // With the capabilities, as asked.
+        peer.can_nice = true;
+        peer.can_raise_limits = true;
+        request.nice = Some(-10);
+        request.oom_score_adj = Some(-500);
+        let mut plan = prepare(&request, vec![]).expect("valid").plan;
+        apply_peer_floor(&mut plan, &peer);
+        assert_eq!((plan.nice, plan.oom_score_adj), (Some(-10), Some(-500)));
+    }
+
     #[test]
     fn a_pty_takes_stdio_and_its_master_comes_last() {
         let mut request = request();
