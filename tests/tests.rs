@@ -28,6 +28,9 @@ mod docs;
 // argument lists, messages, flags.
 mod run_transparent;
 
+// The README's quick start, as written.
+mod quickstart;
+
 // The harness for tests driving outside tools: tool checks, HTTP, ports.
 mod tools;
 
