@@ -66,6 +66,11 @@ _SPAWN = _struct(
     ("timeout", _opt(_struct(("millis", "u64"), ("grace_millis", "u64")))),
     ("pty", _opt(_struct(("window", _struct(("rows", "u16"), ("cols", "u16")))))),
     ("report_stops", "bool"),
+    ("ignored_signals", "u64"),
+    ("nice", _opt("i32")),
+    ("cpu_affinity", _list("u32")),
+    ("oom_score_adj", _opt("i32")),
+    ("large_args", _opt("u32")),
 )
 
 CLIENT_MESSAGE: Schema = _enum(
@@ -96,6 +101,9 @@ SPAWN_STAGES = (
     "Setgroups",
     "Setgid",
     "Setuid",
+    "Nice",
+    "Affinity",
+    "OomScoreAdj",
 )
 
 SERVER_MESSAGE: Schema = _enum(
@@ -438,6 +446,16 @@ def encode_spawn(body: Dict[str, Any]) -> bytes:
     else:
         add(b"\x01" + _uvar(pty["window"]["rows"]) + _uvar(pty["window"]["cols"]))
     add(b"\x01" if body.get("report_stops") else b"\x00")
+    add(_uvar(body.get("ignored_signals", 0)))
+    nice = body.get("nice")
+    add(b"\x00" if nice is None else b"\x01" + _zig(nice))
+    cpus = body.get("cpu_affinity", [])
+    add(_uvar(len(cpus)))
+    parts.extend(_uvar(cpu) for cpu in cpus)
+    adj = body.get("oom_score_adj")
+    add(b"\x00" if adj is None else b"\x01" + _zig(adj))
+    large = body.get("large_args")
+    add(b"\x00" if large is None else b"\x01" + _uvar(large))
     return b"".join(parts)
 
 
