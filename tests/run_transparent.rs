@@ -450,3 +450,31 @@ fn status_json_is_one_object() {
     );
     assert!(text.contains("\"children_running\":0"), "{text}");
 }
+
+#[test]
+fn serve_takes_zygote_socket_and_says_each_error_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("from-env.sock");
+    let mut serve = Command::new(zygote_bin())
+        .arg("serve")
+        .env("ZYGOTE_SOCKET", &socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start zygote serve");
+    let listening = eventually(Duration::from_secs(10), || {
+        zygote_proto::socket::connect_to(&socket, false).is_ok()
+    });
+    let _ = serve.kill();
+    let _ = serve.wait();
+    assert!(listening, "serve did not listen on $ZYGOTE_SOCKET");
+
+    let out = Command::new(zygote_bin())
+        .args(["serve", "--socket", "/dev/null/x.sock"])
+        .output()
+        .expect("run zygote serve");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("/dev/null/x.sock").count(), 1, "{stderr}");
+}
