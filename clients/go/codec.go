@@ -204,6 +204,13 @@ type spawnRequest struct {
 	Timeout      *timeoutSpec    `json:"timeout"`
 	Pty          *ptySpec        `json:"pty"`
 	ReportStops  bool            `json:"report_stops"`
+	// IgnoredSignals: bit n-1 for signal n, ignored in the child.
+	IgnoredSignals uint64   `json:"ignored_signals"`
+	Nice           *int32   `json:"nice"`
+	CPUAffinity    []uint32 `json:"cpu_affinity"`
+	OomScoreAdj    *int32   `json:"oom_score_adj"`
+	// LargeArgs: index of an attached sealed memfd holding args and env.
+	LargeArgs *uint32 `json:"large_args"`
 }
 
 // windowSize is a terminal's size in character cells.
@@ -249,6 +256,7 @@ type spawnStage uint8
 var stageNames = [...]string{
 	"Validate", "Pipe", "Clone", "Signals", "Setsid", "Setpgid", "Setrlimit",
 	"Chdir", "Dup", "CloseFds", "Exec", "Admission", "Setgroups", "Setgid", "Setuid",
+	"Nice", "Affinity", "OomScoreAdj",
 }
 
 func (s spawnStage) String() string {
@@ -459,6 +467,20 @@ func (e *encoder) spawn(r *spawnRequest) {
 		e.varint(uint64(r.Pty.Window.Cols))
 	}
 	e.boolean(r.ReportStops)
+	e.varint(r.IgnoredSignals)
+	if e.option(r.Nice != nil) {
+		e.i32(*r.Nice)
+	}
+	e.varint(uint64(len(r.CPUAffinity)))
+	for _, cpu := range r.CPUAffinity {
+		e.varint(uint64(cpu))
+	}
+	if e.option(r.OomScoreAdj != nil) {
+		e.i32(*r.OomScoreAdj)
+	}
+	if e.option(r.LargeArgs != nil) {
+		e.varint(uint64(*r.LargeArgs))
+	}
 }
 
 var errNoVariant = errors.New("message has no variant set")
@@ -764,6 +786,24 @@ func (d *decoder) spawn() *spawnRequest {
 		r.Pty = &ptySpec{windowSize{d.u16("rows"), d.u16("cols")}}
 	}
 	r.ReportStops = d.boolean("report_stops")
+	r.IgnoredSignals = d.u64("ignored_signals")
+	if d.option("nice") {
+		nice := d.i32("nice")
+		r.Nice = &nice
+	}
+	n = d.count("cpu_affinity")
+	r.CPUAffinity = make([]uint32, 0, n)
+	for i := 0; i < n; i++ {
+		r.CPUAffinity = append(r.CPUAffinity, d.u32("cpu"))
+	}
+	if d.option("oom_score_adj") {
+		adj := d.i32("oom_score_adj")
+		r.OomScoreAdj = &adj
+	}
+	if d.option("large_args") {
+		index := d.u32("large_args")
+		r.LargeArgs = &index
+	}
 	return r
 }
 
