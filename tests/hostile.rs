@@ -18,7 +18,7 @@ use zygote_proto::{
     StdioSpec, UserSpec, decode, encode, recv_frame, send_frame, socket,
 };
 
-use crate::util::{Daemon, start_daemon};
+use crate::util::{Daemon, start_daemon_with};
 
 /// Another client with a child that waits for a line on stdin, then
 /// exits 7: it must outlive whatever the hostile client does.
@@ -61,7 +61,12 @@ impl Bystander {
 /// daemon is alive, has closed every fd the attack left with it, and
 /// still serves the bystander and new clients.
 fn survives(name: &str, attack: impl FnOnce(&Daemon)) {
-    let mut daemon = start_daemon(name);
+    survives_with(name, None, attack);
+}
+
+/// As [`survives`], with a policy file of this text.
+fn survives_with(name: &str, policy: Option<&str>, attack: impl FnOnce(&Daemon)) {
+    let mut daemon = start_daemon_with(name, policy, &[]);
     let bystander = Bystander::start(&daemon);
     let before = daemon.settled_fd_count();
     attack(&daemon);
@@ -351,7 +356,8 @@ fn expect_and_send(
 
 #[test]
 fn huge_env_is_e2big() {
-    survives("e2big", |daemon| {
+    let policy = "[limits]\nmax_argv_env_bytes = 196608\n";
+    survives_with("e2big", Some(policy), |daemon| {
         let fd = connect(daemon);
         hello(&fd);
         // 200 KiB in many variables: fits a frame, over the argv+env limit.

@@ -27,6 +27,13 @@ mod run;
 // Generated docs: `zygote run --help`, man pages, shell completions.
 mod docs;
 
+// `zygote run -- CMD` against `CMD` run directly: signals, attributes,
+// argument lists, messages, flags.
+mod run_transparent;
+
+// The README's quick start, as written.
+mod quickstart;
+
 // The harness for tests driving outside tools: tool checks, HTTP, ports.
 mod tools;
 

@@ -2,7 +2,7 @@
 //! `tokio::process::Command`.
 
 use std::ffi::OsStr;
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -390,13 +390,20 @@ impl Command {
         let settings = self.client.process_settings();
         let snapshot = Snapshot::capture(self.spec.inherit_fds, &settings)?;
         let max_fds = self.client.limits().max_fds_per_frame as usize;
-        let prepared = self.spec.prepare(&snapshot, defaults, max_fds)?;
+        let mut prepared = self.spec.prepare(&snapshot, defaults, max_fds)?;
+        let frame_limit = self.client.limits().max_frame_bytes as usize;
+        // Kept open until the request is sent.
+        let large_args = crate::request::move_large_args(&mut prepared.request, frame_limit)?;
+        if let Some(memfd) = &large_args {
+            prepared.attach(memfd.as_fd(), max_fds)?;
+        }
         let piped = prepared.piped;
         let reply = self
             .client
             .connection()
             .spawn(prepared.request, &prepared.fds)
             .await?;
+        drop(large_args);
         let (spawn_id, pid, fds, exit) = match reply {
             SpawnReply::Spawned { id, pid, fds, exit } => (id, pid, fds, exit),
             SpawnReply::Failed(failed) => {

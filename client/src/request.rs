@@ -10,9 +10,10 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use rustix::fs::{MemfdFlags, SealFlags, fcntl_add_seals, memfd_create};
 use zygote_proto::{
-    CgroupSpec, EnvVar, FdMapping, KillOnClose, PtySpec, SpawnRequest, StdioSpec, Timeout,
-    UserSpec, WindowSize,
+    CgroupSpec, EnvVar, FdMapping, KillOnClose, LargeArgs, PtySpec, SpawnRequest, StdioSpec,
+    Timeout, UserSpec, WindowSize,
 };
 
 use crate::stdio::StdioKind;
@@ -294,6 +295,11 @@ impl Spec {
             pty: self.pty.map(|window| PtySpec { window }),
             report_stops: self.report_stops,
             cgroup: self.cgroup,
+            ignored_signals: snapshot.attributes.ignored_signals,
+            nice: snapshot.attributes.nice,
+            cpu_affinity: snapshot.attributes.cpu_affinity.clone(),
+            oom_score_adj: snapshot.attributes.oom_score_adj,
+            large_args: None,
         };
         Ok(Prepared {
             request,
@@ -322,6 +328,83 @@ impl Spec {
         };
         bytes("working directory", path.as_os_str())
     }
+}
+
+impl<'a> Prepared<'a> {
+    /// Attaches the [`LargeArgs`] memfd and names it in the request.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::TooManyFds`] over `max_fds`.
+    pub fn attach(&mut self, memfd: BorrowedFd<'a>, max_fds: usize) -> Result<()> {
+        if self.fds.len() >= max_fds {
+            return Err(Error::TooManyFds {
+                count: self.fds.len() + 1,
+                limit: max_fds,
+                inherited: false,
+            });
+        }
+        self.request.large_args =
+            Some(u32::try_from(self.fds.len()).expect("fd count is far below u32::MAX"));
+        self.fds.push(memfd);
+        Ok(())
+    }
+}
+
+/// Room kept in a frame for the request's other fields when deciding
+/// whether its argv and environment fit.
+const FRAME_HEADROOM: usize = 16 * 1024;
+
+/// When `request` would not fit in a frame of `frame_limit` bytes, moves
+/// its arguments and environment into a sealed memfd (see
+/// [`LargeArgs`]) and returns the memfd to attach; the daemon's own
+/// argv/env limit still applies.
+///
+/// # Errors
+///
+/// [`Error::Io`] when the memfd cannot be made.
+pub(crate) fn move_large_args(
+    request: &mut SpawnRequest,
+    frame_limit: usize,
+) -> Result<Option<OwnedFd>> {
+    // An upper bound of the encoded size: each length takes at most 5
+    // bytes. Most requests are far below and skip the encoding.
+    let strings = request
+        .args
+        .iter()
+        .map(|arg| arg.len() + 5)
+        .chain(
+            request
+                .env
+                .iter()
+                .map(|var| var.key.len() + var.value.len() + 10),
+        )
+        .sum::<usize>();
+    if strings + FRAME_HEADROOM <= frame_limit {
+        return Ok(None);
+    }
+    let large = LargeArgs {
+        args: std::mem::take(&mut request.args),
+        env: std::mem::take(&mut request.env),
+    };
+    let bytes = zygote_proto::encode(&large)
+        .map_err(|error| Error::io("encoding a large argument list", io::Error::other(error)))?;
+    let fail = |op: &str, errno: rustix::io::Errno| Error::io(op, io::Error::from(errno));
+    let memfd = memfd_create(
+        "zygote-args",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(|errno| fail("creating a memfd for a large argument list", errno))?;
+    let mut file = std::fs::File::from(memfd);
+    std::io::Write::write_all(&mut file, &bytes)
+        .map_err(|error| Error::io("writing a large argument list to a memfd", error))?;
+    let memfd = OwnedFd::from(file);
+    fcntl_add_seals(
+        &memfd,
+        SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL,
+    )
+    .map_err(|errno| fail("sealing the large argument list's memfd", errno))?;
+    Ok(Some(memfd))
 }
 
 /// The calling process's fd 0, 1 or 2, when it is open.
@@ -373,6 +456,7 @@ mod tests {
     use zygote_proto::ResourceLimit;
 
     use super::*;
+    use crate::transparent::Attributes;
 
     fn snapshot() -> Snapshot {
         Snapshot {
@@ -388,6 +472,12 @@ mod tests {
                 soft: 1024,
                 hard: u64::MAX,
             }],
+            attributes: Attributes {
+                ignored_signals: 1,
+                nice: Some(7),
+                cpu_affinity: vec![0],
+                oom_score_adj: Some(300),
+            },
             inherited_fds: Vec::new(),
         }
     }
@@ -419,6 +509,15 @@ mod tests {
         assert_eq!(request.cwd.as_deref(), Some(&b"/srv/work"[..]));
         assert_eq!(request.umask, Some(0o027));
         assert_eq!(request.rlimits, snapshot.rlimits);
+        assert_eq!(
+            (
+                request.ignored_signals,
+                request.nice,
+                &request.cpu_affinity[..],
+                request.oom_score_adj
+            ),
+            (1, Some(7), &[0][..], Some(300))
+        );
         assert_eq!(
             [request.stdin, request.stdout, request.stderr],
             [StdioSpec::Null, StdioSpec::Pipe, StdioSpec::Pipe]

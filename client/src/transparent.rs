@@ -1,6 +1,7 @@
 //! The calling process's own state, which a spawn request copies so that
 //! the child looks as if this process had started it: environment, working
-//! directory, umask, resource limits, and (on request) inheritable fds.
+//! directory, umask, resource limits, ignored signals, nice value, CPU
+//! affinity, OOM score adjustment, and (on request) inheritable fds.
 //!
 //! Host paths are parameters so tests can point them elsewhere.
 
@@ -55,8 +56,71 @@ pub(crate) struct Snapshot {
     pub umask: Option<u32>,
     /// Every resource limit.
     pub rlimits: Vec<ResourceLimit>,
+    /// Ignored signals, nice value, CPU affinity and OOM score adjustment.
+    pub attributes: Attributes,
     /// Fds to pass at their own numbers; empty unless asked for.
     pub inherited_fds: Vec<(RawFd, OwnedFd)>,
+}
+
+/// Process attributes a child inherits across `fork` and `exec`, which a
+/// request carries so that the zygote's child gets the caller's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Attributes {
+    /// Ignored signals (bit `n - 1` for signal `n`), except SIGPIPE, which
+    /// Rust programs ignore at start and std's `Command` resets for its
+    /// children. glibc's internal signals 32 and 33 included: its
+    /// `posix_spawn` leaves them ignored, so children of such a process
+    /// inherit that.
+    pub ignored_signals: u64,
+    /// `None` when unknown (the zygote's applies).
+    pub nice: Option<i32>,
+    /// Allowed CPUs; empty when unknown.
+    pub cpu_affinity: Vec<u32>,
+    /// `None` when unknown.
+    pub oom_score_adj: Option<i32>,
+}
+
+/// Where the kernel reports this process's OOM score adjustment.
+const PROC_SELF_OOM_SCORE_ADJ: &str = "/proc/self/oom_score_adj";
+
+impl Attributes {
+    /// This process's own, now.
+    #[cfg(test)]
+    pub fn read() -> Self {
+        let status = std::fs::read_to_string(PROC_SELF_STATUS).unwrap_or_default();
+        Self::read_with(&status)
+    }
+
+    /// As [`read`](Self::read), with `/proc/self/status` already read.
+    fn read_with(status: &str) -> Self {
+        let affinity = rustix::thread::sched_getaffinity(None)
+            .map(|set| {
+                (0..rustix::thread::CpuSet::MAX_CPU)
+                    .filter(|cpu| set.is_set(*cpu))
+                    .filter_map(|cpu| u32::try_from(cpu).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            ignored_signals: parse_ignored(status).unwrap_or(0),
+            nice: rustix::process::getpriority_process(None).ok(),
+            cpu_affinity: affinity,
+            oom_score_adj: std::fs::read_to_string(PROC_SELF_OOM_SCORE_ADJ)
+                .ok()
+                .and_then(|text| text.trim().parse().ok()),
+        }
+    }
+}
+
+/// The `SigIgn:` mask of a `/proc/<pid>/status` text, without SIGPIPE
+/// (see [`Attributes`]).
+pub(crate) fn parse_ignored(status: &str) -> Option<u64> {
+    let value = status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigIgn:"))?
+        .trim();
+    let mask = u64::from_str_radix(value, 16).ok()?;
+    Some(mask & !(1 << (libc::SIGPIPE - 1)))
 }
 
 /// The process-wide settings a request copies that programs set at start
@@ -71,14 +135,18 @@ pub(crate) struct ProcessSettings {
     pub umask: Option<u32>,
     /// Every resource limit.
     pub rlimits: Vec<ResourceLimit>,
+    /// Ignored signals, nice value, CPU affinity, OOM score adjustment.
+    pub attributes: Attributes,
 }
 
 impl ProcessSettings {
     /// Reads them now.
     pub fn read() -> Self {
+        let status = std::fs::read_to_string(PROC_SELF_STATUS).unwrap_or_default();
         Self {
-            umask: umask_from(Path::new(PROC_SELF_STATUS)),
+            umask: parse_umask(&status),
             rlimits: rlimits(),
+            attributes: Attributes::read_with(&status),
         }
     }
 }
@@ -97,6 +165,7 @@ impl Snapshot {
             cwd: std::env::current_dir(),
             umask: settings.umask,
             rlimits: settings.rlimits.clone(),
+            attributes: settings.attributes.clone(),
             inherited_fds: if inherit_fds {
                 inheritable_fds(Path::new(PROC_SELF_FD))?
             } else {
@@ -110,6 +179,7 @@ impl Snapshot {
 ///
 /// umask(2) can only read the value by setting it, which would race with
 /// other threads creating files, so the kernel's report is used instead.
+#[cfg(test)]
 pub(crate) fn umask_from(status_path: &Path) -> Option<u32> {
     parse_umask(&std::fs::read_to_string(status_path).ok()?)
 }
@@ -187,6 +257,30 @@ mod tests {
         assert_eq!(parse_umask(status), Some(0o027));
         assert_eq!(parse_umask("Name:\tcat\n"), None);
         assert_eq!(parse_umask("Umask:\tzz\n"), None);
+    }
+
+    #[test]
+    fn ignored_signals_skip_sigpipe() {
+        // SIGHUP (1), SIGINT (2), SIGPIPE (13), 32 and 33 ignored.
+        let status = "Name:\tx\nSigIgn:\t0000000180001003\n";
+        assert_eq!(parse_ignored(status), Some(0x1_8000_0003));
+        assert_eq!(parse_ignored("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn reads_own_attributes() {
+        let own = Attributes::read();
+        assert_eq!(
+            own.nice,
+            Some(rustix::process::getpriority_process(None).unwrap())
+        );
+        assert!(!own.cpu_affinity.is_empty());
+        let adj: i32 = std::fs::read_to_string(PROC_SELF_OOM_SCORE_ADJ)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(own.oom_score_adj, Some(adj));
     }
 
     #[test]

@@ -185,26 +185,32 @@ type timeoutSpec struct {
 }
 
 type spawnRequest struct {
-	ID           uint64          `json:"id"`
-	Program      bstr            `json:"program"`
-	Argv0        optBytes        `json:"argv0"`
-	Args         []bstr          `json:"args"`
-	Env          []envVar        `json:"env"`
-	Cwd          optBytes        `json:"cwd"`
-	Stdin        stdioSpec       `json:"stdin"`
-	Stdout       stdioSpec       `json:"stdout"`
-	Stderr       stdioSpec       `json:"stderr"`
-	FdMappings   []fdMapping     `json:"fd_mappings"`
-	NewSession   bool            `json:"new_session"`
-	ProcessGroup *int32          `json:"process_group"`
-	Umask        *uint32         `json:"umask"`
-	Rlimits      []resourceLimit `json:"rlimits"`
-	User         *userSpec       `json:"user"`
-	KillOnClose  *killOnClose    `json:"kill_on_close"`
-	Timeout      *timeoutSpec    `json:"timeout"`
-	Pty          *ptySpec        `json:"pty"`
-	ReportStops  bool            `json:"report_stops"`
-	Cgroup       *cgroupSpec     `json:"cgroup"`
+	ID             uint64          `json:"id"`
+	Program        bstr            `json:"program"`
+	Argv0          optBytes        `json:"argv0"`
+	Args           []bstr          `json:"args"`
+	Env            []envVar        `json:"env"`
+	Cwd            optBytes        `json:"cwd"`
+	Stdin          stdioSpec       `json:"stdin"`
+	Stdout         stdioSpec       `json:"stdout"`
+	Stderr         stdioSpec       `json:"stderr"`
+	FdMappings     []fdMapping     `json:"fd_mappings"`
+	NewSession     bool            `json:"new_session"`
+	ProcessGroup   *int32          `json:"process_group"`
+	Umask          *uint32         `json:"umask"`
+	Rlimits        []resourceLimit `json:"rlimits"`
+	User           *userSpec       `json:"user"`
+	KillOnClose    *killOnClose    `json:"kill_on_close"`
+	Timeout        *timeoutSpec    `json:"timeout"`
+	Pty            *ptySpec        `json:"pty"`
+	ReportStops    bool            `json:"report_stops"`
+	Cgroup         *cgroupSpec     `json:"cgroup"`
+	IgnoredSignals uint64          `json:"ignored_signals"`
+	Nice           *int32          `json:"nice"`
+	CPUAffinity    []uint32        `json:"cpu_affinity"`
+	OomScoreAdj    *int32          `json:"oom_score_adj"`
+	// LargeArgs is unused by this client: it never sends a frame over the limit.
+	LargeArgs *uint32 `json:"large_args"`
 }
 
 // cgroupSpec sets limits and whole-tree behaviour of the child's cgroup
@@ -277,7 +283,7 @@ type spawnStage uint8
 var stageNames = [...]string{
 	"Validate", "Pipe", "Clone", "Signals", "Setsid", "Setpgid", "Setrlimit",
 	"Chdir", "Dup", "CloseFds", "Exec", "Admission", "Setgroups", "Setgid", "Setuid",
-	"Cgroup",
+	"Cgroup", "Nice", "Affinity", "OomScoreAdj",
 }
 
 func (s spawnStage) String() string {
@@ -502,6 +508,20 @@ func (e *encoder) spawn(r *spawnRequest) {
 		}
 		e.optU32(c.CPUWeight)
 		e.optU32(c.IOWeight)
+	}
+	e.varint(r.IgnoredSignals)
+	if e.option(r.Nice != nil) {
+		e.i32(*r.Nice)
+	}
+	e.varint(uint64(len(r.CPUAffinity)))
+	for _, cpu := range r.CPUAffinity {
+		e.varint(uint64(cpu))
+	}
+	if e.option(r.OomScoreAdj != nil) {
+		e.i32(*r.OomScoreAdj)
+	}
+	if e.option(r.LargeArgs != nil) {
+		e.varint(uint64(*r.LargeArgs))
 	}
 }
 
@@ -854,6 +874,24 @@ func (d *decoder) spawn() *spawnRequest {
 		c.CPUWeight = d.optU32("cpu_weight")
 		c.IOWeight = d.optU32("io_weight")
 		r.Cgroup = c
+	}
+	r.IgnoredSignals = d.u64("ignored_signals")
+	if d.option("nice") {
+		nice := d.i32("nice")
+		r.Nice = &nice
+	}
+	n = d.count("cpu_affinity")
+	r.CPUAffinity = make([]uint32, 0, n)
+	for i := 0; i < n; i++ {
+		r.CPUAffinity = append(r.CPUAffinity, d.u32("cpu"))
+	}
+	if d.option("oom_score_adj") {
+		adj := d.i32("oom_score_adj")
+		r.OomScoreAdj = &adj
+	}
+	if d.option("large_args") {
+		index := d.u32("large_args")
+		r.LargeArgs = &index
 	}
 	return r
 }

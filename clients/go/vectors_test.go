@@ -126,7 +126,7 @@ func TestDecoderRejects(t *testing.T) {
 		{"bad bool", "030700000000000002"},
 		{"invalid UTF-8", "0602" + "01ff"},
 		{"length beyond frame", "0602" + "05ff"},
-		{"unknown stage", "0209" + "10" + "0400"},
+		{"unknown stage", "0209" + "7f" + "0400"},
 	} {
 		frame, err := hex.DecodeString(tc.hex)
 		if err != nil {

@@ -51,6 +51,10 @@ fn main() {
             millis: 1000,
             grace_millis: 500,
         }),
+        ignored_signals: 1 << 0,
+        nice: Some(5),
+        cpu_affinity: vec![0],
+        oom_score_adj: Some(100),
         ..spawn(2)
     };
     let messages = [

@@ -179,6 +179,35 @@ pub struct SpawnRequest {
     /// daemon refuses the request when it has no cgroup subtree, or when a
     /// limit's controller is not delegated to it.
     pub cgroup: Option<CgroupSpec>,
+    /// Signals the child starts with ignored (`SIG_IGN`), bit `n - 1` for
+    /// signal `n`, as `execve(2)` keeps a caller's ignored signals. Every
+    /// other signal starts with its default action.
+    pub ignored_signals: u64,
+    /// The child's nice value; the daemon's when absent. A peer without
+    /// privilege gets no lower (higher priority) value than its own.
+    pub nice: Option<i32>,
+    /// The CPUs the child may run on (`sched_setaffinity(2)`); the
+    /// daemon's affinity when empty.
+    pub cpu_affinity: Vec<u32>,
+    /// The child's `/proc/PID/oom_score_adj`; the daemon's when absent. A
+    /// peer without privilege gets no lower value than its own.
+    pub oom_score_adj: Option<i32>,
+    /// Index, among the attached fds, of a sealed memfd holding
+    /// [`LargeArgs`]: the arguments and environment of a request too large
+    /// for one frame. `args` and `env` are then empty.
+    pub large_args: Option<u32>,
+}
+
+/// The arguments and environment of a large request, postcard-encoded in a
+/// memfd sealed against writing, growing and shrinking (see
+/// [`SpawnRequest::large_args`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LargeArgs {
+    /// `argv[1..]`.
+    #[serde(with = "crate::bytes::list")]
+    pub args: Vec<Vec<u8>>,
+    /// The child's whole environment.
+    pub env: Vec<EnvVar>,
 }
 
 impl SpawnRequest {
@@ -207,6 +236,11 @@ impl SpawnRequest {
             pty: None,
             report_stops: false,
             cgroup: None,
+            ignored_signals: 0,
+            nice: None,
+            cpu_affinity: Vec::new(),
+            oom_score_adj: None,
+            large_args: None,
         }
     }
 }
@@ -330,11 +364,17 @@ pub enum SpawnStage {
     Setuid,
     /// Creating, limiting or joining the child's cgroup.
     Cgroup,
+    /// `setpriority(2)`: the nice value.
+    Nice,
+    /// `sched_setaffinity(2)`.
+    Affinity,
+    /// Writing `/proc/self/oom_score_adj`.
+    OomScoreAdj,
 }
 
 impl SpawnStage {
     /// Every stage, in wire (variant index) order.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 19] = [
         Self::Validate,
         Self::Pipe,
         Self::Clone,
@@ -351,6 +391,9 @@ impl SpawnStage {
         Self::Setgid,
         Self::Setuid,
         Self::Cgroup,
+        Self::Nice,
+        Self::Affinity,
+        Self::OomScoreAdj,
     ];
 
     /// Lowercase name, as used in logs and metric labels.
@@ -372,6 +415,9 @@ impl SpawnStage {
             Self::Setgid => "setgid",
             Self::Setuid => "setuid",
             Self::Cgroup => "cgroup",
+            Self::Nice => "nice",
+            Self::Affinity => "affinity",
+            Self::OomScoreAdj => "oom_score_adj",
         }
     }
 }

@@ -116,6 +116,13 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
             ),
             any::<bool>(),
         ),
+        (
+            any::<u64>(),
+            prop::option::of(any::<i32>()),
+            prop::collection::vec(any::<u32>(), 0..4),
+            prop::option::of(any::<i32>()),
+            prop::option::of(any::<u32>()),
+        ),
     )
         .prop_map(
             |(
@@ -123,6 +130,7 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
                 (stdin, stdout, stderr),
                 (fd_mappings, new_session, process_group, umask, rlimits),
                 (user, kill_on_close, timeout, pty, report_stops),
+                (ignored_signals, nice, cpu_affinity, oom_score_adj, large_args),
             )| SpawnRequest {
                 id,
                 program,
@@ -144,6 +152,11 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
                 pty,
                 report_stops,
                 cgroup: None,
+                ignored_signals,
+                nice,
+                cpu_affinity,
+                oom_score_adj,
+                large_args,
             },
         )
 }

@@ -159,6 +159,11 @@ fn value(name: &str) -> Option<Frame> {
             pty: None,
             report_stops: false,
             cgroup: None,
+            ignored_signals: 1 << 0,
+            nice: Some(7),
+            cpu_affinity: vec![0, 2],
+            oom_score_adj: Some(300),
+            large_args: None,
         })),
         "spawn_minimal" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
             id: 300,
@@ -181,6 +186,11 @@ fn value(name: &str) -> Option<Frame> {
             pty: None,
             report_stops: false,
             cgroup: None,
+            ignored_signals: 0,
+            nice: None,
+            cpu_affinity: vec![],
+            oom_score_adj: None,
+            large_args: None,
         })),
         "signal" => Frame::Client(ClientMessage::Signal(SignalRequest {
             id: 8,

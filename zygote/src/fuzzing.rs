@@ -26,6 +26,9 @@ pub fn handle_frame(bytes: &[u8], attached: u8) {
         hard_limits: vec![(7, 4096), (3, u64::MAX)],
         can_setid: false,
         can_raise_limits: false,
+        nice: 0,
+        can_nice: false,
+        oom_score_adj: 0,
     };
     let policy = Policy::default_for(0);
     let root = Credentials {

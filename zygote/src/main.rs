@@ -5,12 +5,24 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use clap::error::ErrorKind;
 use zygote::cli::{Cli, Command};
 use zygote::cli::{docs, run, serve, status};
 use zygote::service::{activation, logging};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return match error.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+                // As env, nice and timeout: a code no child returns by
+                // accident of its own (clap's default is 2).
+                _ => ExitCode::from(run::EXIT_ZYGOTE_FAILED),
+            };
+        }
+    };
     match cli.command {
         Command::Serve(args) => {
             // First, while this is the only thread: take systemd's fds
@@ -20,8 +32,13 @@ fn main() -> ExitCode {
             match activation.and_then(|activation| serve::serve(&args, activation)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
-                    tracing::error!("{error}");
-                    eprintln!("zygote: {error}");
+                    // Once: the log is on stderr (or the journal), unless
+                    // the log filter hides errors.
+                    if tracing::enabled!(tracing::Level::ERROR) {
+                        tracing::error!("{error}");
+                    } else {
+                        eprintln!("zygote: {error}");
+                    }
                     ExitCode::FAILURE
                 }
             }

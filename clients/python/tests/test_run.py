@@ -276,3 +276,26 @@ def test_client_from_environment(default_socket: str) -> None:
     with zygote.Client() as own:
         assert own.path == default_socket
         assert own.run(["true"]).returncode == 0
+
+
+def test_process_attributes_are_ours(client: zygote.Client) -> None:
+    # The same script, run by subprocess and through the zygote, sees the
+    # same ignored signals, nice value, CPUs and OOM score adjustment.
+    script = (
+        "grep SigIgn /proc/self/status; nice; "
+        "grep Cpus_allowed_list /proc/self/status; cat /proc/self/oom_score_adj"
+    )
+    old_handler = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    old_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, old_nice + 3)
+        direct = subprocess.run(["sh", "-c", script], capture_output=True, check=True)
+        zygoted = client.run(["sh", "-c", script], capture_output=True, check=True)
+    finally:
+        signal.signal(signal.SIGUSR1, old_handler)
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, old_nice)
+        except PermissionError:
+            pass  # without privilege the rest of the session runs nicer
+    assert zygoted.stdout == direct.stdout
+    assert f"\n{old_nice + 3}\n".encode() in zygoted.stdout

@@ -48,6 +48,51 @@ def own_umask() -> Optional[int]:
     return None
 
 
+#: Signals Python ignores at start and ``subprocess`` resets for its
+#: children (``restore_signals``): SIGPIPE, SIGXFZ, SIGXFSZ.
+_RESTORED_SIGNALS = sum(
+    1 << (int(getattr(signal, name)) - 1)
+    for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ")
+    if hasattr(signal, name)
+)
+
+
+def own_attributes() -> Dict[str, Any]:
+    """What a child inherits across fork and exec besides the above: the
+    ignored signals (less those ``subprocess`` restores), the nice value,
+    the CPU affinity and the OOM score adjustment; each left to the zygote
+    when this process cannot read it."""
+    ignored = 0
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"SigIgn:"):
+                    ignored = int(line.split()[1], 16) & ~_RESTORED_SIGNALS
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        nice: Optional[int] = os.getpriority(os.PRIO_PROCESS, 0)
+    except OSError:
+        nice = None
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except OSError:
+        cpus = []
+    try:
+        with open("/proc/self/oom_score_adj", "rb") as adj_file:
+            adj: Optional[int] = int(adj_file.read())
+    except (OSError, ValueError):
+        adj = None
+    return {
+        "ignored_signals": ignored,
+        "nice": nice,
+        "cpu_affinity": cpus,
+        "oom_score_adj": adj,
+        "large_args": None,
+    }
+
+
 def own_rlimits() -> Dict[int, Tuple[int, int]]:
     """Every resource limit of this process; infinity is ``u64::MAX``."""
     limits: Dict[int, Tuple[int, int]] = {}
@@ -269,6 +314,7 @@ def build_spawn(
             "pty": None,
             "report_stops": False,
             "cgroup": None,
+            **own_attributes(),
         }
     }
     return message, attached

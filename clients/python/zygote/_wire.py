@@ -81,6 +81,11 @@ _SPAWN = _struct(
             )
         ),
     ),
+    ("ignored_signals", "u64"),
+    ("nice", _opt("i32")),
+    ("cpu_affinity", _list("u32")),
+    ("oom_score_adj", _opt("i32")),
+    ("large_args", _opt("u32")),
 )
 
 CLIENT_MESSAGE: Schema = _enum(
@@ -112,6 +117,9 @@ SPAWN_STAGES = (
     "Setgid",
     "Setuid",
     "Cgroup",
+    "Nice",
+    "Affinity",
+    "OomScoreAdj",
 )
 
 SERVER_MESSAGE: Schema = _enum(
@@ -471,6 +479,16 @@ def encode_spawn(body: Dict[str, Any]) -> bytes:
         add(b"\x00")
     else:
         add(_encode_cgroup(cgroup))
+    add(_uvar(body.get("ignored_signals", 0)))
+    nice = body.get("nice")
+    add(b"\x00" if nice is None else b"\x01" + _zig(nice))
+    cpus = body.get("cpu_affinity", [])
+    add(_uvar(len(cpus)))
+    parts.extend(_uvar(cpu) for cpu in cpus)
+    adj = body.get("oom_score_adj")
+    add(b"\x00" if adj is None else b"\x01" + _zig(adj))
+    large = body.get("large_args")
+    add(b"\x00" if large is None else b"\x01" + _uvar(large))
     return b"".join(parts)
 
 

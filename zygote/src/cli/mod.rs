@@ -15,6 +15,7 @@ pub mod status;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -57,8 +58,8 @@ pub enum Command {
 /// Arguments of `zygote serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Socket to listen on [default: $XDG_RUNTIME_DIR/zygote.sock, or
-    /// /run/zygote/zygote.sock as root].
+    /// Socket to listen on [default: $ZYGOTE_SOCKET, else
+    /// $XDG_RUNTIME_DIR/zygote.sock, or /run/zygote/zygote.sock as root].
     ///
     /// Not allowed when systemd passes the spawn socket (socket activation).
     #[arg(long, value_name = "PATH")]
@@ -112,6 +113,9 @@ pub struct StatusArgs {
     /// Socket of the zygote [default: $ZYGOTE_SOCKET, else as for serve].
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// Print one JSON object, for scripts.
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn parse_mode(text: &str) -> Result<u32, String> {
@@ -141,7 +145,79 @@ pub struct RunArgs {
     /// IOWeight=. Refused by a zygote that cannot enforce it.
     #[arg(short = 'p', long = "property", value_name = "NAME=VALUE")]
     pub properties: Vec<String>,
+    /// Set an environment variable; NAME alone copies this process's value.
+    #[arg(short = 'E', long = "setenv", value_name = "NAME[=VALUE]")]
+    pub setenv: Vec<OsString>,
+    /// Remove a variable from the child's environment.
+    #[arg(short = 'u', long = "unset", value_name = "NAME")]
+    pub unset: Vec<OsString>,
+    /// Run the child in DIR (relative to the current directory).
+    #[arg(short = 'C', long = "chdir", value_name = "DIR")]
+    pub chdir: Option<PathBuf>,
+    /// Run the child as this user (name or number); needs the zygote's
+    /// policy to allow it.
+    #[arg(long, value_name = "USER")]
+    pub uid: Option<String>,
+    /// Run the child with this group (name or number).
+    #[arg(long, value_name = "GROUP")]
+    pub gid: Option<String>,
+    /// End the child with SIGTERM after DURATION (e.g. 90, 1.5s, 2m, 1h);
+    /// the tool then exits 124, as timeout(1) does.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// After the timeout's SIGTERM, SIGKILL the child after DURATION.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        value_parser = parse_duration,
+        default_value = "5s",
+        requires = "timeout"
+    )]
+    pub kill_after: Duration,
+    /// Start the child in a new session (setsid(2)).
+    #[arg(long)]
+    pub setsid: bool,
+    /// Let the child outlive this tool: by default the zygote SIGKILLs it
+    /// when this tool ends, whatever ends it.
+    #[arg(long)]
+    pub no_kill_on_close: bool,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+}
+
+/// Parses `90`, `1.5s`, `2m`, `1h` or `1d`, as timeout(1) does.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = match text.char_indices().last() {
+        Some((at, unit @ ('s' | 'm' | 'h' | 'd'))) => (&text[..at], unit),
+        _ => (text, 's'),
+    };
+    let scale = match unit {
+        'm' => 60.0,
+        'h' => 3600.0,
+        'd' => 86_400.0,
+        _ => 1.0,
+    };
+    number
+        .parse::<f64>()
+        .ok()
+        .filter(|value| value.is_finite() && *value > 0.0)
+        .and_then(|value| Duration::try_from_secs_f64(value * scale).ok())
+        .ok_or_else(|| format!("{text:?} is not a duration such as 90, 1.5s, 2m or 1h"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_like_timeout() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("x").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
 }

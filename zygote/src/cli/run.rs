@@ -1,44 +1,54 @@
 //! `zygote run -- CMD ARGS...`: a transparent wrapper, like `env` or `nice`,
 //! whose child is started by the zygote instead of by a fork.
 //!
-//! Exit codes follow the shell and `env`: the child's code, 128+N for
-//! signal N, 127 when the program is not found, 126 when it cannot be
-//! executed, 125 when zygote itself fails.
+//! Exit codes follow the shell and `env`: the child's code; death by the
+//! child's signal when one killed it; 124 when `--timeout` expired; 127
+//! when the program is not found, 126 when it cannot be executed; 125 when
+//! zygote itself fails or the command line is wrong.
 
-use std::os::fd::AsFd;
-use std::path::Path;
-use std::sync::Arc;
+mod signals;
 
-use tokio::signal::unix::{SignalKind, signal};
-use zygote_client::{Child, Client, Command, Error};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use zygote_client::{Client, Command, Error};
 use zygote_proto::SpawnStage;
 
 use crate::cli::{RunArgs, pty};
 use crate::{spawn, strerror};
 
-/// Exit code when zygote itself fails (no daemon, protocol error, ...).
-const EXIT_ZYGOTE_FAILED: u8 = 125;
+/// Exit code when the child's `--timeout` expired, as timeout(1) uses.
+const EXIT_TIMED_OUT: u8 = 124;
+/// Exit code when zygote itself fails (no daemon, protocol error, usage).
+pub const EXIT_ZYGOTE_FAILED: u8 = 125;
 /// Exit code when the program exists but cannot be executed.
 const EXIT_CANNOT_EXECUTE: u8 = 126;
 /// Exit code when the program is not found.
 const EXIT_NOT_FOUND: u8 = 127;
 
-/// Signals a terminal or supervisor sends to the wrapper, which the child
-/// is not in the process group to receive itself.
-const FORWARDED: [SignalKind; 5] = [
-    SignalKind::interrupt(),
-    SignalKind::terminate(),
-    SignalKind::hangup(),
-    SignalKind::quit(),
-    SignalKind::user_defined1(),
-];
-
-/// Runs the command and returns the exit code for the wrapper.
+/// Runs the command and returns the exit code for the wrapper; dies by the
+/// child's signal instead when a signal killed the child.
 pub fn run(args: RunArgs) -> u8 {
+    // Before any handler exists: what this process ignores now, it was
+    // given ignored, and the child keeps ignoring.
+    let ignored = signals::ignored_at_start();
     let Some(runtime) = client_runtime() else {
         return EXIT_ZYGOTE_FAILED;
     };
-    runtime.block_on(run_async(args))
+    match runtime.block_on(run_async(args, ignored)) {
+        Outcome::Exit(code) => code,
+        Outcome::Signal(signal) => {
+            drop(runtime);
+            spawn::die_by(signal)
+        }
+    }
+}
+
+/// How the wrapper ends.
+enum Outcome {
+    Exit(u8),
+    Signal(i32),
 }
 
 /// The single-threaded runtime of the client subcommands (`run`,
@@ -51,97 +61,187 @@ pub(crate) fn client_runtime() -> Option<tokio::runtime::Runtime> {
         .ok()
 }
 
-async fn run_async(args: RunArgs) -> u8 {
-    let path = args
-        .socket
-        .or_else(|| std::env::var_os("ZYGOTE_SOCKET").map(Into::into))
-        .unwrap_or_else(zygote_client::default_socket_path);
+/// The socket `run` and `status` use: `--socket`, else `$ZYGOTE_SOCKET`,
+/// else the default.
+pub(crate) fn socket_path(socket: Option<PathBuf>) -> PathBuf {
+    socket
+        .or_else(|| std::env::var_os(zygote_client::SOCKET_ENV).map(Into::into))
+        .unwrap_or_else(zygote_client::default_socket_path)
+}
+
+async fn run_async(args: RunArgs, ignored: u64) -> Outcome {
+    let path = socket_path(args.socket.clone());
     let client = match Client::connect(&path).await {
         Ok(client) => client,
         Err(error) => {
+            // The error says whether nothing listens (with the one hint
+            // on starting a zygote) or the socket refused us.
             eprintln!("zygote: {error}");
-            eprintln!(
-                "zygote: start one with: zygote serve --socket {}",
-                path.display()
-            );
-            return EXIT_ZYGOTE_FAILED;
+            return Outcome::Exit(EXIT_ZYGOTE_FAILED);
         }
     };
     let (program, rest) = args.command.split_first().expect("clap requires a command");
     let mut command = Command::new(&client, program);
     command.args(rest);
-    if !args.close_fds {
-        command.inherit_fds();
+    if let Err(message) = configure(&mut command, &args) {
+        eprintln!("zygote: {message}");
+        return Outcome::Exit(EXIT_ZYGOTE_FAILED);
     }
     for property in &args.properties {
         if let Err(message) = apply_property(&mut command, property) {
             eprintln!("zygote: -p {property}: {message}");
-            return EXIT_ZYGOTE_FAILED;
+            return Outcome::Exit(EXIT_ZYGOTE_FAILED);
         }
     }
     if args.pty {
         if pty::stdin_is_terminal() {
-            return pty::run(&mut command, Path::new(program)).await;
+            // pty::run dies of the child's signal itself, once the
+            // terminal is restored.
+            return Outcome::Exit(pty::run(&mut command, Path::new(program)).await);
         }
         // As `ssh -t`: run the command all the same, without a terminal.
         eprintln!("zygote: pseudo-terminal will not be allocated because stdin is not a terminal");
     }
     let mut child = match command.spawn().await {
         Ok(child) => child,
-        Err(error) => return report_spawn_error(&error, Path::new(program)),
+        Err(error) => {
+            return Outcome::Exit(report_error(
+                &error,
+                Path::new(program),
+                args.chdir.as_deref(),
+            ));
+        }
     };
-    forward_signals(&child);
+    let forwarding = signals::forward(&child, ignored);
     let status = child.wait().await;
+    drop(forwarding);
     match status {
+        Ok(status) if status.timed_out() => Outcome::Exit(EXIT_TIMED_OUT),
         Ok(status) => match (status.code(), status.signal()) {
-            (Some(code), _) => code as u8,
-            (None, Some(signal)) => 128u8.wrapping_add(signal as u8),
-            (None, None) => EXIT_ZYGOTE_FAILED,
+            (Some(code), _) => Outcome::Exit(code as u8),
+            (None, Some(signal)) => Outcome::Signal(signal),
+            (None, None) => Outcome::Exit(EXIT_ZYGOTE_FAILED),
         },
         Err(error) => {
             eprintln!("zygote: {error}");
-            EXIT_ZYGOTE_FAILED
+            Outcome::Exit(EXIT_ZYGOTE_FAILED)
         }
     }
 }
 
-/// Passes the wrapper's terminal and supervisor signals on to the child,
-/// through a pidfd so that a recycled pid is never hit.
-fn forward_signals(child: &Child) {
-    let pidfd = match child.pidfd().try_clone_to_owned() {
-        Ok(pidfd) => Arc::new(pidfd),
-        Err(error) => {
-            eprintln!("zygote: signals will not be forwarded: {error}");
-            return;
-        }
-    };
-    for kind in FORWARDED {
-        let mut stream = match signal(kind) {
-            Ok(stream) => stream,
-            Err(error) => {
-                eprintln!("zygote: signal {kind:?} will not be forwarded: {error}");
-                continue;
-            }
-        };
-        let pidfd = Arc::clone(&pidfd);
-        tokio::spawn(async move {
-            while stream.recv().await.is_some() {
-                // The child may already be gone; nothing to do then.
-                let _ = spawn::send_signal(pidfd.as_fd(), kind.as_raw_value());
-            }
-        });
+/// Applies the command-line options to `command`; a usage error says why.
+fn configure(command: &mut Command, args: &RunArgs) -> Result<(), String> {
+    if !args.close_fds {
+        command.inherit_fds();
     }
+    for unset in &args.unset {
+        if unset.is_empty() || unset.as_bytes().contains(&b'=') {
+            return Err(format!("cannot unset {unset:?}: not a variable name"));
+        }
+        command.env_remove(unset);
+    }
+    for setting in &args.setenv {
+        let bytes = setting.as_bytes();
+        match bytes.iter().position(|byte| *byte == b'=') {
+            Some(0) => return Err(format!("cannot set {setting:?}: the name is empty")),
+            Some(at) => {
+                command.env(
+                    OsStr::from_bytes(&bytes[..at]),
+                    OsStr::from_bytes(&bytes[at + 1..]),
+                );
+            }
+            None if bytes.is_empty() => return Err("cannot set an empty name".to_owned()),
+            None => {
+                if let Some(value) = std::env::var_os(setting) {
+                    command.env(setting, value);
+                }
+            }
+        }
+    }
+    if let Some(dir) = &args.chdir {
+        command.current_dir(dir);
+    }
+    if let Some(user) = &args.uid {
+        command.uid(lookup_id(user, "/etc/passwd", "user")?);
+    }
+    if let Some(group) = &args.gid {
+        command.gid(lookup_id(group, "/etc/group", "group")?);
+    }
+    if let Some(limit) = args.timeout {
+        command.timeout(limit).timeout_grace(args.kill_after);
+    }
+    command.setsid(args.setsid);
+    if !args.no_kill_on_close {
+        // Whatever ends this tool, SIGKILL included, ends the child.
+        command.kill_on_close(libc::SIGKILL);
+    }
+    Ok(())
 }
 
+/// A user or group given as a number, or as a name looked up in `file`
+/// (`/etc/passwd` or `/etc/group`: name, password, id, ...).
+fn lookup_id(name: &str, file: &str, what: &str) -> Result<u32, String> {
+    if let Ok(id) = name.parse::<u32>() {
+        return Ok(id);
+    }
+    let table =
+        std::fs::read_to_string(file).map_err(|error| format!("reading {file}: {error}"))?;
+    table
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let entry = fields.next()?;
+            let id = fields.nth(1)?.parse::<u32>().ok()?;
+            (entry == name).then_some(id)
+        })
+        .next()
+        .ok_or_else(|| format!("no {what} named {name:?} in {file}"))
+}
+
+/// Says why a spawn failed and returns the exit code, as `report_error`
+/// does for a command without `-C`.
 pub(super) fn report_spawn_error(error: &Error, program: &Path) -> u8 {
+    report_error(error, program, None)
+}
+
+fn report_error(error: &Error, program: &Path, chdir: Option<&Path>) -> u8 {
     match error {
-        Error::Spawn { stage, errno, .. } if *stage == SpawnStage::Exec => {
-            eprintln!("zygote: {}: {}", program.display(), strerror(*errno));
+        Error::Spawn {
+            stage: SpawnStage::Exec,
+            errno,
+            ..
+        } => {
+            let in_dir = chdir.map_or_else(|| program.to_owned(), |dir| dir.join(program));
+            let is_dir = program.as_os_str().as_bytes().contains(&b'/') && in_dir.is_dir();
+            let reason = if is_dir {
+                // execve says EACCES; shells say what is wrong.
+                "Is a directory".to_owned()
+            } else {
+                strerror(*errno)
+            };
+            eprintln!("zygote: {}: {reason}", program.display());
             if *errno == libc::ENOENT {
                 EXIT_NOT_FOUND
             } else {
                 EXIT_CANNOT_EXECUTE
             }
+        }
+        Error::Spawn { errno, .. } | Error::Request { errno, .. } if *errno == libc::E2BIG => {
+            eprintln!("zygote: {}: {}", program.display(), strerror(*errno));
+            EXIT_CANNOT_EXECUTE
+        }
+        Error::RequestTooLarge { .. } => {
+            eprintln!("zygote: {}: {}", program.display(), strerror(libc::E2BIG));
+            EXIT_CANNOT_EXECUTE
+        }
+        Error::Spawn {
+            stage: SpawnStage::Chdir,
+            message,
+            ..
+        } => {
+            // The zygote names the directory ("chdir /x: No such file ...").
+            eprintln!("zygote: {message}");
+            EXIT_ZYGOTE_FAILED
         }
         other => {
             eprintln!("zygote: {other}");

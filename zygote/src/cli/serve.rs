@@ -83,6 +83,7 @@ pub fn serve(args: &ServeArgs, activation: Activation) -> Result<(), Error> {
         (None, path) => {
             let path = path
                 .clone()
+                .or_else(|| std::env::var_os(zygote_client::SOCKET_ENV).map(Into::into))
                 .unwrap_or_else(zygote_client::default_socket_path);
             let bound = server::bind(&path, args.socket_mode)?;
             tracing::info!(socket = %path.display(), "listening");

@@ -13,11 +13,7 @@ const EXIT_FAILED: u8 = 1;
 /// Prints the status of the zygote at `args.socket` and returns the exit
 /// code: 0, or 1 when it cannot be reached.
 pub fn status(args: &StatusArgs) -> u8 {
-    let path = args
-        .socket
-        .clone()
-        .or_else(|| std::env::var_os(zygote_client::SOCKET_ENV).map(Into::into))
-        .unwrap_or_else(zygote_client::default_socket_path);
+    let path = crate::cli::run::socket_path(args.socket.clone());
     let Some(runtime) = crate::cli::run::client_runtime() else {
         return EXIT_FAILED;
     };
@@ -26,6 +22,10 @@ pub fn status(args: &StatusArgs) -> u8 {
         client.status().await
     });
     match asked {
+        Ok(status) if args.json => {
+            println!("{}", render_json(&path.display().to_string(), &status));
+            0
+        }
         Ok(status) => {
             print!("{}", render(&path.display().to_string(), &status));
             0
@@ -55,6 +55,22 @@ fn render(socket: &str, status: &DaemonStatus) -> String {
         status.spawns_succeeded,
         status.spawns_failed,
     )
+}
+
+/// One JSON object with the same facts; durations in milliseconds.
+fn render_json(socket: &str, status: &DaemonStatus) -> String {
+    serde_json::json!({
+        "socket": socket,
+        "version": status.server_version,
+        "pid": status.pid,
+        "uptime_ms": u64::try_from(status.uptime.as_millis()).unwrap_or(u64::MAX),
+        "connections_open": status.connections_open,
+        "connections_accepted": status.connections_accepted,
+        "children_running": status.children_running,
+        "spawns_succeeded": status.spawns_succeeded,
+        "spawns_failed": status.spawns_failed,
+    })
+    .to_string()
 }
 
 /// `1d 2h 3m 4s`, leaving out leading zero units.

@@ -289,11 +289,12 @@ impl SpawnTask {
             .map_err(|denied| refused(SpawnStage::Admission, libc::EPERM, denied.0))?;
         let slot = admission::reserve(&self.daemon, peer.uid, self.connection.grant.max_children)
             .map_err(|busy| refused(SpawnStage::Admission, libc::EAGAIN, busy))?;
-        let limit = self.daemon.policy.limits.max_argv_env_bytes;
+        let limit = self.connection.grant.max_argv_env_bytes;
         let mut prepared = plan::prepare(&request, attached, limit).map_err(|refusal| {
             refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
         })?;
         prepared.plan.credentials = credentials;
+        plan::apply_peer_floor(&mut prepared.plan, peer);
         let clamped = self.connection.grant.clamp_unset_rlimits(
             peer,
             &request.rlimits,
@@ -313,6 +314,7 @@ impl SpawnTask {
         // A queued request holds no more than its reply from here on.
         let report_stops = request.report_stops;
         let cgroup_spec = request.cgroup.take();
+        let cwd = request.cwd.take();
         drop(request);
         // Checked: from here the child slot bounds this spawn and its
         // replies. A child its peer stops before exec must not keep the
@@ -343,7 +345,14 @@ impl SpawnTask {
         let failed = |error: spawn::SpawnError| {
             remove_cgroup();
             let reason = strerror(error.errno);
-            refused(error.stage, error.errno, format!("{program}: {reason}"))
+            let message = match (error.stage, &cwd) {
+                // The directory is what is missing, not the program.
+                (SpawnStage::Chdir, Some(cwd)) => {
+                    format!("chdir {}: {reason}", String::from_utf8_lossy(cwd))
+                }
+                _ => format!("{program}: {reason}"),
+            };
+            refused(error.stage, error.errno, message)
         };
         // A child that keeps the daemon's ids cannot be stopped by its
         // peer: vfork, the fastest. One that switches to the peer's ids

@@ -33,6 +33,8 @@ use crate::spawn;
 const CAP_SETID_MASK: u64 = (1 << 6) | (1 << 7);
 /// `CAP_SYS_RESOURCE`.
 const CAP_SYS_RESOURCE_MASK: u64 = 1 << 24;
+/// `CAP_SYS_NICE`.
+const CAP_SYS_NICE_MASK: u64 = 1 << 23;
 
 /// Whether `SO_PEERPIDFD` worked so far; cleared, and logged once, when the
 /// kernel lacks it.
@@ -53,8 +55,17 @@ pub struct Peer {
     pub hard_limits: Vec<(u32, u64)>,
     /// It holds `CAP_SETUID` and `CAP_SETGID`.
     pub can_setid: bool,
-    /// It holds `CAP_SYS_RESOURCE`.
+    /// It holds `CAP_SYS_RESOURCE` (and so may also lower its OOM score
+    /// adjustment).
     pub can_raise_limits: bool,
+    /// Its nice value at connect time: the lowest its children get
+    /// without `can_nice`.
+    pub nice: i32,
+    /// It holds `CAP_SYS_NICE`.
+    pub can_nice: bool,
+    /// Its `oom_score_adj` at connect time: the lowest its children get
+    /// without `can_raise_limits`.
+    pub oom_score_adj: i32,
 }
 
 impl fmt::Display for Peer {
@@ -128,6 +139,11 @@ impl Peer {
             path: dir.join(name).display().to_string(),
         };
         let status = parse_status(&read("status")?).ok_or_else(|| parse_error("status"))?;
+        let nice = parse_nice(&read("stat")?).ok_or_else(|| parse_error("stat"))?;
+        let oom_score_adj = read("oom_score_adj")?
+            .trim()
+            .parse()
+            .map_err(|_| parse_error("oom_score_adj"))?;
         let hard_limits = parse_limits(&read("limits")?)
             .ok_or_else(|| parse_error("limits"))?
             .into_iter()
@@ -152,6 +168,9 @@ impl Peer {
             hard_limits,
             can_setid: status.cap_eff & CAP_SETID_MASK == CAP_SETID_MASK,
             can_raise_limits: status.cap_eff & CAP_SYS_RESOURCE_MASK != 0,
+            nice,
+            can_nice: status.cap_eff & CAP_SYS_NICE_MASK != 0,
+            oom_score_adj,
         })
     }
 }
@@ -201,6 +220,14 @@ fn parse_status(text: &str) -> Option<Status> {
         groups,
         cap_eff,
     })
+}
+
+/// The nice value in a `/proc/<pid>/stat` line: field 19, counting the
+/// command name (which may hold spaces and parentheses) as field 2.
+fn parse_nice(stat: &str) -> Option<i32> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // Fields 3 onwards; the nice value is the 17th of them.
+    after_name.split_whitespace().nth(16)?.parse().ok()
 }
 
 /// The daemon's own `(RLIMIT_* number, soft, hard)` limits, from
@@ -262,6 +289,16 @@ mod tests {
         let no_groups = STATUS.replace("Groups:\t4 27 1000 ", "Groups:\t");
         assert_eq!(parse_status(&no_groups).unwrap().groups, Vec::<u32>::new());
         assert_eq!(parse_status("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn stat_gives_the_nice_value() {
+        let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 7 1 0 5 1000 50";
+        assert_eq!(parse_nice(stat), Some(7));
+        assert_eq!(parse_nice("42 (x) S 1"), None);
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let expected = rustix::process::getpriority_process(None).unwrap();
+        assert_eq!(parse_nice(&own), Some(expected));
     }
 
     #[test]

@@ -3,15 +3,17 @@
 
 use std::collections::HashSet;
 use std::ffi::CString;
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::os::fd::{OwnedFd, RawFd};
+use std::os::unix::fs::FileExt;
 
 use rustix::io::Errno;
 use rustix::pipe::{PipeFlags, pipe_with};
 use rustix::pty::{OpenptFlags, ioctl_tiocgptpeer, openpt, unlockpt};
 use rustix::termios::{Winsize, tcsetwinsize};
-use zygote_proto::{PtySpec, SpawnRequest, SpawnStage, StdioSpec, Timeout};
+use zygote_proto::{EnvVar, LargeArgs, PtySpec, SpawnRequest, SpawnStage, StdioSpec, Timeout};
 
+use crate::daemon::peer::Peer;
 use crate::spawn::SpawnPlan;
 
 /// `PATH` used when the request's environment has none, as `execvp` does.
@@ -23,6 +25,13 @@ const MAX_CHILD_FD: i32 = 1 << 20;
 /// The kernel's `MAX_ARG_STRLEN`: no single argument or environment string
 /// may be longer (32 pages of 4 KiB), or exec fails with `E2BIG`.
 const MAX_ARG_STRLEN: usize = 32 * 4096;
+
+/// CPUs an affinity list may name: the kernel's largest `NR_CPUS`.
+const MAX_CPUS: u32 = 8192;
+
+/// Seals a [`LargeArgs`] memfd must carry, so that its size and bytes are
+/// fixed while the daemon reads it.
+const LARGE_ARGS_SEALS: libc::c_int = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK;
 
 /// A request refused before anything was created.
 #[derive(Debug)]
@@ -96,7 +105,8 @@ fn c_string(what: &str, bytes: &[u8]) -> Result<CString, Refusal> {
 ///
 /// argv plus environment larger than `max_argv_env_bytes`, or any one
 /// string longer than the kernel's `MAX_ARG_STRLEN`, is refused with
-/// `E2BIG`, as exec would.
+/// `E2BIG`, as exec would. A request's [`LargeArgs`] memfd is read here
+/// (it must be sealed, and no larger than the limit allows).
 pub fn prepare(
     request: &SpawnRequest,
     attached: Vec<OwnedFd>,
@@ -105,7 +115,24 @@ pub fn prepare(
     if request.program.is_empty() {
         return Err(Refusal::invalid("program is empty"));
     }
-    check_size(request, max_argv_env_bytes)?;
+    let mut fds = FdTable::new(attached);
+    let large = match request.large_args {
+        Some(index) => {
+            if !request.args.is_empty() || !request.env.is_empty() {
+                return Err(Refusal::invalid(
+                    "large_args is set: args and env must come in the memfd alone",
+                ));
+            }
+            let memfd = fds.take_attached(index)?;
+            Some(read_large_args(&memfd, max_argv_env_bytes)?)
+        }
+        None => None,
+    };
+    let (args, env) = match &large {
+        Some(large) => (&large.args, &large.env),
+        None => (&request.args, &request.env),
+    };
+    check_size(request, args, env, max_argv_env_bytes)?;
     if let Some(user) = &request.user {
         // -1 tells setresuid/setresgid "leave unchanged": the child would
         // keep the daemon's id.
@@ -130,13 +157,13 @@ pub fn prepare(
         Some(argv0) => c_string("argv0", argv0)?,
         None => program.clone(),
     });
-    for (index, arg) in request.args.iter().enumerate() {
+    for (index, arg) in args.iter().enumerate() {
         argv.push(c_string(&format!("argument {}", index + 1), arg)?);
     }
 
-    let mut envp = Vec::with_capacity(request.env.len());
+    let mut envp = Vec::with_capacity(env.len());
     let mut path_var = None;
-    for var in &request.env {
+    for var in env {
         if var.key.is_empty() || var.key.contains(&b'=') {
             return Err(Refusal::invalid(format!(
                 "environment variable name {:?} is empty or contains '='",
@@ -160,7 +187,7 @@ pub fn prepare(
         .map(|cwd| c_string("working directory", cwd))
         .transpose()?;
 
-    let mut fds = FdTable::new(attached);
+    let attributes = check_attributes(request)?;
     let mut client_ends = Vec::new();
     let terminal = match request.pty {
         Some(pty) => Some(open_terminal(request, pty)?),
@@ -237,6 +264,10 @@ pub fn prepare(
             rlimits: request.rlimits.clone(),
             credentials: None,
             cgroup: None,
+            ignored_signals: request.ignored_signals,
+            nice: request.nice,
+            cpu_affinity: attributes,
+            oom_score_adj: request.oom_score_adj,
         },
         client_ends,
         on_close,
@@ -287,18 +318,120 @@ fn open_terminal(request: &SpawnRequest, pty: PtySpec) -> Result<Terminal, Refus
     Ok(Terminal { master, slave })
 }
 
+/// Checks the nice value, OOM score adjustment and CPU list; returns the
+/// CPU list as `sched_setaffinity(2)`'s mask words (empty: unchanged).
+fn check_attributes(request: &SpawnRequest) -> Result<Vec<u64>, Refusal> {
+    if let Some(nice) = request.nice.filter(|nice| !(-20..=19).contains(nice)) {
+        return Err(Refusal::invalid(format!(
+            "nice value {nice} is outside -20..=19"
+        )));
+    }
+    if let Some(adj) = request
+        .oom_score_adj
+        .filter(|adj| !(-1000..=1000).contains(adj))
+    {
+        return Err(Refusal::invalid(format!(
+            "oom_score_adj {adj} is outside -1000..=1000"
+        )));
+    }
+    let mut mask = Vec::new();
+    for &cpu in &request.cpu_affinity {
+        if cpu >= MAX_CPUS {
+            return Err(Refusal::invalid(format!(
+                "cpu_affinity names CPU {cpu}, beyond the kernel's limit of {MAX_CPUS}"
+            )));
+        }
+        let word = (cpu / 64) as usize;
+        if mask.len() <= word {
+            mask.resize(word + 1, 0u64);
+        }
+        mask[word] |= 1 << (cpu % 64);
+    }
+    Ok(mask)
+}
+
+/// Keeps a peer without the privilege from giving its child a lower nice
+/// value (`CAP_SYS_NICE`) or OOM score adjustment (`CAP_SYS_RESOURCE`)
+/// than its own when it connected: such a request gets the peer's own, as
+/// `nice -n -5` run by a user still runs the command at the user's nice.
+pub fn apply_peer_floor(plan: &mut SpawnPlan, peer: &Peer) {
+    if let Some(nice) = plan.nice.as_mut().filter(|_| !peer.can_nice) {
+        *nice = (*nice).max(peer.nice);
+    }
+    if let Some(adj) = plan
+        .oom_score_adj
+        .as_mut()
+        .filter(|_| !peer.can_raise_limits)
+    {
+        *adj = (*adj).max(peer.oom_score_adj);
+    }
+}
+
+/// Reads and decodes a request's [`LargeArgs`] memfd: refused unless it
+/// is sealed against writing, growing and shrinking (a plain file, pipe
+/// or socket could change under us or block this thread), and no larger
+/// than `limit` allows.
+fn read_large_args(memfd: &OwnedFd, limit: usize) -> Result<LargeArgs, Refusal> {
+    let seals = rustix::fs::fcntl_get_seals(memfd)
+        .map_err(|_| Refusal::invalid("large_args fd is not a memfd (it has no seals)"))?;
+    if (seals.bits() as libc::c_int) & LARGE_ARGS_SEALS != LARGE_ARGS_SEALS {
+        return Err(Refusal::invalid(
+            "large_args memfd must be sealed with F_SEAL_WRITE, F_SEAL_GROW and F_SEAL_SHRINK",
+        ));
+    }
+    let file = File::from(memfd.try_clone().map_err(|error| {
+        Refusal::io(
+            SpawnStage::Validate,
+            "failed to duplicate the large_args memfd",
+            error,
+        )
+    })?);
+    let size = file
+        .metadata()
+        .map_err(|error| {
+            Refusal::io(
+                SpawnStage::Validate,
+                "failed to stat the large_args memfd",
+                error,
+            )
+        })?
+        .len();
+    // The encoding takes fewer bytes per string (a length of at most 3
+    // bytes) than the kernel's count (a NUL and a pointer).
+    let most = limit.saturating_add(64 * 1024) as u64;
+    if size > most {
+        return Err(Refusal {
+            stage: SpawnStage::Validate,
+            errno: Errno::TOOBIG,
+            message: format!(
+                "argv and environment take at least {size} bytes, over this zygote's limit of {limit}"
+            ),
+        });
+    }
+    let mut bytes = vec![0; size as usize];
+    file.read_exact_at(&mut bytes, 0).map_err(|error| {
+        Refusal::io(
+            SpawnStage::Validate,
+            "failed to read the large_args memfd",
+            error,
+        )
+    })?;
+    zygote_proto::decode(&bytes)
+        .map_err(|error| Refusal::invalid(format!("large_args memfd does not decode: {error}")))
+}
+
 /// Refuses argv plus environment beyond the limit, counted as the kernel
 /// counts them: each string with its NUL, plus a pointer for each.
-fn check_size(request: &SpawnRequest, limit: usize) -> Result<(), Refusal> {
+fn check_size(
+    request: &SpawnRequest,
+    args: &[Vec<u8>],
+    env: &[EnvVar],
+    limit: usize,
+) -> Result<(), Refusal> {
     let argv0 = request.argv0.as_ref().unwrap_or(&request.program);
     let strings = std::iter::once(argv0.len())
-        .chain(request.args.iter().map(Vec::len))
-        .chain(
-            request
-                .env
-                .iter()
-                .map(|var| var.key.len() + 1 + var.value.len()),
-        );
+        .chain(args.iter().map(Vec::len))
+        .chain(env.iter().map(|var| var.key.len() + 1 + var.value.len()));
     let mut total: usize = 0;
     for len in strings {
         if len > MAX_ARG_STRLEN {
@@ -384,6 +517,10 @@ fn open_dev_null() -> Result<OwnedFd, Refusal> {
 /// The attached fds, handed out by index. The first use of an index
 /// moves the received fd itself; a later use gets a duplicate of it, so
 /// that e.g. stdout and stderr can share one fd without a dup per spawn.
+/// `FdTable::placed_at` of an fd the daemon took for itself: used, never
+/// placed.
+const TAKEN: usize = usize::MAX;
+
 struct FdTable {
     attached: Vec<Option<OwnedFd>>,
     /// Where in `placed` each attached fd went on its first use.
@@ -400,6 +537,22 @@ impl FdTable {
         }
     }
 
+    /// Takes an attached fd for the daemon's own use (not the child's).
+    fn take_attached(&mut self, index: u32) -> Result<OwnedFd, Refusal> {
+        let slot = index as usize;
+        match self.attached.get_mut(slot).and_then(Option::take) {
+            Some(fd) => {
+                self.placed_at[slot] = Some(TAKEN);
+                Ok(fd)
+            }
+            None => Err(Refusal::invalid(format!(
+                "request refers to attached fd #{index} for large_args, but the frame carries {} \
+                 (or the fd is used twice)",
+                self.attached.len()
+            ))),
+        }
+    }
+
     fn place_attached(&mut self, index: u32, child_fd: RawFd) -> Result<(), Refusal> {
         let slot = index as usize;
         if slot >= self.attached.len() {
@@ -410,6 +563,11 @@ impl FdTable {
         }
         let fd = match (self.attached[slot].take(), self.placed_at[slot]) {
             (Some(fd), _) => fd,
+            (None, Some(TAKEN)) => {
+                return Err(Refusal::invalid(format!(
+                    "attached fd #{index} is the large_args memfd; it cannot also go to the child"
+                )));
+            }
             (None, Some(first)) => self.placed[first].0.try_clone().map_err(|error| {
                 Refusal::io(SpawnStage::Dup, "failed to duplicate an fd", error)
             })?,
@@ -613,6 +771,135 @@ mod tests {
         let mut got = String::new();
         file.read_to_string(&mut got).expect("read");
         assert_eq!(got, "12");
+    }
+
+    fn sealed_memfd(bytes: &[u8], seals: rustix::fs::SealFlags) -> OwnedFd {
+        use rustix::fs::{MemfdFlags, memfd_create};
+        use std::io::Write;
+        let memfd = memfd_create("test", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .expect("memfd_create");
+        let mut file = File::from(memfd);
+        file.write_all(bytes).expect("write");
+        let memfd = OwnedFd::from(file);
+        rustix::fs::fcntl_add_seals(&memfd, seals).expect("seal");
+        memfd
+    }
+
+    #[test]
+    fn large_args_come_from_a_sealed_memfd() {
+        use rustix::fs::SealFlags;
+        let large = LargeArgs {
+            args: vec![b"one".to_vec(), b"two".to_vec()],
+            env: vec![EnvVar {
+                key: b"K".to_vec(),
+                value: b"v".to_vec(),
+            }],
+        };
+        let bytes = zygote_proto::encode(&large).expect("encode");
+        let all = SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK;
+        let mut request = request();
+        request.large_args = Some(0);
+        let prepared = prepare(&request, vec![sealed_memfd(&bytes, all)]).expect("valid");
+        let argv: Vec<_> = prepared.plan.argv.iter().map(|a| a.to_bytes()).collect();
+        assert_eq!(argv, [&b"true"[..], b"one", b"two"]);
+        assert_eq!(prepared.plan.envp[0].to_bytes(), b"K=v");
+        // The memfd is not the child's.
+        assert_eq!(prepared.plan.fds.len(), 3);
+
+        // Unsealed, or a pipe: refused, never read.
+        let refused = refusal(&request, vec![sealed_memfd(&bytes, SealFlags::GROW)]);
+        assert!(refused.message.contains("sealed"), "{}", refused.message);
+        let (read, _write) = pipe_with(PipeFlags::CLOEXEC).expect("pipe");
+        let refused = refusal(&request, vec![read]);
+        assert!(
+            refused.message.contains("not a memfd"),
+            "{}",
+            refused.message
+        );
+        // Also used as stdio: refused.
+        request.stdout = StdioSpec::Fd(0);
+        let refused = refusal(&request, vec![sealed_memfd(&bytes, all)]);
+        assert!(
+            refused.message.contains("large_args"),
+            "{}",
+            refused.message
+        );
+        // Over the limit: E2BIG, like the kernel.
+        let mut request = self::request();
+        request.large_args = Some(0);
+        let huge = LargeArgs {
+            args: vec![vec![b'a'; 1000]; 400],
+            env: vec![],
+        };
+        let bytes = zygote_proto::encode(&huge).expect("encode");
+        let refused = refusal(&request, vec![sealed_memfd(&bytes, all)]);
+        assert_eq!(refused.errno, Errno::TOOBIG);
+    }
+
+    #[test]
+    fn attributes_are_checked_and_carried() {
+        let mut request = request();
+        request.nice = Some(7);
+        request.oom_score_adj = Some(300);
+        request.cpu_affinity = vec![0, 65];
+        request.ignored_signals = 1;
+        let plan = prepare(&request, vec![]).expect("valid").plan;
+        assert_eq!(plan.nice, Some(7));
+        assert_eq!(plan.oom_score_adj, Some(300));
+        assert_eq!(plan.cpu_affinity, vec![1, 2]);
+        assert_eq!(plan.ignored_signals, 1);
+        for bad in [
+            SpawnRequest {
+                nice: Some(20),
+                ..self::request()
+            },
+            SpawnRequest {
+                oom_score_adj: Some(-1001),
+                ..self::request()
+            },
+            SpawnRequest {
+                cpu_affinity: vec![MAX_CPUS],
+                ..self::request()
+            },
+        ] {
+            assert_eq!(refusal(&bad, vec![]).errno, Errno::INVAL);
+        }
+    }
+
+    #[test]
+    fn an_unprivileged_peer_gets_no_lower_nice_or_oom_score_adj_than_its_own() {
+        let mut peer = Peer {
+            pid: 1,
+            uid: 1000,
+            gid: 1000,
+            groups: vec![],
+            hard_limits: vec![],
+            can_setid: false,
+            can_raise_limits: false,
+            nice: 5,
+            can_nice: false,
+            oom_score_adj: 200,
+        };
+        let mut request = request();
+        request.nice = Some(-10);
+        request.oom_score_adj = Some(-500);
+        let mut plan = prepare(&request, vec![]).expect("valid").plan;
+        apply_peer_floor(&mut plan, &peer);
+        assert_eq!((plan.nice, plan.oom_score_adj), (Some(5), Some(200)));
+        // Higher is always allowed.
+        request.nice = Some(10);
+        request.oom_score_adj = Some(900);
+        let mut plan = prepare(&request, vec![]).expect("valid").plan;
+        apply_peer_floor(&mut plan, &peer);
+        assert_eq!((plan.nice, plan.oom_score_adj), (Some(10), Some(900)));
+        // With the capabilities, as asked.
+        peer.can_nice = true;
+        peer.can_raise_limits = true;
+        request.nice = Some(-10);
+        request.oom_score_adj = Some(-500);
+        let mut plan = prepare(&request, vec![]).expect("valid").plan;
+        apply_peer_floor(&mut plan, &peer);
+        assert_eq!((plan.nice, plan.oom_score_adj), (Some(-10), Some(-500)));
     }
 
     #[test]

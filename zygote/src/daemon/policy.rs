@@ -28,10 +28,10 @@ pub const DEFAULT_MAX_CHILDREN: usize = 4096;
 /// Default cap on children running at once for the peers of one uid.
 pub const DEFAULT_MAX_CHILDREN_PER_PEER: usize = 1024;
 /// Default cap on argv plus environment, counted as the kernel counts them
-/// (each string with its NUL, plus one pointer each). Below the frame cap
-/// (256 KiB), so that a request refused for size gets an `E2BIG` answer
-/// rather than a closed connection whenever its frame fits.
-pub const DEFAULT_MAX_ARGV_ENV_BYTES: usize = 192 * 1024;
+/// (each string with its NUL, plus one pointer each): the kernel's own
+/// `ARG_MAX` with the default 8 MiB stack limit (a quarter of it). Larger
+/// than a frame: clients send big lists in a sealed memfd.
+pub const DEFAULT_MAX_ARGV_ENV_BYTES: usize = 2 * 1024 * 1024;
 
 /// The policy file, as written. Unknown keys are errors: a typo in a
 /// security policy must not silently mean "default".
@@ -201,6 +201,8 @@ pub struct Rule {
     pub pids_max: Option<u64>,
     /// Connections open at once for this peer's uid.
     pub max_connections: Option<usize>,
+    /// argv plus environment of one request from this peer, in bytes.
+    pub max_argv_env_bytes: Option<usize>,
 }
 
 impl Rule {
@@ -239,6 +241,8 @@ pub struct Grant {
     pub caps: PeerCaps,
     /// Connections open at once for this peer's uid.
     pub max_connections: usize,
+    /// argv plus environment of one request, in bytes.
+    pub max_argv_env_bytes: usize,
 }
 
 /// Why a request was refused by policy; becomes `SpawnFailed` with stage
@@ -394,6 +398,9 @@ impl Policy {
             max_connections: rule
                 .max_connections
                 .unwrap_or(self.limits.max_connections_per_peer),
+            max_argv_env_bytes: rule
+                .max_argv_env_bytes
+                .unwrap_or(self.limits.max_argv_env_bytes),
             rule,
         })
     }
@@ -562,6 +569,9 @@ mod tests {
             hard_limits: vec![(7, 1024)],
             can_setid: uid == 0,
             can_raise_limits: uid == 0,
+            nice: 0,
+            can_nice: false,
+            oom_score_adj: 0,
         }
     }
 

@@ -201,6 +201,10 @@ mod tests {
             rlimits,
             credentials,
             cgroup: None,
+            ignored_signals: 0,
+            nice: None,
+            cpu_affinity: Vec::new(),
+            oom_score_adj: None,
         }
     }
 

@@ -52,6 +52,14 @@ pub(super) struct ChildArgs<'a> {
     pub(super) join_cgroup: Option<RawFd>,
     /// Prebuilt signal data, since building a `sigaction` needs zeroing.
     pub(super) signals: &'a SignalReset,
+    /// Signals to leave ignored (bit `n - 1` for signal `n`).
+    pub(super) ignored_signals: u64,
+    /// Call `setpriority`.
+    pub(super) nice: Option<c_int>,
+    /// `sched_setaffinity` mask words; empty: leave it.
+    pub(super) cpu_affinity: &'a [u64],
+    /// Decimal text to write to `/proc/self/oom_score_adj`.
+    pub(super) oom_score_adj: Option<&'a [u8]>,
     /// Where the child reports the step that failed.
     pub(super) failure: &'a Failure,
     /// On the fork path, which shares no memory: the write end of the
@@ -103,6 +111,7 @@ pub(super) struct SignalReset {
     /// the child then skips reading `status_path`.
     known: Option<u128>,
     default_action: libc::sigaction,
+    ignore_action: libc::sigaction,
     empty_mask: libc::sigset_t,
     max_signal: c_int,
     /// The kernel's `sizeof(sigset_t)`, as `rt_sigaction` wants it.
@@ -122,11 +131,14 @@ impl SignalReset {
         };
         // SAFETY: `empty_mask` is a valid, writable sigset_t.
         unsafe { libc::sigemptyset(&raw mut empty_mask) };
+        let mut ignore_action = default_action;
+        ignore_action.sa_sigaction = libc::SIG_IGN;
         let max_signal = libc::SIGRTMAX();
         Self {
             status_path: c"/proc/self/status",
             known: None,
             default_action,
+            ignore_action,
             empty_mask,
             max_signal,
             // One bit per signal 1..=max: 8 bytes on most, 16 on MIPS.
@@ -230,6 +242,7 @@ fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
         check(if written == 1 { 0 } else { -1 }, SpawnStage::Cgroup)?;
     }
     reset_signals(args.signals)?;
+    ignore_signals(args.signals, args.ignored_signals)?;
 
     if args.new_session {
         // SAFETY: plain syscall wrapper.
@@ -266,6 +279,10 @@ fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
         check_long(ret, SpawnStage::Setrlimit)?;
     }
 
+    // With the daemon's rights, before the credentials change: the daemon
+    // has already kept a peer without privilege from lowering either.
+    set_attributes(args)?;
+
     if let Some((uid, gid, groups)) = args.credentials {
         switch_credentials(uid, gid, groups)?;
     }
@@ -292,6 +309,93 @@ fn take_terminal(args: &ChildArgs<'_>) -> Result<(), Failed> {
         check(ret, SpawnStage::Setsid)?;
     }
     Ok(())
+}
+
+/// Sets the nice value, CPU affinity and OOM score adjustment the plan
+/// asks for.
+fn set_attributes(args: &ChildArgs<'_>) -> Result<(), Failed> {
+    if let Some(nice) = args.nice {
+        // SAFETY: plain syscall on ourselves (who 0); no memory is passed.
+        let ret = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+        check(ret, SpawnStage::Nice)?;
+    }
+    if !args.cpu_affinity.is_empty() {
+        // SAFETY: the kernel reads `len * 8` bytes from a valid slice of
+        // u64 mask words (the layout of a cpu mask of unsigned longs on
+        // the 64-bit targets we build for).
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_sched_setaffinity,
+                0 as libc::pid_t,
+                args.cpu_affinity.len() * 8,
+                args.cpu_affinity.as_ptr(),
+            )
+        };
+        check_long(ret, SpawnStage::Affinity)?;
+    }
+    if let Some(text) = args.oom_score_adj {
+        // SAFETY: opens a NUL-terminated path; the fd is closed below.
+        let fd = unsafe {
+            libc::open(
+                c"/proc/self/oom_score_adj".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            )
+        };
+        let fd = check(fd, SpawnStage::OomScoreAdj)?;
+        // SAFETY: writes `text.len()` bytes from a valid slice.
+        let written = unsafe { libc::write(fd, text.as_ptr().cast(), text.len()) };
+        let failed = (written < 0).then(errno);
+        // SAFETY: closes the fd opened above, which nothing else uses.
+        unsafe { libc::close(fd) };
+        if let Some(errno) = failed {
+            return Err((SpawnStage::OomScoreAdj, errno));
+        }
+    }
+    Ok(())
+}
+
+/// Sets `SIG_IGN` for each signal in `mask`, as exec keeps a caller's
+/// ignored signals. SIGKILL and SIGSTOP cannot be ignored; those bits are
+/// skipped. glibc refuses its internal signals (32, 33), which the raw
+/// syscall sets.
+fn ignore_signals(signals: &SignalReset, mask: u64) -> Result<(), Failed> {
+    for signal in 1..=signals.max_signal.min(64) {
+        let bit = u32::try_from(signal - 1).unwrap_or(0);
+        if (mask >> bit) & 1 == 0 || signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: sets a SIG_IGN action from a valid struct; this process
+        // has its own copy of the handler table (no CLONE_SIGHAND).
+        let ret =
+            unsafe { libc::sigaction(signal, &raw const signals.ignore_action, ptr::null_mut()) };
+        if ret == 0 {
+            continue;
+        }
+        if errno() != libc::EINVAL {
+            return Err((SpawnStage::Signals, errno()));
+        }
+        ignore_signal_raw(signal, signals.sigset_bytes)?;
+    }
+    Ok(())
+}
+
+/// `rt_sigaction(signal, SIG_IGN)` without libc.
+fn ignore_signal_raw(signal: c_int, sigset_bytes: usize) -> Result<(), Failed> {
+    // The kernel's struct sigaction starts with the handler on the 64-bit
+    // targets we build for; no flags, no restorer, an empty mask follow.
+    let ignore_action: [u64; 8] = [libc::SIG_IGN as u64, 0, 0, 0, 0, 0, 0, 0];
+    // SAFETY: the kernel reads at most 64 bytes from a valid buffer and
+    // writes nothing (no old action pointer).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            signal,
+            ignore_action.as_ptr(),
+            ptr::null_mut::<c_void>(),
+            sigset_bytes,
+        )
+    };
+    check_long(ret, SpawnStage::Signals)
 }
 
 /// Sets groups, then gid, then uid: each later step removes the right to

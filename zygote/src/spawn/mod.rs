@@ -39,6 +39,9 @@ mod child;
 mod clone;
 mod fork;
 mod selfsignal;
+mod wrapper;
+
+pub use wrapper::{die_by, stop_self_by};
 
 pub use fork::{
     ForkError, Forked, close_fds_above_2_except, exit_now, fork_single_threaded, take_inherited_fd,
@@ -97,6 +100,16 @@ pub struct SpawnPlan {
     /// `CLONE_INTO_CGROUP` (Linux 5.7), else the child joins it through
     /// `cgroup.procs` before anything else; the daemon's own when absent.
     pub cgroup: Option<OwnedFd>,
+    /// Signals the child starts with ignored, bit `n - 1` for signal `n`
+    /// (SIGKILL and SIGSTOP cannot be); every other one is reset.
+    pub ignored_signals: u64,
+    /// `setpriority(2)` value; the daemon's when absent.
+    pub nice: Option<i32>,
+    /// `sched_setaffinity(2)` mask words (CPU `n` is bit `n % 64` of word
+    /// `n / 64`); the daemon's affinity when empty.
+    pub cpu_affinity: Vec<u64>,
+    /// Written to `/proc/self/oom_score_adj`; the daemon's when absent.
+    pub oom_score_adj: Option<i32>,
 }
 
 /// Who a child runs as: set with `setgroups`, `setresgid` and `setresuid`,
@@ -515,6 +528,8 @@ struct Prepared<'a> {
     close_ranges: Vec<(c_uint, c_uint)>,
     rlimits: Vec<(c_int, Rlimit64)>,
     groups: Vec<libc::gid_t>,
+    /// `oom_score_adj` as the decimal text the proc file takes.
+    oom_score_adj: Option<Vec<u8>>,
 }
 
 impl<'a> Prepared<'a> {
@@ -596,6 +611,7 @@ impl<'a> Prepared<'a> {
                 .as_ref()
                 .map(|credentials| credentials.groups.clone())
                 .unwrap_or_default(),
+            oom_score_adj: plan.oom_score_adj.map(|adj| adj.to_string().into_bytes()),
         })
     }
 
@@ -637,6 +653,10 @@ impl<'a> Prepared<'a> {
                 .map(|credentials| (credentials.uid, credentials.gid, self.groups.as_slice())),
             join_cgroup: None,
             signals,
+            ignored_signals: plan.ignored_signals,
+            nice: plan.nice,
+            cpu_affinity: &plan.cpu_affinity,
+            oom_score_adj: self.oom_score_adj.as_deref(),
             failure,
             report: None,
         }

@@ -49,6 +49,10 @@ fn plan(argv: &[&str]) -> SpawnPlan {
         rlimits: Vec::new(),
         credentials: None,
         cgroup: None,
+        ignored_signals: 0,
+        nice: None,
+        cpu_affinity: Vec::new(),
+        oom_score_adj: None,
     }
 }
 

@@ -1,0 +1,480 @@
+//! `zygote run -- CMD` against `CMD` run directly: each test runs the same
+//! shell script twice, once with `$RUN` empty and once with `$RUN` set to
+//! `zygote run --`, and compares what a user would see.
+
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::util::{Daemon, eventually, process_state, start_daemon, start_daemon_with, zygote_bin};
+
+/// `sh -c script` with `$RUN` as given and the daemon's socket in
+/// `$ZYGOTE_SOCKET`.
+fn shell(socket: &Path, run: &str, script: &str) -> Command {
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(script)
+        .env("ZYGOTE", zygote_bin())
+        .env("ZYGOTE_SOCKET", socket)
+        .env("RUN", run);
+    command
+}
+
+fn through_zygote() -> String {
+    format!("{} run --", zygote_bin().display())
+}
+
+/// The script's output run directly, then through zygote.
+fn both(daemon: &Daemon, script: &str) -> (Output, Output) {
+    let direct = shell(daemon.socket(), "", script).output().expect("run sh");
+    let wrapped = shell(daemon.socket(), &through_zygote(), script)
+        .output()
+        .expect("run sh");
+    (direct, wrapped)
+}
+
+/// Asserts that both runs printed the same and ended the same way.
+fn assert_same(daemon: &Daemon, script: &str) -> Output {
+    let (direct, wrapped) = both(daemon, script);
+    assert_eq!(
+        String::from_utf8_lossy(&wrapped.stdout),
+        String::from_utf8_lossy(&direct.stdout),
+        "stdout differs for {script:?}; stderr through zygote: {}",
+        String::from_utf8_lossy(&wrapped.stderr)
+    );
+    assert_eq!(
+        (wrapped.status.code(), wrapped.status.signal()),
+        (direct.status.code(), direct.status.signal()),
+        "exit differs for {script:?}; stderr: {}",
+        String::from_utf8_lossy(&wrapped.stderr)
+    );
+    wrapped
+}
+
+/// Reads the pid a script wrote to `path`, waiting for it.
+fn read_pid(path: &Path) -> u32 {
+    let mut pid = None;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            pid = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|text| text.trim().parse().ok());
+            pid.is_some()
+        }),
+        "no pid in {}",
+        path.display()
+    );
+    pid.expect("checked above")
+}
+
+fn alive(pid: u32) -> bool {
+    process_state(pid).is_some_and(|state| state != 'Z')
+}
+
+/// `zygote run -- sh -c 'echo $$ > pidfile; exec sleep 30'`, started
+/// directly (no shell around the wrapper), and the sleeping child's pid.
+fn wrapped_sleeper(daemon: &Daemon, dir: &Path, flags: &[&str]) -> (Child, u32) {
+    let pidfile = dir.join("child.pid");
+    let _ = std::fs::remove_file(&pidfile);
+    let wrapper = Command::new(zygote_bin())
+        .arg("run")
+        .args(flags)
+        .arg("--")
+        .arg("sh")
+        .arg("-c")
+        .arg(format!("echo $$ > '{}'; exec sleep 30", pidfile.display()))
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start zygote run");
+    let child = read_pid(&pidfile);
+    (wrapper, child)
+}
+
+/// `kill -SIG -pgid`.
+fn signal_group(pgid: u32, signal: i32) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg("--")
+        .arg(format!("-{pgid}"))
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} -{pgid}");
+}
+
+/// kill(1): the real-time signals have no name in rustix.
+fn signal(pid: u32, signal: i32) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+#[test]
+fn a_killed_wrapper_takes_its_child_with_it() {
+    let daemon = start_daemon("run-kill-wrapper");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut wrapper, child) = wrapped_sleeper(&daemon, dir.path(), &[]);
+    signal(wrapper.id(), libc::SIGKILL);
+    let status = wrapper.wait().expect("wait");
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    assert!(
+        eventually(Duration::from_secs(10), || !alive(child)),
+        "the child {child} outlived its SIGKILLed wrapper"
+    );
+
+    // Unless asked otherwise.
+    let (mut wrapper, child) = wrapped_sleeper(&daemon, dir.path(), &["--no-kill-on-close"]);
+    signal(wrapper.id(), libc::SIGKILL);
+    wrapper.wait().expect("wait");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(alive(child), "--no-kill-on-close child was killed");
+    signal(child, libc::SIGKILL);
+}
+
+#[test]
+fn every_catchable_signal_reaches_the_child_and_the_wrapper_dies_by_it() {
+    let daemon = start_daemon("run-forward");
+    let dir = tempfile::tempdir().expect("tempdir");
+    for number in [
+        libc::SIGUSR2,
+        libc::SIGALRM,
+        libc::SIGINT,
+        libc::SIGHUP,
+        libc::SIGTERM,
+        libc::SIGRTMIN() + 2,
+    ] {
+        let (mut wrapper, child) = wrapped_sleeper(&daemon, dir.path(), &[]);
+        // The wrapper installs its handlers right after the spawn.
+        std::thread::sleep(Duration::from_millis(200));
+        signal(wrapper.id(), number);
+        let status = wrapper.wait().expect("wait");
+        // As sleep itself would: killed by that signal, seen by the shell
+        // as a signal death (not exit 128+N).
+        assert_eq!(status.signal(), Some(number), "signal {number}: {status:?}");
+        assert!(
+            eventually(Duration::from_secs(10), || !alive(child)),
+            "signal {number} did not end the child"
+        );
+    }
+}
+
+#[test]
+fn death_by_signal_is_seen_by_the_shell_like_the_childs() {
+    let daemon = start_daemon("run-die-by");
+    // A shell loop stops when its command dies of SIGINT, but not when it
+    // exits 130 (bash's rule; dash reports the same status either way).
+    for script in [
+        r#"$RUN sh -c 'kill -TERM $$'; echo "status $?""#,
+        r#"$RUN sh -c 'kill -USR1 $$'"#,
+        r#"$RUN sh -c 'exit 130'"#,
+    ] {
+        assert_same(&daemon, script);
+    }
+    let (direct, wrapped) = both(&daemon, r#"$RUN sh -c 'kill -INT $$'"#);
+    assert_eq!(direct.status.signal(), wrapped.status.signal());
+}
+
+/// Ctrl-C: SIGINT to the whole foreground process group, bash's loop and
+/// its command alike.
+fn ctrl_c_in_a_loop(daemon: &Daemon, run: &str) -> Output {
+    let loop_ = shell(
+        daemon.socket(),
+        run,
+        "exec bash -c 'for i in 1 2 3; do $RUN sleep 2; echo $i; done'",
+    )
+    .process_group(0)
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("start bash");
+    // Long enough for the wrapper to have installed its handlers.
+    std::thread::sleep(Duration::from_millis(700));
+    signal_group(loop_.id(), libc::SIGINT);
+    loop_.wait_with_output().expect("wait for bash")
+}
+
+#[test]
+fn ctrl_c_breaks_a_shell_loop() {
+    let daemon = start_daemon("run-ctrl-c");
+    let direct = ctrl_c_in_a_loop(&daemon, "");
+    let wrapped = ctrl_c_in_a_loop(&daemon, &through_zygote());
+    // bash ends the loop, and dies of SIGINT itself, only when its command
+    // died of SIGINT; after an exit 130 it would print 1, 2, 3.
+    assert_eq!(direct.status.signal(), Some(libc::SIGINT), "{direct:?}");
+    assert_eq!(wrapped.status.signal(), Some(libc::SIGINT), "{wrapped:?}");
+    assert_eq!(wrapped.stdout, direct.stdout);
+}
+
+#[test]
+fn ignored_signals_stay_ignored_in_the_child() {
+    let daemon = start_daemon("run-ignored");
+    // As nohup, or a background job of a script, leaves them.
+    let (direct, wrapped) = both(
+        &daemon,
+        r#"trap '' HUP INT USR1; $RUN sh -c 'grep SigIgn /proc/self/status'"#,
+    );
+    let mask = |out: &Output| {
+        let text = String::from_utf8_lossy(&out.stdout);
+        let hex = text.trim().trim_start_matches("SigIgn:").trim();
+        u64::from_str_radix(hex, 16).unwrap_or_else(|_| panic!("SigIgn in {out:?}"))
+    };
+    // glibc's own signal 33 (SIGSETXID) is the one exception: glibc takes
+    // it over at the wrapper's start, so the wrapper cannot tell whether it
+    // was ignored; no program can use it.
+    let setxid = 1 << 32;
+    assert_eq!(mask(&wrapped) & !setxid, mask(&direct) & !setxid);
+    for number in [libc::SIGHUP, libc::SIGINT, libc::SIGUSR1] {
+        assert_ne!(mask(&wrapped) & (1 << (number - 1)), 0, "signal {number}");
+    }
+    // And the child survives them, as run directly.
+    assert_same(
+        &daemon,
+        r#"trap '' HUP; $RUN sh -c 'kill -HUP $$; echo survived'"#,
+    );
+    // nohup itself.
+    assert_same(
+        &daemon,
+        r#"nohup $RUN sh -c 'kill -HUP $$; echo survived' 2>/dev/null"#,
+    );
+}
+
+#[test]
+fn stop_and_continue_reach_the_child_and_the_wrapper() {
+    let daemon = start_daemon("run-stop");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut wrapper, child) = wrapped_sleeper(&daemon, dir.path(), &[]);
+    std::thread::sleep(Duration::from_millis(200));
+    for stop in [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU] {
+        signal(wrapper.id(), stop);
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                process_state(child) == Some('T') && process_state(wrapper.id()) == Some('T')
+            }),
+            "signal {stop}: child {:?}, wrapper {:?}",
+            process_state(child),
+            process_state(wrapper.id())
+        );
+        signal(wrapper.id(), libc::SIGCONT);
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                process_state(child) == Some('S') && process_state(wrapper.id()) == Some('S')
+            }),
+            "after SIGCONT: child {:?}, wrapper {:?}",
+            process_state(child),
+            process_state(wrapper.id())
+        );
+    }
+    signal(wrapper.id(), libc::SIGTERM);
+    assert_eq!(wrapper.wait().expect("wait").signal(), Some(libc::SIGTERM));
+}
+
+#[test]
+fn nice_affinity_and_oom_score_adj_are_the_callers() {
+    let daemon = start_daemon("run-attributes");
+    let out = assert_same(
+        &daemon,
+        r#"echo 300 > /proc/self/oom_score_adj; exec nice -n 7 taskset -c 0 $RUN sh -c 'nice; grep Cpus_allowed_list /proc/self/status; cat /proc/self/oom_score_adj'"#,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "7\nCpus_allowed_list:\t0\n300\n"
+    );
+}
+
+#[test]
+fn argument_lists_up_to_the_kernels_limit() {
+    let daemon = start_daemon("run-argmax");
+    // Over a frame: 100,000 arguments, ~590 KB.
+    let out = assert_same(&daemon, r#"$RUN /bin/echo $(seq 100000) | md5sum"#);
+    assert!(out.status.success());
+    // xargs sizes its batches for exec, pointers and all (its batches
+    // differ by the wrapper's own words, hence one number per line).
+    let out = assert_same(
+        &daemon,
+        r#"seq 100000 | xargs $RUN /bin/echo | tr ' ' '\n' | md5sum; seq 100000 | xargs $RUN /bin/true"#,
+    );
+    assert!(out.status.success());
+}
+
+#[test]
+fn a_per_peer_limit_caps_argument_lists() {
+    let policy = "[limits]\nmax_argv_env_bytes = 100000\n\n\
+                  [[peer]]\nuids = [0]\nmax_argv_env_bytes = 300000\n";
+    let daemon = start_daemon_with("run-argmax-peer", Some(policy), &[]);
+    let run = |count: u32| {
+        shell(
+            daemon.socket(),
+            &through_zygote(),
+            &format!("$RUN /bin/true $(seq {count})"),
+        )
+        .output()
+        .expect("run sh")
+    };
+    // ~20,000 args take ~250 KB as the kernel counts: over the default,
+    // under the rule's limit for uid 0.
+    assert!(run(20_000).status.success());
+    let out = run(40_000);
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Argument list too long"));
+}
+
+#[test]
+fn usage_errors_exit_125() {
+    let daemon = start_daemon("run-usage");
+    for script in [
+        r#""$ZYGOTE" run"#,
+        r#""$ZYGOTE" run --no-such-flag -- true"#,
+        r#""$ZYGOTE" run --timeout soon -- true"#,
+        r#""$ZYGOTE" frobnicate"#,
+    ] {
+        let out = shell(daemon.socket(), "", script).output().expect("sh");
+        assert_eq!(out.status.code(), Some(125), "{script}: {out:?}");
+    }
+    let out = shell(daemon.socket(), "", r#""$ZYGOTE" run --help"#)
+        .output()
+        .expect("sh");
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("Exit status"), "{help}");
+}
+
+#[test]
+fn messages_name_what_failed() {
+    let daemon = start_daemon("run-messages");
+    let out = shell(
+        daemon.socket(),
+        "",
+        r#""$ZYGOTE" run -C /nonexistent-dir -- true"#,
+    )
+    .output()
+    .expect("sh");
+    assert_eq!(out.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim(),
+        "zygote: chdir /nonexistent-dir: No such file or directory"
+    );
+
+    // bash says "Is a directory" and exits 126.
+    let out = shell(daemon.socket(), "", r#""$ZYGOTE" run -- /tmp"#)
+        .output()
+        .expect("sh");
+    assert_eq!(out.status.code(), Some(126));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "zygote: /tmp: Is a directory"
+    );
+
+    // No daemon: one hint.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = shell(
+        &dir.path().join("none.sock"),
+        "",
+        r#""$ZYGOTE" run -- true"#,
+    )
+    .output()
+    .expect("sh");
+    assert_eq!(out.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("start one with").count(), 1, "{stderr}");
+
+    // A socket that refuses us says so.
+    let out = shell(
+        daemon.socket(),
+        "",
+        r#"setpriv --reuid 65534 --regid 65534 --clear-groups "$ZYGOTE" run -- true"#,
+    )
+    .output()
+    .expect("sh");
+    assert_eq!(out.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("Permission denied"), "{stderr}");
+    assert!(!stderr.contains("no zygote"), "{stderr}");
+}
+
+#[test]
+fn cli_flags_spell_like_env_and_systemd_run() {
+    let daemon = start_daemon("run-flags");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = shell(
+        daemon.socket(),
+        "",
+        &format!(
+            r#"KEEP=1 DROP=2 COPY=3 "$ZYGOTE" run -E NEW=x=y -E COPY -u DROP -C '{}' --setsid -- sh -c 'echo "$KEEP.$DROP.$COPY.$NEW"; pwd; cut -d" " -f6 /proc/$$/stat; echo $$'"#,
+            dir.path().display()
+        ),
+    )
+    .output()
+    .expect("sh");
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "1..3.x=y");
+    assert_eq!(
+        lines[1],
+        dir.path().canonicalize().unwrap().display().to_string()
+    );
+    // A session of its own: its id is the child's pid.
+    assert_eq!(lines[2].trim(), lines[3].trim());
+
+    // --timeout ends it and exits 124, as timeout(1) does.
+    let out = shell(
+        daemon.socket(),
+        "",
+        r#""$ZYGOTE" run --timeout 0.2s --kill-after 1s -- sleep 30"#,
+    )
+    .output()
+    .expect("sh");
+    assert_eq!(out.status.code(), Some(124), "{out:?}");
+}
+
+#[test]
+fn status_json_is_one_object() {
+    let daemon = start_daemon("run-status-json");
+    let out = shell(daemon.socket(), "", r#""$ZYGOTE" status --json"#)
+        .output()
+        .expect("sh");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.trim().starts_with('{') && text.trim().ends_with('}'),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("\"pid\":{}", daemon.pid())),
+        "{text}"
+    );
+    assert!(text.contains("\"children_running\":0"), "{text}");
+}
+
+#[test]
+fn serve_takes_zygote_socket_and_says_each_error_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("from-env.sock");
+    let mut serve = Command::new(zygote_bin())
+        .arg("serve")
+        .env("ZYGOTE_SOCKET", &socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start zygote serve");
+    let listening = eventually(Duration::from_secs(10), || {
+        zygote_proto::socket::connect_to(&socket, false).is_ok()
+    });
+    let _ = serve.kill();
+    let _ = serve.wait();
+    assert!(listening, "serve did not listen on $ZYGOTE_SOCKET");
+
+    let out = Command::new(zygote_bin())
+        .args(["serve", "--socket", "/dev/null/x.sock"])
+        .output()
+        .expect("run zygote serve");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("/dev/null/x.sock").count(), 1, "{stderr}");
+}
