@@ -87,6 +87,11 @@ fn wrapped_sleeper(daemon: &Daemon, dir: &Path, flags: &[&str]) -> (Child, u32) 
         .arg(format!("echo $$ > '{}'; exec sleep 30", pidfile.display()))
         .env("ZYGOTE_SOCKET", daemon.socket())
         .stdin(Stdio::null())
+        // A job of its own, as a shell with job control starts it, whose
+        // parent (this test) is in another group of the same session: the
+        // kernel discards SIGTSTP, SIGTTIN and SIGTTOU in an orphaned
+        // group, which the test's own group may be under CI.
+        .process_group(0)
         .spawn()
         .expect("start zygote run");
     let child = read_pid(&pidfile);
