@@ -727,26 +727,19 @@ func (d *decoder) byteVal(what string) byte {
 	return c
 }
 
-func (d *decoder) boolean(what string) bool {
-	switch c := d.byteVal(what); c {
-	case 0:
-		return false
-	case 1:
-		return true
-	default:
-		d.fail("%s: bool byte %#02x is neither 0 nor 1", what, c)
-		return false
-	}
-}
+func (d *decoder) boolean(what string) bool { return d.zeroOrOne(what, "bool byte") }
 
-func (d *decoder) option(what string) bool {
+func (d *decoder) option(what string) bool { return d.zeroOrOne(what, "option tag") }
+
+// zeroOrOne reads a byte that must be 0 or 1: a bool, or an option's tag.
+func (d *decoder) zeroOrOne(what, kind string) bool {
 	switch c := d.byteVal(what); c {
 	case 0:
 		return false
 	case 1:
 		return true
 	default:
-		d.fail("%s: option tag %#02x is neither 0 nor 1", what, c)
+		d.fail("%s: %s %#02x is neither 0 nor 1", what, kind, c)
 		return false
 	}
 }
