@@ -10,6 +10,7 @@
 //! - this file: flags, the run loop over conditions, the CoW tax;
 //! - `helpers`: the C floor helper and static child, built with `cc`;
 //! - `zygotes`: starting the three zygotes, and their size;
+//! - `cgroups`: the cost of a cgroup per child (a second shared daemon);
 //! - `methods`: the six ways to spawn + wait, each timed the same way;
 //! - `ballast`: growing the parent (memory, fds);
 //! - `stats`, `report`, `targets`: summaries, markdown/JSON, the issue's
@@ -17,6 +18,7 @@
 //! - `sys`: the one `unsafe` (std's fork path).
 
 mod ballast;
+mod cgroups;
 mod error;
 mod helpers;
 mod methods;
@@ -86,6 +88,11 @@ pub(crate) struct Args {
     /// std-fork, zygote-shared, zygote-private, zygote-template.
     #[arg(long, value_delimiter = ',')]
     methods: Vec<String>,
+    /// Rounds of the cgroup-per-child comparison (shared daemon with and
+    /// without a cgroup subtree, concurrency 1, --iterations spawns per
+    /// method and child); 0 skips it.
+    #[arg(long, default_value_t = 5)]
+    cgroup_rounds: usize,
     /// Also write the results as JSON here.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -148,7 +155,7 @@ impl Bench {
             Method::ZygoteTemplate => &self.zygotes.template,
         };
         self.runtime
-            .block_on(methods::run_zygote(client, program, budget))
+            .block_on(methods::run_zygote(client, program, budget, |_| {}))
     }
 
     /// One cell per method, measured in rounds that take turns (floor,
@@ -195,6 +202,11 @@ fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
     let (static_child, static_kind) = helpers::build_static_child(dir.path())?;
     let floor = Floor::start(&helpers::build_floor(dir.path())?)?;
     let zygotes = zygotes::start_zygotes(&runtime, template, dir.path())?;
+    let cgroup_daemon = if args.cgroup_rounds > 0 {
+        cgroups::start(&runtime, dir.path())
+    } else {
+        Err("--cgroup-rounds 0".to_owned())
+    };
     let mut bench = Bench {
         runtime,
         floor,
@@ -224,6 +236,18 @@ fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
         ("dynamic", PathBuf::from("/bin/true")),
         ("static", static_child),
     ];
+    // While the parent is small: the daemons' cost does not depend on it.
+    let cgroup = match &cgroup_daemon {
+        Ok(daemon) => cgroups::measure(
+            &mut bench,
+            daemon,
+            &children,
+            args.iterations,
+            args.cgroup_rounds,
+        )?,
+        Err(reason) => cgroups::CgroupCost::skipped(reason.clone()),
+    };
+    drop(cgroup_daemon);
 
     let mut memory = Memory::default();
     let mut cells = Vec::new();
@@ -270,12 +294,14 @@ fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
         }
     }
 
-    let targets = targets::evaluate(&cells, &cow, &resident, args);
+    let mut targets = targets::evaluate(&cells, &cow, &resident, args);
+    targets.extend(cgroup.targets());
     Ok(Report {
         meta,
         cells,
         cow,
         resident,
+        cgroup,
         targets,
     })
 }

@@ -241,12 +241,17 @@ pub fn run_std(program: &Path, fork_path: bool, budget: Budget) -> Result<CellRu
 }
 
 /// Through a zygote `client`, `concurrency` tasks on the current
-/// (single-threaded) runtime.
+/// (single-threaded) runtime; `configure` adds options to each command.
 ///
 /// # Errors
 ///
 /// The first spawn or wait error.
-pub async fn run_zygote(client: &Client, program: &Path, budget: Budget) -> Result<CellRun> {
+pub async fn run_zygote(
+    client: &Client,
+    program: &Path,
+    budget: Budget,
+    configure: fn(&mut zygote_client::Command),
+) -> Result<CellRun> {
     let taken = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let cpu_before = thread_cpu();
@@ -263,6 +268,7 @@ pub async fn run_zygote(client: &Client, program: &Path, budget: Budget) -> Resu
                 let mut blocked = Duration::ZERO;
                 let start = Instant::now();
                 let mut command = client.command(&program);
+                configure(&mut command);
                 let mut child = Timed::new(command.spawn(), &mut blocked).await?;
                 Timed::new(child.wait(), &mut blocked).await?;
                 samples.push(Sample {

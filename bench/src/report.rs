@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use crate::cgroups::CgroupCost;
 use crate::methods::Method;
 use crate::stats::Summary;
 
@@ -18,6 +19,8 @@ pub struct Report {
     pub cow: Vec<Cow>,
     /// Zygote RSS with many children running.
     pub resident: Vec<Resident>,
+    /// The cost of a cgroup per child.
+    pub cgroup: CgroupCost,
     /// The targets, evaluated.
     pub targets: Vec<Target>,
 }
@@ -189,6 +192,7 @@ impl Report {
                 resident.rss_kib as f64 / 1024.0
             );
         }
+        out.push_str(&self.cgroup.markdown());
         out
     }
 }

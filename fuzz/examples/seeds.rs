@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use zygote_proto::{
-    ClientMessage, EnvVar, FdMapping, Hello, KillOnClose, PROTOCOL_VERSION, PtySpec,
+    CgroupSpec, ClientMessage, CpuMax, EnvVar, FdMapping, Hello, KillOnClose, PROTOCOL_VERSION, PtySpec,
     ResourceLimit, SignalRequest, SpawnRequest, StatusRequest, StdioSpec, Timeout, UserSpec,
     WindowSize, encode,
 };
@@ -55,6 +55,19 @@ fn main() {
         nice: Some(5),
         cpu_affinity: vec![0],
         oom_score_adj: Some(100),
+        cgroup: Some(CgroupSpec {
+            kill_tree: true,
+            wait_tree: true,
+            memory_max: Some(512 << 20),
+            memory_swap_max: Some(0),
+            pids_max: Some(64),
+            cpu_max: Some(CpuMax {
+                quota_micros: 50_000,
+                period_micros: 100_000,
+            }),
+            cpu_weight: Some(100),
+            io_weight: Some(100),
+        }),
         ..spawn(2)
     };
     let messages = [

@@ -56,9 +56,10 @@ pub struct Subtree {
     /// Peer uids whose `peers/<uid>` exists and has its caps.
     peers: Mutex<HashSet<u32>>,
     /// Empty cgroups of children that asked for nothing (no limits, no
-    /// accounting), per peer uid, for the next such child: mkdir and rmdir
-    /// cost ~30 and ~60 µs here, on the spawn's path.
-    spare: Mutex<HashMap<u32, Vec<PathBuf>>>,
+    /// accounting), per peer uid, for the next such child, opened for
+    /// `clone3`: mkdir, open and rmdir cost ~30, ~10 and ~60 µs here, on
+    /// the spawn's path.
+    spare: Mutex<HashMap<u32, Vec<(PathBuf, OwnedFd)>>>,
 }
 
 /// Spare cgroups kept per peer uid.
@@ -273,15 +274,15 @@ impl Subtree {
                 .get_mut(&uid)
                 .and_then(Vec::pop)
         };
-        let path = match spare {
-            Some(path) => path,
+        let (path, opened) = match spare {
+            Some((path, dir)) => (path, Some(dir)),
             None => {
                 let number = self.next.fetch_add(1, Ordering::Relaxed);
                 let path = peer.join(number.to_string());
                 if let Err(error) = fs::create_dir(&path) {
                     return Err(failed("cannot create the child's cgroup", &path, error));
                 }
-                path
+                (path, None)
             }
         };
         let child = ChildCgroup {
@@ -317,6 +318,9 @@ impl Subtree {
                     return Err(failed(&format!("cannot set {value} in"), &target, error));
                 }
             }
+        }
+        if let Some(dir) = opened {
+            return Ok((child, dir));
         }
         match fs::File::open(&child.path) {
             Ok(dir) => Ok((child, OwnedFd::from(dir))),
@@ -356,20 +360,28 @@ impl Subtree {
         Ok(dir)
     }
 
-    /// Done with an empty child cgroup: kept for the next child that asks
-    /// for nothing (it never had limits, and its counters are never read),
-    /// else removed.
+    /// Done with an empty child cgroup: kept, opened, for the next child
+    /// that asks for nothing (it never had limits, and its counters are
+    /// never read), else removed. Called after the exit notice is sent, so
+    /// the open is off the next spawn's path.
     ///
     /// # Errors
     ///
     /// When `rmdir` fails.
     pub fn release(&self, cgroup: &ChildCgroup) -> io::Result<()> {
         if !cgroup.requested && !cgroup.was_killed() {
-            let mut spare = self.spare.lock().expect("spare cgroups poisoned");
-            let list = spare.entry(cgroup.uid).or_default();
-            if list.len() < SPARE_PER_PEER {
-                list.push(cgroup.path.clone());
-                return Ok(());
+            let room = |spare: &HashMap<u32, Vec<(PathBuf, OwnedFd)>>| {
+                spare.get(&cgroup.uid).map_or(0, Vec::len) < SPARE_PER_PEER
+            };
+            if room(&self.spare.lock().expect("spare cgroups poisoned")) {
+                if let Ok(dir) = fs::File::open(&cgroup.path) {
+                    let mut spare = self.spare.lock().expect("spare cgroups poisoned");
+                    if room(&spare) {
+                        let list = spare.entry(cgroup.uid).or_default();
+                        list.push((cgroup.path.clone(), OwnedFd::from(dir)));
+                        return Ok(());
+                    }
+                }
             }
         }
         cgroup.remove()
