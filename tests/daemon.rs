@@ -228,3 +228,20 @@ fn every_daemon_fd_beyond_stdio_is_close_on_exec() {
         child.kill().await.expect("kill");
     });
 }
+
+/// A socket path under a file says which part is not a directory, not
+/// `create_dir_all`'s bare "File exists".
+#[test]
+fn socket_path_under_a_file_names_the_file() {
+    let output = std::process::Command::new(crate::util::zygote_bin())
+        .args(["serve", "--socket", "/dev/null/zygote.sock"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run zygote serve");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("/dev/null/zygote.sock: /dev/null is not a directory"),
+        "{stderr}"
+    );
+}

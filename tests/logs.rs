@@ -202,3 +202,64 @@ fn journal_entries_have_syslog_priorities_and_consistent_fields() {
         assert_ne!(field(entry, "ZYGOTE_PEER_PID"), my);
     }
 }
+
+/// A log nobody reads (stderr a pipe whose reader sleeps) does not stall
+/// the daemon: lines are queued, then dropped and counted, and spawns go
+/// on. Writing in place blocked the daemon once the pipe's 64 KiB filled,
+/// a few hundred DEBUG lines in.
+#[test]
+fn an_unread_log_does_not_stall_the_daemon() {
+    use zygote_client::blocking::{Client, Command as ZygoteCommand};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("zygote.sock");
+    let (mut reader, writer) = std::io::pipe().expect("pipe");
+    let mut daemon = Command::new(zygote_bin())
+        .args(["serve", "--log-format", "text", "--socket"])
+        .arg(&socket)
+        .env("ZYGOTE_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(writer)
+        .spawn()
+        .expect("start zygote serve");
+    assert!(
+        crate::util::eventually(Duration::from_secs(10), || socket.exists()),
+        "the daemon did not bind its socket"
+    );
+    let client = Client::connect(&socket).expect("connect");
+    // Each spawn logs 2 DEBUG lines of ~150 bytes: 4,000 lines are more
+    // than the pipe and the daemon's queue (1,024 entries) hold.
+    let (done, finished) = std::sync::mpsc::channel();
+    let spawner = std::thread::spawn(move || {
+        for _ in 0..2_000 {
+            let status = ZygoteCommand::new(&client, "true").status();
+            assert!(status.expect("spawn true").success());
+        }
+        let _ = done.send(());
+    });
+    let outcome = finished.recv_timeout(Duration::from_secs(120));
+    // Read the log now: once it catches up, the daemon says how many lines
+    // it dropped.
+    let drain = std::thread::spawn(move || {
+        let mut log = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut reader, &mut log);
+        log
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let log = drain.join().expect("log reader");
+    assert!(
+        outcome.is_ok(),
+        "2,000 spawns did not finish in 120 s with the log unread"
+    );
+    spawner.join().expect("spawner");
+    let log = String::from_utf8_lossy(&log);
+    assert!(
+        log.contains("log entries dropped"),
+        "no drop notice in {} lines of log, ending: {}",
+        log.lines().count(),
+        &log[log.len().saturating_sub(500)..]
+    );
+}

@@ -3,12 +3,13 @@
 //! are decided here and nowhere else.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use clap::error::ErrorKind;
 use zygote::cli::{Cli, Command};
 use zygote::cli::{docs, run, serve, status};
-use zygote::service::{activation, logging};
+use zygote::service::{activation, log_sink, logging};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -29,7 +30,8 @@ fn main() -> ExitCode {
             // (close-on-exec) and variables out of the environment.
             let activation = activation::take();
             logging::init(args.log_format);
-            match activation.and_then(|activation| serve::serve(&args, activation)) {
+            let served = activation.and_then(|activation| serve::serve(&args, activation));
+            let code = match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     // Once: the log is on stderr (or the journal), unless
@@ -41,7 +43,10 @@ fn main() -> ExitCode {
                     }
                     ExitCode::FAILURE
                 }
-            }
+            };
+            // The last lines ("stopped", the error) are still queued.
+            log_sink::flush(Duration::from_secs(1));
+            code
         }
         Command::Run(args) => ExitCode::from(run::run(args)),
         Command::Status(args) => ExitCode::from(status::status(&args)),

@@ -59,7 +59,16 @@ pub fn bind(path: &Path, mode: u32) -> Result<BoundSocket, Error> {
         source,
     };
     if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(path_error)?;
+        std::fs::create_dir_all(dir)
+            .map_err(|error| match error.kind() {
+                // create_dir_all's EEXIST: a part of the path is a file.
+                io::ErrorKind::AlreadyExists => io::Error::new(
+                    io::ErrorKind::NotADirectory,
+                    format!("{} is not a directory", dir.display()),
+                ),
+                _ => error,
+            })
+            .map_err(path_error)?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {

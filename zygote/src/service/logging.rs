@@ -1,14 +1,17 @@
 //! Log setup: `tracing` to stderr as text or JSON, or to the journal,
-//! filtered by `ZYGOTE_LOG` or `RUST_LOG`.
+//! filtered by `ZYGOTE_LOG` or `RUST_LOG`. Every format goes through
+//! [`log_sink`](super::log_sink)'s queue, so that a log nobody reads never
+//! blocks a daemon thread.
 
 use std::io::IsTerminal;
 use std::os::fd::AsFd;
 
 use clap::ValueEnum;
-use tracing_journald::{Priority, PriorityMappings};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
+
+use super::log_sink::{JournalLayer, Queue, QueueWriter, Sink};
 
 /// Where and how logs are written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
@@ -40,47 +43,41 @@ pub fn init(format: LogFormat) {
         LogFormat::Auto => LogFormat::Text,
         other => other,
     };
+    let (sink, format) = match format {
+        LogFormat::Journald => match Sink::journal() {
+            Ok(journal) => (journal, LogFormat::Journald),
+            Err(error) => {
+                eprintln!("zygote: cannot log to the journal ({error}); logging to stderr");
+                (Sink::Stderr, LogFormat::Text)
+            }
+        },
+        other => (Sink::Stderr, other),
+    };
+    let queue = match Queue::start(sink) {
+        Ok(queue) => queue,
+        Err(error) => {
+            eprintln!("zygote: cannot start the log writer thread ({error}); no logs");
+            return;
+        }
+    };
     let layer: Box<dyn Layer<Registry> + Send + Sync> = match format {
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
-            .with_writer(std::io::stderr)
+            .with_writer(QueueWriter(queue))
             .boxed(),
-        LogFormat::Journald => match tracing_journald::layer() {
-            // Fields become ZYGOTE_PEER_PID, ZYGOTE_PROGRAM, ...: journalctl -o verbose.
-            Ok(journal) => journal
-                .with_syslog_identifier("zygote".into())
-                .with_field_prefix(Some("ZYGOTE".into()))
-                .with_priority_mappings(journal_priorities())
-                .boxed(),
-            Err(error) => {
-                eprintln!("zygote: cannot log to the journal ({error}); logging to stderr");
-                text_layer()
-            }
-        },
-        LogFormat::Auto | LogFormat::Text => text_layer(),
+        // Fields become ZYGOTE_PEER_PID, ZYGOTE_PROGRAM, ...: journalctl -o verbose.
+        LogFormat::Journald => JournalLayer(queue).boxed(),
+        LogFormat::Auto | LogFormat::Text => text_layer(queue),
     };
     tracing_subscriber::registry()
         .with(layer.with_filter(filter))
         .init();
 }
 
-/// syslog's priorities for tracing's levels. tracing-journald maps INFO to
-/// NOTICE (5) and DEBUG to INFO (6) by default, which makes every
-/// lifecycle line "significant" to `journalctl -p notice`.
-fn journal_priorities() -> PriorityMappings {
-    PriorityMappings {
-        error: Priority::Error,
-        warn: Priority::Warning,
-        info: Priority::Informational,
-        debug: Priority::Debug,
-        trace: Priority::Debug,
-    }
-}
-
-fn text_layer() -> Box<dyn Layer<Registry> + Send + Sync> {
+fn text_layer(queue: std::sync::Arc<Queue>) -> Box<dyn Layer<Registry> + Send + Sync> {
     tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
+        .with_writer(QueueWriter(queue))
         .boxed()
 }
 
@@ -107,21 +104,6 @@ fn journal_stream_matches(value: &str, dev: u64, ino: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn journal_priorities_are_syslogs() {
-        let mappings = journal_priorities();
-        let numbers = [
-            mappings.error,
-            mappings.warn,
-            mappings.info,
-            mappings.debug,
-            mappings.trace,
-        ]
-        // The enum's values are the ASCII digits journald reads.
-        .map(|priority| char::from(priority as u8));
-        assert_eq!(numbers, ['3', '4', '6', '7', '7']);
-    }
 
     #[test]
     fn journal_stream_must_match_device_and_inode() {
