@@ -245,3 +245,41 @@ fn socket_path_under_a_file_names_the_file() {
         "{stderr}"
     );
 }
+
+/// Orphans (grandchildren whose parent exited) come to the daemon, a child
+/// subreaper, and are reaped even when they exit together with the
+/// daemon's own children: the orphan reaper looks at one exited child per
+/// `SIGCHLD`, and a rescan finds orphans queued behind one of its own.
+#[test]
+fn orphans_exiting_among_own_children_are_all_reaped() {
+    let daemon = start_daemon("orphans");
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        for _round in 0..5 {
+            let tasks: Vec<_> = (0..20)
+                .map(|_| {
+                    let client = client.clone();
+                    tokio::spawn(async move {
+                        // The subshell exits at once: its sleep is orphaned
+                        // and exits when the child does.
+                        Command::new(&client, "/bin/sh")
+                            .args(["-c", "(sleep 0.1 &); sleep 0.1"])
+                            .stdin(Stdio::null())
+                            .stdout(Stdio::null())
+                            .status()
+                            .await
+                    })
+                })
+                .collect();
+            for task in tasks {
+                let status = task.await.expect("task").expect("spawn and wait");
+                assert!(status.success());
+            }
+        }
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || daemon.zombies().is_empty()),
+        "zombies left: {:?}",
+        daemon.zombies()
+    );
+}

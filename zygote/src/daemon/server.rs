@@ -392,10 +392,22 @@ fn adopt_orphans() {
         return;
     }
     tokio::spawn(async move {
+        // An exit of our own child is reaped by its pidfd's task; orphans
+        // queued behind it are found by a scan, at most every RESCAN.
+        const RESCAN: Duration = Duration::from_millis(100);
+        let mut rescan = Some(tokio::time::Instant::now());
         loop {
-            crate::spawn::reap_orphans();
-            if sigchld.recv().await.is_none() {
-                return;
+            if crate::spawn::reap_orphans().blocked_by_own && rescan.is_none() {
+                rescan = Some(tokio::time::Instant::now() + RESCAN);
+            }
+            tokio::select! {
+                signal = sigchld.recv() => if signal.is_none() {
+                    return;
+                },
+                () = tokio::time::sleep_until(rescan.unwrap_or_else(tokio::time::Instant::now)), if rescan.is_some() => {
+                    rescan = None;
+                    crate::spawn::reap_orphans_by_scan();
+                }
             }
         }
     });

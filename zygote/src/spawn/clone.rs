@@ -307,6 +307,19 @@ pub(super) fn reap_if_exited(pid: libc::pid_t) -> bool {
     unsafe { libc::waitpid(pid, ptr::null_mut(), libc::WNOHANG | libc::__WALL) == pid }
 }
 
+/// The pid of an exited child that nobody reaped yet, left unreaped
+/// (`waitid(P_ALL, WEXITED | WNOHANG | WNOWAIT | __WALL)`).
+pub(super) fn peek_exited_child() -> Option<libc::pid_t> {
+    // SAFETY: an all-zero siginfo_t is valid.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let options = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL;
+    // SAFETY: plain syscall writing into `info`, which outlives it.
+    let ret = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, options) };
+    // SAFETY: waitid filled a SIGCHLD siginfo, or left it zeroed.
+    let pid = unsafe { info.si_pid() };
+    (ret == 0 && pid > 0).then_some(pid)
+}
+
 /// `prctl(PR_SET_CHILD_SUBREAPER, 1)`: orphaned descendants are re-parented
 /// to this process instead of init (Linux 3.4).
 pub(super) fn become_subreaper() -> io::Result<()> {

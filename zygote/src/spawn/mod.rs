@@ -477,12 +477,55 @@ fn forget_own(pid: i32) {
         .remove(&pid);
 }
 
-/// Reaps every exited orphan this subreaper adopted, never a child that
-/// [`spawn`] started (those are reaped by pidfd). Returns how many.
-///
-/// Our children come from `/proc/self/task/*/children` (needs
-/// `CONFIG_PROC_CHILDREN`, which common kernels have).
-pub fn reap_orphans() -> usize {
+/// What [`reap_orphans`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OrphanReaping {
+    /// Orphans reaped.
+    pub reaped: usize,
+    /// An exited child of ours was first in line, so orphans behind it
+    /// were not looked at: call [`reap_orphans_by_scan`] a little later.
+    pub blocked_by_own: bool,
+}
+
+/// Reaps the exited orphans this subreaper adopted, never a child that
+/// [`spawn`] started (those are reaped by pidfd), as long as the first
+/// exited child is an orphan. Runs on every `SIGCHLD`, so it asks the
+/// kernel for one exited child and reads nothing in `/proc`, and takes the
+/// spawns' gate only when that child is not listed as ours.
+pub fn reap_orphans() -> OrphanReaping {
+    let mut reaped = 0;
+    while let Some(pid) = clone::peek_exited_child() {
+        let ours = |pid| {
+            OWN.pids
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&pid)
+        };
+        // Cloned but not listed yet? Under the gate every child is listed.
+        if ours(pid) || {
+            let _gate = OWN.gate.write().unwrap_or_else(PoisonError::into_inner);
+            ours(pid)
+        } {
+            return OrphanReaping {
+                reaped,
+                blocked_by_own: true,
+            };
+        }
+        if !clone::reap_if_exited(pid) {
+            break;
+        }
+        reaped += 1;
+    }
+    OrphanReaping {
+        reaped,
+        blocked_by_own: false,
+    }
+}
+
+/// Reaps every exited orphan, whatever the order of exits: lists our
+/// children from `/proc/self/task/*/children` (needs
+/// `CONFIG_PROC_CHILDREN`, which common kernels have). Returns how many.
+pub fn reap_orphans_by_scan() -> usize {
     let _gate = OWN.gate.write().unwrap_or_else(PoisonError::into_inner);
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return 0;
