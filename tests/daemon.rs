@@ -13,6 +13,17 @@ use crate::util::{Daemon, children_of, eventually, runtime, start_daemon};
 /// Spawns `/bin/true` `count` times, `parallel` at a time, and waits for
 /// every exit status.
 fn churn(daemon: &Daemon, count: usize, parallel: usize) {
+    churn_with(daemon, count, parallel, "/bin/true", &[]);
+}
+
+/// As [`churn`], running `program` with `args`; each must succeed.
+fn churn_with(
+    daemon: &Daemon,
+    count: usize,
+    parallel: usize,
+    program: &'static str,
+    args: &'static [&'static str],
+) {
     runtime().block_on(async {
         let client = Client::connect(daemon.socket()).await.expect("connect");
         let mut started = 0;
@@ -22,7 +33,8 @@ fn churn(daemon: &Daemon, count: usize, parallel: usize) {
                 .map(|_| {
                     let client = client.clone();
                     tokio::spawn(async move {
-                        Command::new(&client, "/bin/true")
+                        Command::new(&client, program)
+                            .args(args)
                             .stdin(Stdio::null())
                             .stdout(Stdio::piped())
                             .stderr(Stdio::null())
@@ -253,30 +265,15 @@ fn socket_path_under_a_file_names_the_file() {
 #[test]
 fn orphans_exiting_among_own_children_are_all_reaped() {
     let daemon = start_daemon("orphans");
-    runtime().block_on(async {
-        let client = Client::connect(daemon.socket()).await.expect("connect");
-        for _round in 0..5 {
-            let tasks: Vec<_> = (0..20)
-                .map(|_| {
-                    let client = client.clone();
-                    tokio::spawn(async move {
-                        // The subshell exits at once: its sleep is orphaned
-                        // and exits when the child does.
-                        Command::new(&client, "/bin/sh")
-                            .args(["-c", "(sleep 0.1 &); sleep 0.1"])
-                            .stdin(Stdio::null())
-                            .stdout(Stdio::null())
-                            .status()
-                            .await
-                    })
-                })
-                .collect();
-            for task in tasks {
-                let status = task.await.expect("task").expect("spawn and wait");
-                assert!(status.success());
-            }
-        }
-    });
+    // The subshell exits at once: its sleep is orphaned and exits when the
+    // child does.
+    churn_with(
+        &daemon,
+        100,
+        20,
+        "/bin/sh",
+        &["-c", "(sleep 0.1 &); sleep 0.1"],
+    );
     assert!(
         eventually(Duration::from_secs(5), || daemon.zombies().is_empty()),
         "zombies left: {:?}",
