@@ -46,6 +46,19 @@ func (e *ConnectionError) Error() string {
 
 func (e *ConnectionError) Unwrap() error { return e.Err }
 
+// lostReason is why a connection ended, without the "connection lost"
+// prefix, to build a longer ConnectionError from.
+func lostReason(err error) string {
+	var ce *ConnectionError
+	if errors.As(err, &ce) {
+		if ce.Err != nil {
+			return ce.Reason + ": " + ce.Err.Error()
+		}
+		return ce.Reason
+	}
+	return err.Error()
+}
+
 // ProtocolError is a frame that broke the protocol, or a reply that was
 // not the one expected. It names what was expected and what arrived.
 type ProtocolError struct {
@@ -57,23 +70,29 @@ func (e *ProtocolError) Error() string {
 	return "zygote: protocol error: expected " + e.Expected + ", got " + e.Got
 }
 
-// Client is one connection to a zygote daemon. It is safe for use by any
+// Client is a connection to a zygote daemon. It is safe for use by any
 // number of goroutines: their requests are multiplexed over the connection,
 // and no lock is held while a request waits for its reply.
+//
+// A Client made by Dial or DialDefault reconnects on its own: when the
+// daemon went away (a crash, a restart), the next call dials the same path
+// again, up to ReconnectAttempts times with a growing pause, before it
+// fails. Children started before the loss keep their pidfd: Signal and
+// Kill still work, and Wait reads the exit status from the pidfd (see
+// Cmd.Wait). A Client of LaunchPrivate cannot reconnect: its zygote was
+// started for it alone.
 type Client struct {
-	conn   *net.UnixConn
-	raw    syscall.RawConn
-	limits limits
-	server string
-
+	path   string // the socket, "" for a private zygote
 	nextID atomic.Uint64
 
-	mu      sync.Mutex
-	pending map[uint64]*pending
-	err     error // set once, when the connection is finished
+	cur    atomic.Pointer[connection]
+	dialMu sync.Mutex // held by the goroutine reconnecting
+	// lastFail is when reconnecting last gave up and why, under dialMu:
+	// callers that queued behind that attempt fail with it at once.
+	lastFail    time.Time
+	lastFailErr error
 
-	done      chan struct{} // closed when the reader has stopped
-	closing   atomic.Bool
+	closed    atomic.Bool
 	closeOnce sync.Once
 
 	settingsMu sync.Mutex
@@ -81,6 +100,31 @@ type Client struct {
 
 	// private is the zygote process of LaunchPrivate, reaped after Close.
 	private *os.Process
+}
+
+// ReconnectAttempts bounds how often a Client of Dial dials its socket
+// again once the daemon is gone, pausing ReconnectBackoff, then twice
+// that, and so on, between attempts: about 1.3 s in all by default.
+var (
+	ReconnectAttempts = 6
+	ReconnectBackoff  = 40 * time.Millisecond
+)
+
+// connection is one connected socket and its in-flight requests. A Client
+// replaces it when it reconnects; a started child keeps the one it was
+// spawned on, whose end tells its Wait that no exit notice will come.
+type connection struct {
+	conn   *net.UnixConn
+	raw    syscall.RawConn
+	limits limits
+	server string
+
+	mu      sync.Mutex
+	pending map[uint64]*pending
+	err     error // set once, when the connection is finished
+
+	done    chan struct{} // closed when the reader has stopped
+	closing atomic.Bool   // Client.Close closed it
 }
 
 // pending is one request awaiting replies.
@@ -116,42 +160,52 @@ func DialDefault() (*Client, error) {
 
 // Dial connects to the zygote listening at path and completes the handshake.
 func Dial(path string) (*Client, error) {
-	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	conn, err := dialConnection(path)
 	if err != nil {
-		return nil, fmt.Errorf("zygote: connecting to %s (is the daemon running? start it with `zygote serve`, or set %s): %w", path, SocketEnv, err)
+		return nil, err
 	}
-	c, err := newClient(conn)
-	if err != nil {
-		return nil, fmt.Errorf("zygote: handshake with %s: %w", path, err)
-	}
+	c := &Client{path: path}
+	c.cur.Store(conn)
 	return c, nil
 }
 
-// newClient takes over conn, shakes hands, and starts the reader.
-func newClient(conn *net.UnixConn) (*Client, error) {
-	raw, err := conn.SyscallConn()
+func dialConnection(path string) (*connection, error) {
+	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
-		conn.Close()
+		return nil, fmt.Errorf("zygote: connecting to %s (is the daemon running? start it with `zygote serve`, or set %s): %w", path, SocketEnv, err)
+	}
+	conn, err := newConnection(uc)
+	if err != nil {
+		return nil, fmt.Errorf("zygote: handshake with %s: %w", path, err)
+	}
+	return conn, nil
+}
+
+// newConnection takes over uc, shakes hands, and starts the reader.
+func newConnection(uc *net.UnixConn) (*connection, error) {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		uc.Close()
 		return nil, err
 	}
 	// The kernel caps this at net.core.wmem_max; that is not an error.
-	_ = conn.SetWriteBuffer(sendBuffer)
-	c := &Client{
-		conn:    conn,
+	_ = uc.SetWriteBuffer(sendBuffer)
+	c := &connection{
+		conn:    uc,
 		raw:     raw,
 		limits:  limits{MaxFrameBytes: 262144, MaxFdsPerFrame: 64},
 		pending: make(map[uint64]*pending),
 		done:    make(chan struct{}),
 	}
 	if err := c.handshake(); err != nil {
-		conn.Close()
+		uc.Close()
 		return nil, err
 	}
 	go c.readLoop()
 	return c, nil
 }
 
-func (c *Client) handshake() error {
+func (c *connection) handshake() error {
 	frame, _ := encodeClient(&clientMessage{Hello: &hello{ProtocolVersion: protocolVersion, Client: clientName}})
 	if err := c.send(frame, nil); err != nil {
 		return err
@@ -182,12 +236,86 @@ func (c *Client) handshake() error {
 	}
 }
 
-// ServerVersion is the daemon's version, from the handshake.
-func (c *Client) ServerVersion() string { return c.server }
+// ServerVersion is the daemon's version, from the latest handshake.
+func (c *Client) ServerVersion() string { return c.cur.Load().server }
+
+// connection returns the live connection, reconnecting first when the
+// daemon went away and this Client may redial.
+func (c *Client) connection() (*connection, error) {
+	conn := c.cur.Load()
+	if !conn.finished() {
+		return conn, nil
+	}
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	if c.path == "" {
+		return nil, conn.connErr()
+	}
+	return c.reconnect(conn)
+}
+
+// reconnect dials the socket again, with bounded retries and backoff.
+// One goroutine dials; the others wait for it and share its result.
+func (c *Client) reconnect(lost *connection) (*connection, error) {
+	queued := time.Now()
+	c.dialMu.Lock()
+	defer c.dialMu.Unlock()
+	if conn := c.cur.Load(); conn != lost && !conn.finished() {
+		return conn, nil
+	}
+	if c.lastFail.After(queued) {
+		return nil, c.lastFailErr
+	}
+	pause := ReconnectBackoff
+	var err error
+	for attempt := 0; attempt < max(ReconnectAttempts, 1); attempt++ {
+		if attempt > 0 {
+			time.Sleep(pause)
+			pause *= 2
+		}
+		if c.closed.Load() {
+			return nil, ErrClosed
+		}
+		var conn *connection
+		if conn, err = dialConnection(c.path); err == nil {
+			c.cur.Store(conn)
+			if c.closed.Load() {
+				// Close ran while we dialed: it may have missed this one.
+				conn.close()
+				return nil, ErrClosed
+			}
+			return conn, nil
+		}
+	}
+	c.lastFail = time.Now()
+	c.lastFailErr = &ConnectionError{
+		Reason: fmt.Sprintf("%s; reconnecting to %s failed %d times", lostReason(lost.connErr()), c.path, max(ReconnectAttempts, 1)),
+		Err:    err,
+	}
+	return nil, c.lastFailErr
+}
+
+// finished reports whether the connection has ended.
+func (c *connection) finished() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// close ends the connection as Client.Close does, and waits for its reader.
+func (c *connection) close() {
+	c.closing.Store(true)
+	c.conn.Close()
+	<-c.done
+}
 
 // send writes one frame with fds attached, without blocking other senders
 // for longer than the sendmsg call.
-func (c *Client) send(frame []byte, fds []int) error {
+func (c *connection) send(frame []byte, fds []int) error {
 	if len(frame) > int(c.limits.MaxFrameBytes) {
 		return fmt.Errorf("zygote: request is %d bytes, over the daemon's frame limit of %d bytes (arguments and environment too large)", len(frame), c.limits.MaxFrameBytes)
 	}
@@ -220,7 +348,7 @@ func (c *Client) send(frame []byte, fds []int) error {
 // decoder copies what it keeps.
 type recvBuffers struct{ buf, oob []byte }
 
-func (c *Client) newRecvBuffers() *recvBuffers {
+func (c *connection) newRecvBuffers() *recvBuffers {
 	return &recvBuffers{
 		buf: make([]byte, c.limits.MaxFrameBytes+1),
 		oob: make([]byte, syscall.CmsgSpace(int(c.limits.MaxFdsPerFrame)*4)),
@@ -228,7 +356,7 @@ func (c *Client) newRecvBuffers() *recvBuffers {
 }
 
 // recv reads one frame and the fds that came with it, close-on-exec.
-func (c *Client) recv(b *recvBuffers) (*serverMessage, []*os.File, error) {
+func (c *connection) recv(b *recvBuffers) (*serverMessage, []*os.File, error) {
 	buf, oob := b.buf, b.oob
 	var n, oobn, flags int
 	var recvErr error
@@ -321,7 +449,7 @@ func replyID(m *serverMessage) (uint64, bool) {
 
 // readLoop dispatches replies to their requests until the connection ends,
 // then fails every pending request.
-func (c *Client) readLoop() {
+func (c *connection) readLoop() {
 	var fail error
 	bufs := c.newRecvBuffers()
 	for fail == nil {
@@ -345,7 +473,7 @@ func (c *Client) readLoop() {
 	close(c.done)
 }
 
-func (c *Client) dispatch(m *serverMessage, files []*os.File) error {
+func (c *connection) dispatch(m *serverMessage, files []*os.File) error {
 	if m.ProtocolError != nil {
 		closeFiles(files)
 		return &ConnectionError{Reason: fmt.Sprintf("the daemon reported a protocol error and closed the connection: %s: %s", m.ProtocolError.Kind, m.ProtocolError.Message)}
@@ -389,23 +517,28 @@ func (c *Client) dispatch(m *serverMessage, files []*os.File) error {
 	return nil
 }
 
-// register reserves an id for a request and its replies.
-func (c *Client) register(spawn bool) (uint64, *pending, error) {
+// register reserves an id for a request and its replies on the live
+// connection, reconnecting first if need be.
+func (c *Client) register(spawn bool) (*connection, uint64, *pending, error) {
+	conn, err := c.connection()
+	if err != nil {
+		return nil, 0, nil, err
+	}
 	id := c.nextID.Add(1)
 	p := &pending{reply: make(chan reply, 1)}
 	if spawn {
 		p.exited = make(chan *exitNotice, 1)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pending == nil {
-		return 0, nil, c.errLocked()
+	conn.mu.Lock()
+	defer conn.mu.Unlock()
+	if conn.pending == nil {
+		return nil, 0, nil, conn.errLocked()
 	}
-	c.pending[id] = p
-	return id, p, nil
+	conn.pending[id] = p
+	return conn, id, p, nil
 }
 
-func (c *Client) unregister(id uint64) {
+func (c *connection) unregister(id uint64) {
 	c.mu.Lock()
 	if c.pending != nil {
 		delete(c.pending, id)
@@ -413,7 +546,7 @@ func (c *Client) unregister(id uint64) {
 	c.mu.Unlock()
 }
 
-func (c *Client) errLocked() error {
+func (c *connection) errLocked() error {
 	if c.err != nil {
 		return c.err
 	}
@@ -421,14 +554,14 @@ func (c *Client) errLocked() error {
 }
 
 // connErr is the error that ended the connection.
-func (c *Client) connErr() error {
+func (c *connection) connErr() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.errLocked()
 }
 
 // await waits for the first reply to a request, or the connection's end.
-func (c *Client) await(p *pending) (reply, error) {
+func (c *connection) await(p *pending) (reply, error) {
 	select {
 	case r := <-p.reply:
 		return r, nil
@@ -443,12 +576,27 @@ func (c *Client) await(p *pending) (reply, error) {
 	}
 }
 
-// roundTrip sends a request without fds and returns its one reply.
+// roundTrip sends a request without fds on the live connection and returns
+// its one reply.
 func (c *Client) roundTrip(build func(id uint64) *clientMessage) (*serverMessage, error) {
-	id, p, err := c.register(false)
+	conn, err := c.connection()
 	if err != nil {
 		return nil, err
 	}
+	return conn.roundTrip(c.nextID.Add(1), build)
+}
+
+// roundTrip sends a request without fds and returns its one reply.
+func (c *connection) roundTrip(id uint64, build func(id uint64) *clientMessage) (*serverMessage, error) {
+	p := &pending{reply: make(chan reply, 1)}
+	c.mu.Lock()
+	if c.pending == nil {
+		err := c.errLocked()
+		c.mu.Unlock()
+		return nil, err
+	}
+	c.pending[id] = p
+	c.mu.Unlock()
 	frame, err := encodeClient(build(id))
 	if err == nil {
 		err = c.send(frame, nil)
@@ -496,9 +644,10 @@ func (c *Client) Status() (*Status, error) {
 		s.ConnectionsOpen, s.ConnectionsAccepted, s.ChildrenRunning, s.SpawnsSucceeded, s.SpawnsFailed}, nil
 }
 
-// signal asks the daemon to signal the child of spawn spawnID.
-func (c *Client) signal(spawnID uint64, sig syscall.Signal) error {
-	m, err := c.roundTrip(func(id uint64) *clientMessage {
+// signal asks the daemon that spawned it to signal the child of spawn
+// spawnID: only that connection knows the spawn id.
+func (c *Client) signal(conn *connection, spawnID uint64, sig syscall.Signal) error {
+	m, err := conn.roundTrip(c.nextID.Add(1), func(id uint64) *clientMessage {
 		return &clientMessage{Signal: &signalRequest{ID: id, SpawnID: spawnID, Signal: int32(sig)}}
 	})
 	if err != nil {
@@ -524,9 +673,10 @@ func (c *Client) signal(spawnID uint64, sig syscall.Signal) error {
 // being waited for, which end as their Wait returns.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
-		c.closing.Store(true)
-		c.conn.Close()
-		<-c.done
+		c.closed.Store(true)
+		// A reconnect in progress stores its connection before it checks
+		// closed, so the one loaded here is the last.
+		c.cur.Load().close()
 		if c.private != nil {
 			// The private zygote exits once it has reaped its children;
 			// reap it then, without making Close wait for them.
