@@ -586,7 +586,8 @@ func (c *Cmd) Start() (err error) {
 		return &ProtocolError{Expected: fmt.Sprintf("Spawned with %d fds or SpawnFailed", 1+npiped), Got: got}
 	}
 
-	c.Process = &Process{Pid: int(m.Spawned.Pid), client: cl, conn: conn, spawnID: id, exited: p.exited, pidfd: r.files[0]}
+	c.Process = &Process{Pid: int(m.Spawned.Pid), client: cl, conn: conn, spawnID: id, exited: p.exited, pidfd: r.files[0],
+		killTree: c.Zygote.Cgroup != nil && c.Zygote.Cgroup.KillTree}
 	ends := r.files[1:]
 	for _, s := range streams {
 		if !s.piped {
@@ -751,6 +752,10 @@ func (c *Cmd) build() (*spawnRequest, *attachment, [3]stream, *[2]*os.File, erro
 		req.Umask = o.Umask
 	}
 	req.Rlimits = mergeRlimits(settings.rlimits, o.Rlimits)
+	req.IgnoredSignals = settings.ignoredSignals
+	req.Nice = settings.nice
+	req.CPUAffinity = settings.cpuAffinity
+	req.OomScoreAdj = settings.oomScoreAdj
 	req.NewSession = o.Setsid
 	if o.Setpgid {
 		pg := int32(o.Pgid)

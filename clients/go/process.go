@@ -22,10 +22,11 @@ type Process struct {
 	// Pid is the child's pid in the daemon's pid namespace.
 	Pid int
 
-	client  *Client
-	conn    *connection // the connection it was spawned on
-	spawnID uint64
-	exited  chan *exitNotice
+	client   *Client
+	conn     *connection // the connection it was spawned on
+	spawnID  uint64
+	exited   chan *exitNotice
+	killTree bool // SIGKILL is the daemon's cgroup.kill
 
 	mu       sync.RWMutex
 	pidfd    *os.File // nil once Wait has returned or Release was called
@@ -52,10 +53,22 @@ func (p *Process) Pidfd() int {
 // process that reused the pid. It returns os.ErrProcessDone once the child
 // has exited and been reaped. When this program may not signal the child
 // itself (it runs as another user), the daemon sends the signal.
+//
+// With CgroupOptions.KillTree, SIGKILL asks the daemon to kill the
+// child's whole cgroup instead, grandchildren included; if the daemon
+// cannot (it is gone), the pidfd still reaches the child.
 func (p *Process) Signal(sig os.Signal) error {
 	s, ok := sig.(syscall.Signal)
 	if !ok {
 		return fmt.Errorf("zygote: unsupported signal type %T", sig)
+	}
+	if s == syscall.SIGKILL && p.killTree && !p.conn.finished() {
+		p.mu.RLock()
+		live := p.pidfd != nil
+		p.mu.RUnlock()
+		if live && p.client.signal(p.conn, p.spawnID, s) == nil {
+			return nil
+		}
 	}
 	p.mu.RLock()
 	if p.pidfd == nil {

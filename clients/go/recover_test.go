@@ -274,3 +274,52 @@ func TestPrivateClientDoesNotReconnect(t *testing.T) {
 		t.Errorf("Run after the private zygote died: %v", err)
 	}
 }
+
+func TestProcessWaitAndRelease(t *testing.T) {
+	c := dial(t)
+	cmd := c.Command("sh", "-c", "exit 3")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// As with os.Process, a non-zero exit is no error of Process.Wait.
+	st, err := cmd.Process.Wait()
+	if err != nil || st.ExitCode() != 3 || !st.UsageAvailable() || st.SysUsage() == nil {
+		t.Fatalf("Process.Wait: %v %v", st, err)
+	}
+	if cmd.Process.Pidfd() != -1 {
+		t.Error("the pidfd is still open after Process.Wait")
+	}
+	var ee *ExitError
+	if err := cmd.Wait(); !errors.As(err, &ee) || ee.ProcessState != st {
+		t.Errorf("Cmd.Wait after Process.Wait: %v", err)
+	}
+
+	cmd = c.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	defer syscall.Kill(pid, syscall.SIGKILL)
+	if err := cmd.Process.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if cmd.Process.Pidfd() != -1 {
+		t.Error("the pidfd is still open after Release")
+	}
+	if err := cmd.Process.Kill(); err == nil || !strings.Contains(err.Error(), "released") {
+		t.Errorf("Kill after Release: %v", err)
+	}
+	if _, err := cmd.Process.Wait(); err == nil || !strings.Contains(err.Error(), "released") {
+		t.Errorf("Wait after Release: %v", err)
+	}
+	if pidGone(pid) {
+		t.Error("Release ended the child")
+	}
+	// The exit notice still arrives and is dropped; the connection goes on.
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Command("true").Run(); err != nil {
+		t.Errorf("after a released child exited: %v", err)
+	}
+}
