@@ -135,8 +135,8 @@ type pending struct {
 }
 
 type reply struct {
-	msg   *serverMessage
-	files []*os.File
+	msg *serverMessage
+	fds []int // close-on-exec; the receiver owns them
 }
 
 // DefaultSocketPath is where a zygote started with defaults listens:
@@ -212,8 +212,8 @@ func (c *connection) handshake() error {
 	}
 	_ = c.conn.SetReadDeadline(time.Now().Add(handshakeTimeout))
 	defer func() { _ = c.conn.SetReadDeadline(time.Time{}) }()
-	m, files, err := c.recv(c.newRecvBuffers())
-	closeFiles(files)
+	m, fds, err := c.recv(c.newRecvBuffers())
+	closeFds(fds)
 	if err != nil {
 		return err
 	}
@@ -223,8 +223,8 @@ func (c *connection) handshake() error {
 			return &ProtocolError{Expected: fmt.Sprintf("HelloAck for protocol version %d", protocolVersion),
 				Got: fmt.Sprintf("HelloAck for version %d", m.HelloAck.ProtocolVersion)}
 		}
-		if len(files) != 0 {
-			return &ProtocolError{Expected: "HelloAck without fds", Got: fmt.Sprintf("%d fds", len(files))}
+		if len(fds) != 0 {
+			return &ProtocolError{Expected: "HelloAck without fds", Got: fmt.Sprintf("%d fds", len(fds))}
 		}
 		c.limits = m.HelloAck.Limits
 		c.server = m.HelloAck.ServerVersion
@@ -356,7 +356,7 @@ func (c *connection) newRecvBuffers() *recvBuffers {
 }
 
 // recv reads one frame and the fds that came with it, close-on-exec.
-func (c *connection) recv(b *recvBuffers) (*serverMessage, []*os.File, error) {
+func (c *connection) recv(b *recvBuffers) (*serverMessage, []int, error) {
 	buf, oob := b.buf, b.oob
 	var n, oobn, flags int
 	var recvErr error
@@ -374,27 +374,27 @@ func (c *connection) recv(b *recvBuffers) (*serverMessage, []*os.File, error) {
 	if err != nil {
 		return nil, nil, &ConnectionError{Reason: "receiving", Err: err}
 	}
-	files, fdErr := parseFds(oob[:oobn])
+	fds, fdErr := parseFds(oob[:oobn])
 	if flags&(syscall.MSG_TRUNC|syscall.MSG_CTRUNC) != 0 {
-		closeFiles(files)
+		closeFds(fds)
 		return nil, nil, &ProtocolError{Expected: fmt.Sprintf("a frame of at most %d bytes and %d fds", c.limits.MaxFrameBytes, c.limits.MaxFdsPerFrame), Got: "a truncated frame"}
 	}
 	if fdErr != nil {
-		closeFiles(files)
+		closeFds(fds)
 		return nil, nil, fdErr
 	}
-	if n == 0 && len(files) == 0 {
+	if n == 0 && len(fds) == 0 {
 		return nil, nil, &ConnectionError{Reason: "the daemon closed the connection"}
 	}
 	m, err := decodeServer(buf[:n])
 	if err != nil {
-		closeFiles(files)
+		closeFds(fds)
 		return nil, nil, &ProtocolError{Expected: "a well-formed ServerMessage", Got: "a malformed frame (" + err.Error() + ")"}
 	}
-	return m, files, nil
+	return m, fds, nil
 }
 
-func parseFds(oob []byte) ([]*os.File, error) {
+func parseFds(oob []byte) ([]int, error) {
 	if len(oob) == 0 {
 		return nil, nil
 	}
@@ -402,7 +402,7 @@ func parseFds(oob []byte) ([]*os.File, error) {
 	if err != nil {
 		return nil, &ProtocolError{Expected: "SCM_RIGHTS control data", Got: "unparsable control data"}
 	}
-	var files []*os.File
+	var all []int
 	var bad error
 	for _, msg := range msgs {
 		fds, err := syscall.ParseUnixRights(&msg)
@@ -410,14 +410,15 @@ func parseFds(oob []byte) ([]*os.File, error) {
 			bad = &ProtocolError{Expected: "SCM_RIGHTS control data", Got: fmt.Sprintf("control message level %d type %d", msg.Header.Level, msg.Header.Type)}
 			continue
 		}
-		for _, fd := range fds {
-			// Non-blocking, so that reads on our pipe ends use the
-			// poller and Close interrupts them.
-			_ = syscall.SetNonblock(fd, true)
-			files = append(files, os.NewFile(uintptr(fd), "zygote-fd"))
-		}
+		all = append(all, fds...)
 	}
-	return files, bad
+	return all, bad
+}
+
+func closeFds(fds []int) {
+	for _, fd := range fds {
+		syscall.Close(fd)
+	}
 }
 
 func closeFiles(files []*os.File) {
@@ -426,6 +427,13 @@ func closeFiles(files []*os.File) {
 			f.Close()
 		}
 	}
+}
+
+// pipeEnd wraps a received pipe end, non-blocking so that reads and
+// writes use the runtime's poller and Close interrupts them.
+func pipeEnd(fd int) *os.File {
+	_ = syscall.SetNonblock(fd, true)
+	return os.NewFile(uintptr(fd), "zygote-pipe")
 }
 
 // replyID is the id a daemon frame answers, and whether it has one.
@@ -453,12 +461,12 @@ func (c *connection) readLoop() {
 	var fail error
 	bufs := c.newRecvBuffers()
 	for fail == nil {
-		m, files, err := c.recv(bufs)
+		m, fds, err := c.recv(bufs)
 		if err != nil {
 			fail = err
 			break
 		}
-		fail = c.dispatch(m, files)
+		fail = c.dispatch(m, fds)
 	}
 	if c.closing.Load() {
 		fail = ErrClosed
@@ -473,38 +481,38 @@ func (c *connection) readLoop() {
 	close(c.done)
 }
 
-func (c *connection) dispatch(m *serverMessage, files []*os.File) error {
+func (c *connection) dispatch(m *serverMessage, fds []int) error {
 	if m.ProtocolError != nil {
-		closeFiles(files)
+		closeFds(fds)
 		return &ConnectionError{Reason: fmt.Sprintf("the daemon reported a protocol error and closed the connection: %s: %s", m.ProtocolError.Kind, m.ProtocolError.Message)}
 	}
 	id, ok := replyID(m)
 	if !ok {
-		closeFiles(files)
+		closeFds(fds)
 		return &ProtocolError{Expected: "a reply to a request", Got: m.name()}
 	}
 	c.mu.Lock()
 	p := c.pending[id]
 	if p == nil {
 		c.mu.Unlock()
-		closeFiles(files)
+		closeFds(fds)
 		return &ProtocolError{Expected: "a reply to a pending request", Got: fmt.Sprintf("%s for unknown id %d", m.name(), id)}
 	}
 	if m.Exited != nil {
 		if p.exited == nil || !p.answered {
 			c.mu.Unlock()
-			closeFiles(files)
+			closeFds(fds)
 			return &ProtocolError{Expected: "Exited only for a spawned child", Got: fmt.Sprintf("Exited for request %d", id)}
 		}
 		delete(c.pending, id)
 		c.mu.Unlock()
-		closeFiles(files)
+		closeFds(fds)
 		p.exited <- m.Exited
 		return nil
 	}
 	if p.answered {
 		c.mu.Unlock()
-		closeFiles(files)
+		closeFds(fds)
 		return &ProtocolError{Expected: "one reply per request", Got: fmt.Sprintf("a second reply (%s) to request %d", m.name(), id)}
 	}
 	ch := p.reply
@@ -513,7 +521,7 @@ func (c *connection) dispatch(m *serverMessage, files []*os.File) error {
 		delete(c.pending, id)
 	}
 	c.mu.Unlock()
-	ch <- reply{msg: m, files: files}
+	ch <- reply{msg: m, fds: fds}
 	return nil
 }
 
@@ -609,9 +617,9 @@ func (c *connection) roundTrip(id uint64, build func(id uint64) *clientMessage) 
 	if err != nil {
 		return nil, err
 	}
-	closeFiles(r.files)
-	if len(r.files) != 0 {
-		return nil, &ProtocolError{Expected: "a reply without fds", Got: fmt.Sprintf("%s with %d fds", r.msg.name(), len(r.files))}
+	closeFds(r.fds)
+	if len(r.fds) != 0 {
+		return nil, &ProtocolError{Expected: "a reply without fds", Got: fmt.Sprintf("%s with %d fds", r.msg.name(), len(r.fds))}
 	}
 	return r.msg, nil
 }

@@ -561,7 +561,7 @@ func (c *Cmd) Start() (err error) {
 	}
 	m := r.msg
 	if m.SpawnFailed != nil {
-		closeFiles(r.files)
+		closeFds(r.fds)
 		if localPipe != nil {
 			localPipe[0].Close()
 		}
@@ -574,26 +574,26 @@ func (c *Cmd) Start() (err error) {
 			npiped++
 		}
 	}
-	if m.Spawned == nil || len(r.files) != 1+npiped {
-		closeFiles(r.files)
+	if m.Spawned == nil || len(r.fds) != 1+npiped {
+		closeFds(r.fds)
 		if localPipe != nil {
 			localPipe[0].Close()
 		}
 		got := m.name()
 		if m.Spawned != nil {
-			got = fmt.Sprintf("Spawned with %d fds", len(r.files))
+			got = fmt.Sprintf("Spawned with %d fds", len(r.fds))
 		}
 		return &ProtocolError{Expected: fmt.Sprintf("Spawned with %d fds or SpawnFailed", 1+npiped), Got: got}
 	}
 
-	c.Process = &Process{Pid: int(m.Spawned.Pid), client: cl, conn: conn, spawnID: id, exited: p.exited, pidfd: r.files[0],
+	c.Process = &Process{Pid: int(m.Spawned.Pid), client: cl, conn: conn, spawnID: id, exited: p.exited, pidfd: r.fds[0],
 		killTree: c.Zygote.Cgroup != nil && c.Zygote.Cgroup.KillTree}
-	ends := r.files[1:]
+	ends := r.fds[1:]
 	for _, s := range streams {
 		if !s.piped {
 			continue
 		}
-		end := ends[0]
+		end := pipeEnd(ends[0])
 		ends = ends[1:]
 		c.parentIO = append(c.parentIO, end)
 		c.goroutines = append(c.goroutines, s.bridge(end))
@@ -668,20 +668,20 @@ func (c *Cmd) build() (*spawnRequest, *attachment, [3]stream, *[2]*os.File, erro
 		return fail(err)
 	}
 	req := &spawnRequest{
-		Program: bstr(c.Path),
+		Program: strBytes(c.Path),
 		Args:    make([]bstr, 0, len(argv)-1),
 		Env:     make([]envVar, 0, len(env)),
-		Cwd:     optBytes(cwd),
+		Cwd:     optBytes(strBytes(cwd)),
 	}
 	if argv[0] != c.Path {
-		req.Argv0 = optBytes(argv[0])
+		req.Argv0 = optBytes(strBytes(argv[0]))
 	}
 	for _, a := range argv[1:] {
-		req.Args = append(req.Args, bstr(a))
+		req.Args = append(req.Args, strBytes(a))
 	}
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
-		req.Env = append(req.Env, envVar{Key: bstr(k), Value: bstr(v)})
+		req.Env = append(req.Env, envVar{Key: strBytes(k), Value: strBytes(v)})
 	}
 
 	// Stdin.
@@ -814,7 +814,9 @@ func (c *Cmd) cwd() (string, error) {
 	if filepath.IsAbs(c.Dir) {
 		return c.Dir, nil
 	}
-	own, err := os.Getwd()
+	// One getcwd(2); os.Getwd also stats "." and $PWD to prefer a
+	// logical path, which the child's chdir does not need.
+	own, err := syscall.Getwd()
 	if err != nil {
 		return "", fmt.Errorf("zygote: reading the current directory (the child starts in it): %w", err)
 	}

@@ -28,8 +28,10 @@ type Process struct {
 	exited   chan *exitNotice
 	killTree bool // SIGKILL is the daemon's cgroup.kill
 
+	// mu guards pidfd: held shared while it is used, exclusively to
+	// close it, so that a signal never goes to a reused fd number.
 	mu       sync.RWMutex
-	pidfd    *os.File // nil once Wait has returned or Release was called
+	pidfd    int // -1 once Wait has returned or Release was called
 	released bool
 
 	waitOnce  sync.Once
@@ -43,10 +45,7 @@ type Process struct {
 func (p *Process) Pidfd() int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	if p.pidfd == nil {
-		return -1
-	}
-	return int(p.pidfd.Fd())
+	return p.pidfd
 }
 
 // Signal sends sig to the child through its pidfd, so it never reaches a
@@ -64,14 +63,14 @@ func (p *Process) Signal(sig os.Signal) error {
 	}
 	if s == syscall.SIGKILL && p.killTree && !p.conn.finished() {
 		p.mu.RLock()
-		live := p.pidfd != nil
+		live := p.pidfd >= 0
 		p.mu.RUnlock()
 		if live && p.client.signal(p.conn, p.spawnID, s) == nil {
 			return nil
 		}
 	}
 	p.mu.RLock()
-	if p.pidfd == nil {
+	if p.pidfd < 0 {
 		released := p.released
 		p.mu.RUnlock()
 		if released {
@@ -79,14 +78,9 @@ func (p *Process) Signal(sig os.Signal) error {
 		}
 		return os.ErrProcessDone
 	}
-	var errno syscall.Errno
-	err := withFd(p.pidfd, func(fd int) {
-		_, _, errno = syscall.Syscall6(sysPidfdSendSignal, uintptr(fd), uintptr(s), 0, 0, 0, 0)
-	})
+	_, _, errno := syscall.Syscall6(sysPidfdSendSignal, uintptr(p.pidfd), uintptr(s), 0, 0, 0, 0)
 	p.mu.RUnlock()
 	switch {
-	case err != nil:
-		return err
 	case errno == 0:
 		return nil
 	case errno == syscall.ESRCH:
@@ -148,12 +142,20 @@ func (p *Process) wait() (*ProcessState, error) {
 	if errors.Is(lost, ErrClosed) {
 		return nil, lost
 	}
+	// A duplicate, for the runtime's poller, that Release cannot close
+	// under the wait.
 	p.mu.RLock()
-	pidfd := p.pidfd
+	dup := -1
+	if p.pidfd >= 0 {
+		dup, _ = fcntlDupCloexec(p.pidfd)
+	}
 	p.mu.RUnlock()
-	if pidfd == nil {
+	if dup < 0 {
 		return nil, lost
 	}
+	_ = syscall.SetNonblock(dup, true)
+	pidfd := os.NewFile(uintptr(dup), "pidfd")
+	defer pidfd.Close()
 	status, err := waitPidfd(pidfd)
 	if err != nil {
 		return nil, &ConnectionError{Reason: fmt.Sprintf("%s; the exit status of pid %d cannot be read from its pidfd: %v", lostReason(lost), p.Pid, err)}
@@ -174,11 +176,20 @@ func (p *Process) Release() error {
 
 func (p *Process) release() {
 	p.mu.Lock()
-	if p.pidfd != nil {
-		p.pidfd.Close()
-		p.pidfd = nil
+	if p.pidfd >= 0 {
+		syscall.Close(p.pidfd)
+		p.pidfd = -1
 	}
 	p.mu.Unlock()
+}
+
+// fcntlDupCloexec is fcntl(F_DUPFD_CLOEXEC).
+func fcntlDupCloexec(fd int) (int, error) {
+	r, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_DUPFD_CLOEXEC, 0)
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(r), nil
 }
 
 var errReleased = errors.New("zygote: process already released")
