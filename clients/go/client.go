@@ -546,6 +546,40 @@ func (c *Client) register(spawn bool) (*connection, uint64, *pending, error) {
 	return conn, id, p, nil
 }
 
+// request registers and sends a request, and returns what to await its
+// replies on. A send that finds the daemon just gone (its reader has not
+// seen the end yet) is retried once on a new connection: nothing of it
+// reached the daemon.
+func (c *Client) request(spawn bool, build func(id uint64) *clientMessage, fds []int) (*connection, *pending, error) {
+	for attempt := 0; ; attempt++ {
+		conn, id, p, err := c.register(spawn)
+		if err != nil {
+			return nil, nil, err
+		}
+		frame, err := encodeClient(build(id))
+		if err == nil {
+			err = conn.send(frame, fds)
+		}
+		if err == nil {
+			return conn, p, nil
+		}
+		conn.unregister(id)
+		if attempt > 0 || c.path == "" || !peerGone(err) {
+			return nil, nil, err
+		}
+		select {
+		case <-conn.done:
+		case <-time.After(time.Second):
+			return nil, nil, err
+		}
+	}
+}
+
+// peerGone reports whether a send failed because the daemon closed its end.
+func peerGone(err error) bool {
+	return errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ENOTCONN)
+}
+
 func (c *connection) unregister(id uint64) {
 	c.mu.Lock()
 	if c.pending != nil {
@@ -584,17 +618,18 @@ func (c *connection) await(p *pending) (reply, error) {
 	}
 }
 
-// roundTrip sends a request without fds on the live connection and returns
-// its one reply.
+// roundTrip sends a request without fds on the live connection and
+// returns its one reply.
 func (c *Client) roundTrip(build func(id uint64) *clientMessage) (*serverMessage, error) {
-	conn, err := c.connection()
+	conn, p, err := c.request(false, build, nil)
 	if err != nil {
 		return nil, err
 	}
-	return conn.roundTrip(c.nextID.Add(1), build)
+	return conn.reply(p)
 }
 
-// roundTrip sends a request without fds and returns its one reply.
+// roundTrip sends a request without fds on this connection (which alone
+// knows the spawn ids it carried) and returns its one reply.
 func (c *connection) roundTrip(id uint64, build func(id uint64) *clientMessage) (*serverMessage, error) {
 	p := &pending{reply: make(chan reply, 1)}
 	c.mu.Lock()
@@ -613,6 +648,11 @@ func (c *connection) roundTrip(id uint64, build func(id uint64) *clientMessage) 
 		c.unregister(id)
 		return nil, err
 	}
+	return c.reply(p)
+}
+
+// reply awaits the one reply, without fds, to a request.
+func (c *connection) reply(p *pending) (*serverMessage, error) {
 	r, err := c.await(p)
 	if err != nil {
 		return nil, err

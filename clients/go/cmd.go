@@ -528,27 +528,19 @@ func (c *Cmd) Start() (err error) {
 	}
 
 	cl := c.client
-	conn, id, p, err := cl.register(true)
-	if err != nil {
-		if localPipe != nil {
-			localPipe[0].Close()
-		}
-		return err
-	}
-	req.ID = id
-	frame, err := encodeClient(&clientMessage{Spawn: req})
-	if err == nil {
-		err = conn.send(frame, att.fds)
-	}
+	conn, p, err := cl.request(true, func(id uint64) *clientMessage {
+		req.ID = id
+		return &clientMessage{Spawn: req}
+	}, att.fds)
 	// The frame holds its own references to the fds now.
 	runtime.KeepAlive(att.files)
 	if err != nil {
-		conn.unregister(id)
 		if localPipe != nil {
 			localPipe[0].Close()
 		}
 		return err
 	}
+	id := req.ID
 	r, err := conn.await(p)
 	// The daemon has its copies (or is done with them): ours can go.
 	closeFiles(c.childFiles)
