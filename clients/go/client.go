@@ -21,8 +21,12 @@ const clientName = "go/0.1"
 // sendBuffer is SO_SNDBUF: at least twice the largest frame (PROTOCOL.md §1).
 const sendBuffer = 512 << 10
 
-// handshakeTimeout bounds the wait for HelloAck; the daemon answers at once.
-const handshakeTimeout = 10 * time.Second
+// handshakeTimeout bounds the wait for HelloAck; the daemon answers at
+// once. A reconnect waits less, so that its attempts stay bounded.
+const (
+	handshakeTimeout          = 10 * time.Second
+	reconnectHandshakeTimeout = time.Second
+)
 
 // ErrClosed is returned for calls on, or pending on, a Client that Close closed.
 var ErrClosed = errors.New("zygote: client closed")
@@ -104,7 +108,9 @@ type Client struct {
 
 // ReconnectAttempts bounds how often a Client of Dial dials its socket
 // again once the daemon is gone, pausing ReconnectBackoff, then twice
-// that, and so on, between attempts: about 1.3 s in all by default.
+// that, and so on, between attempts: about 1.3 s in all by default, and
+// at most a second more per attempt for a daemon that accepts but does
+// not answer. Set them before any Client is in use.
 var (
 	ReconnectAttempts = 6
 	ReconnectBackoff  = 40 * time.Millisecond
@@ -160,7 +166,7 @@ func DialDefault() (*Client, error) {
 
 // Dial connects to the zygote listening at path and completes the handshake.
 func Dial(path string) (*Client, error) {
-	conn, err := dialConnection(path)
+	conn, err := dialConnection(path, handshakeTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -169,12 +175,12 @@ func Dial(path string) (*Client, error) {
 	return c, nil
 }
 
-func dialConnection(path string) (*connection, error) {
+func dialConnection(path string, timeout time.Duration) (*connection, error) {
 	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
 		return nil, fmt.Errorf("zygote: connecting to %s (is the daemon running? start it with `zygote serve`, or set %s): %w", path, SocketEnv, err)
 	}
-	conn, err := newConnection(uc)
+	conn, err := newConnection(uc, timeout)
 	if err != nil {
 		return nil, fmt.Errorf("zygote: handshake with %s: %w", path, err)
 	}
@@ -182,7 +188,7 @@ func dialConnection(path string) (*connection, error) {
 }
 
 // newConnection takes over uc, shakes hands, and starts the reader.
-func newConnection(uc *net.UnixConn) (*connection, error) {
+func newConnection(uc *net.UnixConn, timeout time.Duration) (*connection, error) {
 	raw, err := uc.SyscallConn()
 	if err != nil {
 		uc.Close()
@@ -197,7 +203,7 @@ func newConnection(uc *net.UnixConn) (*connection, error) {
 		pending: make(map[uint64]*pending),
 		done:    make(chan struct{}),
 	}
-	if err := c.handshake(); err != nil {
+	if err := c.handshake(timeout); err != nil {
 		uc.Close()
 		return nil, err
 	}
@@ -205,12 +211,12 @@ func newConnection(uc *net.UnixConn) (*connection, error) {
 	return c, nil
 }
 
-func (c *connection) handshake() error {
+func (c *connection) handshake(timeout time.Duration) error {
 	frame, _ := encodeClient(&clientMessage{Hello: &hello{ProtocolVersion: protocolVersion, Client: clientName}})
 	if err := c.send(frame, nil); err != nil {
 		return err
 	}
-	_ = c.conn.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	_ = c.conn.SetReadDeadline(time.Now().Add(timeout))
 	defer func() { _ = c.conn.SetReadDeadline(time.Time{}) }()
 	m, fds, err := c.recv(c.newRecvBuffers())
 	closeFds(fds)
@@ -278,7 +284,7 @@ func (c *Client) reconnect(lost *connection) (*connection, error) {
 			return nil, ErrClosed
 		}
 		var conn *connection
-		if conn, err = dialConnection(c.path); err == nil {
+		if conn, err = dialConnection(c.path, reconnectHandshakeTimeout); err == nil {
 			c.cur.Store(conn)
 			if c.closed.Load() {
 				// Close ran while we dialed: it may have missed this one.

@@ -80,7 +80,7 @@ func LaunchPrivate() (*Client, error) {
 			err = fmt.Errorf("socketpair end is a %T", conn)
 		} else {
 			var conn *connection
-			if conn, err = newConnection(uc); err == nil {
+			if conn, err = newConnection(uc, handshakeTimeout); err == nil {
 				c := &Client{private: cmd.Process}
 				c.cur.Store(conn)
 				return c, nil
