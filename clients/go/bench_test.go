@@ -62,3 +62,22 @@ func BenchmarkBuildRequest(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkStatus is one round trip without a spawn: the client's and the
+// daemon's messaging cost alone.
+func BenchmarkStatus(b *testing.B) {
+	if sharedSocket == "" {
+		b.Skip("SKIP: needs the zygote binary: set ZYGOTE_BIN")
+	}
+	c, err := Dial(sharedSocket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if _, err := c.Status(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
