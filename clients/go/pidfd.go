@@ -54,10 +54,13 @@ const reapTimeout = time.Minute
 // errNoExitInfo says the kernel cannot report a reaped child's status.
 var errNoExitInfo = errors.New("this kernel does not report a reaped child's exit status (PIDFD_INFO_EXIT needs Linux 6.15)")
 
-// waitPidfd waits for the pidfd's process to exit and be reaped, and
-// returns its wait status.
-func waitPidfd(pidfd *os.File) (syscall.WaitStatus, error) {
-	if err := waitReadable(pidfd); err != nil {
+// sysPidfdOpen is pidfd_open(2)'s number, the same on every architecture.
+const sysPidfdOpen = 434
+
+// waitPidfd waits for the pidfd's process (pid pid) to exit and be
+// reaped, and returns its wait status.
+func waitPidfd(pidfd, pid int) (syscall.WaitStatus, error) {
+	if err := waitExit(pidfd, pid); err != nil {
 		return 0, fmt.Errorf("waiting for the exit: %w", err)
 	}
 	deadline := time.Now().Add(reapTimeout)
@@ -65,12 +68,7 @@ func waitPidfd(pidfd *os.File) (syscall.WaitStatus, error) {
 	for {
 		var info pidfdInfo
 		info.mask = pidfdInfoExit
-		var errno syscall.Errno
-		if err := withFd(pidfd, func(fd int) {
-			_, _, errno = syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), pidfdGetInfo, uintptr(unsafe.Pointer(&info)))
-		}); err != nil {
-			return 0, err
-		}
+		_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, uintptr(pidfd), pidfdGetInfo, uintptr(unsafe.Pointer(&info)))
 		switch {
 		case errno == 0 && info.mask&pidfdInfoExit != 0:
 			return syscall.WaitStatus(uint32(info.exitCode)), nil
@@ -90,34 +88,40 @@ func waitPidfd(pidfd *os.File) (syscall.WaitStatus, error) {
 	}
 }
 
-// waitReadable waits for a pidfd to become readable, which it does when
-// its process exits: through the runtime's poller, else (a pidfd the
-// poller refused) with ppoll(2) on this thread.
-func waitReadable(pidfd *os.File) error {
-	rc, err := pidfd.SyscallConn()
-	if err != nil {
+// waitExit waits for a pidfd to become readable, which it does when its
+// process exits. It waits on the runtime's poller through a pidfd of its
+// own, opened non-blocking: the one received shares its open file
+// description (and so its O_NONBLOCK flag) with the daemon's. Where that
+// cannot be opened (another pid namespace), ppoll(2) waits on this thread.
+func waitExit(pidfd, pid int) error {
+	if ready, err := pollIn(pidfd, 0); err != nil || ready {
 		return err
 	}
-	exited := false
-	var pollErr error
-	err = rc.Read(func(fd uintptr) bool {
-		exited, pollErr = pollIn(int(fd), 0)
-		return exited || pollErr != nil
-	})
-	switch {
-	case pollErr != nil:
-		return pollErr
-	case exited:
-		return nil
-	case errors.Is(err, os.ErrClosed):
-		return err
-	}
-	for !exited && pollErr == nil {
-		if cerr := rc.Control(func(fd uintptr) { exited, pollErr = pollIn(int(fd), time.Second) }); cerr != nil {
-			return cerr
+	if fd, _, errno := syscall.Syscall(sysPidfdOpen, uintptr(pid), syscall.O_NONBLOCK, 0); errno == 0 {
+		own := os.NewFile(fd, "pidfd")
+		defer own.Close()
+		// The pid named the child when it was opened if the child had
+		// not exited after that (only a reaped pid is reused).
+		if ready, err := pollIn(pidfd, 0); err != nil || ready {
+			return err
+		}
+		if rc, err := own.SyscallConn(); err == nil {
+			var ready bool
+			var pollErr error
+			err = rc.Read(func(fd uintptr) bool {
+				ready, pollErr = pollIn(int(fd), 0)
+				return ready || pollErr != nil
+			})
+			if err == nil {
+				return pollErr
+			}
 		}
 	}
-	return pollErr
+	for {
+		if ready, err := pollIn(pidfd, time.Second); err != nil || ready {
+			return err
+		}
+	}
 }
 
 // pollIn reports whether fd is readable within timeout.

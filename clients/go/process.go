@@ -40,8 +40,10 @@ type Process struct {
 }
 
 // Pidfd is the child's pidfd, for poll(2) or pidfd_send_signal(2), or -1
-// once Wait has returned. It is close-on-exec and stays owned by the
-// Process: do not close it, and dup it to keep it past Wait.
+// once Wait has returned or Release was called. It is close-on-exec and
+// stays owned by the Process: do not close it, and dup it to keep it past
+// Wait. It shares its open file description with the daemon's: do not
+// set O_NONBLOCK on it.
 func (p *Process) Pidfd() int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
@@ -142,8 +144,7 @@ func (p *Process) wait() (*ProcessState, error) {
 	if errors.Is(lost, ErrClosed) {
 		return nil, lost
 	}
-	// A duplicate, for the runtime's poller, that Release cannot close
-	// under the wait.
+	// A duplicate, which Release cannot close under the wait.
 	p.mu.RLock()
 	dup := -1
 	if p.pidfd >= 0 {
@@ -153,10 +154,8 @@ func (p *Process) wait() (*ProcessState, error) {
 	if dup < 0 {
 		return nil, lost
 	}
-	_ = syscall.SetNonblock(dup, true)
-	pidfd := os.NewFile(uintptr(dup), "pidfd")
-	defer pidfd.Close()
-	status, err := waitPidfd(pidfd)
+	defer syscall.Close(dup)
+	status, err := waitPidfd(dup, p.Pid)
 	if err != nil {
 		return nil, &ConnectionError{Reason: fmt.Sprintf("%s; the exit status of pid %d cannot be read from its pidfd: %v", lostReason(lost), p.Pid, err)}
 	}
@@ -193,16 +192,6 @@ func fcntlDupCloexec(fd int) (int, error) {
 }
 
 var errReleased = errors.New("zygote: process already released")
-
-// withFd runs f with f's raw fd, without putting the file in blocking mode
-// as (*os.File).Fd does.
-func withFd(file *os.File, f func(fd int)) error {
-	rc, err := file.SyscallConn()
-	if err != nil {
-		return err
-	}
-	return rc.Control(func(fd uintptr) { f(int(fd)) })
-}
 
 // ProcessState is how a child ended, as the daemon reported it.
 type ProcessState struct {
