@@ -180,6 +180,33 @@ func TestCgroupKillTreeOnProcessKill(t *testing.T) {
 	}
 }
 
+func TestCgroupKillOnCloseKillsEscapedGrandchild(t *testing.T) {
+	root := testCgroup(t)
+	d := ownDaemon(t, "--cgroup", root)
+	c, err := Dial(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := c.Command("/bin/sh", "-c", escapingScript)
+	cmd.Zygote.KillOnClose = syscall.SIGKILL
+	cmd.Zygote.Cgroup = &CgroupOptions{KillTree: true}
+	grandchild := startEscaping(t, cmd)
+	defer syscall.Kill(grandchild, syscall.SIGKILL)
+	if n := len(childCgroups(root)); n != 1 {
+		t.Errorf("%d child cgroups, want 1", n)
+	}
+	c.Close()
+	if err := cmd.Wait(); !errors.Is(err, ErrClosed) {
+		t.Errorf("Wait after Close: %v", err)
+	}
+	if !settle(func() bool { return gone(grandchild) }) {
+		t.Errorf("the setsid grandchild %d outlived kill-on-close", grandchild)
+	}
+	if !settle(func() bool { return len(childCgroups(root)) == 0 }) {
+		t.Errorf("cgroups left: %v", childCgroups(root))
+	}
+}
+
 func TestCgroupTreeCPUCountsGrandchild(t *testing.T) {
 	root := testCgroup(t)
 	d := ownDaemon(t, "--cgroup", root)
