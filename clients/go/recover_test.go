@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -87,6 +88,7 @@ func waitWithin(t *testing.T, what string, cmd *Cmd) error {
 func TestDaemonKilledDuringWaitExitStatusFromPidfd(t *testing.T) {
 	d := ownDaemon(t)
 	reap := becomeSubreaper(t)
+	fds := fdCount(t)
 	c, err := Dial(d.socket)
 	if err != nil {
 		t.Fatal(err)
@@ -160,10 +162,17 @@ func TestDaemonKilledDuringWaitExitStatusFromPidfd(t *testing.T) {
 	if st, err := signaled.Process.Wait(); err != nil || st != signaled.ProcessState {
 		t.Errorf("Process.Wait after Cmd.Wait: %v %v", st, err)
 	}
+	// The pidfds, their duplicates and the pipes are closed.
+	c.Close()
+	if !settle(func() bool { return fdCount(t) <= fds }) {
+		t.Errorf("fds: %d before, %d after", fds, fdCount(t))
+	}
 }
 
 func TestReconnectAfterRestart(t *testing.T) {
 	d := ownDaemon(t)
+	runtime.GC()
+	goroutines, fds := runtime.NumGoroutine(), fdCount(t)
 	c, err := Dial(d.socket)
 	if err != nil {
 		t.Fatal(err)
@@ -221,6 +230,15 @@ func TestReconnectAfterRestart(t *testing.T) {
 	// One for startDaemon's readiness probe, one for the reconnect.
 	if st, err := c.Status(); err != nil || st.ConnectionsAccepted != 2 {
 		t.Errorf("the third daemon accepted %+v connections (%v), want 2", st, err)
+	}
+	// The lost connections left nothing behind.
+	c.Close()
+	if !settle(func() bool { return runtime.NumGoroutine() <= goroutines }) {
+		buf := make([]byte, 1<<20)
+		t.Errorf("goroutines: %d before, %d after Close\n%s", goroutines, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+	}
+	if !settle(func() bool { return fdCount(t) <= fds }) {
+		t.Errorf("fds: %d before, %d after Close", fds, fdCount(t))
 	}
 }
 
