@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // SocketEnv names the environment variable that DialDefault reads.
@@ -352,13 +353,26 @@ func (c *connection) send(frame []byte, fds []int) error {
 
 // recvBuffers are one reader's frame and control buffers, reused: the
 // decoder copies what it keeps.
-type recvBuffers struct{ buf, oob []byte }
+// Its msghdr is set up once: recvmsg(2) is called raw, without
+// syscall.Recvmsg's peer address, which a connected socket does not need
+// and which costs an allocation per frame.
+type recvBuffers struct {
+	buf, oob []byte
+	iov      syscall.Iovec
+	msg      syscall.Msghdr
+}
 
 func (c *connection) newRecvBuffers() *recvBuffers {
-	return &recvBuffers{
+	b := &recvBuffers{
 		buf: make([]byte, c.limits.MaxFrameBytes+1),
 		oob: make([]byte, syscall.CmsgSpace(int(c.limits.MaxFdsPerFrame)*4)),
 	}
+	b.iov.Base = &b.buf[0]
+	b.iov.SetLen(len(b.buf))
+	b.msg.Iov = &b.iov
+	b.msg.Iovlen = 1
+	b.msg.Control = &b.oob[0]
+	return b
 }
 
 // recv reads one frame and the fds that came with it, close-on-exec.
@@ -368,10 +382,18 @@ func (c *connection) recv(b *recvBuffers) (*serverMessage, []int, error) {
 	var recvErr error
 	err := c.raw.Read(func(fd uintptr) bool {
 		for {
-			n, oobn, flags, _, recvErr = syscall.Recvmsg(int(fd), buf, oob, syscall.MSG_CMSG_CLOEXEC)
-			if recvErr != syscall.EINTR {
-				return recvErr != syscall.EAGAIN
+			b.msg.SetControllen(len(oob))
+			b.msg.Flags = 0
+			r, _, errno := syscall.Syscall(syscall.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&b.msg)), syscall.MSG_CMSG_CLOEXEC)
+			if errno == syscall.EINTR {
+				continue
 			}
+			if errno != 0 {
+				recvErr = errno
+				return errno != syscall.EAGAIN
+			}
+			n, oobn, flags, recvErr = int(r), int(b.msg.Controllen), int(b.msg.Flags), nil
+			return true
 		}
 	})
 	if err == nil {
