@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // SocketEnv names the environment variable that DialDefault reads.
@@ -21,8 +22,12 @@ const clientName = "go/0.1"
 // sendBuffer is SO_SNDBUF: at least twice the largest frame (PROTOCOL.md §1).
 const sendBuffer = 512 << 10
 
-// handshakeTimeout bounds the wait for HelloAck; the daemon answers at once.
-const handshakeTimeout = 10 * time.Second
+// handshakeTimeout bounds the wait for HelloAck; the daemon answers at
+// once. A reconnect waits less, so that its attempts stay bounded.
+const (
+	handshakeTimeout          = 10 * time.Second
+	reconnectHandshakeTimeout = time.Second
+)
 
 // ErrClosed is returned for calls on, or pending on, a Client that Close closed.
 var ErrClosed = errors.New("zygote: client closed")
@@ -46,6 +51,19 @@ func (e *ConnectionError) Error() string {
 
 func (e *ConnectionError) Unwrap() error { return e.Err }
 
+// lostReason is why a connection ended, without the "connection lost"
+// prefix, to build a longer ConnectionError from.
+func lostReason(err error) string {
+	var ce *ConnectionError
+	if errors.As(err, &ce) {
+		if ce.Err != nil {
+			return ce.Reason + ": " + ce.Err.Error()
+		}
+		return ce.Reason
+	}
+	return err.Error()
+}
+
 // ProtocolError is a frame that broke the protocol, or a reply that was
 // not the one expected. It names what was expected and what arrived.
 type ProtocolError struct {
@@ -57,23 +75,29 @@ func (e *ProtocolError) Error() string {
 	return "zygote: protocol error: expected " + e.Expected + ", got " + e.Got
 }
 
-// Client is one connection to a zygote daemon. It is safe for use by any
+// Client is a connection to a zygote daemon. It is safe for use by any
 // number of goroutines: their requests are multiplexed over the connection,
 // and no lock is held while a request waits for its reply.
+//
+// A Client made by Dial or DialDefault reconnects on its own: when the
+// daemon went away (a crash, a restart), the next call dials the same path
+// again, up to ReconnectAttempts times with a growing pause, before it
+// fails. Children started before the loss keep their pidfd: Signal and
+// Kill still work, and Wait reads the exit status from the pidfd (see
+// Cmd.Wait). A Client of LaunchPrivate cannot reconnect: its zygote was
+// started for it alone.
 type Client struct {
-	conn   *net.UnixConn
-	raw    syscall.RawConn
-	limits limits
-	server string
-
+	path   string // the socket, "" for a private zygote
 	nextID atomic.Uint64
 
-	mu      sync.Mutex
-	pending map[uint64]*pending
-	err     error // set once, when the connection is finished
+	cur    atomic.Pointer[connection]
+	dialMu sync.Mutex // held by the goroutine reconnecting
+	// lastFail is when reconnecting last gave up and why, under dialMu:
+	// callers that queued behind that attempt fail with it at once.
+	lastFail    time.Time
+	lastFailErr error
 
-	done      chan struct{} // closed when the reader has stopped
-	closing   atomic.Bool
+	closed    atomic.Bool
 	closeOnce sync.Once
 
 	settingsMu sync.Mutex
@@ -81,6 +105,33 @@ type Client struct {
 
 	// private is the zygote process of LaunchPrivate, reaped after Close.
 	private *os.Process
+}
+
+// ReconnectAttempts bounds how often a Client of Dial dials its socket
+// again once the daemon is gone, pausing ReconnectBackoff, then twice
+// that, and so on, between attempts: about 1.3 s in all by default, and
+// at most a second more per attempt for a daemon that accepts but does
+// not answer. Set them before any Client is in use.
+var (
+	ReconnectAttempts = 6
+	ReconnectBackoff  = 40 * time.Millisecond
+)
+
+// connection is one connected socket and its in-flight requests. A Client
+// replaces it when it reconnects; a started child keeps the one it was
+// spawned on, whose end tells its Wait that no exit notice will come.
+type connection struct {
+	conn   *net.UnixConn
+	raw    syscall.RawConn
+	limits limits
+	server string
+
+	mu      sync.Mutex
+	pending map[uint64]*pending
+	err     error // set once, when the connection is finished
+
+	done    chan struct{} // closed when the reader has stopped
+	closing atomic.Bool   // Client.Close closed it
 }
 
 // pending is one request awaiting replies.
@@ -91,8 +142,8 @@ type pending struct {
 }
 
 type reply struct {
-	msg   *serverMessage
-	files []*os.File
+	msg *serverMessage
+	fds []int // close-on-exec; the receiver owns them
 }
 
 // DefaultSocketPath is where a zygote started with defaults listens:
@@ -116,50 +167,60 @@ func DialDefault() (*Client, error) {
 
 // Dial connects to the zygote listening at path and completes the handshake.
 func Dial(path string) (*Client, error) {
-	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	conn, err := dialConnection(path, handshakeTimeout)
 	if err != nil {
-		return nil, fmt.Errorf("zygote: connecting to %s (is the daemon running? start it with `zygote serve`, or set %s): %w", path, SocketEnv, err)
+		return nil, err
 	}
-	c, err := newClient(conn)
-	if err != nil {
-		return nil, fmt.Errorf("zygote: handshake with %s: %w", path, err)
-	}
+	c := &Client{path: path}
+	c.cur.Store(conn)
 	return c, nil
 }
 
-// newClient takes over conn, shakes hands, and starts the reader.
-func newClient(conn *net.UnixConn) (*Client, error) {
-	raw, err := conn.SyscallConn()
+func dialConnection(path string, timeout time.Duration) (*connection, error) {
+	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
-		conn.Close()
+		return nil, fmt.Errorf("zygote: connecting to %s (is the daemon running? start it with `zygote serve`, or set %s): %w", path, SocketEnv, err)
+	}
+	conn, err := newConnection(uc, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("zygote: handshake with %s: %w", path, err)
+	}
+	return conn, nil
+}
+
+// newConnection takes over uc, shakes hands, and starts the reader.
+func newConnection(uc *net.UnixConn, timeout time.Duration) (*connection, error) {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		uc.Close()
 		return nil, err
 	}
 	// The kernel caps this at net.core.wmem_max; that is not an error.
-	_ = conn.SetWriteBuffer(sendBuffer)
-	c := &Client{
-		conn:    conn,
+	_ = uc.SetWriteBuffer(sendBuffer)
+	c := &connection{
+		conn:    uc,
 		raw:     raw,
 		limits:  limits{MaxFrameBytes: 262144, MaxFdsPerFrame: 64},
 		pending: make(map[uint64]*pending),
 		done:    make(chan struct{}),
 	}
-	if err := c.handshake(); err != nil {
-		conn.Close()
+	if err := c.handshake(timeout); err != nil {
+		uc.Close()
 		return nil, err
 	}
 	go c.readLoop()
 	return c, nil
 }
 
-func (c *Client) handshake() error {
+func (c *connection) handshake(timeout time.Duration) error {
 	frame, _ := encodeClient(&clientMessage{Hello: &hello{ProtocolVersion: protocolVersion, Client: clientName}})
 	if err := c.send(frame, nil); err != nil {
 		return err
 	}
-	_ = c.conn.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	_ = c.conn.SetReadDeadline(time.Now().Add(timeout))
 	defer func() { _ = c.conn.SetReadDeadline(time.Time{}) }()
-	m, files, err := c.recv(c.newRecvBuffers())
-	closeFiles(files)
+	m, fds, err := c.recv(c.newRecvBuffers())
+	closeFds(fds)
 	if err != nil {
 		return err
 	}
@@ -169,8 +230,8 @@ func (c *Client) handshake() error {
 			return &ProtocolError{Expected: fmt.Sprintf("HelloAck for protocol version %d", protocolVersion),
 				Got: fmt.Sprintf("HelloAck for version %d", m.HelloAck.ProtocolVersion)}
 		}
-		if len(files) != 0 {
-			return &ProtocolError{Expected: "HelloAck without fds", Got: fmt.Sprintf("%d fds", len(files))}
+		if len(fds) != 0 {
+			return &ProtocolError{Expected: "HelloAck without fds", Got: fmt.Sprintf("%d fds", len(fds))}
 		}
 		c.limits = m.HelloAck.Limits
 		c.server = m.HelloAck.ServerVersion
@@ -182,12 +243,86 @@ func (c *Client) handshake() error {
 	}
 }
 
-// ServerVersion is the daemon's version, from the handshake.
-func (c *Client) ServerVersion() string { return c.server }
+// ServerVersion is the daemon's version, from the latest handshake.
+func (c *Client) ServerVersion() string { return c.cur.Load().server }
+
+// connection returns the live connection, reconnecting first when the
+// daemon went away and this Client may redial.
+func (c *Client) connection() (*connection, error) {
+	conn := c.cur.Load()
+	if !conn.finished() {
+		return conn, nil
+	}
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	if c.path == "" {
+		return nil, conn.connErr()
+	}
+	return c.reconnect(conn)
+}
+
+// reconnect dials the socket again, with bounded retries and backoff.
+// One goroutine dials; the others wait for it and share its result.
+func (c *Client) reconnect(lost *connection) (*connection, error) {
+	queued := time.Now()
+	c.dialMu.Lock()
+	defer c.dialMu.Unlock()
+	if conn := c.cur.Load(); conn != lost && !conn.finished() {
+		return conn, nil
+	}
+	if c.lastFail.After(queued) {
+		return nil, c.lastFailErr
+	}
+	pause := ReconnectBackoff
+	var err error
+	for attempt := 0; attempt < max(ReconnectAttempts, 1); attempt++ {
+		if attempt > 0 {
+			time.Sleep(pause)
+			pause *= 2
+		}
+		if c.closed.Load() {
+			return nil, ErrClosed
+		}
+		var conn *connection
+		if conn, err = dialConnection(c.path, reconnectHandshakeTimeout); err == nil {
+			c.cur.Store(conn)
+			if c.closed.Load() {
+				// Close ran while we dialed: it may have missed this one.
+				conn.close()
+				return nil, ErrClosed
+			}
+			return conn, nil
+		}
+	}
+	c.lastFail = time.Now()
+	c.lastFailErr = &ConnectionError{
+		Reason: fmt.Sprintf("%s; reconnecting to %s failed %d times", lostReason(lost.connErr()), c.path, max(ReconnectAttempts, 1)),
+		Err:    err,
+	}
+	return nil, c.lastFailErr
+}
+
+// finished reports whether the connection has ended.
+func (c *connection) finished() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// close ends the connection as Client.Close does, and waits for its reader.
+func (c *connection) close() {
+	c.closing.Store(true)
+	c.conn.Close()
+	<-c.done
+}
 
 // send writes one frame with fds attached, without blocking other senders
 // for longer than the sendmsg call.
-func (c *Client) send(frame []byte, fds []int) error {
+func (c *connection) send(frame []byte, fds []int) error {
 	if len(frame) > int(c.limits.MaxFrameBytes) {
 		return fmt.Errorf("zygote: request is %d bytes, over the daemon's frame limit of %d bytes (arguments and environment too large)", len(frame), c.limits.MaxFrameBytes)
 	}
@@ -218,26 +353,47 @@ func (c *Client) send(frame []byte, fds []int) error {
 
 // recvBuffers are one reader's frame and control buffers, reused: the
 // decoder copies what it keeps.
-type recvBuffers struct{ buf, oob []byte }
+// Its msghdr is set up once: recvmsg(2) is called raw, without
+// syscall.Recvmsg's peer address, which a connected socket does not need
+// and which costs an allocation per frame.
+type recvBuffers struct {
+	buf, oob []byte
+	iov      syscall.Iovec
+	msg      syscall.Msghdr
+}
 
-func (c *Client) newRecvBuffers() *recvBuffers {
-	return &recvBuffers{
+func (c *connection) newRecvBuffers() *recvBuffers {
+	b := &recvBuffers{
 		buf: make([]byte, c.limits.MaxFrameBytes+1),
 		oob: make([]byte, syscall.CmsgSpace(int(c.limits.MaxFdsPerFrame)*4)),
 	}
+	b.iov.Base = &b.buf[0]
+	b.iov.SetLen(len(b.buf))
+	b.msg.Iov = &b.iov
+	b.msg.Iovlen = 1
+	b.msg.Control = &b.oob[0]
+	return b
 }
 
 // recv reads one frame and the fds that came with it, close-on-exec.
-func (c *Client) recv(b *recvBuffers) (*serverMessage, []*os.File, error) {
+func (c *connection) recv(b *recvBuffers) (*serverMessage, []int, error) {
 	buf, oob := b.buf, b.oob
 	var n, oobn, flags int
 	var recvErr error
 	err := c.raw.Read(func(fd uintptr) bool {
 		for {
-			n, oobn, flags, _, recvErr = syscall.Recvmsg(int(fd), buf, oob, syscall.MSG_CMSG_CLOEXEC)
-			if recvErr != syscall.EINTR {
-				return recvErr != syscall.EAGAIN
+			b.msg.SetControllen(len(oob))
+			b.msg.Flags = 0
+			r, _, errno := syscall.Syscall(syscall.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&b.msg)), syscall.MSG_CMSG_CLOEXEC)
+			if errno == syscall.EINTR {
+				continue
 			}
+			if errno != 0 {
+				recvErr = errno
+				return errno != syscall.EAGAIN
+			}
+			n, oobn, flags, recvErr = int(r), int(b.msg.Controllen), int(b.msg.Flags), nil
+			return true
 		}
 	})
 	if err == nil {
@@ -246,27 +402,27 @@ func (c *Client) recv(b *recvBuffers) (*serverMessage, []*os.File, error) {
 	if err != nil {
 		return nil, nil, &ConnectionError{Reason: "receiving", Err: err}
 	}
-	files, fdErr := parseFds(oob[:oobn])
+	fds, fdErr := parseFds(oob[:oobn])
 	if flags&(syscall.MSG_TRUNC|syscall.MSG_CTRUNC) != 0 {
-		closeFiles(files)
+		closeFds(fds)
 		return nil, nil, &ProtocolError{Expected: fmt.Sprintf("a frame of at most %d bytes and %d fds", c.limits.MaxFrameBytes, c.limits.MaxFdsPerFrame), Got: "a truncated frame"}
 	}
 	if fdErr != nil {
-		closeFiles(files)
+		closeFds(fds)
 		return nil, nil, fdErr
 	}
-	if n == 0 && len(files) == 0 {
+	if n == 0 && len(fds) == 0 {
 		return nil, nil, &ConnectionError{Reason: "the daemon closed the connection"}
 	}
 	m, err := decodeServer(buf[:n])
 	if err != nil {
-		closeFiles(files)
+		closeFds(fds)
 		return nil, nil, &ProtocolError{Expected: "a well-formed ServerMessage", Got: "a malformed frame (" + err.Error() + ")"}
 	}
-	return m, files, nil
+	return m, fds, nil
 }
 
-func parseFds(oob []byte) ([]*os.File, error) {
+func parseFds(oob []byte) ([]int, error) {
 	if len(oob) == 0 {
 		return nil, nil
 	}
@@ -274,7 +430,7 @@ func parseFds(oob []byte) ([]*os.File, error) {
 	if err != nil {
 		return nil, &ProtocolError{Expected: "SCM_RIGHTS control data", Got: "unparsable control data"}
 	}
-	var files []*os.File
+	var all []int
 	var bad error
 	for _, msg := range msgs {
 		fds, err := syscall.ParseUnixRights(&msg)
@@ -282,14 +438,15 @@ func parseFds(oob []byte) ([]*os.File, error) {
 			bad = &ProtocolError{Expected: "SCM_RIGHTS control data", Got: fmt.Sprintf("control message level %d type %d", msg.Header.Level, msg.Header.Type)}
 			continue
 		}
-		for _, fd := range fds {
-			// Non-blocking, so that reads on our pipe ends use the
-			// poller and Close interrupts them.
-			_ = syscall.SetNonblock(fd, true)
-			files = append(files, os.NewFile(uintptr(fd), "zygote-fd"))
-		}
+		all = append(all, fds...)
 	}
-	return files, bad
+	return all, bad
+}
+
+func closeFds(fds []int) {
+	for _, fd := range fds {
+		syscall.Close(fd)
+	}
 }
 
 func closeFiles(files []*os.File) {
@@ -298,6 +455,13 @@ func closeFiles(files []*os.File) {
 			f.Close()
 		}
 	}
+}
+
+// pipeEnd wraps a received pipe end, non-blocking so that reads and
+// writes use the runtime's poller and Close interrupts them.
+func pipeEnd(fd int) *os.File {
+	_ = syscall.SetNonblock(fd, true)
+	return os.NewFile(uintptr(fd), "zygote-pipe")
 }
 
 // replyID is the id a daemon frame answers, and whether it has one.
@@ -321,16 +485,16 @@ func replyID(m *serverMessage) (uint64, bool) {
 
 // readLoop dispatches replies to their requests until the connection ends,
 // then fails every pending request.
-func (c *Client) readLoop() {
+func (c *connection) readLoop() {
 	var fail error
 	bufs := c.newRecvBuffers()
 	for fail == nil {
-		m, files, err := c.recv(bufs)
+		m, fds, err := c.recv(bufs)
 		if err != nil {
 			fail = err
 			break
 		}
-		fail = c.dispatch(m, files)
+		fail = c.dispatch(m, fds)
 	}
 	if c.closing.Load() {
 		fail = ErrClosed
@@ -345,38 +509,38 @@ func (c *Client) readLoop() {
 	close(c.done)
 }
 
-func (c *Client) dispatch(m *serverMessage, files []*os.File) error {
+func (c *connection) dispatch(m *serverMessage, fds []int) error {
 	if m.ProtocolError != nil {
-		closeFiles(files)
+		closeFds(fds)
 		return &ConnectionError{Reason: fmt.Sprintf("the daemon reported a protocol error and closed the connection: %s: %s", m.ProtocolError.Kind, m.ProtocolError.Message)}
 	}
 	id, ok := replyID(m)
 	if !ok {
-		closeFiles(files)
+		closeFds(fds)
 		return &ProtocolError{Expected: "a reply to a request", Got: m.name()}
 	}
 	c.mu.Lock()
 	p := c.pending[id]
 	if p == nil {
 		c.mu.Unlock()
-		closeFiles(files)
+		closeFds(fds)
 		return &ProtocolError{Expected: "a reply to a pending request", Got: fmt.Sprintf("%s for unknown id %d", m.name(), id)}
 	}
 	if m.Exited != nil {
 		if p.exited == nil || !p.answered {
 			c.mu.Unlock()
-			closeFiles(files)
+			closeFds(fds)
 			return &ProtocolError{Expected: "Exited only for a spawned child", Got: fmt.Sprintf("Exited for request %d", id)}
 		}
 		delete(c.pending, id)
 		c.mu.Unlock()
-		closeFiles(files)
+		closeFds(fds)
 		p.exited <- m.Exited
 		return nil
 	}
 	if p.answered {
 		c.mu.Unlock()
-		closeFiles(files)
+		closeFds(fds)
 		return &ProtocolError{Expected: "one reply per request", Got: fmt.Sprintf("a second reply (%s) to request %d", m.name(), id)}
 	}
 	ch := p.reply
@@ -385,27 +549,66 @@ func (c *Client) dispatch(m *serverMessage, files []*os.File) error {
 		delete(c.pending, id)
 	}
 	c.mu.Unlock()
-	ch <- reply{msg: m, files: files}
+	ch <- reply{msg: m, fds: fds}
 	return nil
 }
 
-// register reserves an id for a request and its replies.
-func (c *Client) register(spawn bool) (uint64, *pending, error) {
+// register reserves an id for a request and its replies on the live
+// connection, reconnecting first if need be.
+func (c *Client) register(spawn bool) (*connection, uint64, *pending, error) {
+	conn, err := c.connection()
+	if err != nil {
+		return nil, 0, nil, err
+	}
 	id := c.nextID.Add(1)
 	p := &pending{reply: make(chan reply, 1)}
 	if spawn {
 		p.exited = make(chan *exitNotice, 1)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pending == nil {
-		return 0, nil, c.errLocked()
+	conn.mu.Lock()
+	defer conn.mu.Unlock()
+	if conn.pending == nil {
+		return nil, 0, nil, conn.errLocked()
 	}
-	c.pending[id] = p
-	return id, p, nil
+	conn.pending[id] = p
+	return conn, id, p, nil
 }
 
-func (c *Client) unregister(id uint64) {
+// request registers and sends a request, and returns what to await its
+// replies on. A send that finds the daemon just gone (its reader has not
+// seen the end yet) is retried once on a new connection: nothing of it
+// reached the daemon.
+func (c *Client) request(spawn bool, build func(id uint64) *clientMessage, fds []int) (*connection, *pending, error) {
+	for attempt := 0; ; attempt++ {
+		conn, id, p, err := c.register(spawn)
+		if err != nil {
+			return nil, nil, err
+		}
+		frame, err := encodeClient(build(id))
+		if err == nil {
+			err = conn.send(frame, fds)
+		}
+		if err == nil {
+			return conn, p, nil
+		}
+		conn.unregister(id)
+		if attempt > 0 || c.path == "" || !peerGone(err) {
+			return nil, nil, err
+		}
+		select {
+		case <-conn.done:
+		case <-time.After(time.Second):
+			return nil, nil, err
+		}
+	}
+}
+
+// peerGone reports whether a send failed because the daemon closed its end.
+func peerGone(err error) bool {
+	return errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ENOTCONN)
+}
+
+func (c *connection) unregister(id uint64) {
 	c.mu.Lock()
 	if c.pending != nil {
 		delete(c.pending, id)
@@ -413,7 +616,7 @@ func (c *Client) unregister(id uint64) {
 	c.mu.Unlock()
 }
 
-func (c *Client) errLocked() error {
+func (c *connection) errLocked() error {
 	if c.err != nil {
 		return c.err
 	}
@@ -421,14 +624,14 @@ func (c *Client) errLocked() error {
 }
 
 // connErr is the error that ended the connection.
-func (c *Client) connErr() error {
+func (c *connection) connErr() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.errLocked()
 }
 
 // await waits for the first reply to a request, or the connection's end.
-func (c *Client) await(p *pending) (reply, error) {
+func (c *connection) await(p *pending) (reply, error) {
 	select {
 	case r := <-p.reply:
 		return r, nil
@@ -443,12 +646,28 @@ func (c *Client) await(p *pending) (reply, error) {
 	}
 }
 
-// roundTrip sends a request without fds and returns its one reply.
+// roundTrip sends a request without fds on the live connection and
+// returns its one reply.
 func (c *Client) roundTrip(build func(id uint64) *clientMessage) (*serverMessage, error) {
-	id, p, err := c.register(false)
+	conn, p, err := c.request(false, build, nil)
 	if err != nil {
 		return nil, err
 	}
+	return conn.reply(p)
+}
+
+// roundTrip sends a request without fds on this connection (which alone
+// knows the spawn ids it carried) and returns its one reply.
+func (c *connection) roundTrip(id uint64, build func(id uint64) *clientMessage) (*serverMessage, error) {
+	p := &pending{reply: make(chan reply, 1)}
+	c.mu.Lock()
+	if c.pending == nil {
+		err := c.errLocked()
+		c.mu.Unlock()
+		return nil, err
+	}
+	c.pending[id] = p
+	c.mu.Unlock()
 	frame, err := encodeClient(build(id))
 	if err == nil {
 		err = c.send(frame, nil)
@@ -457,13 +676,18 @@ func (c *Client) roundTrip(build func(id uint64) *clientMessage) (*serverMessage
 		c.unregister(id)
 		return nil, err
 	}
+	return c.reply(p)
+}
+
+// reply awaits the one reply, without fds, to a request.
+func (c *connection) reply(p *pending) (*serverMessage, error) {
 	r, err := c.await(p)
 	if err != nil {
 		return nil, err
 	}
-	closeFiles(r.files)
-	if len(r.files) != 0 {
-		return nil, &ProtocolError{Expected: "a reply without fds", Got: fmt.Sprintf("%s with %d fds", r.msg.name(), len(r.files))}
+	closeFds(r.fds)
+	if len(r.fds) != 0 {
+		return nil, &ProtocolError{Expected: "a reply without fds", Got: fmt.Sprintf("%s with %d fds", r.msg.name(), len(r.fds))}
 	}
 	return r.msg, nil
 }
@@ -496,9 +720,10 @@ func (c *Client) Status() (*Status, error) {
 		s.ConnectionsOpen, s.ConnectionsAccepted, s.ChildrenRunning, s.SpawnsSucceeded, s.SpawnsFailed}, nil
 }
 
-// signal asks the daemon to signal the child of spawn spawnID.
-func (c *Client) signal(spawnID uint64, sig syscall.Signal) error {
-	m, err := c.roundTrip(func(id uint64) *clientMessage {
+// signal asks the daemon that spawned it to signal the child of spawn
+// spawnID: only that connection knows the spawn id.
+func (c *Client) signal(conn *connection, spawnID uint64, sig syscall.Signal) error {
+	m, err := conn.roundTrip(c.nextID.Add(1), func(id uint64) *clientMessage {
 		return &clientMessage{Signal: &signalRequest{ID: id, SpawnID: spawnID, Signal: int32(sig)}}
 	})
 	if err != nil {
@@ -524,9 +749,10 @@ func (c *Client) signal(spawnID uint64, sig syscall.Signal) error {
 // being waited for, which end as their Wait returns.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
-		c.closing.Store(true)
-		c.conn.Close()
-		<-c.done
+		c.closed.Store(true)
+		// A reconnect in progress stores its connection before it checks
+		// closed, so the one loaded here is the last.
+		c.cur.Load().close()
 		if c.private != nil {
 			// The private zygote exits once it has reaped its children;
 			// reap it then, without making Close wait for them.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -59,6 +60,69 @@ type Options struct {
 	// after TimeoutGrace (default 5 s). Zero means no timeout.
 	Timeout      time.Duration
 	TimeoutGrace time.Duration
+	// Cgroup limits the child's own cgroup, or makes kills and Wait cover
+	// its whole tree; nil asks for none of it. The daemon refuses the
+	// spawn (a *StartError at stage Cgroup) when it has no cgroup subtree
+	// or a limit's controller is not delegated to it: a limit is never
+	// silently ignored.
+	Cgroup *CgroupOptions
+}
+
+// CgroupOptions are settings of the cgroup the zygote creates for one
+// child, which its descendants share (cgroup v2). A zero number leaves
+// that limit unset.
+type CgroupOptions struct {
+	// KillTree makes the timeout, kill-on-close and Process.Kill end the
+	// child's whole cgroup (cgroup.kill, Linux 5.14): grandchildren that
+	// left its process group or session too.
+	KillTree bool
+	// WaitTree makes Wait return only once every process of the child's
+	// cgroup has exited, not just the child.
+	WaitTree bool
+	// MemoryMax is memory.max in bytes: the whole tree's memory. A child
+	// the OOM killer ended reports ProcessState.OOMKilled.
+	MemoryMax uint64
+	// MemorySwapMax is memory.swap.max in bytes.
+	MemorySwapMax uint64
+	// PidsMax is pids.max: at most this many processes and threads.
+	PidsMax uint64
+	// CPUQuota of CPU time per CPUPeriod (default 100 ms) is cpu.max.
+	CPUQuota  time.Duration
+	CPUPeriod time.Duration
+	// CPUWeight and IOWeight are cpu.weight and io.weight (1 to 10000,
+	// default 100).
+	CPUWeight uint32
+	IOWeight  uint32
+}
+
+// spec is the request's form of the options.
+func (o *CgroupOptions) spec() *cgroupSpec {
+	s := &cgroupSpec{KillTree: o.KillTree, WaitTree: o.WaitTree}
+	nonZero := func(v uint64) *uint64 {
+		if v == 0 {
+			return nil
+		}
+		return &v
+	}
+	s.MemoryMax = nonZero(o.MemoryMax)
+	s.MemorySwapMax = nonZero(o.MemorySwapMax)
+	s.PidsMax = nonZero(o.PidsMax)
+	if o.CPUQuota > 0 {
+		period := o.CPUPeriod
+		if period <= 0 {
+			period = 100 * time.Millisecond
+		}
+		s.CPUMax = &cpuMax{QuotaMicros: uint64(max(o.CPUQuota.Microseconds(), 1)), PeriodMicros: uint64(max(period.Microseconds(), 1))}
+	}
+	if o.CPUWeight != 0 {
+		w := o.CPUWeight
+		s.CPUWeight = &w
+	}
+	if o.IOWeight != 0 {
+		w := o.IOWeight
+		s.IOWeight = &w
+	}
+	return s
 }
 
 // Cmd is a command to run through the zygote. Its fields have the meaning
@@ -89,6 +153,11 @@ type Cmd struct {
 	// Zygote holds the zygote's own options.
 	Zygote Options
 
+	// Err is an error Command found before the start, such as a program
+	// named without a slash that is on no directory of this process's
+	// PATH; Start returns it.
+	Err error
+
 	// Process is the child, once started.
 	Process *Process
 	// ProcessState is how it ended, once Wait returned.
@@ -105,8 +174,6 @@ type Cmd struct {
 	client *Client
 	ctx    context.Context
 
-	spawnID    uint64
-	exited     chan *exitNotice
 	childFiles []*os.File  // our copies of ends given to the child, closed after start
 	parentIO   []io.Closer // pipe ends Wait closes after the child exits
 	goroutines []func() error
@@ -123,8 +190,28 @@ type ctxResult struct {
 }
 
 // Command returns a Cmd to run name with args through this Client.
+//
+// As in os/exec, a name without a slash is looked up in this process's
+// PATH (exec.LookPath, with its exec.ErrDot rule), and Path is set to
+// what was found; when nothing is, Err is set, errors.Is(Err,
+// exec.ErrNotFound) and errors.Is(Err, syscall.ENOENT) hold, and Start
+// returns it.
 func (c *Client) Command(name string, arg ...string) *Cmd {
-	return &Cmd{Path: name, Args: append([]string{name}, arg...), client: c}
+	cmd := &Cmd{Path: name, Args: append([]string{name}, arg...), client: c}
+	if name != "" && !containsSlash(name) {
+		lp, err := exec.LookPath(name)
+		if lp != "" {
+			cmd.Path = lp
+		}
+		if err != nil {
+			se := &StartError{Program: name, Stage: "LookPath", Message: err.Error(), cause: err}
+			if errors.Is(err, exec.ErrNotFound) {
+				se.Errno = syscall.ENOENT
+			}
+			cmd.Err = se
+		}
+	}
+	return cmd
 }
 
 // CommandContext is Command with a context: when ctx is done before the
@@ -407,6 +494,13 @@ func (c *Cmd) Start() (err error) {
 		return errors.New("zygote: already started")
 	}
 	c.started = true
+	if c.Err != nil {
+		closeFiles(c.childFiles)
+		c.childFiles = nil
+		closeAll(c.parentIO)
+		c.parentIO = nil
+		return c.Err
+	}
 	defer func() {
 		if err != nil {
 			closeFiles(c.childFiles)
@@ -434,25 +528,20 @@ func (c *Cmd) Start() (err error) {
 	}
 
 	cl := c.client
-	id, p, err := cl.register(true)
-	if err != nil {
-		return err
-	}
-	req.ID = id
-	frame, err := encodeClient(&clientMessage{Spawn: req})
-	if err == nil {
-		err = cl.send(frame, att.fds)
-	}
+	conn, p, err := cl.request(true, func(id uint64) *clientMessage {
+		req.ID = id
+		return &clientMessage{Spawn: req}
+	}, att.fds)
 	// The frame holds its own references to the fds now.
 	runtime.KeepAlive(att.files)
 	if err != nil {
-		cl.unregister(id)
 		if localPipe != nil {
 			localPipe[0].Close()
 		}
 		return err
 	}
-	r, err := cl.await(p)
+	id := req.ID
+	r, err := conn.await(p)
 	// The daemon has its copies (or is done with them): ours can go.
 	closeFiles(c.childFiles)
 	c.childFiles = nil
@@ -464,7 +553,7 @@ func (c *Cmd) Start() (err error) {
 	}
 	m := r.msg
 	if m.SpawnFailed != nil {
-		closeFiles(r.files)
+		closeFds(r.fds)
 		if localPipe != nil {
 			localPipe[0].Close()
 		}
@@ -477,27 +566,26 @@ func (c *Cmd) Start() (err error) {
 			npiped++
 		}
 	}
-	if m.Spawned == nil || len(r.files) != 1+npiped {
-		closeFiles(r.files)
+	if m.Spawned == nil || len(r.fds) != 1+npiped {
+		closeFds(r.fds)
 		if localPipe != nil {
 			localPipe[0].Close()
 		}
 		got := m.name()
 		if m.Spawned != nil {
-			got = fmt.Sprintf("Spawned with %d fds", len(r.files))
+			got = fmt.Sprintf("Spawned with %d fds", len(r.fds))
 		}
 		return &ProtocolError{Expected: fmt.Sprintf("Spawned with %d fds or SpawnFailed", 1+npiped), Got: got}
 	}
 
-	c.spawnID = id
-	c.exited = p.exited
-	c.Process = &Process{Pid: int(m.Spawned.Pid), client: cl, spawnID: id, pidfd: r.files[0]}
-	ends := r.files[1:]
+	c.Process = &Process{Pid: int(m.Spawned.Pid), client: cl, conn: conn, spawnID: id, exited: p.exited, pidfd: r.fds[0],
+		killTree: c.Zygote.Cgroup != nil && c.Zygote.Cgroup.KillTree}
+	ends := r.fds[1:]
 	for _, s := range streams {
 		if !s.piped {
 			continue
 		}
-		end := ends[0]
+		end := pipeEnd(ends[0])
 		ends = ends[1:]
 		c.parentIO = append(c.parentIO, end)
 		c.goroutines = append(c.goroutines, s.bridge(end))
@@ -572,20 +660,20 @@ func (c *Cmd) build() (*spawnRequest, *attachment, [3]stream, *[2]*os.File, erro
 		return fail(err)
 	}
 	req := &spawnRequest{
-		Program: bstr(c.Path),
+		Program: strBytes(c.Path),
 		Args:    make([]bstr, 0, len(argv)-1),
 		Env:     make([]envVar, 0, len(env)),
-		Cwd:     optBytes(cwd),
+		Cwd:     optBytes(strBytes(cwd)),
 	}
 	if argv[0] != c.Path {
-		req.Argv0 = optBytes(argv[0])
+		req.Argv0 = optBytes(strBytes(argv[0]))
 	}
 	for _, a := range argv[1:] {
-		req.Args = append(req.Args, bstr(a))
+		req.Args = append(req.Args, strBytes(a))
 	}
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
-		req.Env = append(req.Env, envVar{Key: bstr(k), Value: bstr(v)})
+		req.Env = append(req.Env, envVar{Key: strBytes(k), Value: strBytes(v)})
 	}
 
 	// Stdin.
@@ -656,6 +744,10 @@ func (c *Cmd) build() (*spawnRequest, *attachment, [3]stream, *[2]*os.File, erro
 		req.Umask = o.Umask
 	}
 	req.Rlimits = mergeRlimits(settings.rlimits, o.Rlimits)
+	req.IgnoredSignals = settings.ignoredSignals
+	req.Nice = settings.nice
+	req.CPUAffinity = settings.cpuAffinity
+	req.OomScoreAdj = settings.oomScoreAdj
 	req.NewSession = o.Setsid
 	if o.Setpgid {
 		pg := int32(o.Pgid)
@@ -673,6 +765,9 @@ func (c *Cmd) build() (*spawnRequest, *attachment, [3]stream, *[2]*os.File, erro
 			grace = defaultTimeoutGrace
 		}
 		req.Timeout = &timeoutSpec{Millis: uint64(max(o.Timeout.Milliseconds(), 1)), GraceMillis: uint64(grace.Milliseconds())}
+	}
+	if o.Cgroup != nil {
+		req.Cgroup = o.Cgroup.spec()
 	}
 	return req, att, streams, localPipe, nil
 }
@@ -711,7 +806,9 @@ func (c *Cmd) cwd() (string, error) {
 	if filepath.IsAbs(c.Dir) {
 		return c.Dir, nil
 	}
-	own, err := os.Getwd()
+	// One getcwd(2); os.Getwd also stats "." and $PWD to prefer a
+	// logical path, which the child's chdir does not need.
+	own, err := syscall.Getwd()
 	if err != nil {
 		return "", fmt.Errorf("zygote: reading the current directory (the child starts in it): %w", err)
 	}
@@ -754,7 +851,10 @@ func copyOut(w io.Writer, end *os.File) func() error {
 }
 
 // Wait waits for the child to exit and its I/O to finish, then releases
-// the Cmd's resources. A non-zero exit is an *ExitError.
+// the Cmd's resources. A non-zero exit is an *ExitError. It waits through
+// Process.Wait, which may have been called first; when the daemon is lost
+// before it reports the exit, the status comes from the child's pidfd
+// (see Process.Wait).
 func (c *Cmd) Wait() error {
 	if c.Process == nil {
 		return errNotStarted
@@ -764,18 +864,9 @@ func (c *Cmd) Wait() error {
 	}
 	c.waited = true
 
-	var err error
-	var state *ProcessState
-	select {
-	case x := <-c.exited:
-		state = newProcessState(c.Process.Pid, x)
-	case <-c.client.done:
-		select {
-		case x := <-c.exited:
-			state = newProcessState(c.Process.Pid, x)
-		default:
-			err = fmt.Errorf("zygote: waiting for %s (pid %d): %w", c.Path, c.Process.Pid, c.client.connErr())
-		}
+	state, err := c.Process.Wait()
+	if err != nil {
+		err = fmt.Errorf("zygote: waiting for %s (pid %d): %w", c.Path, c.Process.Pid, err)
 	}
 	if state != nil {
 		c.ProcessState = state

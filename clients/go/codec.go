@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // protocolVersion is the version of proto/PROTOCOL.md this package speaks.
@@ -40,6 +41,12 @@ func (b *bstr) UnmarshalJSON(data []byte) error {
 	}
 	*b = out
 	return nil
+}
+
+// strBytes is s's bytes without a copy, for encoding: the encoder only
+// reads them, and the request never outlives the strings.
+func strBytes(s string) bstr {
+	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
 
 // uint8Number decodes a JSON number 0-255 (a plain []byte would expect base64).
@@ -557,7 +564,19 @@ var errNoVariant = errors.New("message has no variant set")
 
 // encodeClient encodes one client frame.
 func encodeClient(m *clientMessage) ([]byte, error) {
-	e := &encoder{b: make([]byte, 0, 256)}
+	size := 256
+	if r := m.Spawn; r != nil {
+		// One allocation for the usual request: the strings, and a few
+		// bytes of length and tags each.
+		size += len(r.Program) + len(r.Argv0) + len(r.Cwd) + 4*len(r.CPUAffinity) + 21*len(r.Rlimits)
+		for _, a := range r.Args {
+			size += len(a) + 3
+		}
+		for _, v := range r.Env {
+			size += len(v.Key) + len(v.Value) + 6
+		}
+	}
+	e := &encoder{b: make([]byte, 0, size)}
 	switch {
 	case m.Hello != nil:
 		e.varint(0)

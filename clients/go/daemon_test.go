@@ -62,18 +62,24 @@ type daemon struct {
 
 // startDaemon starts `zygote serve` on a socket in a new temp directory,
 // logging at debug level to a file there.
-func startDaemon(bin string) (*daemon, error) {
+func startDaemon(bin string, args ...string) (*daemon, error) {
 	dir, err := os.MkdirTemp("", "zygote-go-test-")
 	if err != nil {
 		return nil, err
 	}
+	return startDaemonIn(bin, dir, args...)
+}
+
+// startDaemonIn starts `zygote serve` on dir/zygote.sock, logging to
+// dir/daemon.log (appending, for a daemon restarted in the same dir).
+func startDaemonIn(bin, dir string, args ...string) (*daemon, error) {
 	d := &daemon{dir: dir, socket: filepath.Join(dir, "zygote.sock"), logPath: filepath.Join(dir, "daemon.log")}
-	logFile, err := os.Create(d.logPath)
+	logFile, err := os.OpenFile(d.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	defer logFile.Close()
-	d.cmd = exec.Command(bin, "serve", "--socket", d.socket, "--log-format", "text")
+	d.cmd = exec.Command(bin, append([]string{"serve", "--socket", d.socket, "--log-format", "text"}, args...)...)
 	d.cmd.Stdout = logFile
 	d.cmd.Stderr = logFile
 	d.cmd.Env = append(os.Environ(), "ZYGOTE_LOG=debug")
@@ -117,13 +123,13 @@ func (d *daemon) cleanup() { os.RemoveAll(d.dir) }
 
 // ownDaemon starts a daemon for one test, which may kill it; its log is
 // printed if the test fails.
-func ownDaemon(t *testing.T) *daemon {
+func ownDaemon(t *testing.T, args ...string) *daemon {
 	t.Helper()
 	bin := zygoteBin()
 	if bin == "" {
 		t.Skip("SKIP: needs the zygote binary: set ZYGOTE_BIN")
 	}
-	d, err := startDaemon(bin)
+	d, err := startDaemon(bin, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

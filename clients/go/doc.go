@@ -32,30 +32,43 @@
 //     also what os/exec gives: nothing else of this process leaks in.
 //   - What the child inherits is copied into each request: the
 //     environment (Env, or this process's), the working directory (Dir,
-//     or this process's), the umask and the resource limits, so that it
-//     looks as if this process had started it. The umask and limits are
-//     read at a Client's first spawn; call RefreshProcessState after
-//     changing them. The Go runtime raises its own soft RLIMIT_NOFILE at
+//     or this process's), the umask, the resource limits, the ignored
+//     signals, the nice value, the CPU affinity and the OOM score
+//     adjustment, so that it looks as if this process had started it (the
+//     Rust client copies the same). All but the environment and directory
+//     are read at a Client's first spawn; call RefreshProcessState after
+//     changing them. The nice value and the affinity are per thread on
+//     Linux: they are read on the thread that makes that call. The Go runtime raises its own soft RLIMIT_NOFILE at
 //     start and os/exec restores the original in children, which a
 //     library cannot read: when the limit carries the runtime's mark
 //     (soft = hard - 1, recent Go versions), the child gets the zygote's
 //     soft limit instead; with older Go versions, the raised one.
-//   - A program named without a slash is looked up when the child execs,
-//     in the PATH of the child's environment (as execvp(3) does), rather
-//     than by Command in this process's PATH. Path keeps the name as
-//     given, and a missing program is an error from Start that satisfies
-//     errors.Is(err, exec.ErrNotFound) and errors.Is(err, syscall.ENOENT).
-//     Every failure to start is a *StartError with the setup step and
-//     the errno.
+//   - As in os/exec, Command looks a name without a slash up in this
+//     process's PATH and sets Path to what it found, or Cmd.Err (which
+//     satisfies errors.Is(err, exec.ErrNotFound) and errors.Is(err,
+//     syscall.ENOENT)) when nothing was. A Path without a slash set by
+//     hand is looked up by the zygote in the PATH of the child's
+//     environment when it execs. Every failure to start is a *StartError
+//     with the setup step and the errno.
 //   - There is no SysProcAttr. Cmd.Zygote holds the zygote's own options:
 //     credentials, session and process group, umask, resource limits,
 //     kill-on-close (a PR_SET_PDEATHSIG that works although this program
 //     is not the parent, and that also fires when this program dies),
-//     and a timeout with a grace period. The daemon's policy bounds them:
-//     a child never gets more privilege than this program.
+//     a timeout with a grace period, and the child's own cgroup
+//     (CgroupOptions: memory, pids and CPU limits, a kill and a Wait that
+//     cover the whole process tree, and its tree-wide usage in
+//     ProcessState.TreeUsage). The daemon's policy bounds them: a child
+//     never gets more privilege than this program.
+//   - Process has Wait and Release as os.Process does; Wait returns the
+//     status without treating a non-zero exit as an error.
 //   - If the connection to the daemon is lost, pending calls fail at once
-//     with a *ConnectionError, and Wait cannot learn the exit status; it
-//     closes the pipes and returns that error.
+//     with a *ConnectionError, and the next call of a Client made by Dial
+//     reconnects (a few attempts with backoff, about 1.3 s in all). Wait
+//     on a child of the lost daemon reads the exit status from the
+//     child's pidfd on Linux 6.15 and later (without resource usage:
+//     ProcessState.UsageAvailable is false), once its new parent has
+//     reaped it; on older kernels it returns the *ConnectionError and
+//     closes the pipes. Signal and Kill keep working through the pidfd.
 //
 // # A private zygote
 //

@@ -46,7 +46,8 @@ func FindBinary() (string, error) {
 // through the returned Client. The zygote writes warnings to this
 // program's stderr (set ZYGOTE_LOG for more). It exits once the Client is
 // closed (or this program dies) and its children have been reaped; Close
-// reaps it in the background.
+// reaps it in the background. The Client cannot reconnect: if the private
+// zygote dies, make a new one.
 func LaunchPrivate() (*Client, error) {
 	binary, err := FindBinary()
 	if err != nil {
@@ -78,9 +79,10 @@ func LaunchPrivate() (*Client, error) {
 			conn.Close()
 			err = fmt.Errorf("socketpair end is a %T", conn)
 		} else {
-			var c *Client
-			if c, err = newClient(uc); err == nil {
-				c.private = cmd.Process
+			var conn *connection
+			if conn, err = newConnection(uc, handshakeTimeout); err == nil {
+				c := &Client{private: cmd.Process}
+				c.cur.Store(conn)
 				return c, nil
 			}
 		}

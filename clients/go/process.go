@@ -17,58 +17,78 @@ const sysPidfdSendSignal = 424
 
 // Process is a child started by the zygote. The zygote, not this program,
 // is its parent: it is signalled through its pidfd, and its exit status
-// arrives from the daemon (see Cmd.Wait).
+// arrives from the daemon (see Wait).
 type Process struct {
 	// Pid is the child's pid in the daemon's pid namespace.
 	Pid int
 
-	client  *Client
-	spawnID uint64
+	client   *Client
+	conn     *connection // the connection it was spawned on
+	spawnID  uint64
+	exited   chan *exitNotice
+	killTree bool // SIGKILL is the daemon's cgroup.kill
 
-	mu    sync.RWMutex
-	pidfd *os.File // nil once Wait has returned
+	// mu guards pidfd: held shared while it is used, exclusively to
+	// close it, so that a signal never goes to a reused fd number.
+	mu       sync.RWMutex
+	pidfd    int // -1 once Wait has returned or Release was called
+	released bool
+
+	waitOnce  sync.Once
+	waitState *ProcessState
+	waitErr   error
 }
 
 // Pidfd is the child's pidfd, for poll(2) or pidfd_send_signal(2), or -1
-// once Wait has returned. It is close-on-exec and stays owned by the
-// Process: do not close it, and dup it to keep it past Wait.
+// once Wait has returned or Release was called. It is close-on-exec and
+// stays owned by the Process: do not close it, and dup it to keep it past
+// Wait. It shares its open file description with the daemon's: do not
+// set O_NONBLOCK on it.
 func (p *Process) Pidfd() int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	if p.pidfd == nil {
-		return -1
-	}
-	return int(p.pidfd.Fd())
+	return p.pidfd
 }
 
 // Signal sends sig to the child through its pidfd, so it never reaches a
 // process that reused the pid. It returns os.ErrProcessDone once the child
 // has exited and been reaped. When this program may not signal the child
 // itself (it runs as another user), the daemon sends the signal.
+//
+// With CgroupOptions.KillTree, SIGKILL asks the daemon to kill the
+// child's whole cgroup instead, grandchildren included; if the daemon
+// cannot (it is gone), the pidfd still reaches the child.
 func (p *Process) Signal(sig os.Signal) error {
 	s, ok := sig.(syscall.Signal)
 	if !ok {
 		return fmt.Errorf("zygote: unsupported signal type %T", sig)
 	}
-	p.mu.RLock()
-	if p.pidfd == nil {
+	if s == syscall.SIGKILL && p.killTree && !p.conn.finished() {
+		p.mu.RLock()
+		live := p.pidfd >= 0
 		p.mu.RUnlock()
+		if live && p.client.signal(p.conn, p.spawnID, s) == nil {
+			return nil
+		}
+	}
+	p.mu.RLock()
+	if p.pidfd < 0 {
+		released := p.released
+		p.mu.RUnlock()
+		if released {
+			return errReleased
+		}
 		return os.ErrProcessDone
 	}
-	var errno syscall.Errno
-	err := withFd(p.pidfd, func(fd int) {
-		_, _, errno = syscall.Syscall6(sysPidfdSendSignal, uintptr(fd), uintptr(s), 0, 0, 0, 0)
-	})
+	_, _, errno := syscall.Syscall6(sysPidfdSendSignal, uintptr(p.pidfd), uintptr(s), 0, 0, 0, 0)
 	p.mu.RUnlock()
 	switch {
-	case err != nil:
-		return err
 	case errno == 0:
 		return nil
 	case errno == syscall.ESRCH:
 		return os.ErrProcessDone
 	case errno == syscall.EPERM:
-		return p.client.signal(p.spawnID, s)
+		return p.client.signal(p.conn, p.spawnID, s)
 	default:
 		return os.NewSyscallError("pidfd_send_signal", errno)
 	}
@@ -77,31 +97,110 @@ func (p *Process) Signal(sig os.Signal) error {
 // Kill sends SIGKILL to the child.
 func (p *Process) Kill() error { return p.Signal(syscall.SIGKILL) }
 
+// Wait waits for the child to exit and returns how it ended, then closes
+// the pidfd. A non-zero exit is not an error here (as with os.Process);
+// Cmd.Wait, which also waits for the child's I/O, returns an *ExitError
+// for it. Wait may be called again, and by Cmd.Wait after it: every call
+// returns the same result.
+//
+// When the connection to the daemon is lost before the exit notice
+// arrives (the daemon crashed or was killed), Wait falls back to the
+// pidfd: it waits for the child to exit, then reads its exit status with
+// the PIDFD_GET_INFO ioctl (Linux 6.15 and later). That status has no
+// resource usage (ProcessState.UsageAvailable is false). On older kernels,
+// or when the child is not reaped by its new parent within a minute, Wait
+// returns the *ConnectionError. After Client.Close, Wait returns ErrClosed
+// without waiting.
+func (p *Process) Wait() (*ProcessState, error) {
+	p.waitOnce.Do(func() {
+		p.mu.RLock()
+		released := p.released
+		p.mu.RUnlock()
+		if released {
+			p.waitErr = errReleased
+			return
+		}
+		p.waitState, p.waitErr = p.wait()
+		if p.waitState != nil {
+			p.release()
+		}
+	})
+	return p.waitState, p.waitErr
+}
+
+func (p *Process) wait() (*ProcessState, error) {
+	select {
+	case x := <-p.exited:
+		return newProcessState(p.Pid, x), nil
+	case <-p.conn.done:
+	}
+	select {
+	case x := <-p.exited:
+		// It arrived just before the end.
+		return newProcessState(p.Pid, x), nil
+	default:
+	}
+	lost := p.conn.connErr()
+	if errors.Is(lost, ErrClosed) {
+		return nil, lost
+	}
+	// A duplicate, which Release cannot close under the wait.
+	p.mu.RLock()
+	dup := -1
+	if p.pidfd >= 0 {
+		dup, _ = fcntlDupCloexec(p.pidfd)
+	}
+	p.mu.RUnlock()
+	if dup < 0 {
+		return nil, lost
+	}
+	defer syscall.Close(dup)
+	status, err := waitPidfd(dup, p.Pid)
+	if err != nil {
+		return nil, &ConnectionError{Reason: fmt.Sprintf("%s; the exit status of pid %d cannot be read from its pidfd: %v", lostReason(lost), p.Pid, err)}
+	}
+	return &ProcessState{pid: p.Pid, status: status, noUsage: true}, nil
+}
+
+// Release frees the Process's resources (its pidfd) without waiting for
+// the child, which runs on; it only needs to be called when Wait is not.
+// Afterwards Signal, Kill and Wait fail.
+func (p *Process) Release() error {
+	p.mu.Lock()
+	p.released = true
+	p.mu.Unlock()
+	p.release()
+	return nil
+}
+
 func (p *Process) release() {
 	p.mu.Lock()
-	if p.pidfd != nil {
-		p.pidfd.Close()
-		p.pidfd = nil
+	if p.pidfd >= 0 {
+		syscall.Close(p.pidfd)
+		p.pidfd = -1
 	}
 	p.mu.Unlock()
 }
 
-// withFd runs f with f's raw fd, without putting the file in blocking mode
-// as (*os.File).Fd does.
-func withFd(file *os.File, f func(fd int)) error {
-	rc, err := file.SyscallConn()
-	if err != nil {
-		return err
+// fcntlDupCloexec is fcntl(F_DUPFD_CLOEXEC).
+func fcntlDupCloexec(fd int) (int, error) {
+	r, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_DUPFD_CLOEXEC, 0)
+	if errno != 0 {
+		return -1, errno
 	}
-	return rc.Control(func(fd uintptr) { f(int(fd)) })
+	return int(r), nil
 }
+
+var errReleased = errors.New("zygote: process already released")
 
 // ProcessState is how a child ended, as the daemon reported it.
 type ProcessState struct {
 	pid      int
 	status   syscall.WaitStatus
 	usage    syscall.Rusage
+	noUsage  bool // the status came from the pidfd: no rusage
 	timedOut bool
+	tree     *TreeUsage
 }
 
 func newProcessState(pid int, x *exitNotice) *ProcessState {
@@ -118,8 +217,46 @@ func newProcessState(pid int, x *exitNotice) *ProcessState {
 	s.usage.Utime = syscall.NsecToTimeval(int64(x.Usage.UserMicros) * 1000)
 	s.usage.Stime = syscall.NsecToTimeval(int64(x.Usage.SystemMicros) * 1000)
 	s.usage.Maxrss = int64(x.Usage.MaxRssKiB)
+	if t := x.Tree; t != nil {
+		s.tree = &TreeUsage{
+			UserTime:   time.Duration(t.UserMicros) * time.Microsecond,
+			SystemTime: time.Duration(t.SystemMicros) * time.Microsecond,
+			OOMKills:   t.OomKills,
+		}
+		if t.MemoryPeakBytes != nil {
+			s.tree.MemoryPeak = *t.MemoryPeakBytes
+		}
+		if t.MemoryMax != nil {
+			s.tree.MemoryMax = *t.MemoryMax
+		}
+	}
 	return s
 }
+
+// TreeUsage is what a child's whole cgroup used, grandchildren included
+// (cgroup v2 cpu.stat, memory.peak and memory.events).
+type TreeUsage struct {
+	// UserTime and SystemTime are the tree's CPU time.
+	UserTime, SystemTime time.Duration
+	// MemoryPeak is memory.peak in bytes; 0 when the memory controller
+	// is not delegated to the zygote.
+	MemoryPeak uint64
+	// OOMKills counts the tree's processes the OOM killer ended.
+	OOMKills uint64
+	// MemoryMax is the tree's memory.max in bytes; 0 when unlimited.
+	MemoryMax uint64
+}
+
+// TreeUsage is what the child's whole cgroup used, or nil when the
+// daemon did not report it: it does when the child had a cgroup of its
+// own and Options.Cgroup asked for something (reading the cgroup costs
+// the daemon time that plain spawns are spared).
+func (p *ProcessState) TreeUsage() *TreeUsage { return p.tree }
+
+// OOMKilled reports whether the OOM killer ended a process of the child's
+// cgroup (memory.events oom_kill); the child then shows as killed by
+// SIGKILL.
+func (p *ProcessState) OOMKilled() bool { return p.tree != nil && p.tree.OOMKills > 0 }
 
 // Pid is the child's pid.
 func (p *ProcessState) Pid() int { return p.pid }
@@ -145,8 +282,20 @@ func (p *ProcessState) Success() bool { return p.status.Exited() && p.status.Exi
 func (p *ProcessState) Sys() any { return p.status }
 
 // SysUsage is the child's resource usage, a *syscall.Rusage with Utime,
-// Stime and Maxrss (KiB) filled in; the daemon reports nothing else.
-func (p *ProcessState) SysUsage() any { return &p.usage }
+// Stime and Maxrss (KiB) filled in; the daemon reports nothing else. It
+// is nil when UsageAvailable is false.
+func (p *ProcessState) SysUsage() any {
+	if p.noUsage {
+		return nil
+	}
+	return &p.usage
+}
+
+// UsageAvailable reports whether the resource usage is known. It is not
+// when the daemon was lost before it reported the exit, and Wait read the
+// exit status from the child's pidfd instead (see Process.Wait); then
+// SysUsage is nil and UserTime and SystemTime are 0.
+func (p *ProcessState) UsageAvailable() bool { return !p.noUsage }
 
 // UserTime is the child's user CPU time.
 func (p *ProcessState) UserTime() time.Duration {
@@ -177,6 +326,13 @@ func (p *ProcessState) String() string {
 	if p.status.CoreDump() {
 		res += " (core dumped)"
 	}
+	if p.status.Signaled() && p.OOMKilled() {
+		res += " (killed by the OOM killer"
+		if p.tree.MemoryMax != 0 {
+			res += ": memory.max " + strconv.FormatUint(p.tree.MemoryMax, 10)
+		}
+		res += ")"
+	}
 	if p.timedOut {
 		res += " (timed out)"
 	}
@@ -198,24 +354,37 @@ func (e *ExitError) Error() string { return e.ProcessState.String() }
 type StartError struct {
 	// Program is the program as the Cmd named it.
 	Program string
-	// Stage is the setup step that failed, e.g. "Exec" or "Chdir".
+	// Stage is the setup step that failed, e.g. "Exec" or "Chdir", or
+	// "LookPath" for Command's own lookup.
 	Stage string
-	// Errno is the error number.
+	// Errno is the error number (0 for a LookPath error other than
+	// not found, such as exec.ErrDot).
 	Errno syscall.Errno
 	// Message is the daemon's explanation.
 	Message string
+
+	cause error // LookPath's error
 }
 
 func (e *StartError) Error() string {
+	if e.Errno == 0 {
+		return fmt.Sprintf("zygote: starting %q failed at %s: %s", e.Program, e.Stage, e.Message)
+	}
 	return fmt.Sprintf("zygote: starting %q failed at %s: %s (%v)", e.Program, e.Stage, e.Message, e.Errno)
 }
 
 // Unwrap gives the errno, and exec.ErrNotFound for a program not found on PATH.
 func (e *StartError) Unwrap() []error {
-	if e.Stage == "Exec" && e.Errno == syscall.ENOENT && !containsSlash(e.Program) {
-		return []error{e.Errno, exec.ErrNotFound}
+	var errs []error
+	if e.Errno != 0 {
+		errs = append(errs, e.Errno)
 	}
-	return []error{e.Errno}
+	if e.cause != nil {
+		errs = append(errs, e.cause)
+	} else if e.Stage == "Exec" && e.Errno == syscall.ENOENT && !containsSlash(e.Program) {
+		errs = append(errs, exec.ErrNotFound)
+	}
+	return errs
 }
 
 func containsSlash(s string) bool {

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -278,8 +279,14 @@ func main() {
 		{"zygote private", func() error { return private.Command(*program).Run() }},
 	}
 
+	began := time.Now()
 	fmt.Printf("%d rounds x %d spawns of %s per method and cell; GOMAXPROCS %d; %s\n\n",
 		*rounds, *perRound, *program, runtime.GOMAXPROCS(0), runtime.Version())
+	type key struct {
+		heap, fds, c int
+		method       string
+	}
+	results := map[key]summary{}
 	fmt.Println("| heap | fds | c | method | p50 ms | p99 ms | max ms | spawns/s | p50 / os/exec | p99 / os/exec | spawns/s / os/exec | p50 / floor |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, heap := range ints(*heaps) {
@@ -311,11 +318,13 @@ func main() {
 				var fs summary
 				if c == 1 {
 					fs = summarize(floorCells)
+					results[key{heap, nfds, c, "floor"}] = fs
 					fmt.Printf("| %d GiB | %d | %d | posix_spawn floor | %.2f | %.2f | %.2f | %.0f | | | | 1.00 |\n",
 						heap, nfds, c, fs.p50, fs.p99, fs.max, fs.rate)
 				}
 				for i, m := range methods {
 					s := summarize(cells[i])
+					results[key{heap, nfds, c, m.name}] = s
 					vsFloor := ""
 					if c == 1 {
 						vsFloor = fmt.Sprintf("%.2f", s.p50/fs.p50)
@@ -329,4 +338,32 @@ func main() {
 	_ = setFds(0)
 	shared.Close()
 	private.Close()
+
+	// The targets, from the largest heap with the fewest fds.
+	heap, nfds := slices.Max(ints(*heaps)), slices.Min(ints(*fdsFlag))
+	cMax := slices.Max(ints(*concFlag))
+	fmt.Printf("\nTargets (from %d GiB, %d extra fds); run time %v\n\n", heap, nfds, time.Since(began).Round(time.Second))
+	fmt.Println("| target | method | measured | goal | result |")
+	fmt.Println("|---|---|---|---|---|")
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "MISSED"
+	}
+	for _, m := range []string{"zygote shared", "zygote private"} {
+		if cMax > 1 {
+			base, ok1 := results[key{heap, nfds, cMax, "os/exec"}]
+			z, ok2 := results[key{heap, nfds, cMax, m}]
+			if ok1 && ok2 {
+				fmt.Printf("| c=%d p99 / os/exec p99 | %s | %.2f | <= 0.50 | %s |\n", cMax, m, z.p99/base.p99, verdict(z.p99 <= base.p99/2))
+				fmt.Printf("| c=%d spawns/s / os/exec | %s | %.2f | >= 1.00 | %s |\n", cMax, m, z.rate/base.rate, verdict(z.rate >= base.rate))
+			}
+		}
+		fl, ok1 := results[key{heap, nfds, 1, "floor"}]
+		z, ok2 := results[key{heap, nfds, 1, m}]
+		if ok1 && ok2 {
+			fmt.Printf("| c=1 p50 / posix_spawn floor | %s | %.2f | <= 1.30 | %s |\n", m, z.p50/fl.p50, verdict(z.p50 <= 1.3*fl.p50))
+		}
+	}
 }

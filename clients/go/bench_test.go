@@ -1,0 +1,83 @@
+package zygote
+
+import (
+	"testing"
+)
+
+// BenchmarkRunTrue is one spawn of /bin/true and its wait, the client's
+// per-spawn cost plus the daemon's: profile the client side with
+// go test -run '^$' -bench RunTrue -cpuprofile cpu.out -benchmem.
+func BenchmarkRunTrue(b *testing.B) {
+	if sharedSocket == "" {
+		b.Skip("SKIP: needs the zygote binary: set ZYGOTE_BIN")
+	}
+	c, err := Dial(sharedSocket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if err := c.Command("/bin/true").Run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRunTrueParallel is the same from GOMAXPROCS goroutines x 8.
+func BenchmarkRunTrueParallel(b *testing.B) {
+	if sharedSocket == "" {
+		b.Skip("SKIP: needs the zygote binary: set ZYGOTE_BIN")
+	}
+	c, err := Dial(sharedSocket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	b.ReportAllocs()
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := c.Command("/bin/true").Run(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkBuildRequest is the client's work before the send: the
+// request from the Cmd, and its encoding.
+func BenchmarkBuildRequest(b *testing.B) {
+	c := &Client{}
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		cmd := c.Command("/bin/true")
+		req, _, _, _, err := cmd.build()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := encodeClient(&clientMessage{Spawn: req}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkStatus is one round trip without a spawn: the client's and the
+// daemon's messaging cost alone.
+func BenchmarkStatus(b *testing.B) {
+	if sharedSocket == "" {
+		b.Skip("SKIP: needs the zygote binary: set ZYGOTE_BIN")
+	}
+	c, err := Dial(sharedSocket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if _, err := c.Status(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
