@@ -116,7 +116,7 @@ mod transparent;
 mod tests;
 
 pub use child::{Child, ChildStderr, ChildStdin, ChildStdout};
-pub use client::{Client, SOCKET_ENV, default_socket_path};
+pub use client::{Client, RECONNECT_ATTEMPTS, SOCKET_ENV, default_socket_path};
 pub use command::Command;
 pub use connection::{JobEvents, JobState};
 pub use daemon_status::DaemonStatus;
