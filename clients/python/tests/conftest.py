@@ -9,7 +9,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import pytest
 
@@ -28,13 +28,16 @@ def zygote_bin() -> str:
 class Daemon:
     """One `zygote serve` process on its own socket."""
 
-    def __init__(self, directory: Path) -> None:
-        self.socket = str(directory / "zygote.sock")
+    def __init__(
+        self, directory: Path, socket_path: Optional[str] = None, extra: Sequence[str] = ()
+    ) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.socket = socket_path or str(directory / "zygote.sock")
         self.log_path = directory / "zygote.log"
         self._log = open(self.log_path, "wb")
         env = dict(os.environ, ZYGOTE_LOG="debug")
         self.process: Optional["subprocess.Popen[bytes]"] = subprocess.Popen(
-            [zygote_bin(), "serve", "--socket", self.socket, "--stop-timeout", "2"],
+            [zygote_bin(), "serve", "--socket", self.socket, "--stop-timeout", "2", *extra],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=self._log,
