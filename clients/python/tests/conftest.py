@@ -25,6 +25,21 @@ def zygote_bin() -> str:
     return binary
 
 
+def kernel_keeps_exit_status() -> bool:
+    """Whether a reaped child's exit status stays readable from its pidfd
+    (``PIDFD_INFO_EXIT``, Linux 6.15); says so when it does not."""
+    release = os.uname().release
+    numbers = []
+    for part in release.replace("-", ".").split(".")[:2]:
+        if not part.isdigit():
+            break
+        numbers.append(int(part))
+    keeps = tuple(numbers) >= (6, 15)
+    if not keeps:
+        print(f"SKIPPED the pidfd fallback: kernel {release} predates 6.15 (no PIDFD_INFO_EXIT)")
+    return keeps
+
+
 class Daemon:
     """One `zygote serve` process on its own socket."""
 

@@ -12,21 +12,11 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from conftest import Daemon, zygote_bin
+from conftest import Daemon, kernel_keeps_exit_status, zygote_bin
 
 import zygote
 
-
-def _kernel_keeps_exit_status() -> bool:
-    release = os.uname().release
-    numbers = [int(part) for part in release.replace("-", ".").split(".")[:2] if part.isdigit()]
-    keeps = tuple(numbers) >= (6, 15)
-    if not keeps:
-        print(f"SKIPPED the pidfd fallback: kernel {release} predates 6.15 (no PIDFD_INFO_EXIT)")
-    return keeps
-
-
-KEEPS = _kernel_keeps_exit_status()
+KEEPS = kernel_keeps_exit_status()
 
 
 def _eventually(condition: Callable[[], bool], seconds: float = 5.0) -> bool:

@@ -81,7 +81,8 @@ class Client:
     zygote answers there. Many threads may spawn at once: requests are
     multiplexed on the one connection and no lock is held across a round
     trip. Closing the client (or leaving its ``with`` block) closes the
-    connection; children keep running, but their exit status is lost.
+    connection; children keep running, and their exit status then comes
+    from their pidfds (Linux 6.15+; lost before).
 
     When the daemon goes away (crash, SIGKILL, restart), the next request
     connects to the same path again, retrying :data:`RECONNECT_ATTEMPTS`
