@@ -96,7 +96,8 @@
 //! - [`blocking`]: the synchronous flavour.
 //! - [`private`]: finding and launching the `zygote` binary as a private
 //!   zygote ([`Client::launch_private`]).
-//! - `sys`: the one `unsafe` block (borrowing an fd known only by number).
+//! - `sys`: the `unsafe` code: borrowing an fd known only by number, and
+//!   the `PIDFD_GET_INFO` ioctl that reads a lost child's exit status.
 
 pub mod blocking;
 mod child;
