@@ -169,6 +169,22 @@ def test_asyncio_reports_tree_usage(cgroup_daemon: Daemon) -> None:
     asyncio.run(scenario())
 
 
+def test_asyncio_kill_with_kill_tree_ends_the_whole_tree(cgroup_daemon: Daemon) -> None:
+    async def scenario() -> int:
+        with zygote.Client(cgroup_daemon.socket) as client:
+            process = await client.create_subprocess_exec(
+                "sh", "-c", ESCAPING, stdout=zygote.PIPE, cgroup=zygote.Cgroup(kill_tree=True)
+            )
+            assert process.stdout is not None
+            grandchild = int(await process.stdout.readline())
+            process.kill()
+            assert await asyncio.wait_for(process.wait(), 30) == -signal.SIGKILL
+            return grandchild
+
+    grandchild = asyncio.run(scenario())
+    assert _eventually(lambda: _gone(grandchild)), "the setsid grandchild outlived kill()"
+
+
 def test_memory_max_is_refused_without_the_memory_controller(
     cgroup_daemon: Daemon, cgroup: OwnCgroup
 ) -> None:

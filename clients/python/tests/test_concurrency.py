@@ -146,7 +146,7 @@ def test_daemon_death_while_waiting(daemon: Daemon) -> None:
             threading.Timer(0.3, daemon.kill).start()
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(async_process.wait(), 1)
-            assert not client.connected
+            assert not client.alive
             assert process.poll() is None, "still running: no status, no error"
             with pytest.raises(subprocess.TimeoutExpired):
                 process.wait(timeout=0.2)

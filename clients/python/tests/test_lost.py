@@ -85,7 +85,7 @@ def test_signals_go_through_the_pidfd_once_the_daemon_is_lost(daemon: Daemon) ->
     client = zygote.Client(daemon.socket)
     process = client.Popen(["sleep", "30"])
     daemon.kill()
-    assert _eventually(lambda: not client.connected), "the client sees the loss"
+    assert _eventually(lambda: not client.alive), "the client sees the loss"
     assert process.poll() is None, "still running: no status, no error"
     process.terminate()
     _expect(process, -signal.SIGTERM)
@@ -103,12 +103,12 @@ def test_a_client_reconnects_after_a_restart_on_the_same_path(
         for again in range(3):
             old = client.Popen(["sh", "-c", "sleep 0.5; exit 5"])
             current.kill()
-            assert _eventually(lambda: not client.connected)
+            assert _eventually(lambda: not client.alive)
             current = Daemon(tmp_path / f"restart-{again}", socket_path=daemon.socket)
             restarts.append(current)
             result = client.run(["echo", "again"], capture_output=True)
             assert result.stdout == b"again\n"
-            assert client.connected
+            assert client.alive
             assert isinstance(client.status(), dict), "status requests reconnect too"
             _expect(old, 5)
 
@@ -131,7 +131,7 @@ def test_a_client_reconnects_after_a_restart_on_the_same_path(
 def test_no_daemon_coming_back_fails_after_the_bound(daemon: Daemon) -> None:
     client = zygote.Client(daemon.socket)
     daemon.kill()
-    assert _eventually(lambda: not client.connected)
+    assert _eventually(lambda: not client.alive)
     started = time.monotonic()
     with pytest.raises(zygote.ZygoteError) as caught:
         client.run(["true"])
@@ -151,7 +151,7 @@ def test_a_private_client_cannot_reconnect_and_says_so(monkeypatch: pytest.Monke
     pid = client.private_pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    assert _eventually(lambda: not client.connected)
+    assert _eventually(lambda: not client.alive)
     started = time.monotonic()
     with pytest.raises(zygote.ZygoteError, match="cannot reconnect"):
         client.run(["true"])

@@ -124,7 +124,7 @@ class Process:
             sig == signal.SIGKILL
             and self._cgroup is not None
             and self._cgroup.kill_tree
-            and kill_tree(self._conn, self._spawn_id)
+            and kill_tree(self._conn, self._spawn_id, wait=False)
         ):
             return
         try:

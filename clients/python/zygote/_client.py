@@ -213,14 +213,9 @@ class Client:
             )
 
     @property
-    def connected(self) -> bool:
-        """Whether the current connection is up; after a loss, False until
-        the next request reconnects."""
-        return self._conn.alive
-
-    @property
     def alive(self) -> bool:
-        """Whether the connection is still up."""
+        """Whether the connection is up; after a loss, False until the next
+        request reconnects."""
         return self._conn.alive and self._conn.pid == os.getpid()
 
     @property

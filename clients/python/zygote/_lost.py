@@ -29,8 +29,6 @@ _EXIT_CODE_OFFSET = 60
 #: wait gives up (the kernel gives its status only once it is reaped).
 REAP_WAIT_SECONDS = 30.0
 _REAP_POLL_SECONDS = 0.05
-#: What a status read from the pidfd carries in place of the daemon's.
-NOTE = "the zygote daemon was lost; exit status read from the pidfd (rusage unavailable)"
 _UNSUPPORTED = (
     "this kernel keeps no exit status for pidfds "
     "(PIDFD_GET_INFO with PIDFD_INFO_EXIT needs Linux 6.15)"

@@ -19,7 +19,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from . import _lost, _request
+from . import _lost, _request, _wire
 from ._conn import Connection, SpawnSlot
 from ._errors import ZygoteError
 
@@ -63,15 +63,20 @@ def tree_of(exit_notice: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
     return dict(tree) if tree is not None else None
 
 
-def kill_tree(conn: Optional[Connection], spawn_id: int) -> bool:
-    """Asks the daemon to SIGKILL the child's whole cgroup; False when it
-    cannot (lost, or the child is gone), and the pidfd must do."""
+def kill_tree(conn: Optional[Connection], spawn_id: int, wait: bool = True) -> bool:
+    """Asks the daemon to SIGKILL the child's whole cgroup (``cgroup.kill``);
+    False when it cannot (lost, or the child is gone), and the pidfd must do.
+    Without ``wait`` the request is only sent (asyncio must not block on
+    the daemon); its reply is dropped."""
     if conn is None or not conn.alive:
         return False
+    message = {
+        "Signal": {"id": conn.next_id(), "spawn_id": spawn_id, "signal": int(signal.SIGKILL)}
+    }
     try:
-        reply = conn.request(
-            {"Signal": {"id": conn.next_id(), "spawn_id": spawn_id, "signal": int(signal.SIGKILL)}}
-        )
+        if not wait:
+            return conn.try_send(_wire.encode_client(message), ())
+        reply = conn.request(message)
     except ZygoteError:
         return False
     return "SignalSent" in reply
