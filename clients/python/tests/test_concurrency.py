@@ -12,7 +12,7 @@ import time
 from typing import List, Optional
 
 import pytest
-from conftest import Daemon, kernel_keeps_exit_status
+from conftest import Daemon, pidfd_fallback_testable
 
 import zygote
 
@@ -135,7 +135,7 @@ def test_daemon_death_while_waiting(daemon: Daemon) -> None:
     """Waits in progress outlive the daemon: they wait on the pidfds, and
     get the status from them (Linux 6.15+; test_lost.py has more)."""
     client = zygote.Client(daemon.socket)
-    keeps = kernel_keeps_exit_status()
+    keeps = pidfd_fallback_testable()
 
     async def main() -> None:
         process = client.Popen(["sleep", "30"])
