@@ -5,8 +5,8 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio as StdStdio;
 use std::time::{Duration, Instant};
 
+use zygote_client::Stdio;
 use zygote_client::blocking::{Client, Command};
-use zygote_client::{Error, Stdio};
 
 use crate::helper::helper;
 use crate::util::{children_of, eventually, process_state, start_daemon, start_daemon_with};
@@ -293,7 +293,7 @@ fn client_sigkilled_mid_stream() {
 }
 
 #[test]
-fn zygote_killed_gives_zygote_lost_and_the_pidfd_still_works() {
+fn zygote_killed_leaves_the_pidfd_working() {
     let mut daemon = start_daemon("zygote-killed");
     let client = Client::connect(daemon.socket()).expect("connect");
     let mut child = Command::new(&client, "sleep")
@@ -302,15 +302,10 @@ fn zygote_killed_gives_zygote_lost_and_the_pidfd_still_works() {
         .spawn()
         .unwrap();
     daemon.kill();
-    let started = Instant::now();
-    match child.wait() {
-        Err(Error::ZygoteLost { reason, .. }) => assert!(!reason.is_empty()),
-        other => panic!("expected ZygoteLost, got {other:?}"),
-    }
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "wait did not hang"
-    );
+    assert!(eventually(Duration::from_secs(5), || !client.is_connected()));
+    // Running: no status yet, and no error (tests/lost.rs covers the
+    // status read from the pidfd once it exits).
+    assert!(matches!(child.try_wait(), Ok(None)));
     // The pidfd polls "not exited", then signals and polls "exited".
     let poll = |timeout: i32| {
         let pidfd = child.pidfd();

@@ -66,6 +66,9 @@ mod terminal;
 // Kill-on-close, timeouts, killed clients and a killed daemon.
 mod lifetimes;
 
+// A client that loses its zygote: exit statuses from the pidfd, reconnect.
+mod lost;
+
 // 10,000 spawns from several processes; nothing leaks.
 mod load;
 

@@ -3,27 +3,51 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use rustix::io::Errno;
 use rustix::process::{Signal, pidfd_send_signal};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, Interest, ReadBuf};
 use tokio::net::unix::pipe;
 
+use crate::client::Session;
 use crate::connection::{ExitWatch, JobEvents};
-use crate::{Client, Error, ExitStatus, Output, ResourceUsage, Result, Stdio};
+use crate::{Error, ExitStatus, Output, ResourceUsage, Result, Stdio};
+
+/// How long a child whose zygote was lost may stay unreaped once it has
+/// exited (its new parent, a subreaper or init, reaps it; the kernel
+/// gives its status only then) before `wait` gives up.
+const REAP_WAIT: Duration = Duration::from_secs(30);
+/// The longest pause between two looks at an exited, unreaped child.
+const REAP_POLL: Duration = Duration::from_millis(50);
+
+/// What the pidfd says about a child whose zygote was lost.
+enum PidfdExit {
+    /// Still running.
+    Running,
+    /// Exited, not reaped yet: its status comes once it is.
+    Unreaped,
+    /// Reaped, with this `wait(2)` status.
+    Status(i32),
+    /// This kernel keeps no exit status for pidfds (before 6.15).
+    Unsupported(String),
+}
 
 /// What both flavours of child share: identity, pidfd, exit slot.
 #[derive(Debug)]
 pub(crate) struct ChildCore {
-    /// Keeps the connection open while the child is tracked.
-    client: Client,
+    /// The connection the child was spawned on, kept open while the child
+    /// is tracked (a reconnected client has a new one).
+    session: Arc<Session>,
     /// The spawn request's id, which names the child to the zygote.
     spawn_id: u64,
     pid: u32,
     pidfd: OwnedFd,
     exit: ExitWatch,
-    finished: Option<(ExitStatus, ResourceUsage)>,
+    /// The status, and the usage unless the zygote was lost.
+    finished: Option<(ExitStatus, Option<ResourceUsage>)>,
     /// SIGKILL the child on drop unless it was seen to exit.
     kill_on_drop: bool,
     /// `kill` ends the child's whole cgroup, through the zygote.
@@ -43,14 +67,14 @@ pub(crate) struct SpawnedParts {
 
 impl ChildCore {
     pub(crate) fn new(
-        client: Client,
+        session: Arc<Session>,
         spawn_id: u64,
         pid: u32,
         pidfd: OwnedFd,
         exit: ExitWatch,
     ) -> Self {
         Self {
-            client,
+            session,
             spawn_id,
             pid,
             pidfd,
@@ -89,12 +113,12 @@ impl ChildCore {
     }
 
     pub(crate) fn usage(&self) -> Option<ResourceUsage> {
-        self.finished.map(|(_, usage)| usage)
+        self.finished.and_then(|(_, usage)| usage)
     }
 
     fn finish(&mut self, notice: zygote_proto::ExitNotice) -> ExitStatus {
         let status = ExitStatus::from(&notice);
-        self.finished = Some((status, notice.usage.into()));
+        self.finished = Some((status, Some(notice.usage.into())));
         status
     }
 
@@ -102,15 +126,103 @@ impl ChildCore {
         if let Some((status, _)) = self.finished {
             return Ok(Some(status));
         }
-        Ok(self.exit.poll()?.map(|notice| self.finish(notice)))
+        match self.exit.poll() {
+            Ok(notice) => Ok(notice.map(|notice| self.finish(notice))),
+            Err(lost @ Error::ZygoteLost { .. }) => match self.pidfd_exit()? {
+                PidfdExit::Running | PidfdExit::Unreaped => Ok(None),
+                PidfdExit::Status(raw) => Ok(Some(self.finish_lost(raw))),
+                PidfdExit::Unsupported(why) => Err(not_recovered(lost, &why)),
+            },
+            Err(error) => Err(error),
+        }
     }
 
     pub(crate) async fn wait(&mut self) -> Result<ExitStatus> {
         if let Some((status, _)) = self.finished {
             return Ok(status);
         }
-        let notice = self.exit.wait().await?;
-        Ok(self.finish(notice))
+        match self.exit.wait().await {
+            Ok(notice) => Ok(self.finish(notice)),
+            Err(lost @ Error::ZygoteLost { .. }) => self.wait_lost(lost).await,
+            Err(error) => Err(error),
+        }
+    }
+
+    fn finish_lost(&mut self, raw: i32) -> ExitStatus {
+        let status = ExitStatus::from_pidfd(raw);
+        self.finished = Some((status, None));
+        status
+    }
+
+    /// The zygote was lost before it reported the exit: waits on the
+    /// pidfd for the exit, then reads the status the kernel kept
+    /// (`PIDFD_INFO_EXIT`, Linux 6.15) once the child's new parent has
+    /// reaped it.
+    async fn wait_lost(&mut self, lost: Error) -> Result<ExitStatus> {
+        self.terminated().await?;
+        let mut waited = Duration::ZERO;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.pidfd_exit()? {
+                PidfdExit::Status(raw) => return Ok(self.finish_lost(raw)),
+                PidfdExit::Unsupported(why) => return Err(not_recovered(lost, &why)),
+                PidfdExit::Running | PidfdExit::Unreaped => {}
+            }
+            if waited >= REAP_WAIT {
+                return Err(not_recovered(
+                    lost,
+                    &format!(
+                        "pid {} exited, but its new parent has not reaped it within {} s, \
+                         so its exit status cannot be read",
+                        self.pid,
+                        REAP_WAIT.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(pause).await;
+            waited += pause;
+            pause = (pause * 2).min(REAP_POLL);
+        }
+    }
+
+    /// Asks the pidfd how the child stands.
+    fn pidfd_exit(&self) -> Result<PidfdExit> {
+        use rustix::event::{PollFd, PollFlags, poll};
+        let what = || format!("polling the pidfd of pid {}", self.pid);
+        let mut fds = [PollFd::new(&self.pidfd, PollFlags::IN)];
+        poll(&mut fds, Some(&rustix::event::Timespec::default()))
+            .map_err(|errno| Error::io(what(), errno))?;
+        let events = fds[0].revents();
+        if !events.contains(PollFlags::IN) {
+            return Ok(PidfdExit::Running);
+        }
+        // HUP: reaped. Read after the poll, so that a status missing now
+        // is missing for good.
+        let reaped = events.contains(PollFlags::HUP);
+        let unsupported = || {
+            PidfdExit::Unsupported(
+                "this kernel keeps no exit status for pidfds (PIDFD_GET_INFO with \
+                 PIDFD_INFO_EXIT needs Linux 6.15)"
+                    .into(),
+            )
+        };
+        match crate::sys::pidfd_exit_status(self.pidfd.as_fd()) {
+            Ok(Some(raw)) => Ok(PidfdExit::Status(raw)),
+            Ok(None) if reaped => Ok(unsupported()),
+            Ok(None) => Ok(PidfdExit::Unreaped),
+            Err(error)
+                if matches!(
+                    error.raw_os_error(),
+                    Some(libc::ENOTTY | libc::EINVAL | libc::ESRCH | libc::EOPNOTSUPP)
+                ) =>
+            {
+                Ok(unsupported())
+            }
+            Err(error) => Err(Error::io(
+                format!("reading the exit status of pid {} from its pidfd", self.pid),
+                error,
+            )),
+        }
     }
 
     /// SIGKILL through the pidfd: no pid-reuse race, and no need for the
@@ -125,8 +237,31 @@ impl ChildCore {
         }
     }
 
+    /// Through the zygote, the child's parent; through the pidfd once the
+    /// zygote is lost.
     pub(crate) async fn signal(&self, signal: i32) -> Result<()> {
-        self.client.connection().signal(self.spawn_id, signal).await
+        if !self.session.is_lost() {
+            match self.session.signal(self.spawn_id, signal).await {
+                Err(Error::ZygoteLost { .. }) => {}
+                done => return done,
+            }
+        }
+        let Some(named) = Signal::from_named_raw(signal) else {
+            return Err(Error::invalid(format!(
+                "signal {signal} is not one the pidfd can send without the zygote"
+            )));
+        };
+        match pidfd_send_signal(&self.pidfd, named) {
+            Ok(()) => Ok(()),
+            Err(errno) => Err(Error::Request {
+                op: "signal",
+                errno: errno.raw_os_error(),
+                message: format!(
+                    "pidfd_send_signal({signal}) to pid {} (the zygote was lost)",
+                    self.pid
+                ),
+            }),
+        }
     }
 
     /// Waits until the pidfd reports the process has terminated, which
@@ -155,9 +290,23 @@ impl ChildCore {
         if !self.kill_tree || self.signal(libc::SIGKILL).await.is_err() {
             self.start_kill()?;
         }
-        match self.wait().await {
-            Ok(_) => Ok(()),
-            Err(Error::ZygoteLost { .. }) => self.terminated().await,
+        if self.finished.is_some() {
+            return Ok(());
+        }
+        match self.exit.wait().await {
+            Ok(notice) => {
+                self.finish(notice);
+                Ok(())
+            }
+            // The death is all a kill waits for: the status comes later,
+            // when the new parent reaps the child, if ever.
+            Err(Error::ZygoteLost { .. }) => {
+                self.terminated().await?;
+                if let Ok(PidfdExit::Status(raw)) = self.pidfd_exit() {
+                    self.finish_lost(raw);
+                }
+                Ok(())
+            }
             Err(error) => Err(error),
         }
     }
@@ -170,6 +319,17 @@ impl Drop for ChildCore {
             // pidfd never is. An exited child makes this ESRCH, ignored.
             let _ = pidfd_send_signal(&self.pidfd, Signal::KILL);
         }
+    }
+}
+
+/// The zygote's `ZygoteLost`, saying why the pidfd could not stand in.
+fn not_recovered(lost: Error, why: &str) -> Error {
+    match lost {
+        Error::ZygoteLost { endpoint, reason } => Error::ZygoteLost {
+            endpoint,
+            reason: format!("{reason}; the exit status is lost: {why}"),
+        },
+        other => other,
     }
 }
 
@@ -262,21 +422,29 @@ impl Child {
     /// Waits for the child to exit. Closes the child's stdin first, so a
     /// child reading it sees end-of-file, as tokio and std do. Cancel-safe.
     ///
+    /// When the zygote is lost (crash, SIGKILL, restart) before it reports
+    /// the exit, waits on the pidfd instead and reads the exit status the
+    /// kernel kept (Linux 6.15 and later) once the child's new parent has
+    /// reaped it; [`ExitStatus::zygote_lost`] then says so, and
+    /// [`usage`](Child::usage) is `None`.
+    ///
     /// # Errors
     ///
     /// [`Error::ZygoteLost`] when the connection to the zygote ends before
-    /// the exit is reported.
+    /// the exit is reported and the pidfd cannot stand in: before Linux
+    /// 6.15, or when the exited child is not reaped within 30 s.
     pub async fn wait(&mut self) -> Result<ExitStatus> {
         drop(self.stdin.take());
         self.core.wait().await
     }
 
-    /// The exit status if the zygote has already reported it; never waits.
+    /// The exit status if the zygote has already reported it (or, once the
+    /// zygote is lost, the pidfd has it); never waits.
     ///
     /// # Errors
     ///
     /// [`Error::ZygoteLost`] when the connection ended before the exit
-    /// was reported.
+    /// was reported and the pidfd cannot stand in (before Linux 6.15).
     pub fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
         self.core.try_wait()
     }
@@ -304,18 +472,19 @@ impl Child {
     }
 
     /// Asks the zygote, the child's parent, to send `signal` (e.g.
-    /// `libc::SIGTERM`).
+    /// `libc::SIGTERM`); once the zygote is lost, sends it through the
+    /// pidfd.
     ///
     /// # Errors
     ///
-    /// [`Error::Request`] with the zygote's errno (`ESRCH` once the child
-    /// is gone), or [`Error::ZygoteLost`].
+    /// [`Error::Request`] with the errno (`ESRCH` once the child is gone).
     pub async fn signal(&self, signal: i32) -> Result<()> {
         self.core.signal(signal).await
     }
 
     /// CPU time and peak memory, once the exit has been seen by
-    /// [`wait`](Child::wait) or [`try_wait`](Child::try_wait).
+    /// [`wait`](Child::wait) or [`try_wait`](Child::try_wait); `None`
+    /// when the zygote was lost before it reported them.
     pub fn usage(&self) -> Option<ResourceUsage> {
         self.core.usage()
     }

@@ -5,6 +5,7 @@ use std::fmt;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 use zygote_proto::{Limits, ProtoError};
@@ -42,24 +43,70 @@ fn socket_path_for(is_root: bool, runtime_dir: Option<OsString>) -> PathBuf {
 ///
 /// A reader task is spawned on the current tokio runtime to receive
 /// replies; it needs the runtime's IO driver (`enable_io`).
+///
+/// # When the zygote goes away
+///
+/// A client made with [`connect`](Client::connect) or
+/// [`from_env`](Client::from_env) reconnects on its own: the first request
+/// after the connection was lost (the zygote crashed, was killed or
+/// restarted) connects to the same path again, retrying
+/// [`RECONNECT_ATTEMPTS`] times with a backoff from 25 ms doubling to 1 s
+/// (about 5 s in all) before it fails with [`Error::ZygoteLost`]. A
+/// request already sent when the connection dropped fails with
+/// `ZygoteLost` and is not retried (the zygote may have acted on it).
+/// Children spawned before the loss keep working through their pidfds:
+/// [`Child::wait`](crate::Child::wait) reads their exit status from the
+/// pidfd (Linux 6.15), and kill and signals go through the pidfd. A
+/// client on a private zygote ([`launch_private`](Client::launch_private))
+/// or an inherited socket ([`from_fd`](Client::from_fd)) has nothing to
+/// reconnect to: its requests fail with `ZygoteLost`, which says so.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
 }
 
+/// How many times a client tries to reconnect to its socket path before a
+/// request fails; see [`Client`].
+pub const RECONNECT_ATTEMPTS: u32 = 10;
+/// The pause after the first failed reconnection attempt; it doubles up to
+/// [`RECONNECT_MAX_PAUSE`].
+const RECONNECT_FIRST_PAUSE: Duration = Duration::from_millis(25);
+const RECONNECT_MAX_PAUSE: Duration = Duration::from_secs(1);
+
 struct Inner {
-    connection: Arc<Connection>,
+    /// The current connection; replaced when a lost one is reconnected.
+    session: Mutex<Arc<Session>>,
+    /// The socket path to reconnect to; `None` for a private zygote or an
+    /// inherited socket.
+    path: Option<PathBuf>,
+    /// Held while reconnecting, so that concurrent requests make one
+    /// attempt between them.
+    redial: tokio::sync::Mutex<()>,
     /// umask and rlimits, read at the first spawn and kept until
     /// [`Client::refresh_process_state`].
     settings: Mutex<Option<Arc<ProcessSettings>>>,
-    /// Dropped with the last handle, which stops the reader task.
+}
+
+/// One connection and its reader task, which stops when the last holder
+/// (a client, or a child spawned on this connection) drops it.
+#[derive(Debug)]
+pub(crate) struct Session {
+    connection: Arc<Connection>,
     _stop_reader: oneshot::Sender<()>,
+}
+
+impl std::ops::Deref for Session {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        &self.connection
+    }
 }
 
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Client")
-            .field("endpoint", &self.inner.connection.endpoint())
+            .field("endpoint", &self.current().endpoint())
             .field("server_version", &self.server_version())
             .finish_non_exhaustive()
     }
@@ -79,6 +126,13 @@ impl Client {
     /// Outside a tokio runtime.
     pub async fn connect(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
+        let session = Self::dial(&path).await?;
+        Ok(Self::with(session, Some(path)))
+    }
+
+    /// Connects to `path` and says hello: one attempt.
+    async fn dial(path: &Path) -> Result<Session> {
+        let path = path.to_path_buf();
         let target = path.clone();
         // connect(2) blocks while the listener's backlog is full; keep that
         // off the async worker threads.
@@ -121,7 +175,7 @@ impl Client {
     /// Outside a tokio runtime.
     pub async fn from_fd(socket: OwnedFd) -> Result<Self> {
         let endpoint = format!("socket fd {}", socket.as_raw_fd());
-        Self::start(socket, endpoint).await
+        Ok(Self::with(Self::start(socket, endpoint).await?, None))
     }
 
     /// Launches a private zygote, serving only this process, and connects
@@ -148,19 +202,103 @@ impl Client {
     pub async fn launch_private() -> Result<Self> {
         let (socket, zygote) = crate::private::launch()?;
         let endpoint = format!("private zygote pid {}", zygote.id());
-        Self::start(socket, endpoint).await
+        Ok(Self::with(Self::start(socket, endpoint).await?, None))
     }
 
-    async fn start(socket: OwnedFd, endpoint: String) -> Result<Self> {
+    async fn start(socket: OwnedFd, endpoint: String) -> Result<Session> {
         let (connection, scratch) = Connection::handshake(socket, endpoint).await?;
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(Arc::clone(&connection).run_reader(scratch, stop_rx));
-        Ok(Self {
+        Ok(Session {
+            connection,
+            _stop_reader: stop_tx,
+        })
+    }
+
+    fn with(session: Session, path: Option<PathBuf>) -> Self {
+        Self {
             inner: Arc::new(Inner {
-                connection,
+                session: Mutex::new(Arc::new(session)),
+                path,
+                redial: tokio::sync::Mutex::new(()),
                 settings: Mutex::new(None),
-                _stop_reader: stop_tx,
             }),
+        }
+    }
+
+    /// The current connection, lost or not.
+    fn current(&self) -> Arc<Session> {
+        Arc::clone(&self.inner.session.lock().expect("session lock poisoned"))
+    }
+
+    /// The connection for a new request: the current one, or, when it was
+    /// lost, a new one to the same path.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ZygoteLost`] when the connection was lost and cannot be
+    /// reconnected (no path, or every attempt failed), or when the zygote
+    /// refused the new connection.
+    pub(crate) async fn session(&self) -> Result<Arc<Session>> {
+        let current = self.current();
+        if !current.is_lost() {
+            return Ok(current);
+        }
+        self.reconnect(&current).await
+    }
+
+    async fn reconnect(&self, lost: &Session) -> Result<Arc<Session>> {
+        let lost_error = lost.lost_error();
+        let Some(path) = &self.inner.path else {
+            return Err(match lost_error {
+                Error::ZygoteLost { endpoint, reason } => Error::ZygoteLost {
+                    endpoint,
+                    reason: format!(
+                        "{reason}; a client of a private zygote or an inherited socket \
+                         cannot reconnect: make a new one (Client::launch_private)"
+                    ),
+                },
+                other => other,
+            });
+        };
+        let _redialing = self.inner.redial.lock().await;
+        // Another request may have reconnected while this one waited.
+        let current = self.current();
+        if !current.is_lost() {
+            return Ok(current);
+        }
+        let started = tokio::time::Instant::now();
+        let mut pause = RECONNECT_FIRST_PAUSE;
+        let mut attempt = 1;
+        let last_error = loop {
+            match Self::dial(path).await {
+                Ok(session) => {
+                    let session = Arc::new(session);
+                    *self.inner.session.lock().expect("session lock poisoned") =
+                        Arc::clone(&session);
+                    return Ok(session);
+                }
+                // A zygote that answers and refuses us will not change its
+                // mind: say so at once.
+                Err(error @ Error::Protocol { .. }) => return Err(error),
+                Err(error) if attempt >= RECONNECT_ATTEMPTS => break error,
+                Err(_) => {}
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RECONNECT_MAX_PAUSE);
+            attempt += 1;
+        };
+        let reason = match lost_error {
+            Error::ZygoteLost { reason, .. } => reason,
+            other => other.to_string(),
+        };
+        Err(Error::ZygoteLost {
+            endpoint: path.display().to_string(),
+            reason: format!(
+                "{reason}, and reconnecting failed {RECONNECT_ATTEMPTS} times over {:.1} s: \
+                 {last_error}",
+                started.elapsed().as_secs_f64()
+            ),
         })
     }
 
@@ -170,15 +308,16 @@ impl Client {
         Command::new(self, program)
     }
 
-    /// The zygote's version, as it announced it.
-    pub fn server_version(&self) -> &str {
-        self.inner.connection.server_version()
+    /// The zygote's version, as it announced it on the current
+    /// connection.
+    pub fn server_version(&self) -> String {
+        self.current().server_version().to_owned()
     }
 
-    /// The limits in force on this connection (the tighter of the zygote's
-    /// and this crate's).
+    /// The limits in force on the current connection (the tighter of the
+    /// zygote's and this crate's).
     pub fn limits(&self) -> Limits {
-        self.inner.connection.limits()
+        self.current().limits()
     }
 
     /// Asks the zygote for its version, uptime and counters (what
@@ -188,17 +327,17 @@ impl Client {
     ///
     /// [`Error::ZygoteLost`] when the connection ends first.
     pub async fn status(&self) -> Result<DaemonStatus> {
-        self.inner
-            .connection
+        self.session()
+            .await?
             .status()
             .await
             .map(DaemonStatus::from_reply)
     }
 
-    /// False once the connection has ended; every request then fails with
-    /// [`Error::ZygoteLost`] and a new `Client` is needed.
+    /// False once the connection has ended, until the next request
+    /// reconnects (clients of a socket path only; see [`Client`]).
     pub fn is_connected(&self) -> bool {
-        !self.inner.connection.is_lost()
+        !self.current().is_lost()
     }
 
     /// Makes the next spawn read this process's umask and resource limits
@@ -214,10 +353,6 @@ impl Client {
     pub(crate) fn process_settings(&self) -> Arc<ProcessSettings> {
         let mut cached = self.inner.settings.lock().expect("settings lock poisoned");
         Arc::clone(cached.get_or_insert_with(|| Arc::new(ProcessSettings::read())))
-    }
-
-    pub(crate) fn connection(&self) -> &Connection {
-        &self.inner.connection
     }
 }
 

@@ -387,22 +387,21 @@ impl Command {
     /// Sends the request and splits the reply into a child and its raw
     /// pipe ends; both flavours build on this.
     pub(crate) async fn spawn_parts(&self, defaults: StdioDefaults) -> Result<SpawnedParts> {
+        // Reconnects first when the connection was lost, so that the
+        // limits are the new zygote's.
+        let session = self.client.session().await?;
         let settings = self.client.process_settings();
         let snapshot = Snapshot::capture(self.spec.inherit_fds, &settings)?;
-        let max_fds = self.client.limits().max_fds_per_frame as usize;
+        let max_fds = session.limits().max_fds_per_frame as usize;
         let mut prepared = self.spec.prepare(&snapshot, defaults, max_fds)?;
-        let frame_limit = self.client.limits().max_frame_bytes as usize;
+        let frame_limit = session.limits().max_frame_bytes as usize;
         // Kept open until the request is sent.
         let large_args = crate::request::move_large_args(&mut prepared.request, frame_limit)?;
         if let Some(memfd) = &large_args {
             prepared.attach(memfd.as_fd(), max_fds)?;
         }
         let piped = prepared.piped;
-        let reply = self
-            .client
-            .connection()
-            .spawn(prepared.request, &prepared.fds)
-            .await?;
+        let reply = session.spawn(prepared.request, &prepared.fds).await?;
         drop(large_args);
         let (spawn_id, pid, fds, exit) = match reply {
             SpawnReply::Spawned { id, pid, fds, exit } => (id, pid, fds, exit),
@@ -423,7 +422,7 @@ impl Command {
                 let _ = pidfd_send_signal(pidfd, Signal::KILL);
             }
             return Err(Error::Protocol {
-                endpoint: self.client.connection().endpoint().to_owned(),
+                endpoint: session.endpoint().to_owned(),
                 kind: ProtocolErrorKind::UnexpectedFds,
                 message: format!(
                     "Spawned for {:?} (pid {pid}) carried {} fds, expected {expected} \
@@ -440,7 +439,7 @@ impl Command {
         let pty = take(with_pty);
         let pid = pid.unsigned_abs(); // the dispatcher only passes pid > 0
         Ok(SpawnedParts {
-            core: ChildCore::new(self.client.clone(), spawn_id, pid, pidfd, exit)
+            core: ChildCore::new(session, spawn_id, pid, pidfd, exit)
                 .kill_on_drop(self.spec.kill_on_drop)
                 .kill_tree(self.spec.cgroup.is_some_and(|cgroup| cgroup.kill_tree)),
             stdin,

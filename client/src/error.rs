@@ -52,8 +52,9 @@ pub enum Error {
         message: String,
     },
     /// The connection to the zygote closed or broke. Every request in
-    /// flight and every child still waiting for its exit status fails with
-    /// this; nothing hangs.
+    /// flight fails with this; nothing hangs. A child waiting for its exit
+    /// status gets it from its pidfd instead, where the kernel keeps it
+    /// (Linux 6.15); before that, it fails with this too.
     #[error("lost the connection to the zygote at {endpoint}: {reason}")]
     ZygoteLost {
         /// Where we were connected.
@@ -213,8 +214,9 @@ impl Error {
         }
     }
 
-    /// True when the connection to the zygote is gone; a new
-    /// [`Client`](crate::Client) is needed.
+    /// True when the connection to the zygote is gone. A client of a
+    /// socket path reconnects at its next request; one of a private
+    /// zygote or an inherited socket cannot (see [`Client`](crate::Client)).
     pub fn is_zygote_lost(&self) -> bool {
         matches!(self, Self::ZygoteLost { .. })
     }

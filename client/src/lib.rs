@@ -96,7 +96,8 @@
 //! - [`blocking`]: the synchronous flavour.
 //! - [`private`]: finding and launching the `zygote` binary as a private
 //!   zygote ([`Client::launch_private`]).
-//! - `sys`: the one `unsafe` block (borrowing an fd known only by number).
+//! - `sys`: the `unsafe` code: borrowing an fd known only by number, and
+//!   the `PIDFD_GET_INFO` ioctl that reads a lost child's exit status.
 
 pub mod blocking;
 mod child;
@@ -116,7 +117,7 @@ mod transparent;
 mod tests;
 
 pub use child::{Child, ChildStderr, ChildStdin, ChildStdout};
-pub use client::{Client, SOCKET_ENV, default_socket_path};
+pub use client::{Client, RECONNECT_ATTEMPTS, SOCKET_ENV, default_socket_path};
 pub use command::Command;
 pub use connection::{JobEvents, JobState};
 pub use daemon_status::DaemonStatus;

@@ -9,8 +9,12 @@ use zygote_proto as proto;
 ///
 /// Mirrors [`std::process::ExitStatus`] plus the Unix `ExitStatusExt`
 /// methods, and converts into it.
+///
+/// When the zygote was lost before it reported the exit, the status is
+/// read from the child's pidfd instead (Linux 6.15 and later):
+/// [`zygote_lost`](ExitStatus::zygote_lost) is then true.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExitStatus(proto::ExitStatus, bool, Option<proto::TreeUsage>);
+pub struct ExitStatus(proto::ExitStatus, bool, Option<proto::TreeUsage>, bool);
 
 impl ExitStatus {
     /// Whether the child exited with code 0.
@@ -60,6 +64,30 @@ impl ExitStatus {
         self.2
     }
 
+    /// Whether the zygote was lost (crashed, killed, restarted) before it
+    /// reported this exit, so that the status was read from the child's
+    /// pidfd (`PIDFD_GET_INFO`, Linux 6.15). The exit code or signal are
+    /// exact; what only the zygote knew is not: resource usage
+    /// ([`Child::usage`](crate::Child::usage) is `None`), the tree usage
+    /// (`None`) and [`timed_out`](ExitStatus::timed_out) (`false`).
+    pub fn zygote_lost(&self) -> bool {
+        self.3
+    }
+
+    /// The status of a child whose zygote was lost, from the `wait(2)`
+    /// status its pidfd gave.
+    pub(crate) fn from_pidfd(raw: i32) -> Self {
+        let status = if libc::WIFSIGNALED(raw) {
+            proto::ExitStatus::Signaled {
+                signal: libc::WTERMSIG(raw),
+                core_dumped: libc::WCOREDUMP(raw),
+            }
+        } else {
+            proto::ExitStatus::Exited(libc::WEXITSTATUS(raw))
+        };
+        Self(status, false, None, true)
+    }
+
     /// Whether the OOM killer ended a process of the child's cgroup
     /// (`memory.events` `oom_kill`), which then shows as SIGKILL.
     pub fn oom_killed(&self) -> bool {
@@ -80,13 +108,13 @@ impl ExitStatus {
 
 impl From<proto::ExitStatus> for ExitStatus {
     fn from(status: proto::ExitStatus) -> Self {
-        Self(status, false, None)
+        Self(status, false, None, false)
     }
 }
 
 impl From<&proto::ExitNotice> for ExitStatus {
     fn from(notice: &proto::ExitNotice) -> Self {
-        Self(notice.status, notice.timed_out, notice.tree)
+        Self(notice.status, notice.timed_out, notice.tree, false)
     }
 }
 
@@ -241,6 +269,21 @@ mod tests {
             assert_eq!(std_status.core_dumped(), status.core_dumped());
             assert_eq!(std_status.to_string(), status.to_string());
         }
+    }
+
+    #[test]
+    fn pidfd_status_decodes_wait_encoding() {
+        let exited = ExitStatus::from_pidfd(3 << 8);
+        assert_eq!(exited.code(), Some(3));
+        assert!(exited.zygote_lost());
+        assert!(!exited.timed_out());
+        assert_eq!(exited.tree_usage(), None);
+        let killed = ExitStatus::from_pidfd(libc::SIGKILL);
+        assert_eq!(killed.signal(), Some(libc::SIGKILL));
+        assert_eq!(killed.to_string(), "signal: 9 (SIGKILL)");
+        let dumped = ExitStatus::from_pidfd(libc::SIGSEGV | 0x80);
+        assert!(dumped.core_dumped());
+        assert!(!ExitStatus::from(proto::ExitStatus::Exited(0)).zygote_lost());
     }
 
     #[test]

@@ -369,20 +369,16 @@ async fn losing_the_zygote_fails_waiters_and_requests() {
                 .contains("the zygote closed the connection"),
             "{error}"
         );
-        let error = child.wait().await.unwrap_err();
-        assert!(error.is_zygote_lost(), "{error}");
-        assert!(child.try_wait().unwrap_err().is_zygote_lost());
+        // Still running: no status yet, and no error (the pidfd stands in
+        // for the lost zygote).
+        assert!(matches!(child.try_wait(), Ok(None)));
         assert!(!client.is_connected());
-        // New requests fail at once.
-        assert!(command.spawn().await.unwrap_err().is_zygote_lost());
-        assert!(
-            child
-                .signal(libc::SIGTERM)
-                .await
-                .unwrap_err()
-                .is_zygote_lost()
-        );
-        // Killing still works, through the pidfd; the pidfd confirms it.
+        // New requests fail at once: a client of an fd cannot reconnect.
+        let error = command.spawn().await.unwrap_err();
+        assert!(error.is_zygote_lost(), "{error}");
+        assert!(error.to_string().contains("cannot reconnect"), "{error}");
+        // Killing still works, through the pidfd; the pidfd confirms it,
+        // without waiting for the child to be reaped.
         child.kill().await.unwrap();
     };
     tokio::time::timeout(PROMPTLY, run).await.unwrap();
@@ -596,7 +592,7 @@ fn blocking_client_serves_many_threads() {
 }
 
 #[test]
-fn blocking_wait_fails_when_the_zygote_goes() {
+fn blocking_wait_reads_the_pidfd_when_the_zygote_goes() {
     let (client_end, daemon) = fake_daemon(|mut daemon| {
         daemon.accept_hello();
         let (sleep, pidfd) = sleeper();
@@ -613,10 +609,23 @@ fn blocking_wait_fails_when_the_zygote_goes() {
         .spawn()
         .unwrap();
     let sleep = daemon.join().unwrap();
-    let error = child.wait().unwrap_err();
-    assert!(error.is_zygote_lost(), "{error}");
+    // Running: the pidfd says so, with no error.
+    assert!(matches!(child.try_wait(), Ok(None)));
     child.kill().unwrap();
     reap(sleep);
+    // Reaped by its parent (this process): the pidfd gives the status on
+    // Linux 6.15 and later; before, the loss stays the error.
+    match child.wait() {
+        Ok(status) => {
+            assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+            assert!(status.zygote_lost());
+            assert_eq!(child.usage(), None);
+        }
+        Err(error) => {
+            assert!(error.is_zygote_lost(), "{error}");
+            assert!(error.to_string().contains("6.15"), "{error}");
+        }
+    }
 }
 
 #[test]

@@ -82,22 +82,25 @@ impl Child {
     }
 
     /// Waits for the child to exit, closing its stdin first as std does.
+    /// When the zygote is lost first, reads the status from the pidfd; see
+    /// [`crate::Child::wait`].
     ///
     /// # Errors
     ///
     /// [`Error::ZygoteLost`] when the connection ends before the exit is
-    /// reported.
+    /// reported and the pidfd cannot stand in (before Linux 6.15).
     pub fn wait(&mut self) -> Result<ExitStatus> {
         drop(self.stdin.take());
         self.runtime.block_on(self.core.wait())
     }
 
-    /// The exit status if the zygote has already reported it; never
-    /// blocks.
+    /// The exit status if the zygote has already reported it (or, once the
+    /// zygote is lost, the pidfd has it); never blocks.
     ///
     /// # Errors
     ///
-    /// [`Error::ZygoteLost`] when the connection ended first.
+    /// [`Error::ZygoteLost`] when the connection ended first and the pidfd
+    /// cannot stand in.
     pub fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
         self.core.try_wait()
     }
@@ -122,17 +125,18 @@ impl Child {
         self.core.start_kill()
     }
 
-    /// Asks the zygote, the child's parent, to send `signal`.
+    /// Asks the zygote, the child's parent, to send `signal`; once the
+    /// zygote is lost, sends it through the pidfd.
     ///
     /// # Errors
     ///
-    /// [`Error::Request`] with the zygote's errno, or
-    /// [`Error::ZygoteLost`].
+    /// [`Error::Request`] with the errno.
     pub fn signal(&self, signal: i32) -> Result<()> {
         self.runtime.block_on(self.core.signal(signal))
     }
 
-    /// CPU time and peak memory, once the exit has been seen.
+    /// CPU time and peak memory, once the exit has been seen; `None` when
+    /// the zygote was lost before it reported them.
     pub fn usage(&self) -> Option<ResourceUsage> {
         self.core.usage()
     }

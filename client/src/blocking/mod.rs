@@ -142,8 +142,8 @@ impl Client {
         Command::new(self, program)
     }
 
-    /// The zygote's version, as it announced it.
-    pub fn server_version(&self) -> &str {
+    /// The zygote's version, as it announced it on the current connection.
+    pub fn server_version(&self) -> String {
         self.inner.server_version()
     }
 

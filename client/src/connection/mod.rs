@@ -215,7 +215,7 @@ impl Connection {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn lost_error(&self) -> Error {
+    pub(crate) fn lost_error(&self) -> Error {
         match &self.lock().lost {
             Some(lost) => lost.error(),
             None => Error::ZygoteLost {

@@ -38,7 +38,11 @@ What differs from :mod:`subprocess`:
   with the errno), with the failed setup step in the message; a missing
   or lost daemon raises :class:`ZygoteError`, an :class:`OSError`.
 - **Extra keywords:** ``kill_on_close``, ``zygote_timeout``,
-  ``zygote_grace`` and ``rlimits`` (see :class:`Popen`).
+  ``zygote_grace``, ``rlimits`` and ``cgroup`` (a :class:`Cgroup`: limits
+  and whole-tree kill and wait; see :class:`Popen`).
+- **A lost daemon:** a child's exit status is read from its pidfd (Linux
+  6.15+; :attr:`Popen.zygote_lost`), and a :class:`Client` reconnects to
+  its path for new spawns (see :class:`Client`).
 """
 
 from __future__ import annotations
@@ -55,10 +59,18 @@ from subprocess import (
 from typing import Any
 
 from ._asyncio import Process
-from ._client import Client, default_client, default_socket_path, find_binary, run
+from ._client import (
+    RECONNECT_ATTEMPTS,
+    Client,
+    default_client,
+    default_socket_path,
+    find_binary,
+    run,
+)
 from ._errors import ZygoteError
 from ._install import install, installed, uninstall
 from ._popen import Popen
+from ._request import Cgroup
 
 __version__ = "0.1.0"
 
@@ -73,8 +85,10 @@ async def create_subprocess_exec(program: Any, *args: Any, **kwargs: Any) -> Pro
 __all__ = [
     "DEVNULL",
     "PIPE",
+    "RECONNECT_ATTEMPTS",
     "STDOUT",
     "CalledProcessError",
+    "Cgroup",
     "Client",
     "CompletedProcess",
     "Popen",

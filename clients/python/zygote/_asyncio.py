@@ -17,10 +17,10 @@ import subprocess
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from . import _request
+from . import _lost, _request
 from ._conn import Connection, SpawnSlot
 from ._errors import ZygoteError
-from ._popen import returncode_of
+from ._popen import kill_tree, returncode_of, tree_of
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -35,7 +35,9 @@ class Process:
     ``stdin`` (a :class:`asyncio.StreamWriter`), ``stdout``/``stderr``
     (:class:`asyncio.StreamReader`), ``wait()``, ``communicate()``,
     ``send_signal()``, ``terminate()``, ``kill()``; plus ``pidfd``,
-    ``usage`` and ``timed_out``."""
+    ``usage``, ``timed_out``, ``tree_usage``, ``oom_killed`` and
+    ``zygote_lost`` (see :class:`zygote.Popen`: when the daemon is lost,
+    ``wait()`` reads the status from the pidfd on Linux 6.15+)."""
 
     def __init__(
         self,
@@ -47,6 +49,9 @@ class Process:
         stdout: Optional[asyncio.StreamReader],
         stderr: Optional[asyncio.StreamReader],
         client: "Client",
+        conn: Connection,
+        spawn_id: int,
+        cgroup: Optional[_request.Cgroup],
     ) -> None:
         self.pid = pid
         self.pidfd: Optional[int] = pidfd
@@ -56,6 +61,12 @@ class Process:
         self.returncode: Optional[int] = None
         self.usage: Optional[Dict[str, int]] = None
         self.timed_out = False
+        self.tree_usage: Optional[Dict[str, Any]] = None
+        self.oom_killed = False
+        self.zygote_lost = False
+        self._conn = conn
+        self._spawn_id = spawn_id
+        self._cgroup = cgroup
         self._exited = exited
         self._slot = slot
         self._client = client  # keeps the connection open while this lives
@@ -70,29 +81,51 @@ class Process:
         exit_notice = self._slot.exit
         if exit_notice is None:
             error = self._slot.error
-            assert error is not None
-            raise ZygoteError(
-                error.errno, f"{error.strerror}; the exit status of pid {self.pid} is lost"
-            )
+            assert error is not None and self.pidfd is not None
+            _, raw = _lost.state(self.pidfd, self.pid, error)
+            if raw is not None:
+                self._lost_status(raw)
+            return
         self.usage = dict(exit_notice["usage"])
         self.timed_out = bool(exit_notice["timed_out"])
+        self.tree_usage = tree_of(exit_notice)
+        self.oom_killed = bool(self.tree_usage and self.tree_usage["oom_kills"])
         self.returncode = returncode_of(exit_notice)
+
+    def _lost_status(self, raw: int) -> None:
+        if self.returncode is None:
+            self.zygote_lost = True
+            self.usage = None
+            self.returncode = _lost.returncode_of_wait_status(raw)
 
     async def wait(self) -> int:
         """Waits for the child to exit and returns its returncode."""
         if not self._slot.exited.is_set():
             await asyncio.shield(self._exited)
         self._collect()
+        if self.returncode is None:
+            # The daemon is gone: the pidfd stands in.
+            error = self._slot.error
+            assert error is not None and self.pidfd is not None
+            self._lost_status(await _lost.wait_async(self.pidfd, self.pid, error))
         assert self.returncode is not None
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        """Signals the child through its pidfd; nothing once it has exited."""
+        """Signals the child through its pidfd; nothing once it has exited.
+        ``SIGKILL`` with ``Cgroup(kill_tree=True)`` ends the whole tree."""
         try:
             self._collect()
         except ZygoteError:
             pass
         if self.returncode is not None or self.pidfd is None:
+            return
+        if (
+            sig == signal.SIGKILL
+            and self._cgroup is not None
+            and self._cgroup.kill_tree
+            and kill_tree(self._conn, self._spawn_id, wait=False)
+        ):
             return
         try:
             signal.pidfd_send_signal(self.pidfd, sig)
@@ -199,10 +232,15 @@ async def create_subprocess_exec(
     zygote_timeout: Optional[float] = None,
     zygote_grace: float = _request.DEFAULT_GRACE_SECONDS,
     rlimits: Optional[Mapping[int, Union[int, Tuple[int, int]]]] = None,
+    cgroup: Optional[_request.Cgroup] = None,
 ) -> Process:
     """See :meth:`zygote.Client.create_subprocess_exec`."""
     loop = asyncio.get_running_loop()
-    conn = client._connection()
+    if client._conn.alive:
+        conn = client._connection()
+    else:
+        # Reconnecting sleeps between attempts: not on the loop.
+        conn = await loop.run_in_executor(None, client._connection)
     uid, gid, gids = _resolve_user(user, group, extra_groups)
     local_pipe: Optional[Tuple[int, int]] = None
     specs = [_stdio(stdin, 0), _stdio(stdout, 1), _stdio(stderr, 2)]
@@ -236,6 +274,7 @@ async def create_subprocess_exec(
             rlimits=rlimits,
             max_fds=conn.max_fds,
             max_frame=conn.max_frame,
+            cgroup=cgroup,
         )
         frame = _request.encode_spawn(message, conn.max_frame)
     except _request.UnservableError as error:
@@ -299,7 +338,17 @@ async def create_subprocess_exec(
     if specs[2][0] == "pipe":
         reader_err = await _reader(loop, next(pipe_iter), limit)
     return Process(
-        slot.reply["Spawned"]["pid"], pidfd, exited, slot, writer, reader_out, reader_err, client
+        slot.reply["Spawned"]["pid"],
+        pidfd,
+        exited,
+        slot,
+        writer,
+        reader_out,
+        reader_err,
+        client,
+        conn,
+        request_id,
+        cgroup,
     )
 
 

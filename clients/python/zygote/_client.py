@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import threading
+import time
 import weakref
 from typing import Any, Dict, List, Optional
 
@@ -19,6 +20,17 @@ from ._popen import Popen, run_with
 SOCKET_ENV = "ZYGOTE_SOCKET"
 #: The environment variable naming the ``zygote`` binary for private zygotes.
 BINARY_ENV = "ZYGOTE_BIN"
+#: How many times a client tries to reconnect to its socket path after its
+#: connection was lost, pausing 25 ms, then twice as long each time up to
+#: 1 s (about 5 s in all), before a request fails.
+RECONNECT_ATTEMPTS = 10
+_RECONNECT_FIRST_PAUSE = 0.025
+_RECONNECT_MAX_PAUSE = 1.0
+
+
+def _close_current(box: List[Connection]) -> None:
+    box[0].close()
+
 
 # The stdlib's Popen, kept before install() can replace it.
 _STDLIB_POPEN = subprocess.Popen
@@ -69,7 +81,17 @@ class Client:
     zygote answers there. Many threads may spawn at once: requests are
     multiplexed on the one connection and no lock is held across a round
     trip. Closing the client (or leaving its ``with`` block) closes the
-    connection; children keep running, but their exit status is lost.
+    connection; children keep running, and their exit status then comes
+    from their pidfds (Linux 6.15+; lost before).
+
+    When the daemon goes away (crash, SIGKILL, restart), the next request
+    connects to the same path again, retrying :data:`RECONNECT_ATTEMPTS`
+    times with a backoff (about 5 s in all) before it raises
+    :class:`ZygoteError`; a request in flight at the loss fails and is not
+    retried. Children spawned before keep working through their pidfds:
+    waiting reads their exit status from the pidfd (Linux 6.15), signals go
+    through it. A client of a private zygote (:meth:`launch_private`)
+    cannot reconnect, and says so.
     """
 
     def __init__(self, path: Optional[str] = None) -> None:
@@ -77,19 +99,33 @@ class Client:
         if path is None:
             path = os.environ.get(SOCKET_ENV) or default_socket_path()
         self.path: str = os.fspath(path)
+        self._adopt(self._connect(self.path))
+
+    def _adopt(self, conn: Connection) -> None:
+        self._redial = threading.Lock()
+        self._box = [conn]
+        # Dropping the last reference closes the connection (the current
+        # one, after a reconnect), as close() does.
+        weakref.finalize(self, _close_current, self._box)
+
+    @property
+    def _conn(self) -> Connection:
+        return self._box[0]
+
+    @classmethod
+    def _connect(cls, path: str) -> Connection:
+        """One attempt: connect to ``path`` and say hello."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
-            sock.connect(self.path)
+            sock.connect(path)
         except OSError as error:
             sock.close()
             raise ZygoteError(
                 error.errno,
-                f"cannot connect to the zygote at {self.path}: {error.strerror} "
+                f"cannot connect to the zygote at {path}: {error.strerror} "
                 f"(start one with `zygote serve`, or set {SOCKET_ENV})",
             ) from None
-        self._conn = self._handshake(sock, self.path)
-        # Dropping the last reference closes the connection, as close() does.
-        weakref.finalize(self, self._conn.close)
+        return cls._handshake(sock, path)
 
     @staticmethod
     def _handshake(sock: socket.socket, where: str) -> Connection:
@@ -131,21 +167,55 @@ class Client:
         self.path = f"private zygote pid {process.pid}"
         self._private = process
         try:
-            self._conn = cls._handshake(ours, self.path)
+            self._adopt(cls._handshake(ours, self.path))
         except BaseException:
             process.kill()
             process.wait()
             raise
-        weakref.finalize(self, self._conn.close)
         return self
 
     def _connection(self) -> Connection:
-        self._conn.check()
-        return self._conn
+        """The connection for a new request: the current one, or a new one
+        to the same path when it was lost."""
+        conn = self._conn
+        if conn.lost is None or conn.pid != os.getpid():
+            conn.check()
+            return conn
+        if self._private is not None:
+            raise ZygoteError(
+                conn.lost.errno,
+                f"{conn.lost.strerror}; a client of a private zygote cannot reconnect: "
+                "start a new one with Client.launch_private()",
+            )
+        with self._redial:
+            if self._conn is not conn:  # another thread reconnected meanwhile
+                return self._connection()
+            started = time.monotonic()
+            pause = _RECONNECT_FIRST_PAUSE
+            for attempt in range(1, RECONNECT_ATTEMPTS + 1):
+                try:
+                    fresh = self._connect(self.path)
+                except ZygoteError as error:
+                    if error.errno in (errno.EACCES, errno.EPROTO):
+                        raise  # the zygote answered and refused us
+                    last = error
+                else:
+                    self._box[0] = fresh
+                    conn.close()
+                    return fresh
+                if attempt < RECONNECT_ATTEMPTS:
+                    time.sleep(pause)
+                    pause = min(pause * 2, _RECONNECT_MAX_PAUSE)
+            raise ZygoteError(
+                conn.lost.errno,
+                f"{conn.lost.strerror}, and reconnecting failed {RECONNECT_ATTEMPTS} times "
+                f"over {time.monotonic() - started:.1f} s: {last.strerror}",
+            )
 
     @property
     def alive(self) -> bool:
-        """Whether the connection is still up."""
+        """Whether the connection is up; after a loss, False until the next
+        request reconnects."""
         return self._conn.alive and self._conn.pid == os.getpid()
 
     @property

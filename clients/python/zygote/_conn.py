@@ -290,6 +290,11 @@ class Connection:
     # --- requests ---------------------------------------------------------
 
     @property
+    def lost(self) -> Optional[ZygoteError]:
+        """Why the connection ended, unless this client closed it."""
+        return None if self._closing else self._lost
+
+    @property
     def alive(self) -> bool:
         return self._lost is None and not self._closing
 

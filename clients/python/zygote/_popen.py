@@ -15,11 +15,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from . import _request
-from ._conn import SpawnSlot
+from . import _lost, _request, _wire
+from ._conn import Connection, SpawnSlot
 from ._errors import ZygoteError
 
 if TYPE_CHECKING:
@@ -56,6 +57,31 @@ def returncode_of(exit_notice: Mapping[str, Any]) -> int:
     return -int(status["Signaled"]["signal"])
 
 
+def tree_of(exit_notice: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The cgroup's usage from an exit notice, as a dict, if it has one."""
+    tree = exit_notice.get("tree")
+    return dict(tree) if tree is not None else None
+
+
+def kill_tree(conn: Optional[Connection], spawn_id: int, wait: bool = True) -> bool:
+    """Asks the daemon to SIGKILL the child's whole cgroup (``cgroup.kill``);
+    False when it cannot (lost, or the child is gone), and the pidfd must do.
+    Without ``wait`` the request is only sent (asyncio must not block on
+    the daemon); its reply is dropped."""
+    if conn is None or not conn.alive:
+        return False
+    message = {
+        "Signal": {"id": conn.next_id(), "spawn_id": spawn_id, "signal": int(signal.SIGKILL)}
+    }
+    try:
+        if not wait:
+            return conn.try_send(_wire.encode_client(message), ())
+        reply = conn.request(message)
+    except ZygoteError:
+        return False
+    return "SignalSent" in reply
+
+
 class Popen(subprocess.Popen):  # type: ignore[type-arg]
     """:class:`subprocess.Popen`, with the child started by a zygote.
 
@@ -71,7 +97,12 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
       ``SIGTERM`` after ``zygote_timeout`` and ``SIGKILL`` ``zygote_grace``
       later (default 5 s); :attr:`timed_out` then says so;
     - ``rlimits``: ``{resource.RLIMIT_X: (soft, hard) or value}`` set in the
-      child on top of this process's own limits, which it gets anyway.
+      child on top of this process's own limits, which it gets anyway;
+    - ``cgroup``: a :class:`zygote.Cgroup` with limits for the child's own
+      cgroup (``memory_max``, ``pids_max``, ``cpu_max``, ...), and
+      ``kill_tree``/``wait_tree``; :attr:`tree_usage` then holds the whole
+      tree's CPU time and peak memory, :attr:`oom_killed` whether the OOM
+      killer ended a process of it.
 
     Differences from the stdlib: the child's parent is the zygote, not this
     process (``os.getppid()`` in the child, ``waitpid`` here fails); it gets
@@ -80,6 +111,12 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     dispositions are all default and its mask empty; ``preexec_fn`` is not
     supported (:class:`ValueError`). :attr:`pidfd` is the child's pidfd,
     :attr:`usage` its resource usage once it has exited.
+
+    When the daemon is lost (crash, SIGKILL, restart) before it reports the
+    exit, waiting reads the exit status from the pidfd instead (Linux 6.15
+    and later, once the child's new parent has reaped it):
+    :attr:`zygote_lost` is then true and :attr:`usage` ``None``. Before
+    6.15 waiting raises :class:`ZygoteError`.
     """
 
     _zygote_fallback = False
@@ -87,7 +124,16 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     pidfd: Optional[int] = None
     usage: Optional[Dict[str, int]] = None
     timed_out: bool = False
+    #: The cgroup's usage (``user_micros``, ``system_micros``,
+    #: ``memory_peak_bytes``, ``oom_kills``, ``memory_max``), when the
+    #: request had a :class:`zygote.Cgroup`.
+    tree_usage: Optional[Dict[str, Any]] = None
+    oom_killed: bool = False
+    #: True when the status was read from the pidfd (the daemon was lost).
+    zygote_lost: bool = False
     _zygote_slot: Optional[SpawnSlot] = None
+    _zygote_conn: Optional[Connection] = None
+    _zygote_spawn_id: int = 0
     #: Why the installed drop-in used the stdlib for this call, if it did.
     zygote_fallback_reason: Optional[str] = None
     _zygote_forced_fallback: Optional[str] = None
@@ -101,6 +147,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         zygote_timeout: Optional[float] = None,
         zygote_grace: float = _request.DEFAULT_GRACE_SECONDS,
         rlimits: Optional[Mapping[int, Union[int, Tuple[int, int]]]] = None,
+        cgroup: Optional[_request.Cgroup] = None,
         **kwargs: Any,
     ) -> None:
         self._zygote_client = client
@@ -109,6 +156,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             "zygote_timeout": zygote_timeout,
             "zygote_grace": zygote_grace,
             "rlimits": rlimits,
+            "cgroup": cgroup,
         }
         self._zygote_process_group: Optional[int] = None
         if not _HAS_PROCESS_GROUP and "process_group" in kwargs:
@@ -236,30 +284,43 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         self.pid = slot.reply["Spawned"]["pid"]
         self.pidfd = pidfd
         self._zygote_slot = slot
+        self._zygote_conn = conn
+        self._zygote_spawn_id = request_id
         weakref.finalize(self, os.close, pidfd)
         self._child_created = True
 
     # --- waiting ----------------------------------------------------------
 
     def _zygote_collect(self) -> bool:
-        """Takes the exit notice if it came; True once returncode is set."""
+        """Takes the exit notice if it came (or, the daemon lost, the
+        pidfd's status); True once returncode is set."""
         slot = self._zygote_slot
         if self.returncode is not None:
             return True
         if slot is None or not slot.exited.is_set():
             return False
         if slot.exit is None:
-            assert slot.error is not None
-            raise ZygoteError(
-                slot.error.errno,
-                f"{slot.error.strerror}; the exit status of pid {self.pid} is lost",
-            )
+            assert slot.error is not None and self.pidfd is not None
+            _, raw = _lost.state(self.pidfd, self.pid, slot.error)
+            if raw is None:
+                return False
+            self._zygote_lost_status(raw)
+            return True
         with self._zygote_exit_lock:
             if self.returncode is None:
                 self.usage = dict(slot.exit["usage"])
                 self.timed_out = bool(slot.exit["timed_out"])
+                self.tree_usage = tree_of(slot.exit)
+                self.oom_killed = bool(self.tree_usage and self.tree_usage["oom_kills"])
                 self.returncode = returncode_of(slot.exit)
         return True
+
+    def _zygote_lost_status(self, raw: int) -> None:
+        with self._zygote_exit_lock:
+            if self.returncode is None:
+                self.zygote_lost = True
+                self.usage = None
+                self.returncode = _lost.returncode_of_wait_status(raw)
 
     def _internal_poll(self, *args: Any, **kwargs: Any) -> Optional[int]:
         if self._zygote_fallback:
@@ -280,8 +341,17 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             return self.returncode
         slot = self._zygote_slot
         assert slot is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
         if not slot.exited.wait(timeout):
             raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
+        if slot.exit is None and self.returncode is None:
+            # The daemon is gone: the pidfd stands in.
+            assert slot.error is not None and self.pidfd is not None
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            raw = _lost.wait(self.pidfd, self.pid, slot.error, left)
+            if raw is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
+            self._zygote_lost_status(raw)
         self._zygote_collect()
         assert self.returncode is not None
         return self.returncode
@@ -299,6 +369,14 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         except ZygoteError:
             pass
         if self.returncode is not None or self.pidfd is None:
+            return
+        cgroup = self._zygote_options.get("cgroup")
+        if (
+            sig == signal.SIGKILL
+            and cgroup is not None
+            and cgroup.kill_tree
+            and kill_tree(self._zygote_conn, self._zygote_spawn_id)
+        ):
             return
         try:
             signal.pidfd_send_signal(self.pidfd, sig)

@@ -11,6 +11,7 @@ import fcntl
 import os
 import resource
 import signal
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _wire
@@ -28,6 +29,64 @@ StrOrBytesPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 #: How one of fd 0, 1, 2 is set up: ("inherit",), ("null",), ("pipe",) or
 #: ("fd", fd).
 Stdio = Tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    """The child's own cgroup (the daemon needs a cgroup subtree: run by
+    systemd with ``Delegate=yes``, or ``zygote serve --cgroup PATH``).
+
+    Limits apply to the child's whole tree: ``memory_max`` and
+    ``memory_swap_max`` in bytes, ``pids_max`` processes and threads,
+    ``cpu_max`` as ``(quota, period)`` in seconds, ``cpu_weight`` and
+    ``io_weight`` from 1 to 10000. A limit whose controller is not
+    delegated to the daemon is refused (the spawn raises
+    :class:`OSError`), never silently ignored. ``kill_tree``: timeouts,
+    ``kill_on_close`` and :meth:`Popen.kill` end the whole tree
+    (``cgroup.kill``), grandchildren that left the process group too.
+    ``wait_tree``: waiting returns once every process of the tree has
+    exited. Either way the result carries the tree's usage
+    (:attr:`Popen.tree_usage`) and whether the OOM killer struck
+    (:attr:`Popen.oom_killed`).
+    """
+
+    memory_max: Optional[int] = None
+    memory_swap_max: Optional[int] = None
+    pids_max: Optional[int] = None
+    cpu_max: Optional[Tuple[float, float]] = None
+    cpu_weight: Optional[int] = None
+    io_weight: Optional[int] = None
+    kill_tree: bool = False
+    wait_tree: bool = False
+
+    def to_wire(self) -> Dict[str, Any]:
+        """The request's ``CgroupSpec``; :class:`ValueError` for values out
+        of range."""
+        for name in ("memory_max", "memory_swap_max", "pids_max", "cpu_weight", "io_weight"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"cgroup {name} must be a non-negative int, not {value!r}")
+        cpu = None
+        if self.cpu_max is not None:
+            quota, period = self.cpu_max
+            if quota <= 0 or period <= 0:
+                raise ValueError(
+                    f"cgroup cpu_max needs a positive quota and period, not {quota, period}"
+                )
+            cpu = {
+                "quota_micros": max(1, int(quota * 1_000_000)),
+                "period_micros": max(1, int(period * 1_000_000)),
+            }
+        return {
+            "kill_tree": bool(self.kill_tree),
+            "wait_tree": bool(self.wait_tree),
+            "memory_max": self.memory_max,
+            "memory_swap_max": self.memory_swap_max,
+            "pids_max": self.pids_max,
+            "cpu_max": cpu,
+            "cpu_weight": self.cpu_weight,
+            "io_weight": self.io_weight,
+        }
 
 
 class UnservableError(Exception):
@@ -186,6 +245,7 @@ def build_spawn(
     rlimits: Optional[Mapping[int, Union[int, Tuple[int, int]]]],
     max_fds: int,
     max_frame: int,
+    cgroup: Optional[Cgroup] = None,
 ) -> Tuple[Dict[str, Any], List[int]]:
     """The ``Spawn`` message and the fds to attach to its frame.
 
@@ -193,6 +253,9 @@ def build_spawn(
     ``subprocess`` would also refuse, and :class:`UnservableError` for a request
     the zygote cannot carry (too many fds, argv + env over its budget).
     """
+    if cgroup is not None and not isinstance(cgroup, Cgroup):
+        raise TypeError(f"cgroup must be a zygote.Cgroup, not {type(cgroup).__name__}")
+    cgroup_spec = cgroup.to_wire() if cgroup is not None else None
     program = _bytes("program", executable)
     args = [_bytes("argument", arg) for arg in argv]
     argv0 = args[0] if args[0] != program else None
@@ -313,7 +376,7 @@ def build_spawn(
             "timeout": timeout,
             "pty": None,
             "report_stops": False,
-            "cgroup": None,
+            "cgroup": cgroup_spec,
             **own_attributes(),
         }
     }
