@@ -3,7 +3,7 @@
 //! then spawns through it and reports on stdout:
 //!
 //! ```text
-//! rss_kib <VmRSS> child <pid of a running cat> ppid_seen <$PPID of a child> sleeper <pid>
+//! rss_kib <VmRSS> child <pid of a running cat> ppid_seen <$PPID of a child> sleeper <pid> child_nice <its nice value>
 //! ```
 //!
 //! It then waits until its stdin closes. The `cat` reads a pipe from this
@@ -53,17 +53,20 @@ fn main() -> ExitCode {
         .spawn()
         .expect("spawn cat");
     let output = Command::new(&client, "sh")
-        .args(["-c", "echo $PPID"])
+        .args(["-c", "echo $PPID $(nice)"])
         .output()
         .expect("run sh");
-    let ppid_seen = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let seen = String::from_utf8_lossy(&output.stdout).into_owned();
+    let mut seen = seen.split_whitespace();
+    let ppid_seen = seen.next().unwrap_or("?").to_owned();
+    let child_nice = seen.next().unwrap_or("?").to_owned();
     let sleeper = Command::new(&client, "sleep")
         .arg("3")
         .stdin(Stdio::null())
         .spawn()
         .expect("spawn sleep");
     println!(
-        "rss_kib {} child {} ppid_seen {ppid_seen} sleeper {}",
+        "rss_kib {} child {} ppid_seen {ppid_seen} sleeper {} child_nice {child_nice}",
         rss_kib(),
         cat.id(),
         sleeper.id()
