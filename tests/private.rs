@@ -139,9 +139,10 @@ fn private_fd_that_is_not_a_socket_is_refused() {
     );
 }
 
-/// A private zygote raises its spawner to nice -10 (root only), so that
-/// at high concurrency its children cannot starve it; its children still
-/// run at their owner's nice value, not at -10.
+/// A private zygote raises its spawner to nice -10 (root only) while two
+/// or more children run, so that at high concurrency its children cannot
+/// starve it; its children still run at their owner's nice value, not at
+/// -10. The helper starts `sh` while `cat` and `sleep` run.
 fn private_zygote_outranks_its_children(mode: &str) {
     if !rustix::process::geteuid().is_root() {
         eprintln!(
@@ -167,7 +168,7 @@ fn private_zygote_outranks_its_children(mode: &str) {
     assert_eq!(
         nice_of(report.ppid_seen),
         Some(-10),
-        "the {mode} zygote's spawner is raised"
+        "the {mode} zygote's spawner is raised while busy"
     );
     assert_eq!(
         report.child_nice, 3,

@@ -52,6 +52,13 @@ fn main() -> ExitCode {
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn cat");
+    // With cat and the sleeper running, the zygote is busy when it starts
+    // sh: its spawner runs raised (as root), and sh must not inherit that.
+    let sleeper = Command::new(&client, "sleep")
+        .arg("3")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn sleep");
     let output = Command::new(&client, "sh")
         .args(["-c", "echo $PPID $(nice)"])
         .output()
@@ -60,11 +67,6 @@ fn main() -> ExitCode {
     let mut seen = seen.split_whitespace();
     let ppid_seen = seen.next().unwrap_or("?").to_owned();
     let child_nice = seen.next().unwrap_or("?").to_owned();
-    let sleeper = Command::new(&client, "sleep")
-        .arg("3")
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn sleep");
     println!(
         "rss_kib {} child {} ppid_seen {ppid_seen} sleeper {} child_nice {child_nice}",
         rss_kib(),

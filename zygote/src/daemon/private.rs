@@ -38,10 +38,11 @@ use crate::daemon::state::Daemon;
 /// How often the exit path checks whether every child has been reaped.
 const REAP_POLL: Duration = Duration::from_millis(10);
 
-/// The spawner's nice value: its one thread competes with every running
-/// child for the CPU, and at 50 spawns in flight lost to them (0.81 of
-/// posix_spawn's throughput, 0.89 with this). Children start at nice 0
-/// (`SCHED_RESET_ON_FORK`) and get their requested or the owner's value.
+/// The spawner's nice value while busy: its one thread competes with every
+/// running child for the CPU, and at 50 spawns in flight lost to them
+/// (0.81 of posix_spawn's throughput, 0.88 with this). Children start at
+/// nice 0 (`SCHED_RESET_ON_FORK`) and get their requested or the owner's
+/// value.
 const SPAWNER_NICE: i32 = -10;
 
 /// Serves `socket`, one end of a socketpair whose other end the owner
@@ -54,8 +55,8 @@ const SPAWNER_NICE: i32 = -10;
 /// when the peer is of another uid, [`Error::PrivateSocket`] when
 /// `socket` is not a connected Unix socket.
 pub fn serve_private(socket: OwnedFd) -> Result<(), Error> {
-    // Before the runtime: threads it starts inherit the priority.
-    let boost = crate::spawn::boost_spawner(SPAWNER_NICE);
+    // On the thread that will spawn, before the runtime starts others.
+    let boost = crate::spawn::prepare_boost(SPAWNER_NICE);
     // One thread: the zygote does little besides clone, and a forked
     // template must stay single-threaded anyway.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -84,7 +85,11 @@ async fn serve_owner(socket: OwnedFd, boost: std::io::Result<Option<i32>>) -> Re
     let daemon = Arc::new(Daemon::new());
     info!(owner = owner.pid.as_raw_nonzero(), "private zygote serving");
     match boost {
-        Ok(Some(former)) => debug!(former, nice = SPAWNER_NICE, "spawner priority raised"),
+        Ok(Some(former)) => debug!(
+            former,
+            nice = SPAWNER_NICE,
+            "spawner priority raised when busy"
+        ),
         Ok(None) => debug!("spawner priority already high"),
         // Unprivileged owners: the zygote runs at their priority.
         Err(error) => debug!(%error, "spawner priority not raised"),

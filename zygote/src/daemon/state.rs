@@ -133,6 +133,9 @@ impl Daemon {
     /// children then skip reading them from procfs.
     pub(crate) fn spawn(&self, plan: &SpawnPlan) -> Result<SpawnedChild, SpawnError> {
         crate::daemon::reaper::install_child_handler();
+        // A private zygote's spawner outranks its children while several
+        // run (a no-op elsewhere).
+        spawn::set_busy(self.metrics.children_running() >= BUSY_CHILDREN);
         match self.spawner.get_or_init(Spawner::with_current_dispositions) {
             Some(spawner) => spawner.spawn(plan),
             None => spawn::spawn(plan),
@@ -175,6 +178,9 @@ impl Daemon {
         }
     }
 }
+
+/// Children running from which a private zygote's spawner is raised.
+const BUSY_CHILDREN: u64 = 2;
 
 impl Default for Daemon {
     fn default() -> Self {
