@@ -16,8 +16,8 @@ use std::ffi::OsStr;
 use std::future::Future;
 use std::os::fd::{OwnedFd, RawFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -51,10 +51,11 @@ struct Runtime {
 /// What the callers and the background thread share.
 #[derive(Debug, Default)]
 struct Shared {
-    /// Callers inside [`Runtime::block_on`].
-    callers: Mutex<usize>,
-    /// Signalled when `callers` drops to 0, or on stop.
-    idle: Condvar,
+    /// Callers inside [`Runtime::block_on`] now.
+    callers: AtomicUsize,
+    /// Calls to [`Runtime::block_on`] so far: the background thread drives
+    /// only once it has not moved for [`IDLE_BEFORE_DRIVING`].
+    calls: AtomicU64,
     /// Ends the background thread's turn at driving the runtime.
     wanted: Notify,
     stop: AtomicBool,
@@ -86,9 +87,11 @@ impl Runtime {
 
     fn block_on<F: Future>(&self, future: F) -> F::Output {
         let runtime = self.runtime.as_ref().expect("the runtime lives until drop");
-        *lock(&self.shared.callers) += 1;
-        // Makes the background thread give the runtime up; meanwhile this
-        // thread already polls `future` (sending its request).
+        self.shared.calls.fetch_add(1, Ordering::Relaxed);
+        self.shared.callers.fetch_add(1, Ordering::AcqRel);
+        // Makes the background thread give the runtime up if it drives it
+        // (a stored permit otherwise: no syscall); meanwhile this thread
+        // already polls `future` (sending its request).
         self.shared.wanted.notify_one();
         let _leave = Leave(&self.shared);
         runtime.block_on(future)
@@ -100,16 +103,8 @@ struct Leave<'a>(&'a Shared);
 
 impl Drop for Leave<'_> {
     fn drop(&mut self) {
-        let mut callers = lock(&self.0.callers);
-        *callers -= 1;
-        if *callers == 0 {
-            self.0.idle.notify_one();
-        }
+        self.0.callers.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-fn lock(callers: &Mutex<usize>) -> MutexGuard<'_, usize> {
-    callers.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// How long the runtime must have had no caller before the background
@@ -117,35 +112,27 @@ fn lock(callers: &Mutex<usize>) -> MutexGuard<'_, usize> {
 /// runtime free and takes it without waking anyone.
 const IDLE_BEFORE_DRIVING: Duration = Duration::from_millis(10);
 
-/// The background thread: drives the runtime whenever no caller has been
-/// in [`Runtime::block_on`] for [`IDLE_BEFORE_DRIVING`], until stopped.
+/// The background thread: drives the runtime once no caller has come for
+/// [`IDLE_BEFORE_DRIVING`], until a caller wants it back; checks every
+/// [`IDLE_BEFORE_DRIVING`] while callers come (it sleeps in the runtime's
+/// IO driver while it drives), until stopped.
 fn drive_when_idle(runtime: &tokio::runtime::Runtime, shared: &Shared) {
     let stopped = || shared.stop.load(Ordering::Acquire);
-    loop {
-        let mut callers = lock(&shared.callers);
-        loop {
-            callers = shared
-                .idle
-                .wait_while(callers, |callers| *callers > 0 && !stopped())
-                .unwrap_or_else(PoisonError::into_inner);
-            let (guard, waited) = shared
-                .idle
-                .wait_timeout_while(callers, IDLE_BEFORE_DRIVING, |callers| {
-                    *callers == 0 && !stopped()
-                })
-                .unwrap_or_else(PoisonError::into_inner);
-            callers = guard;
-            if waited.timed_out() || stopped() {
-                break;
-            }
+    let mut seen = shared.calls.load(Ordering::Relaxed);
+    while !stopped() {
+        std::thread::park_timeout(IDLE_BEFORE_DRIVING);
+        let calls = shared.calls.load(Ordering::Relaxed);
+        if calls != seen || shared.callers.load(Ordering::Acquire) > 0 {
+            seen = calls;
+            continue;
         }
-        drop(callers);
         if stopped() {
             return;
         }
-        // Until a caller (or the stop) wants it; a caller that came since
-        // the check above left a permit, so this returns at once.
+        // Until a caller (or the stop) wants it; a permit a caller left
+        // since makes this return at once.
         runtime.block_on(shared.wanted.notified());
+        seen = shared.calls.load(Ordering::Relaxed);
     }
 }
 
@@ -155,11 +142,8 @@ impl Drop for Runtime {
         drop(self.runtime.take());
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wanted.notify_one();
-        {
-            let _callers = lock(&self.shared.callers);
-            self.shared.idle.notify_all();
-        }
         if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
             if thread.thread().id() != std::thread::current().id() {
                 let _ = thread.join();
             }
