@@ -105,7 +105,15 @@ pub fn start_zygotes(
     let private_blocking_pid = private_zygote_pid(&[daemon_pid, private_pid.unwrap_or(0)]);
     let template_blocking = template_blocking.blocking_client()?;
     let nonroot = if rustix::process::geteuid().is_root() {
-        Some(NonRoot::start(&socket)?)
+        // Uid 65534 must be able to run this binary where it lies (not
+        // under a 0700 home, say): without it, the rest still runs.
+        match NonRoot::start(&socket) {
+            Ok(helper) => Some(helper),
+            Err(error) => {
+                eprintln!("zygote-bench: no non-root client cells: {error}");
+                None
+            }
+        }
     } else {
         eprintln!(
             "zygote-bench: not root, so no non-root client cells (they need a root daemon \
