@@ -429,6 +429,15 @@ pub fn set_busy(busy: bool) {
     }
 }
 
+/// Forgets [`prepare_boost`], so that other tests' children keep their
+/// own nice values.
+#[cfg(test)]
+fn forget_boost() {
+    BOOST_NICE.store(i32::MIN, Ordering::Relaxed);
+    DEFAULT_CHILD_NICE.store(i32::MIN, Ordering::Relaxed);
+    BOOSTED.store(false, Ordering::Relaxed);
+}
+
 fn default_child_nice() -> Option<i32> {
     let nice = DEFAULT_CHILD_NICE.load(Ordering::Relaxed);
     (nice != i32::MIN).then_some(nice)

@@ -752,6 +752,7 @@ fn boosted_spawner_children_keep_their_own_nice() {
         .unwrap();
         super::set_busy(false);
         assert_eq!(own(), 3, "back when idle");
+        super::forget_boost();
     })
     .join()
     .unwrap();
