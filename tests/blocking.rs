@@ -81,3 +81,37 @@ fn blocking_wait_after_the_zygote_died_reads_the_pidfd() {
         Err(error) => assert!(matches!(error, Error::ZygoteLost { .. }), "{error}"),
     }
 }
+
+/// Callers read their own replies while they block; between calls the
+/// client's background thread must still read what arrives, so that an
+/// exit shows in `try_wait`, which never blocks, with no call in between.
+#[test]
+fn blocking_try_wait_sees_the_exit_without_a_blocking_call() {
+    let daemon = start_daemon("blocking-idle");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let mut child = Command::new(&client, "true").spawn().expect("true");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no exit seen in 10 s without a blocking call"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert!(status.success());
+    // Threads taking turns at driving the runtime, each also waiting.
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            let client = &client;
+            scope.spawn(move || {
+                for _ in 0..25 {
+                    let status = Command::new(client, "true").status().expect("true");
+                    assert!(status.success());
+                }
+            });
+        }
+    });
+}

@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::util::{children_of, eventually, parent_of, process_state, zygote_bin};
+use crate::util::{children_of, eventually, parent_of, process_state, stat_fields, zygote_bin};
 
 const HELPER: &str = env!("CARGO_BIN_EXE_zygote-private-helper");
 
@@ -15,6 +15,7 @@ struct Report {
     child: u32,
     ppid_seen: u32,
     sleeper: u32,
+    child_nice: i32,
 }
 
 fn parse(line: &str) -> Report {
@@ -28,6 +29,11 @@ fn parse(line: &str) -> Report {
         child: u32::try_from(field("child")).unwrap(),
         ppid_seen: u32::try_from(field("ppid_seen")).unwrap(),
         sleeper: u32::try_from(field("sleeper")).unwrap(),
+        child_nice: words
+            .iter()
+            .position(|w| *w == "child_nice")
+            .and_then(|at| words.get(at + 1)?.parse().ok())
+            .expect("child_nice"),
     }
 }
 
@@ -131,4 +137,53 @@ fn private_fd_that_is_not_a_socket_is_refused() {
         stderr.contains("private zygote's socket") && stderr.contains("non-socket"),
         "{stderr}"
     );
+}
+
+/// A private zygote raises its spawner to nice -10 (root only) while two
+/// or more children run, so that at high concurrency its children cannot
+/// starve it; its children still run at their owner's nice value, not at
+/// -10. The helper starts `sh` while `cat` and `sleep` run.
+fn private_zygote_outranks_its_children(mode: &str) {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!(
+            "SKIPPED the {mode} zygote's priority: raising it needs CAP_SYS_NICE; run as root"
+        );
+        return;
+    }
+    let mut helper = Command::new("nice")
+        .args(["-n", "3", HELPER, mode, "0"])
+        .env("ZYGOTE_BIN", zygote_bin())
+        .env("ZYGOTE_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the helper");
+    let mut line = String::new();
+    BufReader::new(helper.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("read the helper's report");
+    let report = parse(&line);
+    let nice_of = |pid: u32| -> Option<i32> { stat_fields(pid)?.get(16)?.parse().ok() };
+    assert_eq!(nice_of(helper.id()), Some(3), "the owner runs at nice 3");
+    assert_eq!(
+        nice_of(report.ppid_seen),
+        Some(-10),
+        "the {mode} zygote's spawner is raised while busy"
+    );
+    assert_eq!(
+        report.child_nice, 3,
+        "a child of the {mode} zygote runs at its owner's nice, not the zygote's"
+    );
+    helper.kill().expect("SIGKILL the helper");
+    helper.wait().expect("reap the helper");
+}
+
+#[test]
+fn launched_private_zygote_outranks_its_children_who_keep_the_owners_nice() {
+    private_zygote_outranks_its_children("launched");
+}
+
+#[test]
+fn forked_template_outranks_its_children_who_keep_the_owners_nice() {
+    private_zygote_outranks_its_children("template");
 }

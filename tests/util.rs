@@ -274,7 +274,7 @@ pub fn children_of(pid: u32) -> Vec<u32> {
 }
 
 /// `/proc/PID/stat` fields after the command name.
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
+pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_comm = &stat[stat.rfind(')')? + 2..];
     Some(after_comm.split_whitespace().map(str::to_owned).collect())

@@ -22,12 +22,14 @@ mod cgroups;
 mod error;
 mod helpers;
 mod methods;
+mod nonroot;
 mod report;
 mod stats;
 mod sys;
 mod targets;
 mod zygotes;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -85,7 +87,9 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 100)]
     resident_children: usize,
     /// Only these methods besides the floor (for profiling one): std-spawn,
-    /// std-fork, zygote-shared, zygote-private, zygote-template.
+    /// std-fork, zygote-shared, zygote-private, zygote-template,
+    /// zygote-shared-blocking, zygote-private-blocking,
+    /// zygote-template-blocking, zygote-shared-nonroot.
     #[arg(long, value_delimiter = ',')]
     methods: Vec<String>,
     /// Rounds of the cgroup-per-child comparison (shared daemon with and
@@ -107,16 +111,23 @@ impl Args {
 }
 
 fn main() -> ExitCode {
-    // First, while this process is small and has only one thread.
-    let template = match zygote::template::fork_template() {
-        Ok(template) => template,
+    let mut argv = std::env::args_os().skip(1);
+    if argv.next().is_some_and(|first| first == nonroot::FLAG) {
+        return nonroot::helper_main(argv.next().unwrap_or_default().into());
+    }
+    // First, while this process is small and has only one thread: one
+    // template for the async client, one for the blocking one.
+    let templates = match zygote::template::fork_template()
+        .and_then(|first| Ok([first, zygote::template::fork_template()?]))
+    {
+        Ok(templates) => templates,
         Err(error) => {
             eprintln!("zygote-bench: {error}");
             return ExitCode::FAILURE;
         }
     };
     let args = Args::parse();
-    match run(template, &args) {
+    match run(templates, &args) {
         Ok(report) => {
             print!("{}", report.markdown());
             if let Some(path) = &args.json {
@@ -145,24 +156,68 @@ pub(crate) struct Bench {
 }
 
 impl Bench {
+    /// Whether `method` can run here (the non-root client needs root).
+    fn has(&self, method: Method) -> bool {
+        method != Method::ZygoteSharedNonRoot || self.zygotes.nonroot.is_some()
+    }
+
     fn run_cell(&mut self, method: Method, program: &Path, budget: Budget) -> Result<CellRun> {
-        let client = match method {
+        let zygotes = &mut self.zygotes;
+        let zygote_pid = zygotes.pid(method);
+        let zygote_before = zygote_pid.and_then(sys::process_cpu);
+        let client_before = sys::own_cpu();
+        let mut run = match method {
             Method::Floor => return self.floor.run(program, budget.n, budget.concurrency),
             Method::StdSpawn => return methods::run_std(program, false, budget),
             Method::StdFork => return methods::run_std(program, true, budget),
-            Method::ZygoteShared => &self.zygotes.shared,
-            Method::ZygotePrivate => &self.zygotes.private,
-            Method::ZygoteTemplate => &self.zygotes.template,
+            Method::ZygoteShared => self.runtime.block_on(methods::run_zygote(
+                &zygotes.shared,
+                program,
+                budget,
+                |_| {},
+            ))?,
+            Method::ZygotePrivate => self.runtime.block_on(methods::run_zygote(
+                &zygotes.private,
+                program,
+                budget,
+                |_| {},
+            ))?,
+            Method::ZygoteTemplate => self.runtime.block_on(methods::run_zygote(
+                &zygotes.template,
+                program,
+                budget,
+                |_| {},
+            ))?,
+            Method::ZygoteSharedBlocking => {
+                methods::run_blocking(&zygotes.shared_blocking, program, budget)?
+            }
+            Method::ZygotePrivateBlocking => {
+                methods::run_blocking(&zygotes.private_blocking, program, budget)?
+            }
+            Method::ZygoteTemplateBlocking => {
+                methods::run_blocking(&zygotes.template_blocking, program, budget)?
+            }
+            Method::ZygoteSharedNonRoot => match zygotes.nonroot.as_mut() {
+                Some(helper) => helper.run(program, budget)?,
+                None => return Ok(CellRun::default()),
+            },
         };
-        self.runtime
-            .block_on(methods::run_zygote(client, program, budget, |_| {}))
+        // The helper measured its own process; we are the client otherwise.
+        if run.client_cpu.is_none() {
+            run.client_cpu = Some(sys::own_cpu().saturating_sub(client_before));
+        }
+        run.zygote_cpu = zygote_before
+            .zip(zygote_pid.and_then(sys::process_cpu))
+            .map(|(before, after)| after.saturating_sub(before));
+        Ok(run)
     }
 
     /// One cell per method, measured in rounds that take turns (floor,
     /// then each method, then the floor again...), so that drift in the
-    /// machine's speed hits every method alike. Each round runs at least
-    /// four times `concurrency` spawns, so that ramp-up and drain stay a
-    /// small part of it. `methods[0]` must be the floor.
+    /// machine's speed hits every method alike, at every concurrency.
+    /// Each round runs at least four times `concurrency` spawns, so that
+    /// ramp-up and drain stay a small part of it: a cell holds at least
+    /// `rounds * 4 * concurrency`. `methods[0]` must be the floor.
     fn run_interleaved(
         &mut self,
         methods: &[Method],
@@ -170,8 +225,8 @@ impl Bench {
         concurrency: usize,
         args: &Args,
     ) -> Result<Vec<CellRun>> {
-        let n = args.iterations.max(concurrency);
-        let rounds = args.rounds.min(n / (4 * concurrency)).max(1);
+        let rounds = args.rounds.max(1);
+        let n = args.iterations.max(rounds * 4 * concurrency);
         let round_seconds = args.cell_seconds / rounds as f64;
         let mut runs: Vec<CellRun> = methods.iter().map(|_| CellRun::default()).collect();
         for round in 0..rounds {
@@ -190,7 +245,7 @@ impl Bench {
     }
 }
 
-fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
+fn run(templates: [zygote::template::Template; 2], args: &Args) -> Result<Report> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -201,7 +256,11 @@ fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
         .map_err(Error::io("creating a temp dir"))?;
     let (static_child, static_kind) = helpers::build_static_child(dir.path())?;
     let floor = Floor::start(&helpers::build_floor(dir.path())?)?;
-    let zygotes = zygotes::start_zygotes(&runtime, template, dir.path())?;
+    // The non-root client runs the static child from here and connects to
+    // the socket here.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .map_err(Error::io("opening the temp dir to the non-root client"))?;
+    let zygotes = zygotes::start_zygotes(&runtime, templates, dir.path())?;
     let cgroup_daemon = if args.cgroup_rounds > 0 {
         cgroups::start(&runtime, dir.path())
     } else {
@@ -262,8 +321,10 @@ fn run(template: zygote::template::Template, args: &Args) -> Result<Report> {
                     continue;
                 }
                 for (child, program) in &children {
-                    let methods: Vec<Method> =
-                        Method::ALL.into_iter().filter(|m| args.wants(*m)).collect();
+                    let methods: Vec<Method> = Method::ALL
+                        .into_iter()
+                        .filter(|m| args.wants(*m) && bench.has(*m))
+                        .collect();
                     eprintln!("zygote-bench: {child} rss={rss} fds={fds} c={concurrency}");
                     let runs = bench.run_interleaved(&methods, program, concurrency, args)?;
                     let floor = Summary::of(&runs[0]);
@@ -326,9 +387,10 @@ fn measure_cow(
     memory.rewrite();
     let mut baselines = Vec::new();
     let mut out = Vec::new();
+    // The non-root client is another process: its CoW tax is not ours.
     for method in Method::ALL
         .into_iter()
-        .filter(|m| *m != Method::Floor && wants(*m))
+        .filter(|m| !matches!(m, Method::Floor | Method::ZygoteSharedNonRoot) && wants(*m))
     {
         let mut before = Vec::with_capacity(rounds);
         let mut after = Vec::with_capacity(rounds);

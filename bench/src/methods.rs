@@ -33,17 +33,42 @@ pub enum Method {
     ZygotePrivate,
     /// zygote: a template forked from this process at the start of main.
     ZygoteTemplate,
+    /// zygote: the shared daemon, through the blocking client.
+    ZygoteSharedBlocking,
+    /// zygote: a second launched private zygote, through the blocking
+    /// client.
+    ZygotePrivateBlocking,
+    /// zygote: a second forked template, through the blocking client.
+    ZygoteTemplateBlocking,
+    /// zygote: the root shared daemon, from a client process running as
+    /// uid 65534 (its children switch to that uid).
+    ZygoteSharedNonRoot,
 }
 
 impl Method {
     /// Every method, in table order.
-    pub const ALL: [Method; 6] = [
+    pub const ALL: [Method; 10] = [
         Method::Floor,
         Method::StdSpawn,
         Method::StdFork,
         Method::ZygoteShared,
         Method::ZygotePrivate,
         Method::ZygoteTemplate,
+        Method::ZygoteSharedBlocking,
+        Method::ZygotePrivateBlocking,
+        Method::ZygoteTemplateBlocking,
+        Method::ZygoteSharedNonRoot,
+    ];
+
+    /// Every zygote method.
+    pub const ZYGOTES: [Method; 7] = [
+        Method::ZygoteShared,
+        Method::ZygotePrivate,
+        Method::ZygoteTemplate,
+        Method::ZygoteSharedBlocking,
+        Method::ZygotePrivateBlocking,
+        Method::ZygoteTemplateBlocking,
+        Method::ZygoteSharedNonRoot,
     ];
 
     /// The name for `--methods`.
@@ -55,6 +80,10 @@ impl Method {
             Method::ZygoteShared => "zygote-shared",
             Method::ZygotePrivate => "zygote-private",
             Method::ZygoteTemplate => "zygote-template",
+            Method::ZygoteSharedBlocking => "zygote-shared-blocking",
+            Method::ZygotePrivateBlocking => "zygote-private-blocking",
+            Method::ZygoteTemplateBlocking => "zygote-template-blocking",
+            Method::ZygoteSharedNonRoot => "zygote-shared-nonroot",
         }
     }
 
@@ -67,6 +96,10 @@ impl Method {
             Method::ZygoteShared => "zygote, shared daemon",
             Method::ZygotePrivate => "zygote, private launched",
             Method::ZygoteTemplate => "zygote, forked template",
+            Method::ZygoteSharedBlocking => "zygote, shared daemon, blocking",
+            Method::ZygotePrivateBlocking => "zygote, private launched, blocking",
+            Method::ZygoteTemplateBlocking => "zygote, forked template, blocking",
+            Method::ZygoteSharedNonRoot => "zygote, shared daemon, client uid 65534",
         }
     }
 }
@@ -89,19 +122,31 @@ pub struct CellRun {
     pub samples: Vec<Sample>,
     /// From the first spawn to the last exit.
     pub wall: Duration,
-    /// CPU time of the calling thread over the whole cell (zygote methods
-    /// only; includes the client's reader task, which runs on the same
-    /// thread).
+    /// CPU time of the calling thread over the whole cell (async zygote
+    /// methods only; includes the client's reader task, which runs on the
+    /// same thread).
     pub cpu: Option<Duration>,
+    /// CPU time of the whole client process over the cell (zygote
+    /// methods): every thread of it, the blocking client's included.
+    pub client_cpu: Option<Duration>,
+    /// CPU time of the zygote process over the cell (every thread of it;
+    /// its children's time is theirs, not counted).
+    pub zygote_cpu: Option<Duration>,
+}
+
+fn add(mine: Option<Duration>, theirs: Option<Duration>) -> Option<Duration> {
+    match (mine, theirs) {
+        (Some(mine), Some(theirs)) => Some(mine + theirs),
+        (mine, theirs) => mine.or(theirs),
+    }
 }
 
 impl CellRun {
     /// Adds another round of the same cell.
     pub fn absorb(&mut self, round: CellRun) {
-        self.cpu = match (self.cpu, round.cpu) {
-            (Some(mine), Some(theirs)) => Some(mine + theirs),
-            (mine, theirs) => mine.or(theirs),
-        };
+        self.cpu = add(self.cpu, round.cpu);
+        self.client_cpu = add(self.client_cpu, round.client_cpu);
+        self.zygote_cpu = add(self.zygote_cpu, round.zygote_cpu);
         self.samples.extend(round.samples);
         self.wall += round.wall;
     }
@@ -170,7 +215,7 @@ impl Floor {
         Ok(CellRun {
             samples,
             wall,
-            cpu: None,
+            ..CellRun::default()
         })
     }
 }
@@ -236,7 +281,7 @@ pub fn run_std(program: &Path, fork_path: bool, budget: Budget) -> Result<CellRu
     Ok(CellRun {
         samples: per_thread.into_iter().flatten().collect(),
         wall: started.elapsed(),
-        cpu: None,
+        ..CellRun::default()
     })
 }
 
@@ -287,6 +332,53 @@ pub async fn run_zygote(
         wall: started.elapsed(),
         cpu: Some(thread_cpu().saturating_sub(cpu_before)),
         samples,
+        ..CellRun::default()
+    })
+}
+
+/// Through a blocking zygote `client`, `concurrency` threads, each
+/// spawning and waiting in turn as a synchronous program would.
+///
+/// # Errors
+///
+/// The first spawn or wait error.
+pub fn run_blocking(
+    client: &zygote_client::blocking::Client,
+    program: &Path,
+    budget: Budget,
+) -> Result<CellRun> {
+    let taken = AtomicUsize::new(0);
+    let started = Instant::now();
+    let per_thread = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..budget.concurrency)
+            .map(|_| {
+                scope.spawn(|| -> zygote_client::Result<Vec<Sample>> {
+                    let mut samples = Vec::new();
+                    while taken.fetch_add(1, Ordering::Relaxed) < budget.n
+                        && (samples.is_empty() || Instant::now() < budget.deadline)
+                    {
+                        let start = Instant::now();
+                        let mut child = client.command(program).spawn()?;
+                        let blocked = start.elapsed();
+                        child.wait()?;
+                        samples.push(Sample {
+                            latency: start.elapsed(),
+                            blocked: Some(blocked),
+                        });
+                    }
+                    Ok(samples)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| worker.join().expect("blocking zygote worker panicked"))
+            .collect::<zygote_client::Result<Vec<_>>>()
+    })?;
+    Ok(CellRun {
+        samples: per_thread.into_iter().flatten().collect(),
+        wall: started.elapsed(),
+        ..CellRun::default()
     })
 }
 

@@ -7,6 +7,7 @@ use serde::Serialize;
 use crate::cgroups::CgroupCost;
 use crate::methods::Method;
 use crate::stats::Summary;
+use crate::targets::C_ZYGOTE_CPU_US;
 
 /// Everything one run measured.
 #[derive(Debug, Serialize)]
@@ -106,6 +107,41 @@ fn opt(value: Option<f64>) -> String {
 }
 
 impl Report {
+    /// CPU per spawn of client + zygote at concurrency 1 and 0 extra fds,
+    /// beside the minimal C zygote's.
+    fn cpu_table(&self, out: &mut String) {
+        let Some(conc1) = self.cells.iter().map(|c| c.concurrency).min() else {
+            return;
+        };
+        let fds0 = self.cells.iter().map(|c| c.fds).min().unwrap_or(0);
+        let _ = write!(
+            out,
+            "\n#### CPU per spawn\n\nClient + zygote CPU per spawn at c={conc1}, {fds0} extra fds, \
+             against the minimal C zygote's {:.0} µs (the child's own time excluded).\n\n\
+             | child | RSS GiB | method | client µs | zygote µs | total µs | ×C zygote |\n|---|---|---|---|---|---|---|\n",
+            C_ZYGOTE_CPU_US
+        );
+        for cell in self
+            .cells
+            .iter()
+            .filter(|c| c.concurrency == conc1 && c.fds == fds0)
+        {
+            let s = &cell.summary;
+            if let Some(total) = s.total_cpu_per_spawn_us() {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {total:.0} | {:.2} |",
+                    cell.child,
+                    cell.rss_gib,
+                    cell.method.name(),
+                    opt(s.client_cpu_per_spawn_us),
+                    opt(s.zygote_cpu_per_spawn_us),
+                    total / C_ZYGOTE_CPU_US
+                );
+            }
+        }
+    }
+
     /// The markdown tables.
     pub fn markdown(&self) -> String {
         let mut out = String::new();
@@ -138,16 +174,19 @@ impl Report {
         out.push_str(
             "\n#### Spawn + wait\n\nLatency from the call until the exit is seen. \
              *blocked*: the calling thread's busy time per spawn (std: the whole `spawn()`; \
-             async zygote client: time inside its futures' polls). *cpu*: the calling \
-             thread's CPU per spawn, including the client's reply reader.\n\n\
-             | child | RSS GiB | fds | conc | method | n | p50 ms | p99 ms | mean ms | spawns/s | p50 ×floor | spawns/s ×floor | blocked p50 µs | cpu µs |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+             async zygote client: time inside its futures' polls; blocking client: the whole \
+             `spawn()`). *thread cpu*: the calling thread's CPU per spawn, including the \
+             async client's reply reader. *client cpu*, *zygote cpu*: CPU per spawn of the \
+             whole client process and of the zygote process (every thread; the child's own \
+             time excluded), from their process CPU clocks before and after each round.\n\n\
+             | child | RSS GiB | fds | conc | method | n | p50 ms | p99 ms | mean ms | spawns/s | p50 ×floor | spawns/s ×floor | blocked p50 µs | thread cpu µs | client cpu µs | zygote cpu µs |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for cell in &self.cells {
             let s = &cell.summary;
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.0} | {:.2} | {:.2} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} |",
                 cell.child,
                 cell.rss_gib,
                 cell.fds,
@@ -162,8 +201,11 @@ impl Report {
                 cell.throughput_vs_floor,
                 opt(s.blocked_p50_us),
                 opt(s.cpu_per_spawn_us),
+                opt(s.client_cpu_per_spawn_us),
+                opt(s.zygote_cpu_per_spawn_us),
             );
         }
+        self.cpu_table(&mut out);
         out.push_str(
             "\n#### Copy-on-write tax\n\nTime for the parent to write one byte in every page \
              of its memory right after one spawn + wait, against the same just before the \

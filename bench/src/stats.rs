@@ -21,8 +21,12 @@ pub struct Summary {
     pub spawns_per_s: f64,
     /// Median time the calling thread was busy per spawn, µs.
     pub blocked_p50_us: Option<f64>,
-    /// Calling thread's CPU time per spawn, µs (zygote methods).
+    /// Calling thread's CPU time per spawn, µs (async zygote methods).
     pub cpu_per_spawn_us: Option<f64>,
+    /// The client process's CPU time per spawn, µs (zygote methods).
+    pub client_cpu_per_spawn_us: Option<f64>,
+    /// The zygote process's CPU time per spawn, µs (zygote methods).
+    pub zygote_cpu_per_spawn_us: Option<f64>,
 }
 
 /// The nearest-rank percentile `p` (0..=1) of sorted `values`.
@@ -39,6 +43,11 @@ fn us(duration: Duration) -> f64 {
 }
 
 impl Summary {
+    /// Client + zygote CPU per spawn, µs, when both were measured.
+    pub fn total_cpu_per_spawn_us(&self) -> Option<f64> {
+        Some(self.client_cpu_per_spawn_us? + self.zygote_cpu_per_spawn_us?)
+    }
+
     /// Summarises a cell.
     pub fn of(run: &CellRun) -> Self {
         let mut latencies: Vec<Duration> = run.samples.iter().map(|s| s.latency).collect();
@@ -59,6 +68,8 @@ impl Summary {
             },
             blocked_p50_us: (!blocked.is_empty()).then(|| us(percentile(&blocked, 0.5))),
             cpu_per_spawn_us: run.cpu.map(|cpu| us(cpu) / n.max(1) as f64),
+            client_cpu_per_spawn_us: run.client_cpu.map(|cpu| us(cpu) / n.max(1) as f64),
+            zygote_cpu_per_spawn_us: run.zygote_cpu.map(|cpu| us(cpu) / n.max(1) as f64),
         }
     }
 }

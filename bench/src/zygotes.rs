@@ -10,42 +10,74 @@ use zygote_client::Client;
 use crate::Bench;
 use crate::error::{Error, Result};
 use crate::methods::Method;
+use crate::nonroot::NonRoot;
 use crate::report::Resident;
 
-/// The zygote clients, one per mode, and the shared daemon's process.
+/// The zygote clients, one per mode and API, and the shared daemon's
+/// process.
 pub struct Zygotes {
     pub shared: Client,
     pub private: Client,
     pub template: Client,
+    pub shared_blocking: zygote_client::blocking::Client,
+    pub private_blocking: zygote_client::blocking::Client,
+    pub template_blocking: zygote_client::blocking::Client,
+    /// The client process running as another uid; None when the bench is
+    /// not root.
+    pub nonroot: Option<NonRoot>,
     pub daemon: Child,
     pub private_pid: Option<u32>,
+    pub private_blocking_pid: Option<u32>,
     pub template_pid: u32,
+    pub template_blocking_pid: u32,
+}
+
+impl Zygotes {
+    /// The pid of the zygote process behind `method`.
+    pub fn pid(&self, method: Method) -> Option<u32> {
+        match method {
+            Method::ZygoteShared | Method::ZygoteSharedBlocking | Method::ZygoteSharedNonRoot => {
+                Some(self.daemon.id())
+            }
+            Method::ZygotePrivate => self.private_pid,
+            Method::ZygotePrivateBlocking => self.private_blocking_pid,
+            Method::ZygoteTemplate => Some(self.template_pid),
+            Method::ZygoteTemplateBlocking => Some(self.template_blocking_pid),
+            Method::Floor | Method::StdSpawn | Method::StdFork => None,
+        }
+    }
 }
 
 impl Drop for Zygotes {
     fn drop(&mut self) {
+        drop(self.nonroot.take());
         let _ = self.daemon.kill();
         let _ = self.daemon.wait();
     }
 }
 
-/// Starts the shared daemon on a socket in `dir`, launches a private
-/// zygote, and connects to all three.
+/// Starts the shared daemon on a socket in `dir`, launches the private
+/// zygotes, connects to all of them (async and blocking), and starts the
+/// non-root client when we are root.
 ///
 /// # Errors
 ///
 /// When the binary is missing or a zygote does not answer.
 pub fn start_zygotes(
     runtime: &tokio::runtime::Runtime,
-    template: zygote::template::Template,
+    templates: [zygote::template::Template; 2],
     dir: &Path,
 ) -> Result<Zygotes> {
     let binary = zygote_client::private::find_binary()?;
     let socket = dir.join("zygote.sock");
+    let [template, template_blocking] = templates;
     let daemon = Command::new(&binary)
         .arg("serve")
         .arg("--socket")
         .arg(&socket)
+        // The non-root client connects too.
+        .arg("--socket-mode")
+        .arg("0666")
         .env("ZYGOTE_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -53,6 +85,7 @@ pub fn start_zygotes(
         .map_err(Error::io(format!("starting {}", binary.display())))?;
     let daemon_pid = daemon.id();
     let template_pid = template.pid().unsigned_abs();
+    let template_blocking_pid = template_blocking.pid().unsigned_abs();
     let (shared, private, template) = runtime.block_on(async {
         let deadline = Instant::now() + Duration::from_secs(10);
         let shared = loop {
@@ -66,19 +99,48 @@ pub fn start_zygotes(
         let template = template.client().await?;
         Ok::<_, Error>((shared, private, template))
     })?;
+    let private_pid = private_zygote_pid(&[daemon_pid]);
+    let shared_blocking = zygote_client::blocking::Client::connect(&socket)?;
+    let private_blocking = zygote_client::blocking::Client::launch_private()?;
+    let private_blocking_pid = private_zygote_pid(&[daemon_pid, private_pid.unwrap_or(0)]);
+    let template_blocking = template_blocking.blocking_client()?;
+    let nonroot = if rustix::process::geteuid().is_root() {
+        // Uid 65534 must be able to run this binary where it lies (not
+        // under a 0700 home, say): without it, the rest still runs.
+        match NonRoot::start(&socket) {
+            Ok(helper) => Some(helper),
+            Err(error) => {
+                eprintln!("zygote-bench: no non-root client cells: {error}");
+                None
+            }
+        }
+    } else {
+        eprintln!(
+            "zygote-bench: not root, so no non-root client cells (they need a root daemon \
+             and a client as uid {})",
+            crate::nonroot::UID
+        );
+        None
+    };
     Ok(Zygotes {
         shared,
         private,
         template,
+        shared_blocking,
+        private_blocking,
+        template_blocking,
+        nonroot,
         daemon,
-        private_pid: private_zygote_pid(daemon_pid),
+        private_pid,
+        private_blocking_pid,
         template_pid,
+        template_blocking_pid,
     })
 }
 
-/// The launched private zygote: our child named `zygote` that is not the
-/// shared daemon.
-fn private_zygote_pid(daemon_pid: u32) -> Option<u32> {
+/// A launched private zygote: our child named `zygote` that is none of
+/// `known`.
+fn private_zygote_pid(known: &[u32]) -> Option<u32> {
     let me = std::process::id();
     std::fs::read_dir("/proc")
         .ok()?
@@ -92,7 +154,7 @@ fn private_zygote_pid(daemon_pid: u32) -> Option<u32> {
                 .nth(1)?
                 .parse()
                 .ok()?;
-            (ppid == me && comm == "zygote" && pid != daemon_pid).then_some(pid)
+            (ppid == me && comm == "zygote" && !known.contains(&pid)).then_some(pid)
         })
 }
 

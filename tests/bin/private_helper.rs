@@ -3,7 +3,7 @@
 //! then spawns through it and reports on stdout:
 //!
 //! ```text
-//! rss_kib <VmRSS> child <pid of a running cat> ppid_seen <$PPID of a child> sleeper <pid>
+//! rss_kib <VmRSS> child <pid of a running cat> ppid_seen <$PPID of a child> sleeper <pid> child_nice <its nice value>
 //! ```
 //!
 //! It then waits until its stdin closes. The `cat` reads a pipe from this
@@ -52,18 +52,23 @@ fn main() -> ExitCode {
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn cat");
-    let output = Command::new(&client, "sh")
-        .args(["-c", "echo $PPID"])
-        .output()
-        .expect("run sh");
-    let ppid_seen = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    // With cat and the sleeper running, the zygote is busy when it starts
+    // sh: its spawner runs raised (as root), and sh must not inherit that.
     let sleeper = Command::new(&client, "sleep")
         .arg("3")
         .stdin(Stdio::null())
         .spawn()
         .expect("spawn sleep");
+    let output = Command::new(&client, "sh")
+        .args(["-c", "echo $PPID $(nice)"])
+        .output()
+        .expect("run sh");
+    let seen = String::from_utf8_lossy(&output.stdout).into_owned();
+    let mut seen = seen.split_whitespace();
+    let ppid_seen = seen.next().unwrap_or("?").to_owned();
+    let child_nice = seen.next().unwrap_or("?").to_owned();
     println!(
-        "rss_kib {} child {} ppid_seen {ppid_seen} sleeper {}",
+        "rss_kib {} child {} ppid_seen {ppid_seen} sleeper {} child_nice {child_nice}",
         rss_kib(),
         cat.id(),
         sleeper.id()

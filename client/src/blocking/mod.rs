@@ -1,10 +1,11 @@
 //! The same API without async: [`Client`], [`Command`], [`Child`], with
 //! pipes that are plain `Read`/`Write` files, as in `std::process`.
 //!
-//! A blocking [`Client`] owns one background thread running a small tokio
-//! runtime, which drives the connection; each blocking call runs the async
-//! code on the calling thread with `Handle::block_on`. Any number of
-//! threads may use one client (and its clones) at once.
+//! A blocking [`Client`] owns a small current-thread tokio runtime; each
+//! blocking call runs the async code on the calling thread, which drives
+//! the connection itself while it waits (its reply is read on its own
+//! thread), and one background thread drives it between calls. Any number
+//! of threads may use one client (and its clones) at once.
 //!
 //! # Panics
 //!
@@ -16,8 +17,10 @@ use std::future::Future;
 use std::os::fd::{OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::Notify;
 use zygote_proto::Limits;
 
 use crate::request::StdioDefaults;
@@ -27,49 +30,120 @@ mod child;
 
 pub use child::{Child, ChildStderr, ChildStdin, ChildStdout};
 
-/// The background thread and its runtime, shared by a client's clones,
-/// commands and children; stopped when the last of them is dropped.
+/// The runtime, shared by a client's clones, commands and children, and
+/// the background thread that drives it while no caller does; stopped
+/// when the last of them is dropped.
+///
+/// A caller blocked on a reply drives the runtime itself
+/// (`Runtime::block_on` of a current-thread runtime: the first thread in
+/// takes its IO driver), so it reads its reply on its own thread, with no
+/// hop through another thread. Once no caller has come for
+/// [`IDLE_BEFORE_DRIVING`], the background thread drives it, so that
+/// notices nobody waits for yet are still read; it gives the runtime up
+/// as soon as a caller comes.
 #[derive(Debug)]
 struct Runtime {
-    handle: tokio::runtime::Handle,
-    /// Dropping it ends the thread's `block_on`, which drops the runtime.
-    stop: Option<oneshot::Sender<()>>,
+    runtime: Option<Arc<tokio::runtime::Runtime>>,
+    shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the callers and the background thread share.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Callers inside [`Runtime::block_on`] now.
+    callers: AtomicUsize,
+    /// Calls to [`Runtime::block_on`] so far: the background thread drives
+    /// only once it has not moved for [`IDLE_BEFORE_DRIVING`].
+    calls: AtomicU64,
+    /// Ends the background thread's turn at driving the runtime.
+    wanted: Notify,
+    stop: AtomicBool,
 }
 
 impl Runtime {
     fn start() -> Result<Arc<Self>> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|error| Error::io("building the zygote client's runtime", error))?;
-        let handle = runtime.handle().clone();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("zygote-client".into())
-            // A current-thread runtime drives IO only inside
-            // `Runtime::block_on`; this thread sits there so that other
-            // threads' `Handle::block_on` calls make progress.
-            .spawn(move || {
-                let _ = runtime.block_on(stopped);
-            })
-            .map_err(|error| Error::io("starting the zygote client's thread", error))?;
+        let runtime = Arc::new(
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|error| Error::io("building the zygote client's runtime", error))?,
+        );
+        let shared = Arc::new(Shared::default());
+        let thread = {
+            let runtime = Arc::clone(&runtime);
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("zygote-client".into())
+                .spawn(move || drive_when_idle(&runtime, &shared))
+                .map_err(|error| Error::io("starting the zygote client's thread", error))?
+        };
         Ok(Arc::new(Self {
-            handle,
-            stop: Some(stop),
+            runtime: Some(runtime),
+            shared,
             thread: Some(thread),
         }))
     }
 
     fn block_on<F: Future>(&self, future: F) -> F::Output {
-        self.handle.block_on(future)
+        let runtime = self.runtime.as_ref().expect("the runtime lives until drop");
+        self.shared.calls.fetch_add(1, Ordering::Relaxed);
+        self.shared.callers.fetch_add(1, Ordering::AcqRel);
+        // Makes the background thread give the runtime up if it drives it
+        // (a stored permit otherwise: no syscall); meanwhile this thread
+        // already polls `future` (sending its request).
+        self.shared.wanted.notify_one();
+        let _leave = Leave(&self.shared);
+        runtime.block_on(future)
+    }
+}
+
+/// Counts a caller out of [`Runtime::block_on`], also when it unwinds.
+struct Leave<'a>(&'a Shared);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.callers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How long the runtime must have had no caller before the background
+/// thread drives it: a program that calls again within this finds the
+/// runtime free and takes it without waking anyone.
+const IDLE_BEFORE_DRIVING: Duration = Duration::from_millis(10);
+
+/// The background thread: drives the runtime once no caller has come for
+/// [`IDLE_BEFORE_DRIVING`], until a caller wants it back; checks every
+/// [`IDLE_BEFORE_DRIVING`] while callers come (it sleeps in the runtime's
+/// IO driver while it drives), until stopped.
+fn drive_when_idle(runtime: &tokio::runtime::Runtime, shared: &Shared) {
+    let stopped = || shared.stop.load(Ordering::Acquire);
+    let mut seen = shared.calls.load(Ordering::Relaxed);
+    while !stopped() {
+        std::thread::park_timeout(IDLE_BEFORE_DRIVING);
+        let calls = shared.calls.load(Ordering::Relaxed);
+        if calls != seen || shared.callers.load(Ordering::Acquire) > 0 {
+            seen = calls;
+            continue;
+        }
+        if stopped() {
+            return;
+        }
+        // Until a caller (or the stop) wants it; a permit a caller left
+        // since makes this return at once.
+        runtime.block_on(shared.wanted.notified());
+        seen = shared.calls.load(Ordering::Relaxed);
     }
 }
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        drop(self.stop.take());
+        // The background thread drops the runtime, outside any runtime.
+        drop(self.runtime.take());
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wanted.notify_one();
         if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
             if thread.thread().id() != std::thread::current().id() {
                 let _ = thread.join();
             }

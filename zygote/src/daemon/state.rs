@@ -66,6 +66,9 @@ pub struct Daemon {
     /// Whether the daemon's real uid and gid equal its effective ones, so
     /// that a child meant to run with [`Daemon::credentials`] already does.
     pub(crate) plain_ids: bool,
+    /// The nice value, OOM score adjustment and CPU mask (words, trailing
+    /// zeros trimmed) that children inherit, as read at start.
+    own_attributes: OwnAttributes,
     /// Open connections, so that a shutdown closes them all the way a
     /// leaving client does (kill-on-close included).
     connections: OpenConnections,
@@ -110,6 +113,7 @@ impl Daemon {
             child_nofile: None,
             plain_ids: rustix::process::getuid() == rustix::process::geteuid()
                 && rustix::process::getgid() == rustix::process::getegid(),
+            own_attributes: OwnAttributes::read(),
             started: Instant::now(),
             metrics: Metrics::new(),
             cgroups: None,
@@ -133,6 +137,9 @@ impl Daemon {
     /// children then skip reading them from procfs.
     pub(crate) fn spawn(&self, plan: &SpawnPlan) -> Result<SpawnedChild, SpawnError> {
         crate::daemon::reaper::install_child_handler();
+        // A private zygote's spawner outranks its children while several
+        // run (a no-op elsewhere).
+        spawn::set_busy(self.metrics.children_running() >= BUSY_CHILDREN);
         match self.spawner.get_or_init(Spawner::with_current_dispositions) {
             Some(spawner) => spawner.spawn(plan),
             None => spawn::spawn(plan),
@@ -149,15 +156,33 @@ impl Daemon {
     }
 
     /// Removes from `plan` what the child inherits from the daemon anyway:
-    /// a credential switch to the daemon's own ids, and resource limits
-    /// equal to the daemon's. Each of those syscalls runs in the child
-    /// while the spawning thread waits (16 `setrlimit` cost ~30 µs, the
-    /// switch ~20 µs). The daemon's limits are the ones read at its start:
-    /// it never changes them, but a `prlimit` from outside would go
-    /// unnoticed.
+    /// a credential switch to the daemon's own ids, resource limits equal
+    /// to the daemon's, and a nice value, OOM score adjustment or CPU mask
+    /// equal to the daemon's (clients send their own with every request).
+    /// Each of those syscalls runs in the child while the spawning thread
+    /// waits (16 `setrlimit` cost ~30 µs, the switch ~20 µs, the
+    /// `oom_score_adj` write ~10 µs). The daemon's values are the ones
+    /// read at its start: it never changes them (a private zygote's raised
+    /// spawner is reset in its children, see `spawn::prepare_boost`), but
+    /// a change from outside would go unnoticed.
     pub(crate) fn drop_inherited_settings(&self, plan: &mut SpawnPlan) {
         if self.plain_ids && plan.credentials.as_ref() == Some(&self.credentials) {
             plan.credentials = None;
+        }
+        let own = &self.own_attributes;
+        if plan.nice.is_some() && plan.nice == own.nice {
+            plan.nice = None;
+        }
+        if plan.oom_score_adj.is_some() && plan.oom_score_adj == own.oom_score_adj {
+            plan.oom_score_adj = None;
+        }
+        if !plan.cpu_affinity.is_empty()
+            && own
+                .cpu_affinity
+                .as_deref()
+                .is_some_and(|mask| trimmed(&plan.cpu_affinity) == mask)
+        {
+            plan.cpu_affinity = Vec::new();
         }
         plan.rlimits.retain(|limit| {
             !self
@@ -174,6 +199,50 @@ impl Daemon {
             connection.close();
         }
     }
+}
+
+/// Children running from which a private zygote's spawner is raised.
+const BUSY_CHILDREN: u64 = 2;
+
+/// What children inherit from the daemon unless told otherwise; `None`
+/// where it could not be read (then nothing is dropped).
+#[derive(Debug, Default)]
+struct OwnAttributes {
+    nice: Option<i32>,
+    oom_score_adj: Option<i32>,
+    cpu_affinity: Option<Vec<u64>>,
+}
+
+impl OwnAttributes {
+    /// This thread's: the spawning threads start from it.
+    fn read() -> Self {
+        let cpu_affinity = rustix::thread::sched_getaffinity(None).ok().map(|set| {
+            let mut words = Vec::new();
+            for cpu in (0..rustix::thread::CpuSet::MAX_CPU).filter(|cpu| set.is_set(*cpu)) {
+                if words.len() <= cpu / 64 {
+                    words.resize(cpu / 64 + 1, 0u64);
+                }
+                words[cpu / 64] |= 1 << (cpu % 64);
+            }
+            words
+        });
+        Self {
+            nice: rustix::process::getpriority_process(None).ok(),
+            oom_score_adj: std::fs::read_to_string("/proc/self/oom_score_adj")
+                .ok()
+                .and_then(|text| text.trim().parse().ok()),
+            cpu_affinity,
+        }
+    }
+}
+
+/// `mask` without its trailing zero words.
+fn trimmed(mask: &[u64]) -> &[u64] {
+    let end = mask
+        .iter()
+        .rposition(|word| *word != 0)
+        .map_or(0, |last| last + 1);
+    &mask[..end]
 }
 
 impl Default for Daemon {
@@ -232,9 +301,38 @@ mod tests {
         assert_eq!(kept.rlimits, vec![lower], "only the differing limit stays");
         assert_eq!(kept.credentials, Some(other), "a real switch stays");
 
+        let own_attributes = &daemon.own_attributes;
         let mut own = plan(vec![same], Some(daemon.credentials.clone()));
+        own.nice = own_attributes.nice;
+        own.oom_score_adj = own_attributes.oom_score_adj;
+        own.cpu_affinity = own_attributes.cpu_affinity.clone().unwrap();
+        own.cpu_affinity.push(0);
         daemon.drop_inherited_settings(&mut own);
         assert!(own.rlimits.is_empty());
+        assert_eq!(own.nice, None, "the daemon's nice value is inherited");
+        assert_eq!(own.oom_score_adj, None, "so is its OOM score adjustment");
+        assert!(own.cpu_affinity.is_empty(), "and its CPU mask");
+
+        let mut other_attributes = plan(Vec::new(), None);
+        other_attributes.nice = own_attributes.nice.map(|nice| nice + 1);
+        other_attributes.oom_score_adj = own_attributes.oom_score_adj.map(|adj| adj + 1);
+        other_attributes.cpu_affinity = vec![1];
+        let expected_mask =
+            (own_attributes.cpu_affinity.as_deref() != Some(&[1][..])).then(|| vec![1]);
+        daemon.drop_inherited_settings(&mut other_attributes);
+        assert_eq!(
+            other_attributes.nice,
+            own_attributes.nice.map(|nice| nice + 1)
+        );
+        assert_eq!(
+            other_attributes.oom_score_adj,
+            own_attributes.oom_score_adj.map(|adj| adj + 1)
+        );
+        assert_eq!(
+            Some(other_attributes.cpu_affinity),
+            expected_mask.or(Some(Vec::new())),
+            "a different mask stays"
+        );
         assert_eq!(
             own.credentials.is_none(),
             daemon.plain_ids,

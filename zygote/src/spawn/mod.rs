@@ -55,6 +55,7 @@ use std::ffi::{CString, c_char, c_int, c_uint};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{LazyLock, Mutex, PoisonError, RwLock};
 
 use crate::strerror;
@@ -356,6 +357,90 @@ fn start_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<StartedChild, S
     drop(write);
     drop(procs);
     Ok(StartedChild { pid, pidfd, status })
+}
+
+/// The nice value children get when their plan sets none, once
+/// [`prepare_boost`] set the spawner up: its former value. `i32::MIN`:
+/// none (children inherit the spawner's).
+static DEFAULT_CHILD_NICE: AtomicI32 = AtomicI32::new(i32::MIN);
+
+/// The spawner's nice value while busy ([`set_busy`]); `i32::MIN` until
+/// [`prepare_boost`] succeeded.
+static BOOST_NICE: AtomicI32 = AtomicI32::new(i32::MIN);
+
+/// The spawner's nice value while idle.
+static IDLE_NICE: AtomicI32 = AtomicI32::new(0);
+
+/// Whether the spawner runs at [`BOOST_NICE`] now.
+static BOOSTED: AtomicBool = AtomicBool::new(false);
+
+/// Prepares the calling thread, a single-threaded zygote's spawner, to
+/// get priority over the children it starts while many run
+/// ([`set_busy`]), so that at high concurrency it is not queued behind
+/// them: sets `SCHED_RESET_ON_FORK`, so that its children start at nice
+/// 0 whatever its own, and children whose plan sets no nice value get the
+/// thread's present one. Checks it may raise itself to `nice`.
+///
+/// Only while busy: a raised spawner also preempts its own client on
+/// every request (measured at concurrency 1: the client's thread blocked
+/// 80 µs instead of 22 per spawn).
+///
+/// # Returns
+///
+/// The present nice value, or `None` when it is already at or below
+/// `nice` (then nothing changes).
+///
+/// # Errors
+///
+/// `EPERM` without `CAP_SYS_NICE` (or a high enough `RLIMIT_NICE`); the
+/// thread is left as it was then.
+pub fn prepare_boost(nice: i32) -> io::Result<Option<i32>> {
+    let former = rustix::process::getpriority_process(None)?;
+    if former <= nice {
+        return Ok(None);
+    }
+    clone::set_reset_on_fork()?;
+    // Whether raising works at all (lowering back always does).
+    rustix::process::setpriority_process(None, nice)?;
+    rustix::process::setpriority_process(None, former)?;
+    if former != 0 {
+        DEFAULT_CHILD_NICE.store(former, Ordering::Relaxed);
+    }
+    IDLE_NICE.store(former, Ordering::Relaxed);
+    BOOST_NICE.store(nice, Ordering::Relaxed);
+    Ok(Some(former))
+}
+
+/// Raises the spawner prepared by [`prepare_boost`] while `busy`, lowers
+/// it back when not; one syscall on a change, nothing otherwise or
+/// without [`prepare_boost`]. Call it on the spawning thread.
+pub fn set_busy(busy: bool) {
+    let nice = BOOST_NICE.load(Ordering::Relaxed);
+    if nice == i32::MIN || BOOSTED.swap(busy, Ordering::Relaxed) == busy {
+        return;
+    }
+    let nice = if busy {
+        nice
+    } else {
+        IDLE_NICE.load(Ordering::Relaxed)
+    };
+    if let Err(error) = rustix::process::setpriority_process(None, nice) {
+        tracing::debug!(nice, %error, "failed to change the spawner's priority");
+    }
+}
+
+/// Forgets [`prepare_boost`], so that other tests' children keep their
+/// own nice values.
+#[cfg(test)]
+fn forget_boost() {
+    BOOST_NICE.store(i32::MIN, Ordering::Relaxed);
+    DEFAULT_CHILD_NICE.store(i32::MIN, Ordering::Relaxed);
+    BOOSTED.store(false, Ordering::Relaxed);
+}
+
+fn default_child_nice() -> Option<i32> {
+    let nice = DEFAULT_CHILD_NICE.load(Ordering::Relaxed);
+    (nice != i32::MIN).then_some(nice)
 }
 
 /// Non-blocking reap via `waitid(P_PIDFD, pidfd, WEXITED | WNOHANG)`, with
@@ -697,7 +782,7 @@ impl<'a> Prepared<'a> {
             join_cgroup: None,
             signals,
             ignored_signals: plan.ignored_signals,
-            nice: plan.nice,
+            nice: plan.nice.or_else(default_child_nice),
             cpu_affinity: &plan.cpu_affinity,
             oom_score_adj: self.oom_score_adj.as_deref(),
             failure,

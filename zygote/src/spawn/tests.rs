@@ -711,3 +711,49 @@ fn fork_path_keeps_a_high_target_fd() {
     let fds: Vec<&str> = text.lines().collect();
     assert_eq!(fds, ["0", "1", "2", "3", "40"], "{text}");
 }
+
+/// A raised spawner (a private zygote at nice -10 while busy) must not
+/// hand its priority to its children: they start at 0
+/// (`SCHED_RESET_ON_FORK`), at the spawner's former nice value when their
+/// plan sets none, or at the one the plan sets.
+#[test]
+fn boosted_spawner_children_keep_their_own_nice() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!(
+            "SKIPPED boosted_spawner_children_keep_their_own_nice: raising a thread's priority \
+             needs CAP_SYS_NICE; run as root"
+        );
+        return;
+    }
+    let nice_of_child = |nice: Option<i32>| {
+        let mut plan = sh("nice");
+        plan.nice = nice;
+        output(plan)
+            .trim()
+            .parse::<i32>()
+            .expect("nice prints a number")
+    };
+    let own = || rustix::process::getpriority_process(None).unwrap();
+    // Nice values and the reset flag are per thread; the boost is
+    // process-wide state, set by this test only.
+    std::thread::spawn(move || {
+        rustix::process::setpriority_process(None, 3).unwrap();
+        assert_eq!(super::prepare_boost(-10).unwrap(), Some(3));
+        assert_eq!(own(), 3, "not raised until busy");
+        super::set_busy(true);
+        assert_eq!(own(), -10, "raised while busy");
+        assert_eq!(nice_of_child(None), 3, "the spawner's former nice");
+        assert_eq!(nice_of_child(Some(5)), 5, "the requested nice");
+        assert_eq!(nice_of_child(Some(0)), 0, "the requested nice");
+        std::thread::spawn(move || {
+            assert_eq!(own(), 0, "threads of a raised thread start reset too");
+        })
+        .join()
+        .unwrap();
+        super::set_busy(false);
+        assert_eq!(own(), 3, "back when idle");
+        super::forget_boost();
+    })
+    .join()
+    .unwrap();
+}
