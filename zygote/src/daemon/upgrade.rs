@@ -54,6 +54,10 @@ pub const LISTENER_ENV: &str = "ZYGOTE_UPGRADE_LISTENER";
 /// see both safety nets work.
 pub const CORRUPT_ENV: &str = "ZYGOTE_TEST_CORRUPT_STATE";
 
+/// Test hook: the old image also writes the state to this file (the
+/// compatibility fixture is made this way).
+pub const DUMP_ENV: &str = "ZYGOTE_TEST_DUMP_STATE";
+
 /// How long tasks have to reach a safe point.
 pub const DRAIN_BOUND: Duration = Duration::from_secs(3);
 /// How long the new binary has to check the state.
@@ -99,14 +103,11 @@ pub fn take_handover() -> Option<Handover> {
         .and_then(|fd| fd.parse().ok());
     // The variables stay in the environment (removing them is unsafe in
     // a process that may have threads); the next upgrade replaces them.
-    let inherited: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
-        .map(|dir| {
-            dir.flatten()
-                .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
-                .filter(|fd| *fd > 2)
-                .collect()
-        })
-        .unwrap_or_default();
+    let state_number = state_fd.parse::<RawFd>().ok();
+    let inherited: Vec<RawFd> = spawn::inherited_fds()
+        .into_iter()
+        .filter(|fd| Some(*fd) != state_number)
+        .collect();
     let state = state_fd
         .parse::<RawFd>()
         .map_err(|_| StateError::Decode(format!("{STATE_ENV}={state_fd} is not an fd")))
@@ -237,6 +238,11 @@ async fn hand_over(
     };
     let state = collect(ask, daemon, context);
     let mut bytes = handover::encode(&state).map_err(|error| format!("encoding: {error}"))?;
+    if let Some(path) = std::env::var_os(DUMP_ENV) {
+        if let Err(error) = std::fs::write(&path, &bytes) {
+            warn!(%error, "{DUMP_ENV}: cannot write the state");
+        }
+    }
     let corrupt = std::env::var(CORRUPT_ENV).ok();
     if corrupt.is_some() {
         warn!("{CORRUPT_ENV} is set: writing a truncated state (test hook)");

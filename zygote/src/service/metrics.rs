@@ -49,6 +49,9 @@ impl SpawnResult {
     }
 }
 
+/// One counter's value: `(metric, labels as (name, value), count)`.
+pub type CounterValue = (String, Vec<(String, String)>, u64);
+
 /// The daemon's metrics and the registry that exports them.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -276,7 +279,7 @@ impl Metrics {
 
     /// Every counter (not gauges or histograms) as `(name, labels,
     /// value)`, for a live upgrade.
-    pub fn counters(&self) -> Vec<(String, Vec<(String, String)>, u64)> {
+    pub fn counters(&self) -> Vec<CounterValue> {
         let mut counters = Vec::new();
         for (name, vec) in self.counter_vecs() {
             for family in prometheus::core::Collector::collect(vec) {
@@ -301,7 +304,7 @@ impl Metrics {
 
     /// Adds counters an earlier image saved with [`Metrics::counters`];
     /// unknown names and labels are skipped.
-    pub fn restore_counters(&self, counters: &[(String, Vec<(String, String)>, u64)]) {
+    pub fn restore_counters(&self, counters: &[CounterValue]) {
         let vecs = self.counter_vecs();
         for (name, labels, value) in counters {
             if name == "connections_accepted" {

@@ -144,3 +144,18 @@ pub fn set_inheritable(raw: RawFd, inherit: bool) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// The fds above 2 open without close-on-exec: right after an exec, the
+/// ones the earlier image handed down (whatever this image opened itself
+/// is close-on-exec).
+pub fn inherited_fds() -> Vec<RawFd> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<RawFd>().ok())
+        .filter(|fd| *fd > 2)
+        // SAFETY: F_GETFD only reads the flags of whatever is at `fd`.
+        .filter(|fd| unsafe { libc::fcntl(*fd, libc::F_GETFD) } == 0)
+        .collect()
+}

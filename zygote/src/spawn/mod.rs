@@ -48,7 +48,9 @@ pub use fork::{
     ForkError, Forked, close_fds_above_2_except, exit_now, fork_single_threaded, take_inherited_fd,
     thread_count,
 };
-pub use handover::{adopt_fd, exec_in_place, release_held_signals, run_own, set_inheritable};
+pub use handover::{
+    adopt_fd, exec_in_place, inherited_fds, release_held_signals, run_own, set_inheritable,
+};
 pub use selfsignal::{die_of_signal, stop_self};
 
 use std::cell::Cell;
