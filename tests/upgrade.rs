@@ -28,7 +28,9 @@ fn tagged(tag: &str) -> PathBuf {
     });
     let path = dir.path().join(format!("zygote-{tag}"));
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _guard = LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !path.exists() {
         let mut bytes = std::fs::read(zygote_bin()).expect("read the zygote binary");
         let marker = zygote::BUILD_TAG_MARKER;
@@ -43,8 +45,7 @@ fn tagged(tag: &str) -> PathBuf {
         let partial = path.with_extension("partial");
         std::fs::write(&partial, &bytes).expect("write a tagged binary");
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
+        std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         std::fs::rename(&partial, &path).expect("rename");
     }
     path
@@ -111,7 +112,12 @@ fn close_to(a: Instant, b: Instant, within: Duration) -> bool {
 }
 
 fn expect_exit(status: &ExitStatus, code: i32, what: &str, log: &dyn Fn() -> String) {
-    assert_eq!(status.code(), Some(code), "{what}: {status:?}; log:\n{}", log());
+    assert_eq!(
+        status.code(),
+        Some(code),
+        "{what}: {status:?}; log:\n{}",
+        log()
+    );
 }
 
 #[test]
@@ -121,13 +127,12 @@ fn upgrade_under_load_loses_no_child_and_no_connection() {
     let log = || daemon.log();
     let rt = runtime();
     rt.block_on(async {
-        let clients: Vec<Client> = futures_join(
-            (0..5).map(|_| Client::connect(daemon.socket())).collect(),
-        )
-        .await
-        .into_iter()
-        .map(|client| client.expect("connect"))
-        .collect();
+        let clients: Vec<Client> =
+            futures_join((0..5).map(|_| Client::connect(daemon.socket())).collect())
+                .await
+                .into_iter()
+                .map(|client| client.expect("connect"))
+                .collect();
         let before = origin(&clients[0]).await;
         let pid = clients[0].status().await.expect("status").pid;
         for round in 0..3u32 {
@@ -170,10 +175,17 @@ fn upgrade_under_load_loses_no_child_and_no_connection() {
             })
             .await
             .expect("join");
-            assert!(ok, "round {round}: zygote upgrade failed: {text}; log:\n{}", log());
+            assert!(
+                ok,
+                "round {round}: zygote upgrade failed: {text}; log:\n{}",
+                log()
+            );
             assert!(text.contains(&version(tag)), "{text}");
             for (code, task) in in_flight {
-                let status = task.await.expect("join").expect("a spawn in flight finishes");
+                let status = task
+                    .await
+                    .expect("join")
+                    .expect("a spawn in flight finishes");
                 expect_exit(&status, code, "spawn in flight", &log);
             }
             for (code, mut child) in running {
@@ -183,7 +195,11 @@ fn upgrade_under_load_loses_no_child_and_no_connection() {
                 assert!(usage.max_rss_kib > 0, "{usage:?}");
             }
             for client in &clients {
-                assert!(client.is_connected(), "a connection dropped; log:\n{}", log());
+                assert!(
+                    client.is_connected(),
+                    "a connection dropped; log:\n{}",
+                    log()
+                );
                 let status = client.command("true").status().await.expect("spawn after");
                 assert!(status.success());
             }
@@ -194,11 +210,19 @@ fn upgrade_under_load_loses_no_child_and_no_connection() {
             assert!(
                 close_to(before, after, Duration::from_millis(500)),
                 "the uptime origin moved by {:?}",
-                if after > before { after - before } else { before - after }
+                if after > before {
+                    after - before
+                } else {
+                    before - after
+                }
             );
         }
     });
-    assert!(daemon.zombies().is_empty(), "zombies: {:?}", daemon.zombies());
+    assert!(
+        daemon.zombies().is_empty(),
+        "zombies: {:?}",
+        daemon.zombies()
+    );
 }
 
 /// Awaits every future, in order.
@@ -293,7 +317,11 @@ fn twenty_upgrades_in_a_row_under_load_leak_nothing() {
             log()
         );
     });
-    assert!(daemon.zombies().is_empty(), "zombies: {:?}", daemon.zombies());
+    assert!(
+        daemon.zombies().is_empty(),
+        "zombies: {:?}",
+        daemon.zombies()
+    );
 }
 
 #[test]
@@ -417,10 +445,20 @@ fn a_state_the_new_binary_refuses_leaves_the_old_image_serving() {
         let status = client.status().await.expect("still serving");
         assert_eq!(status.server_version, version("a"));
         assert_eq!(child.wait().await.expect("exit notice").code(), Some(5));
-        assert!(client.command("true").status().await.expect("spawn").success());
+        assert!(
+            client
+                .command("true")
+                .status()
+                .await
+                .expect("spawn")
+                .success()
+        );
     });
     let mut daemon = daemon;
-    assert!(daemon.wait_exit(Duration::ZERO).is_none(), "the daemon died");
+    assert!(
+        daemon.wait_exit(Duration::ZERO).is_none(),
+        "the daemon died"
+    );
     assert!(daemon.log().contains("upgrade abandoned"));
 }
 
@@ -448,13 +486,23 @@ fn a_state_the_new_image_cannot_read_keeps_the_socket_and_reaps_the_children() {
         assert!(!ok, "an unreadable state went unnoticed: {text}");
         // The defined survival: same pid, same socket, a new image serving
         // afresh; old connections dropped; old children reaped.
-        let fresh = Client::connect(daemon.socket()).await.expect("connect after");
+        let fresh = Client::connect(daemon.socket())
+            .await
+            .expect("connect after");
         let status = fresh.status().await.expect("status");
         assert_eq!(status.pid as u32, pid);
         assert_eq!(status.server_version, version("b"));
-        assert!(fresh.command("true").status().await.expect("spawn").success());
         assert!(
-            eventually(Duration::from_secs(10), || process_state(child_pid).is_none()),
+            fresh
+                .command("true")
+                .status()
+                .await
+                .expect("spawn")
+                .success()
+        );
+        assert!(
+            eventually(Duration::from_secs(10), || process_state(child_pid)
+                .is_none()),
             "the old child was not reaped (state {:?})",
             process_state(child_pid)
         );
@@ -594,8 +642,14 @@ fn sigkill_leaves_children_running_as_orphans_and_a_new_daemon_serves() {
     if let Some(path) = &cgroup_flag {
         flags.extend(["--cgroup", path.as_str()]);
     }
-    let mut daemon =
-        start_daemon_custom("upgrade-sigkill", None, None, &flags, &installed.path(), &[]);
+    let mut daemon = start_daemon_custom(
+        "upgrade-sigkill",
+        None,
+        None,
+        &flags,
+        &installed.path(),
+        &[],
+    );
     let socket = daemon.socket().to_owned();
     let rt = runtime();
     let child_pid = rt.block_on(async {
@@ -649,7 +703,8 @@ fn sigkill_leaves_children_running_as_orphans_and_a_new_daemon_serves() {
         .unwrap_or_default()
         .to_owned();
     assert!(
-        eventually(Duration::from_secs(5), || process_state(child_pid).is_none()),
+        eventually(Duration::from_secs(5), || process_state(child_pid)
+            .is_none()),
         "the first child outlived its client (kill-on-close)"
     );
     // A new daemon on the same socket path serves at once; the orphan's
@@ -669,11 +724,18 @@ fn sigkill_leaves_children_running_as_orphans_and_a_new_daemon_serves() {
     let served = rt.block_on(async {
         for _ in 0..500 {
             if let Ok(client) = Client::connect(&socket).await {
-                return client.command("true").status().await.map(|status| status.success());
+                return client
+                    .command("true")
+                    .status()
+                    .await
+                    .map(|status| status.success());
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        panic!("the restarted daemon does not listen on {}", socket.display());
+        panic!(
+            "the restarted daemon does not listen on {}",
+            socket.display()
+        );
     });
     let stderr = std::fs::read_to_string(dir.path().join("stderr")).unwrap_or_default();
     let pid = rustix::process::Pid::from_raw(orphan as i32).expect("pid");
