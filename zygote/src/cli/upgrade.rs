@@ -32,7 +32,13 @@ pub fn upgrade(args: &UpgradeArgs) -> u8 {
     }
 }
 
-fn ask(path: &std::path::Path) -> Result<String, String> {
+/// Connects to the zygote at `path` and asks it to upgrade in place;
+/// returns a line naming the old and new versions, or why it failed.
+///
+/// # Errors
+///
+/// The reason, as a sentence.
+pub fn ask(path: &std::path::Path) -> Result<String, String> {
     let shown = path.display();
     let fd = socket::connect_to(path, false).map_err(|error| format!("{shown}: {error}"))?;
     let send = |message: &ClientMessage| {
