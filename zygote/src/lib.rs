@@ -29,7 +29,7 @@ pub use error::Error;
 /// second build): `ZYGOTE_BUILD_TAG:` then the tag, NUL-padded.
 static BUILD_TAG: [u8; 64] = *b"ZYGOTE_BUILD_TAG:\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
 
-/// The marker before the tag in [`BUILD_TAG`].
+/// The marker before the build tag in the binary.
 pub const BUILD_TAG_MARKER: &[u8] = b"ZYGOTE_BUILD_TAG:";
 
 /// This binary's version: the package version, plus `+TAG` when the file

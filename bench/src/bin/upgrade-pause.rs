@@ -110,7 +110,7 @@ fn millis(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
 }
 
-/// `zygote` next to this binary (target/<profile>/).
+/// `zygote` next to this binary (`target/<profile>/`).
 fn zygote_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let path = exe.parent().map(|dir| dir.join("zygote"));

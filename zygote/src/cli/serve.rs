@@ -183,6 +183,7 @@ fn serve_restored(args: &ServeArgs, state: SavedDaemon) -> Result<(), Error> {
             counters: state.counters,
             child_nofile: state.child_nofile,
             connections: state.connections,
+            leftover_cgroups: state.leftover_cgroups,
             reply_to: state.reply_to,
             written_by: state.written_by,
         }),

@@ -145,28 +145,28 @@ pub struct SavedClient {
     pub children: Vec<SavedChild>,
 }
 
-/// A [`Peer`], as saved.
+/// A connected peer, as saved.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SavedPeer {
-    /// As [`Peer::pid`].
+    /// As the peer's `pid`.
     pub pid: i32,
-    /// As [`Peer::uid`].
+    /// As the peer's `uid`.
     pub uid: u32,
-    /// As [`Peer::gid`].
+    /// As the peer's `gid`.
     pub gid: u32,
-    /// As [`Peer::groups`].
+    /// As the peer's `groups`.
     pub groups: Vec<u32>,
-    /// As [`Peer::hard_limits`].
+    /// As the peer's `hard_limits`.
     pub hard_limits: Vec<(u32, u64)>,
-    /// As [`Peer::can_setid`].
+    /// As the peer's `can_setid`.
     pub can_setid: bool,
-    /// As [`Peer::can_raise_limits`].
+    /// As the peer's `can_raise_limits`.
     pub can_raise_limits: bool,
-    /// As [`Peer::nice`].
+    /// As the peer's `nice`.
     pub nice: i32,
-    /// As [`Peer::can_nice`].
+    /// As the peer's `can_nice`.
     pub can_nice: bool,
-    /// As [`Peer::oom_score_adj`].
+    /// As the peer's `oom_score_adj`.
     pub oom_score_adj: i32,
 }
 

@@ -839,7 +839,7 @@ async fn wait_with_timeout(
 
 /// Removes a child's cgroup once nothing is left in it: at once for a tree
 /// that ended with its child, later for one whose grandchildren live on.
-fn remove_when_empty(daemon: &Arc<Daemon>, cgroup: Arc<ChildCgroup>) {
+pub(crate) fn remove_when_empty(daemon: &Arc<Daemon>, cgroup: Arc<ChildCgroup>) {
     let Some(subtree) = &daemon.cgroups else {
         return;
     };
@@ -850,6 +850,14 @@ fn remove_when_empty(daemon: &Arc<Daemon>, cgroup: Arc<ChildCgroup>) {
         return;
     }
     debug!(cgroup = %cgroup.path().display(), "the child's tree outlives it; removing its cgroup later");
+    {
+        let mut lingering = daemon
+            .lingering_cgroups
+            .lock()
+            .expect("lingering cgroups poisoned");
+        lingering.retain(|weak| weak.strong_count() > 0);
+        lingering.push(Arc::downgrade(&cgroup));
+    }
     let daemon = Arc::clone(daemon);
     tokio::spawn(async move {
         cgroup.wait_empty().await;

@@ -133,7 +133,7 @@ pub struct Options {
     /// Why there is no subtree, told to clients whose requests need one.
     pub no_cgroups: Option<String>,
     /// Serve live upgrades: on SIGHUP and on `Upgrade` requests (see
-    /// [`upgrade`](crate::daemon::upgrade)).
+    /// [`upgrade`]).
     pub upgrades: bool,
     /// What an earlier image handed over, when this one was started by a
     /// live upgrade.
@@ -152,6 +152,8 @@ pub struct Restored {
     pub child_nofile: Option<ResourceLimit>,
     /// Connections and children.
     pub connections: Vec<crate::daemon::handover::SavedConnection>,
+    /// Cgroups of reaped children whose tree lives on.
+    pub leftover_cgroups: Vec<crate::daemon::cgroup::SavedCgroup>,
     /// The `Upgrade` request to answer.
     pub reply_to: Option<(usize, u64)>,
     /// The version of the image that handed over.
@@ -253,6 +255,7 @@ pub async fn run_with(
         upgrade::restore_connections(
             &daemon,
             restored.connections,
+            restored.leftover_cgroups,
             restored.reply_to,
             &coordinator,
         )

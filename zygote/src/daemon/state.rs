@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
-use crate::daemon::cgroup::Subtree;
+use crate::daemon::cgroup::{ChildCgroup, Subtree};
 use zygote_proto::ResourceLimit;
 
 use crate::daemon::handover::{Pause, SavedConnection};
@@ -98,6 +98,9 @@ pub struct Daemon {
     spawner: OnceLock<Option<Spawner>>,
     /// Brings every task to a safe point for a live upgrade.
     pub(crate) pause: Pause,
+    /// Cgroups of reaped children whose tree lives on, removed once empty
+    /// (an upgrade carries them over).
+    pub(crate) lingering_cgroups: Mutex<Vec<Weak<ChildCgroup>>>,
     /// Sockets of connections parked before their handshake.
     pub(crate) parked_sockets: Mutex<Vec<Weak<AsyncSeqpacket>>>,
     /// Where `Upgrade` requests go; `None` where upgrades are not served
@@ -139,6 +142,7 @@ impl Daemon {
             no_cgroups: "the daemon was started without a cgroup subtree".to_owned(),
             spawner: OnceLock::new(),
             pause: Pause::default(),
+            lingering_cgroups: Mutex::default(),
             parked_sockets: Mutex::default(),
             upgrades: Mutex::default(),
         }

@@ -37,8 +37,10 @@ use sd_notify::NotifyState;
 use tracing::{error, info, warn};
 use zygote_proto::{RequestFailed, ServerMessage};
 
+use crate::daemon::cgroup::{ChildCgroup, SavedCgroup};
 use crate::daemon::connection;
 use crate::daemon::handover::{self, SavedConnection, SavedCounter, SavedDaemon, StateError};
+use crate::daemon::lifetime;
 use crate::daemon::reply::send_reply;
 use crate::daemon::shutdown::Coordinator;
 use crate::daemon::state::{Daemon, UpgradeAsk};
@@ -355,7 +357,14 @@ fn collect(ask: &UpgradeAsk, daemon: &Daemon, context: &Context) -> SavedDaemon 
             })
             .collect(),
         connections,
-        leftover_cgroups: Vec::new(),
+        leftover_cgroups: daemon
+            .lingering_cgroups
+            .lock()
+            .expect("lingering cgroups poisoned")
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .map(|cgroup| cgroup.save())
+            .collect(),
         reply_to,
     }
 }
@@ -423,9 +432,13 @@ fn exec_args(invocation: &Invocation, state: RawFd, listener: RawFd) -> Result<E
 pub(crate) async fn restore_connections(
     daemon: &Arc<Daemon>,
     connections: Vec<SavedConnection>,
+    leftover_cgroups: Vec<SavedCgroup>,
     reply_to: Option<(usize, u64)>,
     coordinator: &Coordinator,
 ) {
+    for cgroup in leftover_cgroups {
+        lifetime::remove_when_empty(daemon, Arc::new(ChildCgroup::restore(cgroup)));
+    }
     let count = connections.len();
     for (index, saved) in connections.into_iter().enumerate() {
         let reply = reply_to.and_then(|(at, id)| (at == index).then_some(id));
