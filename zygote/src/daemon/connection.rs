@@ -53,7 +53,16 @@ const HANDSHAKE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5
 
 /// Serves one connection until the client closes it or breaks the
 /// protocol, or the daemon stops and the connection has become idle.
-pub async fn serve(socket: AsyncSeqpacket, cred: UCred, daemon: Arc<Daemon>, shutdown: Shutdown) {
+///
+/// `active` is the connection's share of the daemon's pause (taken when it
+/// was accepted, so that no upgrade can miss it).
+pub async fn serve(
+    socket: AsyncSeqpacket,
+    cred: UCred,
+    daemon: Arc<Daemon>,
+    shutdown: Shutdown,
+    active: Active,
+) {
     daemon.metrics.connection_opened();
     // The table itself is checked once the peer is known (`admission`).
     // This bounds the connections being refused on top of it, which hold
@@ -70,7 +79,6 @@ pub async fn serve(socket: AsyncSeqpacket, cred: UCred, daemon: Arc<Daemon>, shu
     } else {
         // Held while this connection works: a live upgrade waits for it to
         // be between frames.
-        let active = daemon.pause.enter().await;
         serve_counted(socket, &cred, &daemon, shutdown, active).await;
     }
     daemon.metrics.connection_closed();
@@ -708,11 +716,13 @@ pub(crate) async fn restore(
         if let Some(socket) = socket {
             match socket.peer_credentials() {
                 Ok(cred) => {
+                    let active = daemon.pause.enter().await;
                     tokio::spawn(serve(
                         socket,
                         cred,
                         Arc::clone(daemon),
                         coordinator.handle(),
+                        active,
                     ));
                 }
                 Err(error) => warn!(%error, "cannot identify a handed-over client; closing it"),

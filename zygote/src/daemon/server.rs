@@ -330,7 +330,9 @@ pub async fn run_with(
             }
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
-                    let task = connection::serve(socket, peer, Arc::clone(&daemon), coordinator.handle());
+                    // No upgrade is under way while this loop runs: at once.
+                    let active = daemon.pause.enter().await;
+                    let task = connection::serve(socket, peer, Arc::clone(&daemon), coordinator.handle(), active);
                     tokio::spawn(task);
                 }
                 Err(error) => back_off(&error).await,
