@@ -152,17 +152,10 @@ fn upgrade_under_load_loses_no_child_and_no_connection() {
                 running.push((code, child));
             }
             installed.install(tag);
-            // 50 spawns in flight while the upgrade happens.
-            let mut in_flight = Vec::new();
-            for i in 0..50u32 {
-                let client = clients[(i % 5) as usize].command("sh");
-                let code = 100 + i as i32;
-                let mut command = client;
-                command.arg("-c").arg(format!("exit {code}"));
-                in_flight.push((code, tokio::spawn(async move { command.status().await })));
-            }
+            // The upgrade, and 50 spawns spread over the ~50 ms around it:
+            // some are in flight when the daemon pauses.
             let socket = daemon.socket().to_owned();
-            let (ok, text) = tokio::task::spawn_blocking(move || {
+            let upgrading = tokio::task::spawn_blocking(move || {
                 let output = StdCommand::new(zygote_bin())
                     .arg("upgrade")
                     .arg("--socket")
@@ -172,9 +165,21 @@ fn upgrade_under_load_loses_no_child_and_no_connection() {
                 let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
                 text.push_str(&String::from_utf8_lossy(&output.stderr));
                 (output.status.success(), text)
-            })
-            .await
-            .expect("join");
+            });
+            let mut in_flight = Vec::new();
+            for i in 0..50u32 {
+                let mut command = clients[(i % 5) as usize].command("sh");
+                let code = 100 + i as i32;
+                command.arg("-c").arg(format!("exit {code}"));
+                in_flight.push((
+                    code,
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(u64::from(i))).await;
+                        command.status().await
+                    }),
+                ));
+            }
+            let (ok, text) = upgrading.await.expect("join");
             assert!(
                 ok,
                 "round {round}: zygote upgrade failed: {text}; log:\n{}",
@@ -753,4 +758,42 @@ fn sigkill_leaves_children_running_as_orphans_and_a_new_daemon_serves() {
             "the restarted daemon does not mention the orphans' cgroups: {stderr}"
         );
     }
+}
+
+#[test]
+fn only_root_or_the_daemons_uid_may_upgrade() {
+    use std::os::unix::process::CommandExt;
+    if rustix::process::geteuid().as_raw() != 0 {
+        eprintln!("SKIPPED only_root_or_the_daemons_uid_may_upgrade: needs root");
+        return;
+    }
+    let installed = Installed::new("a");
+    let daemon = start_daemon_custom(
+        "upgrade-eperm",
+        None,
+        None,
+        &["--socket-mode", "0666"],
+        &installed.path(),
+        &[],
+    );
+    installed.install("b");
+    let output = StdCommand::new(zygote_bin())
+        .args(["upgrade", "--socket"])
+        .arg(daemon.socket())
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("zygote upgrade as nobody");
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        error.contains("only root or uid 0"),
+        "the refusal does not say who may: {error}"
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        let status = client.status().await.expect("status");
+        assert_eq!(status.server_version, version("a"), "it upgraded anyway");
+    });
 }
