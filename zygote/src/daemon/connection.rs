@@ -557,11 +557,14 @@ fn ask_upgrade(
     let ask = UpgradeAsk {
         from: Some((Arc::downgrade(&closable), Arc::downgrade(socket), id)),
     };
-    upgrades.try_send(ask).map_err(|_| {
-        failed(
+    upgrades.try_send(ask).map_err(|error| match error {
+        tokio::sync::mpsc::error::TrySendError::Full(_) => failed(
             libc::EBUSY,
             "an upgrade is already under way; try again when it is over".into(),
-        )
+        ),
+        tokio::sync::mpsc::error::TrySendError::Closed(_) => {
+            failed(libc::ESHUTDOWN, "the zygote is stopping".into())
+        }
     })
 }
 

@@ -323,10 +323,17 @@ pub async fn run_with(
             () = &mut shutdown => break,
             () = watchdog.tick() => notify(&[NotifyState::Watchdog]),
             () = status_every.tick() => notify(&[NotifyState::Status(&serving())]),
-            Some(ask) = upgrade_rx.recv() => upgrade::perform(ask, &daemon, &upgrade_context, &notify).await,
+            Some(ask) = upgrade_rx.recv() => {
+                if upgrade::perform(ask, &daemon, &upgrade_context, &notify, shutdown.as_mut()).await {
+                    break;
+                }
+            }
             Some(()) = next_hangup(&mut hangups) => {
                 info!(signal = "SIGHUP", "upgrade requested");
-                upgrade::perform(UpgradeAsk { from: None }, &daemon, &upgrade_context, &notify).await;
+                let ask = UpgradeAsk { from: None };
+                if upgrade::perform(ask, &daemon, &upgrade_context, &notify, shutdown.as_mut()).await {
+                    break;
+                }
             }
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
@@ -339,6 +346,8 @@ pub async fn run_with(
             },
         }
     }
+    // Upgrade requests from now on are refused: the daemon is stopping.
+    drop(upgrade_rx);
     drop(listener);
     drop(options.bound);
     let metrics = &daemon.metrics;

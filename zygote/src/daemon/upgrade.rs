@@ -30,6 +30,7 @@ use std::ffi::{CString, OsString};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -177,13 +178,16 @@ pub struct Context {
 }
 
 /// Upgrades in place. Returns only when the upgrade was abandoned, with
-/// every task resumed; on success this process is the new image.
-pub(crate) async fn perform(
+/// every task resumed; on success this process is the new image. Returns
+/// true when `stop` (the daemon's stop signal) resolved meanwhile: the
+/// upgrade gave way to the stop, which the caller must now carry out.
+pub(crate) async fn perform<F: Future<Output = ()>>(
     ask: UpgradeAsk,
     daemon: &Arc<Daemon>,
     context: &Context,
     notify: &dyn Fn(&[NotifyState<'_>]),
-) {
+    stop: Pin<&mut F>,
+) -> bool {
     let began = Instant::now();
     info!(
         connections = daemon.metrics.connections_open(),
@@ -195,6 +199,7 @@ pub(crate) async fn perform(
         NotifyState::MonotonicUsec(i128::from(handover::mono_now_ns() / 1000)),
         NotifyState::Status("upgrading"),
     ]);
+    let mut stopping = false;
     let failure = match tokio::time::timeout(DRAIN_BOUND, daemon.pause.pause()).await {
         Err(_) => format!(
             "tasks did not reach a safe point within {} s (a spawn stuck before exec, or a \
@@ -202,7 +207,7 @@ pub(crate) async fn perform(
             DRAIN_BOUND.as_secs()
         ),
         Ok(paused) => {
-            let failure = match hand_over(&ask, daemon, context, began).await {
+            let failure = match hand_over(&ask, daemon, context, began, stop, &mut stopping).await {
                 Ok(never) => match never {},
                 Err(failure) => failure,
             };
@@ -211,7 +216,9 @@ pub(crate) async fn perform(
         }
     };
     error!(reason = %failure, "upgrade abandoned; carrying on in this image");
-    notify(&[NotifyState::Ready, NotifyState::Status("serving")]);
+    if !stopping {
+        notify(&[NotifyState::Ready, NotifyState::Status("serving")]);
+    }
     if let Some((_, socket, id)) = ask.from {
         let reply = ServerMessage::RequestFailed(RequestFailed {
             id,
@@ -224,16 +231,19 @@ pub(crate) async fn perform(
             }
         });
     }
+    stopping
 }
 
 enum Never {}
 
 /// Saves, checks and execs; returns only why it could not.
-async fn hand_over(
+async fn hand_over<F: Future<Output = ()>>(
     ask: &UpgradeAsk,
     daemon: &Arc<Daemon>,
     context: &Context,
     began: Instant,
+    stop: Pin<&mut F>,
+    stopping: &mut bool,
 ) -> Result<Never, String> {
     let Some(invocation) = INVOCATION.get() else {
         return Err("the daemon's binary path was not recorded at start".into());
@@ -255,6 +265,7 @@ async fn hand_over(
     if corrupt.as_deref() != Some("truncate-unchecked") {
         check(exe, &memfd).await?;
     }
+    let (path, argv, envp) = exec_args(invocation, memfd.as_raw_fd(), context.listener)?;
     let mut fds = handed_fds(&state);
     fds.push(memfd.as_raw_fd());
     let cleared: Vec<RawFd> = fds
@@ -271,7 +282,6 @@ async fn hand_over(
         restore_cloexec();
         return Err("cannot clear close-on-exec on every handed-over fd".into());
     }
-    let (path, argv, envp) = exec_args(invocation, memfd.as_raw_fd(), context.listener)?;
     info!(
         binary = %exe.display(),
         fds = fds.len(),
@@ -281,6 +291,14 @@ async fn hand_over(
     );
     // Queued log lines would die with this image.
     crate::service::log_sink::drain(Duration::from_millis(200));
+    // A stop asked for during the pause would die with this image (its
+    // signal was taken by the handler here): it wins over the upgrade.
+    let mut waker = std::task::Context::from_waker(std::task::Waker::noop());
+    if stop.poll(&mut waker).is_ready() {
+        *stopping = true;
+        restore_cloexec();
+        return Err("a stop was asked for during the upgrade".into());
+    }
     let error = spawn::exec_in_place(&path, &argv, &envp);
     restore_cloexec();
     Err(format!("exec {}: {error}", exe.display()))
