@@ -202,6 +202,10 @@ pub fn connection_closed(connection: &Connection) {
 }
 
 fn signal_on_close(tracked: &Tracked, on_close: OnClose, peer_uid: u32) {
+    // Reaped, its tree being waited for: kill-on-close no longer applies.
+    if tracked.exited.is_some() {
+        return;
+    }
     if let Some(cgroup) = &tracked.cgroup
         && cgroup.doom(on_close.signal)
     {
@@ -209,7 +213,6 @@ fn signal_on_close(tracked: &Tracked, on_close: OnClose, peer_uid: u32) {
         return;
     }
     let group = on_close.group == Some(Group::Own);
-    // Reaped: only its tree (above) is left to end.
     let Some(pidfd) = &tracked.pidfd else {
         return;
     };
