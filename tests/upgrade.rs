@@ -797,3 +797,58 @@ fn only_root_or_the_daemons_uid_may_upgrade() {
         assert_eq!(status.server_version, version("a"), "it upgraded anyway");
     });
 }
+
+#[test]
+fn an_exit_waiting_for_its_tree_is_carried_over() {
+    let Some(cgroup) = TestCgroup::new("upgrade-tree") else {
+        return;
+    };
+    let installed = Installed::new("a");
+    let path = cgroup.0.display().to_string();
+    let daemon = start_daemon_custom(
+        "upgrade-tree",
+        None,
+        None,
+        &["--cgroup", &path],
+        &installed.path(),
+        &[],
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        let started = Instant::now();
+        // The child exits at once; its grandchild keeps the tree for 1.5 s.
+        let mut child = client
+            .command("sh")
+            .args(["-c", "sleep 1.5 & exit 4"])
+            .wait_tree(true)
+            .spawn()
+            .await
+            .expect("spawn");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        installed.install("b");
+        let socket = daemon.socket().to_owned();
+        let (ok, text) = tokio::task::spawn_blocking(move || {
+            let output = StdCommand::new(zygote_bin())
+                .args(["upgrade", "--socket"])
+                .arg(socket)
+                .output()
+                .expect("zygote upgrade");
+            (
+                output.status.success(),
+                String::from_utf8_lossy(&output.stderr).into_owned(),
+            )
+        })
+        .await
+        .expect("join");
+        assert!(ok, "{text}; log:\n{}", daemon.log());
+        let status = child.wait().await.expect("the exit notice, after the tree");
+        assert_eq!(status.code(), Some(4), "log:\n{}", daemon.log());
+        assert!(
+            started.elapsed() >= Duration::from_millis(1400),
+            "the notice did not wait for the tree: {:?}",
+            started.elapsed()
+        );
+        assert!(status.tree_usage().is_some(), "{status:?}");
+    });
+}
