@@ -852,3 +852,82 @@ fn an_exit_waiting_for_its_tree_is_carried_over() {
         assert!(status.tree_usage().is_some(), "{status:?}");
     });
 }
+
+#[test]
+fn a_socket_activated_service_reloads_in_place() {
+    use std::os::unix::net::UnixDatagram;
+    if !crate::tools::have_tool("systemd-socket-activate", "systemd") {
+        return;
+    }
+    let installed = Installed::new("a");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("zygote.sock");
+    let notify = dir.path().join("notify");
+    let notify_socket = UnixDatagram::bind(&notify).expect("bind notify");
+    notify_socket
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("timeout");
+    let mut activator = StdCommand::new("systemd-socket-activate")
+        .arg("--seqpacket")
+        .arg("--listen")
+        .arg(&socket)
+        .arg("--fdname=spawn")
+        .arg(format!("--setenv=NOTIFY_SOCKET={}", notify.display()))
+        .arg("--setenv=WATCHDOG_USEC=400000")
+        .arg(installed.path())
+        .arg("serve")
+        .env("ZYGOTE_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("systemd-socket-activate");
+    assert!(eventually(Duration::from_secs(10), || socket.exists()));
+    let notices = |until: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = String::new();
+        let mut buffer = [0u8; 4096];
+        while Instant::now() < deadline && !seen.lines().any(|line| line == until) {
+            if let Ok(n) = notify_socket.recv(&mut buffer) {
+                seen.push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        }
+        seen
+    };
+    let rt = runtime();
+    rt.block_on(async {
+        let client = Client::connect(&socket).await.expect("connect");
+        assert!(notices("READY=1").contains("READY=1"));
+        let mut child = client
+            .command("sh")
+            .args(["-c", "sleep 1; exit 6"])
+            .spawn()
+            .await
+            .expect("spawn");
+        installed.install("b");
+        let pid = client.status().await.expect("status").pid;
+        let pid = rustix::process::Pid::from_raw(pid).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::HUP).expect("SIGHUP");
+        let seen = notices("READY=1");
+        assert!(
+            seen.contains("RELOADING=1") && seen.contains("MONOTONIC_USEC="),
+            "no RELOADING=1 before READY=1: {seen:?}"
+        );
+        // The new image keeps the watchdog and the socket-activated
+        // listener.
+        assert!(notices("WATCHDOG=1").contains("WATCHDOG=1"));
+        let status = client.status().await.expect("status");
+        assert_eq!(status.server_version, version("b"));
+        assert_eq!(child.wait().await.expect("exit notice").code(), Some(6));
+        let fresh = Client::connect(&socket).await.expect("a new client");
+        assert!(
+            fresh
+                .command("true")
+                .status()
+                .await
+                .expect("spawn")
+                .success()
+        );
+    });
+    let _ = activator.kill();
+    let _ = activator.wait();
+}
