@@ -931,3 +931,82 @@ fn a_socket_activated_service_reloads_in_place() {
     let _ = activator.kill();
     let _ = activator.wait();
 }
+
+#[test]
+fn a_client_that_does_not_read_makes_the_upgrade_give_up_and_loses_nothing() {
+    use std::os::fd::AsFd;
+    use zygote_proto::{
+        ClientMessage, Hello, PROTOCOL_VERSION, RECV_BUFFER_BYTES, ServerMessage, SpawnRequest,
+        decode, encode, recv_frame, send_frame,
+    };
+    // Failing spawns whose replies carry ~1 KiB of text each: 2,000 of
+    // them fill the daemon's send buffer (1 MiB).
+    const SPAWNS: u64 = 2000;
+    let installed = Installed::new("a");
+    let daemon = start("upgrade-unread", &installed, &[]);
+    let fd = zygote_proto::socket::connect_to(daemon.socket(), false).expect("connect");
+    rustix::net::sockopt::set_socket_timeout(
+        &fd,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_secs(20)),
+    )
+    .expect("SO_RCVTIMEO");
+    let send = |fd: &std::os::fd::OwnedFd, message: &ClientMessage| {
+        send_frame(fd.as_fd(), &encode(message).expect("encode"), &[]).expect("send");
+    };
+    let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+    let mut receive = || -> ServerMessage {
+        let frame = recv_frame(fd.as_fd(), &mut scratch)
+            .expect("recv")
+            .expect("open");
+        decode(&frame.bytes).expect("decode")
+    };
+    send(
+        &fd,
+        &ClientMessage::Hello(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            client: "upgrade test".into(),
+        }),
+    );
+    assert!(matches!(receive(), ServerMessage::HelloAck(_)));
+    let program = format!("/nonexistent/{}", "x".repeat(1000));
+    let sender_fd = fd.try_clone().expect("dup");
+    let sender = std::thread::spawn(move || {
+        for id in 1..=SPAWNS {
+            let request = SpawnRequest::new(id, program.as_bytes().to_vec());
+            send(&sender_fd, &ClientMessage::Spawn(request));
+        }
+    });
+    // The daemon's replies back up; its spawn tasks wait to reply.
+    std::thread::sleep(Duration::from_millis(2500));
+    installed.install("b");
+    let started = Instant::now();
+    let (ok, text) = upgrade(&daemon);
+    if ok {
+        eprintln!("SKIPPED the give-up part: the socket buffers held every reply ({text})");
+    } else {
+        assert!(
+            text.contains("upgrade abandoned") && text.contains("safe point"),
+            "{text}"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "gave up too early"
+        );
+    }
+    // Nothing was lost: every spawn is answered.
+    let mut failed = 0;
+    while failed < SPAWNS {
+        match receive() {
+            ServerMessage::SpawnFailed(_) => failed += 1,
+            other => panic!("unexpected {other:?}; log:\n{}", daemon.log()),
+        }
+    }
+    sender.join().expect("sender");
+    // With the client reading, the next upgrade goes through.
+    if !ok {
+        let (ok, text) = upgrade(&daemon);
+        assert!(ok, "{text}; log:\n{}", daemon.log());
+        assert!(text.contains(&version("b")), "{text}");
+    }
+}
