@@ -64,6 +64,18 @@ pub async fn serve(
     active: Active,
 ) {
     daemon.metrics.connection_opened();
+    serve_opened(socket, cred, daemon, shutdown, active).await;
+}
+
+/// As [`serve`], for a connection already counted as accepted (one an
+/// earlier image handed over before its handshake).
+async fn serve_opened(
+    socket: AsyncSeqpacket,
+    cred: UCred,
+    daemon: Arc<Daemon>,
+    shutdown: Shutdown,
+    active: Active,
+) {
     // The table itself is checked once the peer is known (`admission`).
     // This bounds the connections being refused on top of it, which hold
     // an fd for up to a second each: beyond it, close without an answer.
@@ -720,7 +732,8 @@ pub(crate) async fn restore(
             match socket.peer_credentials() {
                 Ok(cred) => {
                     let active = daemon.pause.enter().await;
-                    tokio::spawn(serve(
+                    daemon.metrics.connection_restored();
+                    tokio::spawn(serve_opened(
                         socket,
                         cred,
                         Arc::clone(daemon),
