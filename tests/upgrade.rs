@@ -1010,3 +1010,37 @@ fn a_client_that_does_not_read_makes_the_upgrade_give_up_and_loses_nothing() {
         assert!(text.contains(&version("b")), "{text}");
     }
 }
+
+#[test]
+fn a_connection_that_has_not_said_hello_is_served_by_the_new_image() {
+    use std::os::fd::AsFd;
+    use zygote_proto::{
+        ClientMessage, Hello, PROTOCOL_VERSION, RECV_BUFFER_BYTES, ServerMessage, decode, encode,
+        recv_frame, send_frame,
+    };
+    let installed = Installed::new("a");
+    let daemon = start("upgrade-prehello", &installed, &[]);
+    let fd = zygote_proto::socket::connect_to(daemon.socket(), false).expect("connect");
+    rustix::net::sockopt::set_socket_timeout(
+        &fd,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_secs(10)),
+    )
+    .expect("SO_RCVTIMEO");
+    installed.install("b");
+    let (ok, text) = upgrade(&daemon);
+    assert!(ok, "{text}; log:\n{}", daemon.log());
+    let hello = ClientMessage::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        client: "upgrade test".into(),
+    });
+    send_frame(fd.as_fd(), &encode(&hello).expect("encode"), &[]).expect("send");
+    let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+    let frame = recv_frame(fd.as_fd(), &mut scratch)
+        .expect("recv")
+        .expect("the connection survived the upgrade");
+    match decode(&frame.bytes).expect("decode") {
+        ServerMessage::HelloAck(ack) => assert_eq!(ack.server_version, version("b")),
+        other => panic!("expected HelloAck, got {other:?}"),
+    }
+}
