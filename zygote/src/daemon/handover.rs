@@ -26,6 +26,12 @@ pub const MAGIC: [u8; 8] = *b"ZYGSTATE";
 /// The state format's own version, independent of the package version. A
 /// newer binary must keep reading every older version: add a variant to
 /// [`Versioned`] and convert, never change a released one.
+///
+/// The body embeds, through serde, the policy (`Policy`, `Grant`, their
+/// `Rule`, `Limits`, `PeerCaps`), `CgroupSpec`, `ExitStatus`,
+/// `ResourceUsage` and `ResourceLimit`: a change to any of them is a
+/// format change too. `tests/fixtures/upgrade-state-v1.bin` fails to read
+/// until it is handled.
 pub const STATE_VERSION: u32 = 1;
 
 /// Header: magic, version (u32 LE), body length (u64 LE), FNV-1a 64 of the
