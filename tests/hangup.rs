@@ -1,6 +1,5 @@
-//! SIGHUP: a graceful stop for the shared daemon (there is nothing to
-//! reload, and no live upgrade yet); ignored by a private zygote, whose
-//! owner decides.
+//! SIGHUP: ignored by a private zygote, whose owner decides. (For the
+//! shared daemon it is a live upgrade: see `upgrade.rs`.)
 
 use std::process::{Command as StdCommand, Stdio as StdStdio};
 use std::time::Duration;
@@ -9,47 +8,7 @@ use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
 use rustix::process::{Pid, Signal, kill_process};
 use zygote_client::blocking::{Client, Command};
 
-use crate::util::{eventually, start_daemon, zygote_bin};
-
-#[test]
-fn sighup_stops_the_daemon_gracefully() {
-    let mut daemon = start_daemon("sighup");
-    let client = Client::connect(daemon.socket()).expect("connect");
-    let mut child = Command::new(&client, "sleep")
-        .arg("30")
-        .spawn()
-        .expect("spawn sleep");
-    daemon.signal_stop(Signal::HUP);
-    // Stops accepting at once: the socket file it bound goes away.
-    let socket = daemon.socket().to_owned();
-    assert!(
-        eventually(Duration::from_secs(10), || !socket.exists()),
-        "the daemon still listens after SIGHUP; log:\n{}",
-        daemon.log()
-    );
-    // Drains: it waits for the connected client's child instead of dying
-    // of the signal (exit 129) as it used to.
-    assert_eq!(
-        daemon.wait_exit(Duration::from_millis(300)),
-        None,
-        "the daemon exited with a client's child running; log:\n{}",
-        daemon.log()
-    );
-    child.kill().expect("kill sleep");
-    let status = child.wait().expect("the exit notice still comes");
-    assert_eq!(status.signal(), Some(libc::SIGKILL));
-    drop(child);
-    drop(client);
-    let exit = daemon
-        .wait_exit(Duration::from_secs(10))
-        .expect("the daemon exits once its last client leaves");
-    assert!(exit.success(), "{exit}; log:\n{}", daemon.log());
-    let log = daemon.log();
-    assert!(
-        log.contains("stopping gracefully") && log.contains("SIGHUP"),
-        "no INFO line says why it stopped:\n{log}"
-    );
-}
+use crate::util::{eventually, zygote_bin};
 
 #[test]
 fn private_zygote_ignores_sighup() {

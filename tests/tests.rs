@@ -46,8 +46,11 @@ mod metrics;
 // Logs in the journal: priorities and fields.
 mod logs;
 
-// SIGHUP: a graceful stop; ignored by private zygotes.
+// SIGHUP: ignored by private zygotes.
 mod hangup;
+
+// Live upgrade in place, and children of a killed daemon.
+mod upgrade;
 
 // Private zygotes (launched binary, forked template) serving a 2 GiB
 // program, and dying with it.

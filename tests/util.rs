@@ -58,6 +58,19 @@ pub fn start_daemon_as(
     policy: Option<&str>,
     flags: &[&str],
 ) -> Daemon {
+    start_daemon_custom(test_name, uid, policy, flags, &zygote_bin(), &[])
+}
+
+/// As [`start_daemon_as`], from the binary at `binary`, with `envs` added
+/// to the daemon's environment.
+pub fn start_daemon_custom(
+    test_name: &str,
+    uid: Option<u32>,
+    policy: Option<&str>,
+    flags: &[&str],
+    binary: &Path,
+    envs: &[(&str, &str)],
+) -> Daemon {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     let dir = tempfile::Builder::new()
@@ -73,7 +86,8 @@ pub fn start_daemon_as(
         std::os::unix::fs::chown(&run, Some(uid), Some(uid)).expect("chown run dir");
     }
     let socket = run.join("zygote.sock");
-    let mut command = Command::new(zygote_bin());
+    let mut command = Command::new(binary);
+    command.envs(envs.iter().copied());
     if let Some(uid) = uid {
         command.uid(uid).gid(uid);
     }

@@ -164,6 +164,7 @@ fn serve_echo(mut daemon: FakeDaemon, pidfd: OwnedFd) {
             }
             ClientMessage::Hello(_) => panic!("second Hello"),
             ClientMessage::Status(_) => panic!("this client never asks for status"),
+            ClientMessage::Upgrade(_) => panic!("this client never asks for an upgrade"),
         }
     }
 }

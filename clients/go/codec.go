@@ -80,6 +80,8 @@ type clientMessage struct {
 	Spawn  *spawnRequest  `json:"Spawn,omitempty"`
 	Signal *signalRequest `json:"Signal,omitempty"`
 	Status *statusRequest `json:"Status,omitempty"`
+	// Upgrade asks the daemon to upgrade in place (`zygote upgrade`).
+	Upgrade *upgradeRequest `json:"Upgrade,omitempty"`
 }
 
 type serverMessage struct {
@@ -276,6 +278,10 @@ type signalRequest struct {
 }
 
 type statusRequest struct {
+	ID uint64 `json:"id"`
+}
+
+type upgradeRequest struct {
 	ID uint64 `json:"id"`
 }
 
@@ -593,6 +599,9 @@ func encodeClient(m *clientMessage) ([]byte, error) {
 	case m.Status != nil:
 		e.varint(3)
 		e.varint(m.Status.ID)
+	case m.Upgrade != nil:
+		e.varint(4)
+		e.varint(m.Upgrade.ID)
 	default:
 		return nil, errNoVariant
 	}
@@ -912,7 +921,7 @@ func (d *decoder) spawn() *spawnRequest {
 func decodeClient(b []byte) (*clientMessage, error) {
 	d := &decoder{b: b}
 	m := &clientMessage{}
-	switch d.variant("ClientMessage", 4) {
+	switch d.variant("ClientMessage", 5) {
 	case 0:
 		m.Hello = &hello{d.u32("protocol_version"), d.str("client")}
 	case 1:
@@ -921,6 +930,8 @@ func decodeClient(b []byte) (*clientMessage, error) {
 		m.Signal = &signalRequest{d.u64("id"), d.u64("spawn_id"), d.i32("signal")}
 	case 3:
 		m.Status = &statusRequest{d.u64("id")}
+	case 4:
+		m.Upgrade = &upgradeRequest{d.u64("id")}
 	}
 	if err := d.finish(); err != nil {
 		return nil, err

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use zygote_proto::{
     CgroupSpec, ClientMessage, CpuMax, EnvVar, FdMapping, Hello, KillOnClose, PROTOCOL_VERSION, PtySpec,
-    ResourceLimit, SignalRequest, SpawnRequest, StatusRequest, StdioSpec, Timeout, UserSpec,
-    WindowSize, encode,
+    ResourceLimit, SignalRequest, SpawnRequest, StatusRequest, StdioSpec, Timeout, UpgradeRequest,
+    UserSpec, WindowSize, encode,
 };
 
 fn spawn(id: u64) -> SpawnRequest {
@@ -99,6 +99,7 @@ fn main() {
             }),
         ),
         ("status", ClientMessage::Status(StatusRequest { id: 4 })),
+        ("upgrade", ClientMessage::Upgrade(UpgradeRequest { id: 6 })),
     ];
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
     for target in ["decode_client", "handle_request"] {

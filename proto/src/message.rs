@@ -20,6 +20,11 @@ pub enum ClientMessage {
     Signal(SignalRequest),
     /// Ask for the daemon's counters (`zygote status`).
     Status(StatusRequest),
+    /// Ask a shared daemon to re-execute its binary in place (`zygote
+    /// upgrade`). Answered by [`ServerMessage::Status`] from the new image,
+    /// or [`ServerMessage::RequestFailed`] when refused or when the upgrade
+    /// failed and the old image carries on.
+    Upgrade(UpgradeRequest),
 }
 
 /// Everything the daemon may send.
@@ -608,6 +613,14 @@ pub struct ProtocolError {
 /// Asks for the daemon's counters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusRequest {
+    /// This request's own id.
+    pub id: u64,
+}
+
+/// Asks the daemon to upgrade in place: re-execute the binary at its path,
+/// keeping its pid, its connections and its children.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpgradeRequest {
     /// This request's own id.
     pub id: u64,
 }

@@ -17,7 +17,7 @@ use zygote_proto::{
     Hello, HelloAck, KillOnClose, Limits, ProtocolError, ProtocolErrorKind, PtySpec, RequestFailed,
     ResourceLimit, ResourceUsage, ServerMessage, SignalRequest, SignalSent, SpawnFailed,
     SpawnRequest, SpawnStage, Spawned, StatusReply, StatusRequest, StdioSpec, StopNotice, Timeout,
-    TreeUsage, UserSpec, WindowSize, decode, encode,
+    TreeUsage, UpgradeRequest, UserSpec, WindowSize, decode, encode,
 };
 
 /// A whole frame: what a client or the daemon sends.
@@ -76,6 +76,7 @@ const NAMES: &[&str] = &[
     "continued",
     "spawn_cgroup",
     "exited_tree",
+    "upgrade_request",
 ];
 
 /// The vectors `PROTOCOL.md` shows with a hex block.
@@ -97,6 +98,7 @@ const DOCUMENTED: &[&str] = &[
     "spawn_pty",
     "stopped",
     "continued",
+    "upgrade_request",
 ];
 
 fn env(key: &str, value: &str) -> EnvVar {
@@ -226,6 +228,7 @@ fn value(name: &str) -> Option<Frame> {
             tree: None,
         })),
         "status_request" => Frame::Client(ClientMessage::Status(StatusRequest { id: 11 })),
+        "upgrade_request" => Frame::Client(ClientMessage::Upgrade(UpgradeRequest { id: 12 })),
         "status_reply" => Frame::Server(ServerMessage::Status(StatusReply {
             id: 11,
             server_version: "0.1.0".to_owned(),

@@ -8,7 +8,8 @@ use std::time::Duration;
 use clap::Parser;
 use clap::error::ErrorKind;
 use zygote::cli::{Cli, Command};
-use zygote::cli::{docs, run, serve, status};
+use zygote::cli::{docs, run, serve, status, upgrade};
+use zygote::daemon::upgrade as live_upgrade;
 use zygote::service::{activation, log_sink, logging};
 
 fn main() -> ExitCode {
@@ -26,11 +27,14 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Serve(args) => {
-            // First, while this is the only thread: take systemd's fds
-            // (close-on-exec) and variables out of the environment.
+            // First, while this is the only thread and no fd of ours is
+            // open: what an upgrade handed over, then systemd's fds
+            // (close-on-exec) and variables.
+            let handover = live_upgrade::take_handover();
             let activation = activation::take();
             logging::init(args.log_format);
-            let served = activation.and_then(|activation| serve::serve(&args, activation));
+            let served =
+                activation.and_then(|activation| serve::serve(&args, activation, handover));
             let code = match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
@@ -50,6 +54,8 @@ fn main() -> ExitCode {
         }
         Command::Run(args) => ExitCode::from(run::run(args)),
         Command::Status(args) => ExitCode::from(status::status(&args)),
+        Command::Upgrade(args) => ExitCode::from(upgrade::upgrade(&args)),
+        Command::CheckState(args) => ExitCode::from(upgrade::check_state(&args)),
         Command::Man(args) => ExitCode::from(docs::man(&args)),
         Command::Completions(args) => ExitCode::from(docs::completions(&args)),
     }

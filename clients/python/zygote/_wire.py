@@ -98,6 +98,8 @@ CLIENT_MESSAGE: Schema = _enum(
             ("id", "u64"),
         ),
     ),
+    # `zygote upgrade`: a live upgrade in place (PROTOCOL.md §5.12).
+    ("Upgrade", _struct(("id", "u64"))),
 )
 
 SPAWN_STAGES = (

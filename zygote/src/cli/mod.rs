@@ -4,6 +4,7 @@
 //!   [`server::run_with`](crate::daemon::server::run_with).
 //! - [`run`]: `zygote run`, a client of the daemon; [`pty`], its `-t`.
 //! - [`status`]: `zygote status`.
+//! - [`upgrade`]: `zygote upgrade` and `zygote check-state`.
 //! - [`docs`]: `zygote man` and `zygote completions`.
 
 pub mod docs;
@@ -11,6 +12,7 @@ pub mod pty;
 pub mod run;
 pub mod serve;
 pub mod status;
+pub mod upgrade;
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -49,6 +51,13 @@ pub enum Command {
     Run(RunArgs),
     /// Ask a running zygote for its version, uptime and counters.
     Status(StatusArgs),
+    /// Ask a running zygote to upgrade in place: re-execute the binary at
+    /// its path, keeping its pid, connections and children.
+    Upgrade(UpgradeArgs),
+    /// Check that this binary reads a daemon state file (used by the
+    /// daemon before an upgrade; FILE defaults to stdin).
+    #[command(hide = true)]
+    CheckState(CheckStateArgs),
     /// Print the manual page (roff): `zygote man | man -l -`.
     Man(docs::ManArgs),
     /// Print a shell completion script.
@@ -116,6 +125,21 @@ pub struct StatusArgs {
     /// Print one JSON object, for scripts.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Arguments of `zygote upgrade`.
+#[derive(Debug, Args)]
+pub struct UpgradeArgs {
+    /// Socket of the zygote [default: $ZYGOTE_SOCKET, else as for serve].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+/// Arguments of `zygote check-state`.
+#[derive(Debug, Args)]
+pub struct CheckStateArgs {
+    /// The state file [default: stdin].
+    pub file: Option<PathBuf>,
 }
 
 fn parse_mode(text: &str) -> Result<u32, String> {

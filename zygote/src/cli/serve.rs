@@ -10,15 +10,20 @@ use tokio::sync::watch;
 
 use crate::cli::ServeArgs;
 use crate::daemon::cgroup::Subtree;
+use crate::daemon::handover::{self, SavedDaemon};
 use crate::daemon::policy::Policy;
 use crate::daemon::private;
-use crate::daemon::server::{self, Options};
+use crate::daemon::server::{self, Options, Restored};
+use crate::daemon::upgrade::Handover;
 use crate::service::activation::Activation;
+use crate::service::activation::Notifier;
 use crate::{Error, spawn};
 
-/// Runs the daemon until SIGTERM, SIGINT or SIGHUP, then stops gracefully
-/// (see [`server::run_with`]); a second signal, or `--stop-timeout`
-/// passing, ends the stop at once.
+/// Runs the daemon until SIGTERM or SIGINT, then stops gracefully (see
+/// [`server::run_with`]); a second signal, or `--stop-timeout` passing,
+/// ends the stop at once. SIGHUP upgrades in place
+/// ([`crate::daemon::upgrade`]); `handover` is what an earlier image
+/// handed over, when this one was started that way.
 ///
 /// `activation` is what [`crate::service::activation::take`] took at startup.
 ///
@@ -26,7 +31,11 @@ use crate::{Error, spawn};
 ///
 /// When the kernel is too old, a socket cannot be bound or was passed
 /// twice, or the runtime cannot start.
-pub fn serve(args: &ServeArgs, activation: Activation) -> Result<(), Error> {
+pub fn serve(
+    args: &ServeArgs,
+    activation: Activation,
+    handover: Option<Handover>,
+) -> Result<(), Error> {
     // Before any thread exists or any fd of ours is opened (the activated
     // sockets already are close-on-exec).
     if let Err(error) = spawn::mark_inherited_fds_cloexec() {
@@ -39,12 +48,34 @@ pub fn serve(args: &ServeArgs, activation: Activation) -> Result<(), Error> {
         return private::serve_private(socket);
     }
     let Activation {
-        spawn: activated_spawn,
+        spawn: mut activated_spawn,
         metrics: activated_metrics,
         notifier,
         watchdog,
         warnings,
     } = activation;
+    let mut upgraded_afresh = false;
+    match handover.map(|handover| (handover.state.is_ok(), handover)) {
+        Some((true, handover)) => {
+            let Ok(state) = handover.state else {
+                unreachable!("checked above")
+            };
+            return serve_restored(args, state);
+        }
+        Some((false, handover)) => {
+            if let Err(error) = &handover.state {
+                tracing::error!(
+                    %error,
+                    "upgraded in place, but the state handed over cannot be read: serving afresh \
+                     on the same listening socket; clients connected before the upgrade lost \
+                     their connection, and the old children are reaped as orphans"
+                );
+            }
+            activated_spawn = handover.discard();
+            upgraded_afresh = activated_spawn.is_some();
+        }
+        None => {}
+    }
     for warning in warnings {
         tracing::warn!("{warning}");
     }
@@ -67,9 +98,11 @@ pub fn serve(args: &ServeArgs, activation: Activation) -> Result<(), Error> {
                 .to_owned()
         }),
         cgroups,
+        upgrades: true,
         ..Options::default()
     };
     let listener = match (activated_spawn, &args.socket) {
+        (Some(fd), Some(_)) if upgraded_afresh => fd,
         (Some(_), Some(path)) => {
             return Err(Error::Conflict(format!(
                 "systemd passed a spawn socket, and --socket {} names another; drop --socket",
@@ -110,6 +143,56 @@ pub fn serve(args: &ServeArgs, activation: Activation) -> Result<(), Error> {
         }
         (None, None) => None,
     };
+    run(args, listener, options)
+}
+
+/// Serves what an earlier image handed over (a live upgrade): the policy,
+/// the cgroup subtree and every socket come from the state, not from the
+/// arguments or the environment.
+fn serve_restored(args: &ServeArgs, state: SavedDaemon) -> Result<(), Error> {
+    let adopt = |fd: i32| spawn::adopt_fd(fd).map_err(|source| Error::InheritedFd { fd, source });
+    let listener = adopt(state.listener)?;
+    let bound = match &state.bound_path {
+        Some(path) => Some(server::BoundSocket::adopt(
+            listener.try_clone().map_err(Error::Runtime)?,
+            path.clone(),
+        )),
+        None => None,
+    };
+    let metrics_listener = state
+        .metrics_listener
+        .map(|fd| adopt(fd).map(std::net::TcpListener::from))
+        .transpose()?;
+    let notifier = match state.notify_socket {
+        Some(fd) => Some(
+            Notifier::from_fd(adopt(fd)?).map_err(|source| Error::InheritedFd { fd, source })?,
+        ),
+        None => None,
+    };
+    let options = Options {
+        bound,
+        metrics_listener,
+        notifier,
+        watchdog: state.watchdog_usec.map(Duration::from_micros),
+        policy: Some(state.policy),
+        cgroups: state.cgroups.map(Subtree::restore),
+        no_cgroups: Some(state.no_cgroups),
+        upgrades: true,
+        restored: Some(Restored {
+            started: handover::from_mono_ns(state.started_mono_ns),
+            counters: state.counters,
+            child_nofile: state.child_nofile,
+            connections: state.connections,
+            leftover_cgroups: state.leftover_cgroups,
+            reply_to: state.reply_to,
+            written_by: state.written_by,
+        }),
+    };
+    run(args, listener, options)
+}
+
+/// Runs the runtime and serves until stopped.
+fn run(args: &ServeArgs, listener: std::os::fd::OwnedFd, options: Options) -> Result<(), Error> {
     // Sized by the cgroup-aware CPU count: threads a CPU quota cannot run
     // only add latency.
     let workers = available_parallelism().map_or(1, |n| n.get());
@@ -149,23 +232,17 @@ pub fn serve(args: &ServeArgs, activation: Activation) -> Result<(), Error> {
     })
 }
 
-/// Counts SIGTERM, SIGINT and SIGHUP deliveries.
-///
-/// SIGHUP is a graceful stop, as SIGTERM is: the daemon has nothing to
-/// reload (the policy is read at start) and no live upgrade yet. Under
-/// socket activation the next connection starts the binary afresh, so a
-/// SIGHUP amounts to a restart that keeps connected clients' children.
+/// Counts SIGTERM and SIGINT deliveries. (SIGHUP is a live upgrade, see
+/// [`crate::daemon::upgrade`].)
 fn count_signals() -> Result<watch::Receiver<u32>, Error> {
     let mut terminate = signal(SignalKind::terminate()).map_err(Error::Runtime)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(Error::Runtime)?;
-    let mut hangup = signal(SignalKind::hangup()).map_err(Error::Runtime)?;
     let (count_tx, count) = watch::channel(0u32);
     tokio::spawn(async move {
         loop {
             let name = tokio::select! {
                 _ = terminate.recv() => "SIGTERM",
                 _ = interrupt.recv() => "SIGINT",
-                _ = hangup.recv() => "SIGHUP",
             };
             count_tx.send_modify(|count| *count += 1);
             if *count_tx.borrow() == 1 {

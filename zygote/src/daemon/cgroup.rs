@@ -35,7 +35,7 @@ const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 const CONTROLLERS: [&str; 4] = ["cpu", "io", "memory", "pids"];
 
 /// Per-peer caps on a uid's subtree (`peers/<uid>`), from the policy.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PeerCaps {
     /// `memory.max` of the uid's subtree, in bytes.
     pub memory_max: Option<u64>,
@@ -276,14 +276,19 @@ impl Subtree {
         };
         let (path, opened) = match spare {
             Some((path, dir)) => (path, Some(dir)),
-            None => {
+            None => loop {
                 let number = self.next.fetch_add(1, Ordering::Relaxed);
                 let path = peer.join(number.to_string());
-                if let Err(error) = fs::create_dir(&path) {
-                    return Err(failed("cannot create the child's cgroup", &path, error));
+                match fs::create_dir(&path) {
+                    Ok(()) => break (path, None),
+                    // Still populated by an earlier run's orphans (a
+                    // crash): skip the number, never share the cgroup.
+                    Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(error) => {
+                        return Err(failed("cannot create the child's cgroup", &path, error));
+                    }
                 }
-                (path, None)
-            }
+            },
         };
         let child = ChildCgroup {
             uid,
@@ -409,6 +414,117 @@ impl Subtree {
                 cgroup = %self.root.display(),
                 "cgroups of an earlier run still hold processes; left alone"
             );
+        }
+    }
+}
+
+/// What an upgrade carries of a [`Subtree`]: the new image takes it over
+/// as it is, without setting it up again.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SavedSubtree {
+    root: PathBuf,
+    controllers: Vec<String>,
+    can_kill: bool,
+    next: u64,
+    peers: Vec<u32>,
+    spare: Vec<(u32, Vec<PathBuf>)>,
+}
+
+/// What an upgrade carries of a [`ChildCgroup`].
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SavedCgroup {
+    uid: u32,
+    path: PathBuf,
+    spec: CgroupSpec,
+    can_kill: bool,
+    memory: bool,
+    requested: bool,
+    doomed: bool,
+    killed: bool,
+}
+
+impl Subtree {
+    /// Its state, for an upgrade.
+    pub fn save(&self) -> SavedSubtree {
+        SavedSubtree {
+            root: self.root.clone(),
+            controllers: self.controllers.clone(),
+            can_kill: self.can_kill,
+            next: self.next.load(Ordering::Relaxed),
+            peers: self
+                .peers
+                .lock()
+                .expect("cgroup peers poisoned")
+                .iter()
+                .copied()
+                .collect(),
+            spare: self
+                .spare
+                .lock()
+                .expect("spare cgroups poisoned")
+                .iter()
+                .map(|(uid, list)| (*uid, list.iter().map(|(path, _)| path.clone()).collect()))
+                .collect(),
+        }
+    }
+
+    /// The subtree an earlier image of this daemon saved, taken over as it
+    /// is: the daemon is already in `daemon/`, and the children's cgroups
+    /// are in use.
+    pub fn restore(saved: SavedSubtree) -> Self {
+        Self {
+            root: saved.root,
+            controllers: saved.controllers,
+            can_kill: saved.can_kill,
+            next: AtomicU64::new(saved.next),
+            peers: Mutex::new(saved.peers.into_iter().collect()),
+            // Kept open, as when made here; one that cannot be is dropped.
+            spare: Mutex::new(
+                saved
+                    .spare
+                    .into_iter()
+                    .map(|(uid, paths)| {
+                        let opened = paths
+                            .into_iter()
+                            .filter_map(|path| {
+                                let dir = fs::File::open(&path).ok()?;
+                                Some((path, OwnedFd::from(dir)))
+                            })
+                            .collect();
+                        (uid, opened)
+                    })
+                    .collect(),
+            ),
+        }
+    }
+}
+
+impl ChildCgroup {
+    /// Its state, for an upgrade.
+    pub fn save(&self) -> SavedCgroup {
+        SavedCgroup {
+            uid: self.uid,
+            path: self.path.clone(),
+            spec: self.spec,
+            can_kill: self.can_kill,
+            memory: self.memory,
+            requested: self.requested,
+            doomed: self.doomed.load(Ordering::Relaxed),
+            killed: self.killed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A child's cgroup as an earlier image of this daemon saved it.
+    pub fn restore(saved: SavedCgroup) -> Self {
+        Self {
+            uid: saved.uid,
+            path: saved.path,
+            spec: saved.spec,
+            can_kill: saved.can_kill,
+            memory: saved.memory,
+            requested: saved.requested,
+            doomed: AtomicBool::new(saved.doomed),
+            killed: AtomicBool::new(saved.killed),
         }
     }
 }

@@ -12,7 +12,7 @@
 
 use std::os::fd::AsFd;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use tokio::sync::{Notify, Semaphore, watch};
@@ -24,11 +24,12 @@ use zygote_proto::{
 };
 
 use crate::daemon::admission;
+use crate::daemon::handover::{Active, SavedConnection};
 use crate::daemon::lifetime::{self, Connection, SpawnTask};
 use crate::daemon::peer::Peer;
 use crate::daemon::reply::send_reply;
 use crate::daemon::shutdown::Shutdown;
-use crate::daemon::state::Daemon;
+use crate::daemon::state::{Closable, Daemon, UpgradeAsk};
 use crate::service::metrics::SpawnResult;
 use crate::spawn;
 
@@ -52,8 +53,29 @@ const HANDSHAKE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5
 
 /// Serves one connection until the client closes it or breaks the
 /// protocol, or the daemon stops and the connection has become idle.
-pub async fn serve(socket: AsyncSeqpacket, cred: UCred, daemon: Arc<Daemon>, shutdown: Shutdown) {
+///
+/// `active` is the connection's share of the daemon's pause (taken when it
+/// was accepted, so that no upgrade can miss it).
+pub async fn serve(
+    socket: AsyncSeqpacket,
+    cred: UCred,
+    daemon: Arc<Daemon>,
+    shutdown: Shutdown,
+    active: Active,
+) {
     daemon.metrics.connection_opened();
+    serve_opened(socket, cred, daemon, shutdown, active).await;
+}
+
+/// As [`serve`], for a connection already counted as accepted (one an
+/// earlier image handed over before its handshake).
+async fn serve_opened(
+    socket: AsyncSeqpacket,
+    cred: UCred,
+    daemon: Arc<Daemon>,
+    shutdown: Shutdown,
+    active: Active,
+) {
     // The table itself is checked once the peer is known (`admission`).
     // This bounds the connections being refused on top of it, which hold
     // an fd for up to a second each: beyond it, close without an answer.
@@ -67,7 +89,9 @@ pub async fn serve(socket: AsyncSeqpacket, cred: UCred, daemon: Arc<Daemon>, shu
             "closing a connection unanswered: far over the connection limit"
         );
     } else {
-        serve_counted(socket, &cred, &daemon, shutdown).await;
+        // Held while this connection works: a live upgrade waits for it to
+        // be between frames.
+        serve_counted(socket, &cred, &daemon, shutdown, active).await;
     }
     daemon.metrics.connection_closed();
 }
@@ -77,6 +101,7 @@ async fn serve_counted(
     cred: &UCred,
     daemon: &Arc<Daemon>,
     mut shutdown: Shutdown,
+    mut active: Active,
 ) {
     let socket = Arc::new(socket);
     let peer = match Peer::identify(socket.as_fd(), cred, Path::new("/proc")) {
@@ -136,25 +161,35 @@ async fn serve_counted(
         }
     };
     let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
-    let handshaken = tokio::select! {
-        handshaken = handshake(&socket, &mut scratch) => handshaken,
-        () = tokio::time::sleep(HANDSHAKE_DEADLINE) => {
-            debug!(
-                peer_pid = peer.pid,
-                peer_uid = peer.uid,
-                peer_gid = peer.gid,
-                "closing a connection that sent no hello in time"
-            );
-            let message = format!(
-                "no Hello within {} s of connecting; closing",
-                HANDSHAKE_DEADLINE.as_secs()
-            );
-            close_with(&socket, daemon, ProtocolErrorKind::UnexpectedMessage, message).await;
-            return;
+    let deadline = tokio::time::Instant::now() + HANDSHAKE_DEADLINE;
+    let hello = loop {
+        tokio::select! {
+            received = socket.recv(&mut scratch) => break received,
+            () = tokio::time::sleep_until(deadline) => {
+                debug!(
+                    peer_pid = peer.pid,
+                    peer_uid = peer.uid,
+                    peer_gid = peer.gid,
+                    "closing a connection that sent no hello in time"
+                );
+                let message = format!(
+                    "no Hello within {} s of connecting; closing",
+                    HANDSHAKE_DEADLINE.as_secs()
+                );
+                close_with(&socket, daemon, ProtocolErrorKind::UnexpectedMessage, message).await;
+                return;
+            }
+            // A client that has not said hello has nothing to finish.
+            () = shutdown.stopping() => return,
+            // Nothing read yet: a new image serves it from the start.
+            () = active.requested() => {
+                let _parked = ParkedSocket::new(daemon, &socket);
+                active.park().await;
+            }
         }
-        // A client that has not said hello has nothing to finish.
-        () = shutdown.stopping() => return,
     };
+    // Once the hello is read, it is answered before any park.
+    let handshaken = handshake(&socket, hello).await;
     match handshaken {
         Ok(()) => {}
         // A probe (connect, then close) is not a protocol error.
@@ -203,6 +238,39 @@ async fn serve_counted(
         unanswered: Arc::new(Semaphore::new(MAX_UNANSWERED)),
     });
     daemon.register(&connection);
+    serve_requests(&socket, &connection, daemon, shutdown, active, scratch).await;
+}
+
+/// Serves a connection an earlier image of this daemon handed over, past
+/// its handshake, sending `first` before anything else (the answer to the
+/// `Upgrade` request that asked for the new image).
+pub(crate) async fn serve_restored(
+    socket: Arc<AsyncSeqpacket>,
+    connection: Arc<Connection>,
+    daemon: Arc<Daemon>,
+    shutdown: Shutdown,
+    active: Active,
+    first: Option<u64>,
+) {
+    let _slot = admission::reserve_connection(&daemon, connection.peer.uid, usize::MAX).ok();
+    daemon.metrics.connection_restored();
+    if let Some(id) = first {
+        send_reply(&socket, &ServerMessage::Status(daemon.status(id)), &[]).await;
+    }
+    let scratch = vec![0u8; RECV_BUFFER_BYTES];
+    serve_requests(&socket, &connection, &daemon, shutdown, active, scratch).await;
+    daemon.metrics.connection_closed();
+}
+
+/// Requests after the handshake, until the client leaves.
+async fn serve_requests(
+    socket: &Arc<AsyncSeqpacket>,
+    connection: &Arc<Connection>,
+    daemon: &Arc<Daemon>,
+    mut shutdown: Shutdown,
+    mut active: Active,
+    mut scratch: Vec<u8>,
+) {
     let mut stopping = false;
     loop {
         if stopping && connection.is_idle() {
@@ -221,6 +289,11 @@ async fn serve_counted(
                 continue;
             }
             () = connection.changed.notified(), if stopping => continue,
+            // Between frames: nothing read is left unanswered.
+            () = active.requested() => {
+                active.park().await;
+                continue;
+            }
         };
         let received_at = Instant::now();
         let frame = match received {
@@ -241,7 +314,7 @@ async fn serve_counted(
                     %error,
                     "closing connection"
                 );
-                close_with(&socket, daemon, kind, error.to_string()).await;
+                close_with(socket, daemon, kind, error.to_string()).await;
                 break;
             }
         };
@@ -251,7 +324,7 @@ async fn serve_counted(
             stopping,
         };
         if let Err((kind, message)) =
-            dispatch(request, &socket, &connection, daemon, &shutdown).await
+            dispatch(request, socket, connection, daemon, &shutdown, &active).await
         {
             warn!(
                 peer_pid = connection.peer.pid,
@@ -260,11 +333,11 @@ async fn serve_counted(
                 reason = %message,
                 "closing connection"
             );
-            close_with(&socket, daemon, kind, message).await;
+            close_with(socket, daemon, kind, message).await;
             break;
         }
     }
-    lifetime::connection_closed(&connection);
+    lifetime::connection_closed(connection);
     debug!(
         peer_pid = connection.peer.pid,
         peer_uid = connection.peer.uid,
@@ -284,9 +357,13 @@ struct Request {
 
 type Fatal = (ProtocolErrorKind, String);
 
-/// The handshake; `Err(None)` when the client left before saying hello.
-async fn handshake(socket: &AsyncSeqpacket, scratch: &mut [u8]) -> Result<(), Option<Fatal>> {
-    let frame = match socket.recv(scratch).await {
+/// The handshake, from the first frame received; `Err(None)` when the
+/// client left before saying hello.
+async fn handshake(
+    socket: &AsyncSeqpacket,
+    received: Result<Option<Frame>, ProtoError>,
+) -> Result<(), Option<Fatal>> {
+    let frame = match received {
         Ok(Some(frame)) => frame,
         Ok(None) => return Err(None),
         Err(error) if error.is_disconnect() => return Err(None),
@@ -319,7 +396,7 @@ async fn answer_hello(socket: &AsyncSeqpacket, frame: &Frame) -> Result<(), Fata
     }
     let ack = ServerMessage::HelloAck(HelloAck {
         protocol_version: PROTOCOL_VERSION,
-        server_version: env!("CARGO_PKG_VERSION").to_owned(),
+        server_version: crate::version(),
         limits: LIMITS,
     });
     socket
@@ -345,6 +422,7 @@ fn message_name(message: &ClientMessage) -> &'static str {
         ClientMessage::Spawn(_) => "Spawn",
         ClientMessage::Signal(_) => "Signal",
         ClientMessage::Status(_) => "Status",
+        ClientMessage::Upgrade(_) => "Upgrade",
     }
 }
 
@@ -354,6 +432,7 @@ async fn dispatch(
     connection: &Arc<Connection>,
     daemon: &Arc<Daemon>,
     shutdown: &Shutdown,
+    active: &Active,
 ) -> Result<(), Fatal> {
     let Request {
         frame,
@@ -420,7 +499,7 @@ async fn dispatch(
             };
             // A task per spawn, so that concurrent requests on one
             // connection do not queue behind each other's exec.
-            tokio::spawn(task.run(request, frame.fds));
+            tokio::spawn(task.run(request, frame.fds, active.share()));
             Ok(())
         }
         ClientMessage::Signal(request) => {
@@ -443,6 +522,90 @@ async fn dispatch(
             send_reply(socket, &reply, &[]).await;
             Ok(())
         }
+        ClientMessage::Upgrade(request) => {
+            if !frame.fds.is_empty() {
+                return Err(unexpected_fds("Upgrade", frame.fds.len()));
+            }
+            if let Err(reply) = ask_upgrade(request.id, socket, connection, daemon) {
+                send_reply(socket, &reply, &[]).await;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Hands an `Upgrade` request to the accept loop; the answer comes from
+/// the new image (`Status`), or from the upgrade's failure
+/// (`RequestFailed`). Only root and the daemon's own uid may ask.
+fn ask_upgrade(
+    id: u64,
+    socket: &Arc<AsyncSeqpacket>,
+    connection: &Arc<Connection>,
+    daemon: &Daemon,
+) -> Result<(), ServerMessage> {
+    let failed =
+        |errno, message: String| ServerMessage::RequestFailed(RequestFailed { id, errno, message });
+    if connection.id_in_use(id) {
+        return Err(in_use(id));
+    }
+    let uid = connection.peer.uid;
+    if uid != 0 && uid != daemon.uid {
+        return Err(failed(
+            libc::EPERM,
+            format!(
+                "only root or uid {} (the daemon's) may upgrade it; this peer is uid {uid}",
+                daemon.uid
+            ),
+        ));
+    }
+    let upgrades = daemon.upgrades.lock().expect("upgrades poisoned");
+    let Some(upgrades) = upgrades.as_ref() else {
+        return Err(failed(
+            libc::EOPNOTSUPP,
+            "this zygote cannot upgrade in place (a private zygote)".into(),
+        ));
+    };
+    let closable: Arc<dyn Closable> = connection.clone();
+    let ask = UpgradeAsk {
+        from: Some((Arc::downgrade(&closable), Arc::downgrade(socket), id)),
+    };
+    upgrades.try_send(ask).map_err(|error| match error {
+        tokio::sync::mpsc::error::TrySendError::Full(_) => failed(
+            libc::EBUSY,
+            "an upgrade is already under way; try again when it is over".into(),
+        ),
+        tokio::sync::mpsc::error::TrySendError::Closed(_) => {
+            failed(libc::ESHUTDOWN, "the zygote is stopping".into())
+        }
+    })
+}
+
+/// A socket parked before its handshake, listed for the upgrade while
+/// parked.
+struct ParkedSocket<'a> {
+    daemon: &'a Daemon,
+    socket: Weak<AsyncSeqpacket>,
+}
+
+impl<'a> ParkedSocket<'a> {
+    fn new(daemon: &'a Daemon, socket: &Arc<AsyncSeqpacket>) -> Self {
+        let socket = Arc::downgrade(socket);
+        daemon
+            .parked_sockets
+            .lock()
+            .expect("parked sockets poisoned")
+            .push(Weak::clone(&socket));
+        Self { daemon, socket }
+    }
+}
+
+impl Drop for ParkedSocket<'_> {
+    fn drop(&mut self) {
+        self.daemon
+            .parked_sockets
+            .lock()
+            .expect("parked sockets poisoned")
+            .retain(|socket| !socket.ptr_eq(&self.socket));
     }
 }
 
@@ -524,11 +687,12 @@ async fn close_with(
 }
 
 impl Daemon {
-    fn status(&self, id: u64) -> StatusReply {
+    /// The `Status` reply.
+    pub(crate) fn status(&self, id: u64) -> StatusReply {
         let metrics = &self.metrics;
         StatusReply {
             id,
-            server_version: env!("CARGO_PKG_VERSION").to_owned(),
+            server_version: crate::version(),
             pid: rustix::process::getpid().as_raw_nonzero().get(),
             uptime_millis: self.started.elapsed().as_millis() as u64,
             connections_open: metrics.connections_open(),
@@ -538,5 +702,79 @@ impl Daemon {
             spawns_failed: metrics.spawns(SpawnResult::Failed)
                 + metrics.spawns(SpawnResult::Refused),
         }
+    }
+}
+
+/// Takes over a connection an earlier image of this daemon handed over
+/// (a live upgrade): its socket, peer, grant, ids and children. Answers
+/// the `Upgrade` request `reply_to` once serving.
+pub(crate) async fn restore(
+    saved: SavedConnection,
+    daemon: &Arc<Daemon>,
+    coordinator: &crate::daemon::shutdown::Coordinator,
+    reply_to: Option<u64>,
+) {
+    let socket = saved.socket.and_then(|fd| {
+        let socket = spawn::adopt_fd(fd).and_then(|fd| {
+            AsyncSeqpacket::new(fd).map_err(|error| std::io::Error::other(error.to_string()))
+        });
+        match socket {
+            Ok(socket) => Some(socket),
+            Err(error) => {
+                warn!(fd, %error, "cannot take over a client's socket; it is closed");
+                None
+            }
+        }
+    });
+    let Some(client) = saved.client else {
+        // Not past its handshake: served from the start.
+        if let Some(socket) = socket {
+            match socket.peer_credentials() {
+                Ok(cred) => {
+                    let active = daemon.pause.enter().await;
+                    daemon.metrics.connection_restored();
+                    tokio::spawn(serve_opened(
+                        socket,
+                        cred,
+                        Arc::clone(daemon),
+                        coordinator.handle(),
+                        active,
+                    ));
+                }
+                Err(error) => warn!(%error, "cannot identify a handed-over client; closing it"),
+            }
+        }
+        return;
+    };
+    let socket = socket.map(Arc::new);
+    let max_in_flight = client.grant.max_children.saturating_add(IN_FLIGHT_HEADROOM);
+    let (left, _) = watch::channel(socket.is_none() || client.closed);
+    let connection = Arc::new(Connection {
+        socket: socket.as_ref().map_or_else(Weak::new, Arc::downgrade),
+        peer: client.peer.into(),
+        grant: client.grant,
+        state: Mutex::default(),
+        in_flight: Arc::new(Semaphore::new(max_in_flight)),
+        max_in_flight,
+        changed: Notify::new(),
+        left,
+        unanswered: Arc::new(Semaphore::new(MAX_UNANSWERED)),
+    });
+    connection.restore_state(&client.ids, socket.is_none() || client.closed);
+    daemon.register(&connection);
+    for child in client.children {
+        let active = daemon.pause.enter().await;
+        lifetime::resume(&connection, daemon, coordinator.handle(), child, active);
+    }
+    if let Some(socket) = socket {
+        let active = daemon.pause.enter().await;
+        tokio::spawn(serve_restored(
+            socket,
+            connection,
+            Arc::clone(daemon),
+            coordinator.handle(),
+            active,
+            reply_to,
+        ));
     }
 }

@@ -6,7 +6,7 @@
 //! is connected.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -16,11 +16,14 @@ use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
 use zygote_proto::{
     AsyncSeqpacket, ContinueNotice, ExitNotice, ServerMessage, SpawnFailed, SpawnRequest,
-    SpawnStage, Spawned, StopNotice, Timeout,
+    SpawnStage, Spawned, StopNotice,
 };
 
 use crate::daemon::admission;
 use crate::daemon::cgroup::ChildCgroup;
+use crate::daemon::handover::{
+    Active, SavedChild, SavedClient, SavedConnection, SavedExit, SavedPeer, Timer,
+};
 use crate::daemon::peer::Peer;
 use crate::daemon::plan::{self, Group, OnClose};
 use crate::daemon::policy::Grant;
@@ -73,10 +76,37 @@ pub struct State {
 }
 
 struct Tracked {
-    pidfd: Arc<AsyncFd<OwnedFd>>,
+    /// `None` once reaped (its tree is being waited for).
+    pidfd: Option<Arc<AsyncFd<OwnedFd>>>,
     pid: i32,
     on_close: Option<OnClose>,
     cgroup: Option<Arc<ChildCgroup>>,
+    /// What an upgrade needs to carry the watch over.
+    report_stops: bool,
+    leads_own_group: bool,
+    timer: Option<Arc<Mutex<Timer>>>,
+    exited: Option<SavedExit>,
+}
+
+impl Tracked {
+    fn save(&self, id: u64) -> SavedChild {
+        SavedChild {
+            id,
+            pid: self.pid,
+            pidfd: self.pidfd.as_ref().map(|pidfd| pidfd.get_ref().as_raw_fd()),
+            on_close: self
+                .on_close
+                .map(|on_close| (on_close.signal, on_close.group == Some(Group::Own))),
+            cgroup: self.cgroup.as_ref().map(|cgroup| cgroup.save()),
+            report_stops: self.report_stops,
+            leads_own_group: self.leads_own_group,
+            timer: self
+                .timer
+                .as_ref()
+                .map(|timer| timer.lock().expect("timer poisoned").save()),
+            exited: self.exited.clone(),
+        }
+    }
 }
 
 impl Connection {
@@ -101,7 +131,7 @@ impl Connection {
         self.lock()
             .children
             .get(&spawn_id)
-            .map(|tracked| Arc::clone(&tracked.pidfd))
+            .and_then(|tracked| tracked.pidfd.clone())
     }
 
     /// The cgroup of a running child, by spawn id.
@@ -115,11 +145,43 @@ impl Connection {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("connection state poisoned")
     }
+
+    /// A connection as an earlier image of this daemon saved it: its ids
+    /// and whether its client left; its children are restored with
+    /// [`resume`].
+    pub fn restore_state(&self, ids: &[u64], closed: bool) {
+        let mut state = self.lock();
+        state.ids.extend(ids.iter().copied());
+        state.closed = closed;
+    }
 }
 
 impl Closable for Connection {
     fn close(&self) {
         connection_closed(self);
+    }
+
+    fn save(&self) -> SavedConnection {
+        let socket = self.socket.upgrade();
+        let state = self.lock();
+        let mut ids: Vec<u64> = state.ids.iter().copied().collect();
+        ids.sort_unstable();
+        let mut children: Vec<SavedChild> = state
+            .children
+            .iter()
+            .map(|(id, tracked)| tracked.save(*id))
+            .collect();
+        children.sort_unstable_by_key(|child| child.id);
+        SavedConnection {
+            socket: socket.map(|socket| socket.as_fd().as_raw_fd()),
+            client: Some(SavedClient {
+                peer: SavedPeer::from(&self.peer),
+                grant: self.grant.clone(),
+                ids,
+                closed: state.closed,
+                children,
+            }),
+        }
     }
 }
 
@@ -140,6 +202,10 @@ pub fn connection_closed(connection: &Connection) {
 }
 
 fn signal_on_close(tracked: &Tracked, on_close: OnClose, peer_uid: u32) {
+    // Reaped, its tree being waited for: kill-on-close no longer applies.
+    if tracked.exited.is_some() {
+        return;
+    }
     if let Some(cgroup) = &tracked.cgroup
         && cgroup.doom(on_close.signal)
     {
@@ -147,7 +213,10 @@ fn signal_on_close(tracked: &Tracked, on_close: OnClose, peer_uid: u32) {
         return;
     }
     let group = on_close.group == Some(Group::Own);
-    let pidfd = tracked.pidfd.get_ref().as_fd();
+    let Some(pidfd) = &tracked.pidfd else {
+        return;
+    };
+    let pidfd = pidfd.get_ref().as_fd();
     match signal_child(pidfd, tracked.pid, group, on_close.signal, peer_uid) {
         Ok(()) => debug!(pid = tracked.pid, signal = on_close.signal, "kill-on-close"),
         Err(error) if error.raw_os_error() == Some(libc::ESRCH) => {}
@@ -214,11 +283,11 @@ impl Drop for SpawnTask {
 
 impl SpawnTask {
     /// Runs the spawn and, once the child exec'd, waits for its exit.
-    pub async fn run(self, request: SpawnRequest, attached: Vec<OwnedFd>) {
+    pub async fn run(self, request: SpawnRequest, attached: Vec<OwnedFd>, mut active: Active) {
         let id = request.id;
         let mut program = String::from_utf8_lossy(&request.program).into_owned();
         clip(&mut program);
-        match self.start(request, attached, &program).await {
+        match self.start(request, attached, &program, &mut active).await {
             Ok(()) => {}
             Err(mut failed) => {
                 clip(&mut failed.message);
@@ -272,6 +341,7 @@ impl SpawnTask {
         mut request: SpawnRequest,
         attached: Vec<OwnedFd>,
         program: &str,
+        active: &mut Active,
     ) -> Result<(), SpawnFailed> {
         let id = request.id;
         let peer = &self.connection.peer;
@@ -399,12 +469,23 @@ impl SpawnTask {
                 })?;
         }
         self.daemon.metrics.child_started();
+        let timer = prepared.timeout.map(|timeout| {
+            Arc::new(Mutex::new(Timer {
+                term_at: Instant::now() + Duration::from_millis(timeout.millis),
+                grace: Duration::from_millis(timeout.grace_millis),
+                kill_at: None,
+            }))
+        });
         {
             let tracked = Tracked {
-                pidfd: Arc::clone(&pidfd),
+                pidfd: Some(Arc::clone(&pidfd)),
                 pid,
                 on_close: prepared.on_close,
                 cgroup: cgroup.clone(),
+                report_stops,
+                leads_own_group: prepared.leads_own_group,
+                timer: timer.clone(),
+                exited: None,
             };
             let mut state = self.connection.lock();
             // The client may have left while we spawned.
@@ -433,44 +514,97 @@ impl SpawnTask {
             "spawned"
         );
 
-        let stops = async {
-            if !report_stops {
-                return std::future::pending().await;
-            }
-            reaper::follow_stops(pidfd.get_ref().as_fd(), |change| {
-                debug!(pid, ?change, "child stopped or continued");
-                let message = match change {
-                    reaper::JobChange::Stopped(signal) => {
-                        ServerMessage::Stopped(StopNotice { id, signal })
+        let watched = Watched {
+            id,
+            pid,
+            pidfd: Some(pidfd),
+            cgroup,
+            timer,
+            report_stops,
+            leads_own_group: prepared.leads_own_group,
+            exited: None,
+        };
+        self.watch(watched, Some(slot), active).await;
+        Ok(())
+    }
+
+    /// Waits for a started child's exit (timeouts, stops) and sends its
+    /// exit notice; parks at each upgrade, so that the child's state can
+    /// be carried over.
+    async fn watch(&self, watched: Watched, slot: Option<admission::Slot>, active: &mut Active) {
+        let Watched {
+            id,
+            pid,
+            pidfd,
+            cgroup,
+            timer,
+            report_stops,
+            leads_own_group,
+            exited,
+        } = watched;
+        let peer_uid = self.connection.peer.uid;
+        let exit = match (exited, pidfd) {
+            (Some(exited), _) => Ok((exited.status, exited.usage, exited.timed_out)),
+            (None, None) => Err(std::io::Error::from_raw_os_error(libc::ECHILD)),
+            (None, Some(pidfd)) => loop {
+                let stops = async {
+                    if !report_stops {
+                        return std::future::pending().await;
                     }
-                    reaper::JobChange::Continued => ServerMessage::Continued(ContinueNotice { id }),
+                    reaper::follow_stops(pidfd.get_ref().as_fd(), |change| {
+                        debug!(pid, ?change, "child stopped or continued");
+                        let message = match change {
+                            reaper::JobChange::Stopped(signal) => {
+                                ServerMessage::Stopped(StopNotice { id, signal })
+                            }
+                            reaper::JobChange::Continued => {
+                                ServerMessage::Continued(ContinueNotice { id })
+                            }
+                        };
+                        async move { self.reply(&message, &[]).await }
+                    })
+                    .await;
                 };
-                async move { self.reply(&message, &[]).await }
-            })
-            .await;
+                // Polled in this order: once the child has exited, no stop
+                // notice can follow its `Exited`.
+                tokio::select! {
+                    biased;
+                    (exit, timed_out) = wait_with_timeout(&pidfd, pid, timer.as_deref(), leads_own_group, peer_uid, cgroup.as_deref()) => {
+                        break exit.map(|(status, usage)| (status, usage, timed_out));
+                    }
+                    () = stops => unreachable!("following stops never ends"),
+                    () = self.abandoned() => {
+                        debug!(pid, "leaving a child to the system's reaper: the daemon is stopping and its client has left");
+                        self.connection.lock().children.remove(&id);
+                        return;
+                    }
+                    // Nothing was reaped or signalled since the last look:
+                    // the saved state is exact.
+                    () = active.requested() => active.park().await,
+                }
+            },
         };
-        // Polled in this order: once the child has exited, no stop notice
-        // can follow its `Exited`.
-        let (exit, timed_out) = tokio::select! {
-            biased;
-            exit = wait_with_timeout(&pidfd, pid, prepared.timeout, prepared.leads_own_group, peer.uid, cgroup.as_deref()) => exit,
-            () = stops => unreachable!("following stops never ends"),
-            () = self.abandoned() => {
-                debug!(pid, "leaving a child to the system's reaper: the daemon is stopping and its client has left");
-                self.connection.lock().children.remove(&id);
-                return Ok(());
+        if let Ok((status, usage, timed_out)) = &exit {
+            // Reaped: kept in the table until reported, for an upgrade.
+            if let Some(tracked) = self.connection.lock().children.get_mut(&id) {
+                tracked.pidfd = None;
+                tracked.exited = Some(SavedExit {
+                    status: *status,
+                    usage: *usage,
+                    timed_out: *timed_out,
+                });
             }
-        };
-        self.connection.lock().children.remove(&id);
+        }
         let tree = match &cgroup {
-            Some(cgroup) => self.end_tree(cgroup).await,
+            Some(cgroup) => self.end_tree(cgroup, active).await,
             None => None,
         };
-        let status = exit.as_ref().ok().map(|(status, _)| status);
+        self.connection.lock().children.remove(&id);
+        let status = exit.as_ref().ok().map(|(status, _, _)| status);
         self.daemon.metrics.child_reaped(status);
         drop(slot);
         match exit {
-            Ok((status, usage)) => {
+            Ok((status, usage, timed_out)) => {
                 debug!(pid, ?status, timed_out, "child exited");
                 let notice = ExitNotice {
                     id,
@@ -489,7 +623,6 @@ impl SpawnTask {
                 self.connection.lock().ids.remove(&id);
             }
         }
-        Ok(())
     }
 
     /// After the child's exit: ends the rest of a doomed tree, waits for
@@ -497,7 +630,11 @@ impl SpawnTask {
     ///
     /// The accounting (a `cpu.stat` read, ~40 µs) only for a request that
     /// asked for cgroup features: the rest get placement alone.
-    async fn end_tree(&self, cgroup: &ChildCgroup) -> Option<zygote_proto::TreeUsage> {
+    async fn end_tree(
+        &self,
+        cgroup: &ChildCgroup,
+        active: &mut Active,
+    ) -> Option<zygote_proto::TreeUsage> {
         let uid = self.connection.peer.uid;
         if cgroup.finish_doomed() {
             debug!(cgroup = %cgroup.path().display(), "tree kill after the child's end");
@@ -506,7 +643,13 @@ impl SpawnTask {
             self.daemon.metrics.tree_killed(uid);
         }
         if cgroup.spec.wait_tree || cgroup.is_doomed() {
-            cgroup.wait_empty().await;
+            // The exit is in the table: an upgrade carries it over.
+            loop {
+                tokio::select! {
+                    () = cgroup.wait_empty() => break,
+                    () = active.requested() => active.park().await,
+                }
+            }
         }
         if !cgroup.requested {
             return None;
@@ -642,7 +785,7 @@ async fn read_exec_report(status: &AsyncFd<OwnedFd>) -> std::io::Result<spawn::E
 async fn wait_with_timeout(
     pidfd: &AsyncFd<OwnedFd>,
     pid: i32,
-    timeout: Option<Timeout>,
+    timer: Option<&Mutex<Timer>>,
     leads_own_group: bool,
     peer_uid: u32,
     cgroup: Option<&ChildCgroup>,
@@ -650,7 +793,7 @@ async fn wait_with_timeout(
     std::io::Result<(zygote_proto::ExitStatus, zygote_proto::ResourceUsage)>,
     bool,
 ) {
-    let Some(timeout) = timeout else {
+    let Some(timer) = timer else {
         return (reaper::wait_exit(pidfd).await, false);
     };
     let signal = |signal| {
@@ -665,14 +808,25 @@ async fn wait_with_timeout(
             peer_uid,
         )
     };
-    let expire = tokio::time::sleep(Duration::from_millis(timeout.millis));
-    tokio::select! {
-        exit = reaper::wait_exit(pidfd) => return (exit, false),
-        () = expire => {}
-    }
-    debug!(pid, group = leads_own_group, "timeout: SIGTERM");
-    let _ = signal(libc::SIGTERM);
-    let grace = tokio::time::sleep(Duration::from_millis(timeout.grace_millis));
+    // Absolute deadlines, in the shared timer: a wait resumed after an
+    // upgrade (or a parked one) keeps them, and never sends SIGTERM twice.
+    let current = *timer.lock().expect("timer poisoned");
+    let kill_at = match current.kill_at {
+        Some(kill_at) => kill_at,
+        None => {
+            let expire = tokio::time::sleep_until(current.term_at.into());
+            tokio::select! {
+                exit = reaper::wait_exit(pidfd) => return (exit, false),
+                () = expire => {}
+            }
+            let kill_at = Instant::now() + current.grace;
+            timer.lock().expect("timer poisoned").kill_at = Some(kill_at);
+            debug!(pid, group = leads_own_group, "timeout: SIGTERM");
+            let _ = signal(libc::SIGTERM);
+            kill_at
+        }
+    };
+    let grace = tokio::time::sleep_until(kill_at.into());
     tokio::select! {
         exit = reaper::wait_exit(pidfd) => return (exit, true),
         () = grace => {}
@@ -688,7 +842,7 @@ async fn wait_with_timeout(
 
 /// Removes a child's cgroup once nothing is left in it: at once for a tree
 /// that ended with its child, later for one whose grandchildren live on.
-fn remove_when_empty(daemon: &Arc<Daemon>, cgroup: Arc<ChildCgroup>) {
+pub(crate) fn remove_when_empty(daemon: &Arc<Daemon>, cgroup: Arc<ChildCgroup>) {
     let Some(subtree) = &daemon.cgroups else {
         return;
     };
@@ -699,6 +853,14 @@ fn remove_when_empty(daemon: &Arc<Daemon>, cgroup: Arc<ChildCgroup>) {
         return;
     }
     debug!(cgroup = %cgroup.path().display(), "the child's tree outlives it; removing its cgroup later");
+    {
+        let mut lingering = daemon
+            .lingering_cgroups
+            .lock()
+            .expect("lingering cgroups poisoned");
+        lingering.retain(|weak| weak.strong_count() > 0);
+        lingering.push(Arc::downgrade(&cgroup));
+    }
     let daemon = Arc::clone(daemon);
     tokio::spawn(async move {
         cgroup.wait_empty().await;
@@ -709,5 +871,97 @@ fn remove_when_empty(daemon: &Arc<Daemon>, cgroup: Arc<ChildCgroup>) {
         if let Some(Err(error)) = released {
             warn!(cgroup = %cgroup.path().display(), %error, "cannot remove a child's cgroup");
         }
+    });
+}
+
+/// A started child, as its watcher needs it.
+struct Watched {
+    id: u64,
+    pid: i32,
+    pidfd: Option<Arc<AsyncFd<OwnedFd>>>,
+    cgroup: Option<Arc<ChildCgroup>>,
+    timer: Option<Arc<Mutex<Timer>>>,
+    report_stops: bool,
+    leads_own_group: bool,
+    exited: Option<SavedExit>,
+}
+
+/// Takes over a child an earlier image of this daemon started: tracks it
+/// on `connection` and watches it to its exit notice, as the task that
+/// started it would have. The fds named in `saved` must be this process's
+/// own and open.
+pub fn resume(
+    connection: &Arc<Connection>,
+    daemon: &Arc<Daemon>,
+    shutdown: Shutdown,
+    saved: SavedChild,
+    active: Active,
+) {
+    let peer_uid = connection.peer.uid;
+    let pidfd = saved.pidfd.and_then(|fd| {
+        let fd = spawn::adopt_fd(fd).and_then(|fd| zygote_proto::register(fd, Interest::READABLE));
+        match fd {
+            Ok(fd) => Some(Arc::new(fd)),
+            Err(error) => {
+                warn!(pid = saved.pid, %error, "cannot take over a child's pidfd; it will not be reported");
+                None
+            }
+        }
+    });
+    if saved.exited.is_none() && pidfd.is_none() {
+        return;
+    }
+    spawn::adopt_own(saved.pid);
+    let cgroup = saved
+        .cgroup
+        .map(|cgroup| Arc::new(ChildCgroup::restore(cgroup)));
+    let timer = saved
+        .timer
+        .map(|timer| Arc::new(Mutex::new(Timer::restore(timer))));
+    let on_close = saved.on_close.map(|(signal, own)| OnClose {
+        signal,
+        group: own.then_some(Group::Own),
+    });
+    let tracked = Tracked {
+        pidfd: pidfd.clone(),
+        pid: saved.pid,
+        on_close,
+        cgroup: cgroup.clone(),
+        report_stops: saved.report_stops,
+        leads_own_group: saved.leads_own_group,
+        timer: timer.clone(),
+        exited: saved.exited.clone(),
+    };
+    connection.lock().children.insert(saved.id, tracked);
+    let slot = admission::reserve(daemon, peer_uid, usize::MAX).ok();
+    let Ok(permit) = Arc::clone(&connection.in_flight).try_acquire_owned() else {
+        warn!(
+            pid = saved.pid,
+            "no room to take over a child; it will not be reported"
+        );
+        return;
+    };
+    daemon.metrics.child_started();
+    let task = SpawnTask {
+        connection: Arc::clone(connection),
+        daemon: Arc::clone(daemon),
+        shutdown,
+        received_at: Instant::now(),
+        _permit: permit,
+        answer_slot: Mutex::new(None),
+    };
+    let watched = Watched {
+        id: saved.id,
+        pid: saved.pid,
+        pidfd,
+        cgroup,
+        timer,
+        report_stops: saved.report_stops,
+        leads_own_group: saved.leads_own_group,
+        exited: saved.exited,
+    };
+    tokio::spawn(async move {
+        let mut active = active;
+        task.watch(watched, slot, &mut active).await;
     });
 }

@@ -4,6 +4,8 @@
 //! The modules form layers; each uses only those listed before it:
 //!
 //! - [`cgroup`]: the delegated cgroup subtree and each child's cgroup.
+//! - [`handover`]: what a live upgrade carries from one image to the next,
+//!   and the pause that brings every task to a safe point first.
 //! - [`policy`], `peer`, `shutdown`, `reply`: who may ask for what, who
 //!   the peer is (`SO_PEERCRED`, `SO_PEERPIDFD`, `/proc`), the stop notice,
 //!   sending a reply.
@@ -18,12 +20,14 @@
 //! - `connection`: one client's conversation: peer check, handshake,
 //!   requests, replies.
 //! - [`server`]: binding the socket and the accept loop.
+//! - [`upgrade`]: the live upgrade: save, check, exec in place, restore.
 //! - [`private`]: a zygote serving one owner over one socket, launched
 //!   (`zygote serve --private-fd`) or forked ([`template`]).
 
 mod admission;
 pub mod cgroup;
 mod connection;
+pub mod handover;
 mod lifetime;
 pub(crate) mod peer;
 pub(crate) mod plan;
@@ -35,3 +39,4 @@ pub mod server;
 mod shutdown;
 pub mod state;
 pub mod template;
+pub mod upgrade;

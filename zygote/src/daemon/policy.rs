@@ -8,7 +8,7 @@
 use crate::daemon::cgroup::PeerCaps;
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use zygote_proto::{ResourceLimit, SpawnRequest};
 
 use crate::Error;
@@ -70,7 +70,7 @@ struct LimitsFile {
 }
 
 /// Daemon-wide limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
     /// Connections open at once; one more gets `ProtocolError::Busy`.
     /// Peers other than root get all but [`Limits::root_reserve`] of them.
@@ -151,7 +151,7 @@ impl Limits {
 }
 
 /// Which limits the policy file left to their defaults.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 struct Defaulted {
     connections: bool,
     children: bool,
@@ -171,7 +171,7 @@ impl Default for Limits {
 }
 
 /// One `[[peer]]` table: extra rights and limits for matching peers.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rule {
     /// Matches peers of these uids.
@@ -216,7 +216,7 @@ impl Rule {
 }
 
 /// The checked policy.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Policy {
     /// Whether any uid may connect (the socket's mode still applies).
     connect_any: bool,
@@ -231,7 +231,7 @@ pub struct Policy {
 }
 
 /// What one connected peer may do: its matching rule, or the defaults.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
     rule: Rule,
     /// Children running at once for this peer's uid.

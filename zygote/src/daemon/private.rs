@@ -96,7 +96,15 @@ async fn serve_owner(socket: OwnedFd, boost: std::io::Result<Option<i32>>) -> Re
     }
     // A private zygote has no stop of its own: the owner leaving is its end.
     let coordinator = Coordinator::new();
-    connection::serve(socket, owner, Arc::clone(&daemon), coordinator.handle()).await;
+    let active = daemon.pause.enter().await;
+    connection::serve(
+        socket,
+        owner,
+        Arc::clone(&daemon),
+        coordinator.handle(),
+        active,
+    )
+    .await;
     owner_gone(&daemon);
     reap_remaining(&daemon).await;
     info!("owner gone and every child reaped; exiting");

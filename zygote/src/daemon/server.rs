@@ -17,10 +17,13 @@ use crate::daemon::cgroup::Subtree;
 use crate::daemon::connection;
 use crate::daemon::policy::Policy;
 use crate::daemon::shutdown::Coordinator;
-use crate::daemon::state::Daemon;
+use crate::daemon::state::{Daemon, UpgradeAsk};
+use crate::daemon::upgrade;
 use crate::service::activation::Notifier;
 use crate::service::exporter;
 use crate::service::metrics::SpawnResult;
+use std::os::fd::{AsFd, AsRawFd};
+use tokio::signal::unix::{SignalKind, signal};
 
 /// Default mode of a socket the daemon binds itself: only its own uid may
 /// connect. A wider audience is the job of `--socket-mode` or a socket
@@ -36,6 +39,14 @@ pub struct BoundSocket {
     /// The listening socket.
     pub fd: OwnedFd,
     path: PathBuf,
+}
+
+impl BoundSocket {
+    /// A socket an earlier image of this daemon bound at `path` (a live
+    /// upgrade); removed on drop as if bound here.
+    pub fn adopt(fd: OwnedFd, path: PathBuf) -> Self {
+        Self { fd, path }
+    }
 }
 
 impl Drop for BoundSocket {
@@ -121,6 +132,32 @@ pub struct Options {
     pub cgroups: Option<Subtree>,
     /// Why there is no subtree, told to clients whose requests need one.
     pub no_cgroups: Option<String>,
+    /// Serve live upgrades: on SIGHUP and on `Upgrade` requests (see
+    /// [`upgrade`]).
+    pub upgrades: bool,
+    /// What an earlier image handed over, when this one was started by a
+    /// live upgrade.
+    pub restored: Option<Restored>,
+}
+
+/// What an earlier image of the daemon handed over, besides the sockets
+/// and the policy passed in [`Options`].
+#[derive(Debug)]
+pub struct Restored {
+    /// When the daemon first started serving.
+    pub started: std::time::Instant,
+    /// The counters.
+    pub counters: Vec<crate::daemon::handover::SavedCounter>,
+    /// The fd limit children get when their request leaves it unset.
+    pub child_nofile: Option<ResourceLimit>,
+    /// Connections and children.
+    pub connections: Vec<crate::daemon::handover::SavedConnection>,
+    /// Cgroups of reaped children whose tree lives on.
+    pub leftover_cgroups: Vec<crate::daemon::cgroup::SavedCgroup>,
+    /// The `Upgrade` request to answer.
+    pub reply_to: Option<(usize, u64)>,
+    /// The version of the image that handed over.
+    pub written_by: String,
 }
 
 /// Accepts and serves connections until `shutdown` resolves, then stops
@@ -192,12 +229,50 @@ pub async fn run_with(
     if let Some(reason) = options.no_cgroups {
         daemon.no_cgroups = reason;
     }
+    let restored = options.restored;
+    if let Some(restored) = &restored {
+        daemon.started = restored.started;
+        daemon.child_nofile = restored.child_nofile;
+        let counters: Vec<_> = restored
+            .counters
+            .iter()
+            .map(|counter| (counter.name.clone(), counter.labels.clone(), counter.value))
+            .collect();
+        daemon.metrics.restore_counters(&counters);
+    }
     let daemon = Arc::new(daemon);
+    let coordinator = Coordinator::new();
+    let (upgrade_tx, mut upgrade_rx) = tokio::sync::mpsc::channel::<UpgradeAsk>(1);
+    let mut hangups = None;
+    if options.upgrades {
+        *daemon.upgrades.lock().expect("upgrades poisoned") = Some(upgrade_tx);
+        hangups = Some(signal(SignalKind::hangup()).map_err(Error::Runtime)?);
+    }
+    // Signals held pending across an upgrade's exec get their handlers now.
+    crate::spawn::release_held_signals();
+    if let Some(restored) = restored {
+        info!(from = restored.written_by, to = %crate::version(), "upgraded in place: restoring");
+        upgrade::restore_connections(
+            &daemon,
+            restored.connections,
+            restored.leftover_cgroups,
+            restored.reply_to,
+            &coordinator,
+        )
+        .await;
+    }
     adopt_orphans();
     // However the serving ends (a finished stop, or this future dropped by
     // a second signal), every connection still open ends as if its client
     // had left, so kill-on-close children get their signal.
     let _close_all = CloseAllOnDrop(Arc::clone(&daemon));
+    let upgrade_context = upgrade::Context {
+        listener: listener.as_fd().as_raw_fd(),
+        bound_path: options.bound.as_ref().map(|bound| bound.path.clone()),
+        metrics_listener: options.metrics_listener.as_ref().map(AsRawFd::as_raw_fd),
+        notify_socket: options.notifier.as_ref().map(Notifier::as_raw_fd),
+        watchdog: options.watchdog,
+    };
     let exporter = match options.metrics_listener {
         Some(metrics) => {
             let address = metrics.local_addr().ok();
@@ -228,7 +303,6 @@ pub async fn run_with(
     // sd_watchdog_enabled(3) advises, from this loop: a stuck loop is
     // what the watchdog must catch.
     let mut watchdog = Ticker::every(options.watchdog.map(|interval| interval / 2));
-    let coordinator = Coordinator::new();
     info!("serving");
     notify(&[NotifyState::Ready, NotifyState::Status("serving")]);
     // `systemctl status` shows the last STATUS= line; keep it current.
@@ -249,15 +323,31 @@ pub async fn run_with(
             () = &mut shutdown => break,
             () = watchdog.tick() => notify(&[NotifyState::Watchdog]),
             () = status_every.tick() => notify(&[NotifyState::Status(&serving())]),
+            Some(ask) = upgrade_rx.recv() => {
+                if upgrade::perform(ask, &daemon, &upgrade_context, &notify, shutdown.as_mut()).await {
+                    break;
+                }
+            }
+            Some(()) = next_hangup(&mut hangups) => {
+                info!(signal = "SIGHUP", "upgrade requested");
+                let ask = UpgradeAsk { from: None };
+                if upgrade::perform(ask, &daemon, &upgrade_context, &notify, shutdown.as_mut()).await {
+                    break;
+                }
+            }
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
-                    let task = connection::serve(socket, peer, Arc::clone(&daemon), coordinator.handle());
+                    // No upgrade is under way while this loop runs: at once.
+                    let active = daemon.pause.enter().await;
+                    let task = connection::serve(socket, peer, Arc::clone(&daemon), coordinator.handle(), active);
                     tokio::spawn(task);
                 }
                 Err(error) => back_off(&error).await,
             },
         }
     }
+    // Upgrade requests from now on are refused: the daemon is stopping.
+    drop(upgrade_rx);
     drop(listener);
     drop(options.bound);
     let metrics = &daemon.metrics;
@@ -316,6 +406,14 @@ fn raise_fd_limit() -> FdLimit {
         original,
         raised,
         hard,
+    }
+}
+
+/// The next SIGHUP, or never.
+async fn next_hangup(hangups: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match hangups {
+        Some(hangups) => hangups.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -7,19 +7,31 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
-use crate::daemon::cgroup::Subtree;
+use crate::daemon::cgroup::{ChildCgroup, Subtree};
 use zygote_proto::ResourceLimit;
 
+use crate::daemon::handover::{Pause, SavedConnection};
 use crate::daemon::peer;
 use crate::daemon::policy::Policy;
 use crate::service::metrics::Metrics;
 use crate::spawn::{self, Credentials, SpawnError, SpawnPlan, SpawnedChild, Spawner, StartedChild};
+use zygote_proto::AsyncSeqpacket;
 
 /// An open connection, as the daemon's shutdown sees it.
 pub(crate) trait Closable: Send + Sync {
     /// Ends the connection as if its client had left (kill-on-close
     /// included).
     fn close(&self);
+
+    /// Its state, for a live upgrade (the daemon is paused).
+    fn save(&self) -> SavedConnection;
+}
+
+/// A request to upgrade in place, to the accept loop.
+pub(crate) struct UpgradeAsk {
+    /// The connection that asked (`zygote upgrade`), its socket and its
+    /// request id; `None` for SIGHUP.
+    pub from: Option<(Weak<dyn Closable>, Weak<AsyncSeqpacket>, u64)>,
 }
 
 /// The registry of open connections; weak, so that it never keeps one
@@ -84,6 +96,16 @@ pub struct Daemon {
     pub(crate) no_cgroups: String,
     /// Signal dispositions read at the first spawn (see [`Daemon::spawn`]).
     spawner: OnceLock<Option<Spawner>>,
+    /// Brings every task to a safe point for a live upgrade.
+    pub(crate) pause: Pause,
+    /// Cgroups of reaped children whose tree lives on, removed once empty
+    /// (an upgrade carries them over).
+    pub(crate) lingering_cgroups: Mutex<Vec<Weak<ChildCgroup>>>,
+    /// Sockets of connections parked before their handshake.
+    pub(crate) parked_sockets: Mutex<Vec<Weak<AsyncSeqpacket>>>,
+    /// Where `Upgrade` requests go; `None` where upgrades are not served
+    /// (private zygotes, or before serving).
+    pub(crate) upgrades: Mutex<Option<tokio::sync::mpsc::Sender<UpgradeAsk>>>,
 }
 
 impl Daemon {
@@ -119,6 +141,10 @@ impl Daemon {
             cgroups: None,
             no_cgroups: "the daemon was started without a cgroup subtree".to_owned(),
             spawner: OnceLock::new(),
+            pause: Pause::default(),
+            lingering_cgroups: Mutex::default(),
+            parked_sockets: Mutex::default(),
+            upgrades: Mutex::default(),
         }
     }
 }
@@ -189,6 +215,16 @@ impl Daemon {
                 .own_limits
                 .contains(&(limit.resource, limit.soft, limit.hard))
         });
+    }
+
+    /// Every connection's state, with the connection (a live upgrade, the
+    /// daemon paused).
+    pub(crate) fn save_connections(&self) -> Vec<(Weak<dyn Closable>, SavedConnection)> {
+        let connections = self.connections.0.lock().expect("connections poisoned");
+        connections
+            .iter()
+            .filter_map(|weak| weak.upgrade().map(|open| (Weak::clone(weak), open.save())))
+            .collect()
     }
 
     /// At shutdown: every connection ends as if its client had left, so

@@ -233,6 +233,23 @@ impl Notifier {
         Ok(Self { socket })
     }
 
+    /// The notify socket's fd, for a live upgrade to hand over.
+    pub fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.socket)
+    }
+
+    /// The notify socket an earlier image of the daemon handed over,
+    /// connected.
+    ///
+    /// # Errors
+    ///
+    /// When it cannot be made non-blocking.
+    pub fn from_fd(fd: OwnedFd) -> io::Result<Self> {
+        let socket = UnixDatagram::from(fd);
+        socket.set_nonblocking(true)?;
+        Ok(Self { socket })
+    }
+
     /// Sends state changes, as `sd_notify(3)`; failures are logged, as the
     /// service manager's absence must not stop the daemon.
     pub fn notify(&self, states: &[NotifyState<'_>]) {

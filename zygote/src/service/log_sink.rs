@@ -164,6 +164,19 @@ impl Queue {
     }
 }
 
+/// Waits, at most `limit`, until the writer has written every entry queued
+/// so far, and leaves it running: before a live upgrade's exec, which
+/// would lose them, and which may fail.
+pub fn drain(limit: Duration) {
+    let Some(queue) = QUEUE.get() else {
+        return;
+    };
+    let deadline = Instant::now() + limit;
+    while queue.queued.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 /// Writes what the process's queue holds (at the end of `main`, or before
 /// an exec), waiting at most `limit`.
 pub fn flush(limit: Duration) {

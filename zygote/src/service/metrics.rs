@@ -49,6 +49,9 @@ impl SpawnResult {
     }
 }
 
+/// One counter's value: `(metric, labels as (name, value), count)`.
+pub type CounterValue = (String, Vec<(String, String)>, u64);
+
 /// The daemon's metrics and the registry that exports them.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -177,7 +180,7 @@ impl Metrics {
         .expect("valid gauge");
         build_info
             .with_label_values(&[
-                env!("CARGO_PKG_VERSION"),
+                &crate::version(),
                 &zygote_proto::PROTOCOL_VERSION.to_string(),
             ])
             .set(1);
@@ -266,6 +269,71 @@ impl Metrics {
     pub fn connection_opened(&self) {
         self.connections_accepted.inc();
         self.connections_open.inc();
+    }
+
+    /// A connection handed over by an earlier image (a live upgrade):
+    /// open, and already counted as accepted.
+    pub fn connection_restored(&self) {
+        self.connections_open.inc();
+    }
+
+    /// Every counter (not gauges or histograms) as `(name, labels,
+    /// value)`, for a live upgrade.
+    pub fn counters(&self) -> Vec<CounterValue> {
+        let mut counters = Vec::new();
+        for (name, vec) in self.counter_vecs() {
+            for family in prometheus::core::Collector::collect(vec) {
+                for metric in family.get_metric() {
+                    let labels = metric
+                        .get_label()
+                        .iter()
+                        .map(|pair| (pair.name().to_owned(), pair.value().to_owned()))
+                        .collect();
+                    let value = metric.get_counter().get_value() as u64;
+                    counters.push((name.to_owned(), labels, value));
+                }
+            }
+        }
+        counters.push((
+            "connections_accepted".to_owned(),
+            Vec::new(),
+            self.connections_accepted.get(),
+        ));
+        counters
+    }
+
+    /// Adds counters an earlier image saved with [`Metrics::counters`];
+    /// unknown names and labels are skipped.
+    pub fn restore_counters(&self, counters: &[CounterValue]) {
+        let vecs = self.counter_vecs();
+        for (name, labels, value) in counters {
+            if name == "connections_accepted" {
+                self.connections_accepted.inc_by(*value);
+                continue;
+            }
+            let Some((_, vec)) = vecs.iter().find(|(known, _)| known == name) else {
+                continue;
+            };
+            let labels: std::collections::HashMap<&str, &str> = labels
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_str()))
+                .collect();
+            if let Ok(counter) = vec.get_metric_with(&labels) {
+                counter.inc_by(*value);
+            }
+        }
+    }
+
+    fn counter_vecs(&self) -> [(&'static str, &IntCounterVec); 7] {
+        [
+            ("spawns", &self.spawns),
+            ("peer_spawns", &self.peer_spawns),
+            ("exec_errors", &self.exec_errors),
+            ("child_exits", &self.child_exits),
+            ("protocol_errors", &self.protocol_errors),
+            ("oom_kills", &self.oom_kills),
+            ("tree_kills", &self.tree_kills),
+        ]
     }
 
     /// A connection ended.

@@ -38,6 +38,7 @@
 mod child;
 mod clone;
 mod fork;
+mod handover;
 mod selfsignal;
 mod wrapper;
 
@@ -46,6 +47,9 @@ pub use wrapper::{die_by, stop_self_by};
 pub use fork::{
     ForkError, Forked, close_fds_above_2_except, exit_now, fork_single_threaded, take_inherited_fd,
     thread_count,
+};
+pub use handover::{
+    adopt_fd, exec_in_place, inherited_fds, release_held_signals, run_own, set_inheritable,
 };
 pub use selfsignal::{die_of_signal, stop_self};
 
@@ -554,6 +558,15 @@ static OWN: LazyLock<OwnChildren> = LazyLock::new(|| OwnChildren {
     gate: RwLock::new(()),
     pids: Mutex::new(HashSet::new()),
 });
+
+/// Lists a child an earlier image of this daemon started (a live
+/// upgrade): the orphan reaper must leave it to its pidfd's owner.
+pub fn adopt_own(pid: i32) {
+    OWN.pids
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(pid);
+}
 
 fn forget_own(pid: i32) {
     OWN.pids
