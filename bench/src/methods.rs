@@ -239,34 +239,23 @@ pub struct Budget {
     pub deadline: Instant,
 }
 
-/// std `Command` from this (large) process, `concurrency` threads.
-///
-/// # Errors
-///
-/// The first spawn or wait error.
-pub fn run_std(program: &Path, fork_path: bool, budget: Budget) -> Result<CellRun> {
+/// `budget.concurrency` threads, each calling `spawn_and_wait` in turn
+/// until the budget is spent, as a synchronous program would.
+fn run_threads<E: Send>(
+    budget: Budget,
+    spawn_and_wait: impl Fn() -> Result<Sample, E> + Sync,
+) -> Result<CellRun, E> {
     let taken = AtomicUsize::new(0);
     let started = Instant::now();
     let per_thread = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..budget.concurrency)
             .map(|_| {
-                scope.spawn(|| -> std::io::Result<Vec<Sample>> {
+                scope.spawn(|| -> Result<Vec<Sample>, E> {
                     let mut samples = Vec::new();
                     while taken.fetch_add(1, Ordering::Relaxed) < budget.n
                         && (samples.is_empty() || Instant::now() < budget.deadline)
                     {
-                        let mut command = std::process::Command::new(program);
-                        if fork_path {
-                            sys::force_fork_path(&mut command);
-                        }
-                        let start = Instant::now();
-                        let mut child = command.spawn()?;
-                        let blocked = start.elapsed();
-                        child.wait()?;
-                        samples.push(Sample {
-                            latency: start.elapsed(),
-                            blocked: Some(blocked),
-                        });
+                        samples.push(spawn_and_wait()?);
                     }
                     Ok(samples)
                 })
@@ -274,15 +263,37 @@ pub fn run_std(program: &Path, fork_path: bool, budget: Budget) -> Result<CellRu
             .collect();
         workers
             .into_iter()
-            .map(|worker| worker.join().expect("std worker panicked"))
-            .collect::<std::io::Result<Vec<_>>>()
-    })
-    .map_err(Error::io("std Command spawn"))?;
+            .map(|worker| worker.join().expect("spawning thread panicked"))
+            .collect::<Result<Vec<_>, E>>()
+    })?;
     Ok(CellRun {
         samples: per_thread.into_iter().flatten().collect(),
         wall: started.elapsed(),
         ..CellRun::default()
     })
+}
+
+/// std `Command` from this (large) process, `concurrency` threads.
+///
+/// # Errors
+///
+/// The first spawn or wait error.
+pub fn run_std(program: &Path, fork_path: bool, budget: Budget) -> Result<CellRun> {
+    run_threads(budget, || {
+        let mut command = std::process::Command::new(program);
+        if fork_path {
+            sys::force_fork_path(&mut command);
+        }
+        let start = Instant::now();
+        let mut child = command.spawn()?;
+        let blocked = start.elapsed();
+        child.wait()?;
+        Ok(Sample {
+            latency: start.elapsed(),
+            blocked: Some(blocked),
+        })
+    })
+    .map_err(Error::io("std Command spawn"))
 }
 
 /// Through a zygote `client`, `concurrency` tasks on the current
@@ -347,39 +358,17 @@ pub fn run_blocking(
     program: &Path,
     budget: Budget,
 ) -> Result<CellRun> {
-    let taken = AtomicUsize::new(0);
-    let started = Instant::now();
-    let per_thread = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..budget.concurrency)
-            .map(|_| {
-                scope.spawn(|| -> zygote_client::Result<Vec<Sample>> {
-                    let mut samples = Vec::new();
-                    while taken.fetch_add(1, Ordering::Relaxed) < budget.n
-                        && (samples.is_empty() || Instant::now() < budget.deadline)
-                    {
-                        let start = Instant::now();
-                        let mut child = client.command(program).spawn()?;
-                        let blocked = start.elapsed();
-                        child.wait()?;
-                        samples.push(Sample {
-                            latency: start.elapsed(),
-                            blocked: Some(blocked),
-                        });
-                    }
-                    Ok(samples)
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|worker| worker.join().expect("blocking zygote worker panicked"))
-            .collect::<zygote_client::Result<Vec<_>>>()
+    let run = run_threads(budget, || -> zygote_client::Result<Sample> {
+        let start = Instant::now();
+        let mut child = client.command(program).spawn()?;
+        let blocked = start.elapsed();
+        child.wait()?;
+        Ok(Sample {
+            latency: start.elapsed(),
+            blocked: Some(blocked),
+        })
     })?;
-    Ok(CellRun {
-        samples: per_thread.into_iter().flatten().collect(),
-        wall: started.elapsed(),
-        ..CellRun::default()
-    })
+    Ok(run)
 }
 
 /// CPU time of the calling thread.
