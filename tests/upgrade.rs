@@ -86,15 +86,28 @@ fn start(test: &str, installed: &Installed, envs: &[(&str, &str)]) -> Daemon {
 
 /// `zygote upgrade` against `daemon`: its exit status and output.
 fn upgrade(daemon: &Daemon) -> (bool, String) {
+    upgrade_at(daemon.socket())
+}
+
+/// `zygote upgrade` against the daemon on `socket`.
+fn upgrade_at(socket: &Path) -> (bool, String) {
     let output = StdCommand::new(zygote_bin())
         .arg("upgrade")
         .arg("--socket")
-        .arg(daemon.socket())
+        .arg(socket)
         .output()
         .expect("run zygote upgrade");
     let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
     text.push_str(&String::from_utf8_lossy(&output.stderr));
     (output.status.success(), text)
+}
+
+/// [`upgrade`] from async code, off the runtime's thread.
+async fn upgrade_async(daemon: &Daemon) -> (bool, String) {
+    let socket = daemon.socket().to_owned();
+    tokio::task::spawn_blocking(move || upgrade_at(&socket))
+        .await
+        .expect("join")
 }
 
 fn version(tag: &str) -> String {
@@ -284,22 +297,7 @@ fn twenty_upgrades_in_a_row_under_load_leak_nothing() {
         for round in 0..20 {
             let tag = if round % 2 == 0 { "b" } else { "a" };
             installed.install(tag);
-            let (ok, text) = {
-                let daemon_socket = daemon.socket().to_owned();
-                tokio::task::spawn_blocking(move || {
-                    let output = StdCommand::new(zygote_bin())
-                        .args(["upgrade", "--socket"])
-                        .arg(daemon_socket)
-                        .output()
-                        .expect("zygote upgrade");
-                    (
-                        output.status.success(),
-                        String::from_utf8_lossy(&output.stderr).into_owned(),
-                    )
-                })
-                .await
-                .expect("join")
-            };
+            let (ok, text) = upgrade_async(&daemon).await;
             assert!(ok, "upgrade {round} failed: {text}; log:\n{}", log());
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -384,20 +382,7 @@ fn kill_on_close_and_timeouts_still_fire_after_an_upgrade() {
             .await
             .expect("spawn");
         installed.install("b");
-        let socket = daemon.socket().to_owned();
-        let (ok, text) = tokio::task::spawn_blocking(move || {
-            let output = StdCommand::new(zygote_bin())
-                .args(["upgrade", "--socket"])
-                .arg(socket)
-                .output()
-                .expect("zygote upgrade");
-            (
-                output.status.success(),
-                String::from_utf8_lossy(&output.stderr).into_owned(),
-            )
-        })
-        .await
-        .expect("join");
+        let (ok, text) = upgrade_async(&daemon).await;
         assert!(ok, "{text}; log:\n{}", log());
         // The timeout keeps its absolute deadline across the upgrade.
         let status = timed.wait().await.expect("exit notice");
@@ -827,20 +812,7 @@ fn an_exit_waiting_for_its_tree_is_carried_over() {
             .expect("spawn");
         tokio::time::sleep(Duration::from_millis(300)).await;
         installed.install("b");
-        let socket = daemon.socket().to_owned();
-        let (ok, text) = tokio::task::spawn_blocking(move || {
-            let output = StdCommand::new(zygote_bin())
-                .args(["upgrade", "--socket"])
-                .arg(socket)
-                .output()
-                .expect("zygote upgrade");
-            (
-                output.status.success(),
-                String::from_utf8_lossy(&output.stderr).into_owned(),
-            )
-        })
-        .await
-        .expect("join");
+        let (ok, text) = upgrade_async(&daemon).await;
         assert!(ok, "{text}; log:\n{}", daemon.log());
         let status = child.wait().await.expect("the exit notice, after the tree");
         assert_eq!(status.code(), Some(4), "log:\n{}", daemon.log());
