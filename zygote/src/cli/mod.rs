@@ -101,10 +101,11 @@ pub struct ServeArgs {
     /// is reaped. `zygote_client`'s `launch_private` passes fd 0.
     #[arg(long, value_name = "FD", conflicts_with_all = ["socket", "metrics_listen"])]
     pub private_fd: Option<i32>,
-    /// Longest graceful stop, in seconds: after the first SIGTERM, SIGINT
-    /// or SIGHUP, the daemon waits at most this long for connected clients'
-    /// children before it closes every connection (kill-on-close children
-    /// get their signal) and exits, as a second signal does. Keep it below
+    /// Longest graceful stop, in seconds: after the first SIGTERM or
+    /// SIGINT (SIGHUP is a live upgrade), the daemon waits at most this long
+    /// for connected clients' children before it closes every connection
+    /// (kill-on-close children get their signal) and exits, as a second
+    /// signal does. Keep it below
     /// systemd's TimeoutStopSec=, whose SIGKILL leaves no time for that. 0
     /// waits without limit.
     #[arg(
