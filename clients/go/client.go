@@ -556,22 +556,31 @@ func (c *connection) dispatch(m *serverMessage, fds []int) error {
 // register reserves an id for a request and its replies on the live
 // connection, reconnecting first if need be.
 func (c *Client) register(spawn bool) (*connection, uint64, *pending, error) {
-	conn, err := c.connection()
-	if err != nil {
-		return nil, 0, nil, err
-	}
 	id := c.nextID.Add(1)
 	p := &pending{reply: make(chan reply, 1)}
 	if spawn {
 		p.exited = make(chan *exitNotice, 1)
 	}
-	conn.mu.Lock()
-	defer conn.mu.Unlock()
-	if conn.pending == nil {
-		return nil, 0, nil, conn.errLocked()
+	for attempt := 0; ; attempt++ {
+		conn, err := c.connection()
+		if err != nil {
+			return nil, 0, nil, err
+		}
+		conn.mu.Lock()
+		if conn.pending != nil {
+			conn.pending[id] = p
+			conn.mu.Unlock()
+			return conn, id, p, nil
+		}
+		err = conn.errLocked()
+		conn.mu.Unlock()
+		if attempt > 0 {
+			return nil, 0, nil, err
+		}
+		// The reader ended between connection() and here; it closes
+		// done right after, so the next connection() reconnects.
+		<-conn.done
 	}
-	conn.pending[id] = p
-	return conn, id, p, nil
 }
 
 // request registers and sends a request, and returns what to await its
