@@ -578,7 +578,7 @@ func (c *Cmd) Start() (err error) {
 		return &ProtocolError{Expected: fmt.Sprintf("Spawned with %d fds or SpawnFailed", 1+npiped), Got: got}
 	}
 
-	c.Process = &Process{Pid: int(m.Spawned.Pid), client: cl, conn: conn, spawnID: id, exited: p.exited, pidfd: r.fds[0],
+	c.Process = &Process{Pid: int(m.Spawned.Pid), client: cl, conn: conn, spawnID: id, pending: p, pidfd: r.fds[0],
 		killTree: c.Zygote.Cgroup != nil && c.Zygote.Cgroup.KillTree}
 	ends := r.fds[1:]
 	for _, s := range streams {
