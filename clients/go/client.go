@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 )
 
 // SocketEnv names the environment variable that DialDefault reads.
@@ -378,12 +377,12 @@ func (c *connection) send(frame []byte, fds []int) error {
 	}
 	var sendErr error
 	err := c.raw.Write(func(fd uintptr) bool {
-		for {
-			sendErr = syscall.Sendmsg(int(fd), frame, oob, nil, syscall.MSG_NOSIGNAL)
-			if sendErr != syscall.EINTR {
-				return sendErr != syscall.EAGAIN
-			}
+		if errno := rawSendmsg(fd, frame, oob); errno != 0 {
+			sendErr = errno
+			return errno != syscall.EAGAIN
 		}
+		sendErr = nil
+		return true
 	})
 	if err == nil {
 		err = sendErr
@@ -438,23 +437,16 @@ func (c *connection) recv(b *recvBuffers) (*serverMessage, []int, error) {
 // is syscall.EAGAIN when none is queued.
 func (c *connection) recvOne(fd uintptr, b *recvBuffers) (*serverMessage, []int, error) {
 	buf, oob := b.buf, b.oob
-	var r uintptr
-	var errno syscall.Errno
-	for {
-		b.msg.SetControllen(len(oob))
-		b.msg.Flags = 0
-		r, _, errno = syscall.Syscall(syscall.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&b.msg)), syscall.MSG_CMSG_CLOEXEC|syscall.MSG_DONTWAIT)
-		if errno != syscall.EINTR {
-			break
-		}
-	}
+	b.msg.SetControllen(len(oob))
+	b.msg.Flags = 0
+	r, errno := rawRecvmsg(fd, &b.msg, syscall.MSG_CMSG_CLOEXEC)
 	if errno == syscall.EAGAIN {
 		return nil, nil, syscall.EAGAIN
 	}
 	if errno != 0 {
 		return nil, nil, &ConnectionError{Reason: "receiving", Err: errno}
 	}
-	n, oobn, flags := int(r), int(b.msg.Controllen), int(b.msg.Flags)
+	n, oobn, flags := r, int(b.msg.Controllen), int(b.msg.Flags)
 	fds, fdErr := parseFds(oob[:oobn])
 	if flags&(syscall.MSG_TRUNC|syscall.MSG_CTRUNC) != 0 {
 		closeFds(fds)

@@ -808,7 +808,7 @@ func (c *Cmd) cwd() (string, error) {
 	}
 	// One getcwd(2); os.Getwd also stats "." and $PWD to prefer a
 	// logical path, which the child's chdir does not need.
-	own, err := syscall.Getwd()
+	own, err := rawGetwd()
 	if err != nil {
 		return "", fmt.Errorf("zygote: reading the current directory (the child starts in it): %w", err)
 	}

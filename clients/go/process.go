@@ -168,7 +168,7 @@ func (p *Process) Release() error {
 func (p *Process) release() {
 	p.mu.Lock()
 	if p.pidfd >= 0 {
-		syscall.Close(p.pidfd)
+		rawClose(p.pidfd)
 		p.pidfd = -1
 	}
 	p.mu.Unlock()
