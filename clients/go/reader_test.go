@@ -2,6 +2,7 @@ package zygote
 
 import (
 	"errors"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -162,5 +163,33 @@ func TestCloseWithoutReader(t *testing.T) {
 	}
 	if err := within(t, "Wait after Close", waitAsync(cmd)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Wait after Close: %v, want ErrClosed", err)
+	}
+}
+
+// The child gets this process's environment as it is at Start: a change
+// between spawns is seen (envVars caches the last one).
+func TestEnvironmentChangesBetweenSpawns(t *testing.T) {
+	c := dial(t)
+	echo := func() string {
+		out, err := c.Command("sh", "-c", `printf %s "${ZYGOTE_GO_ENVTEST-unset}"`).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	}
+	t.Setenv("ZYGOTE_GO_ENVTEST", "one")
+	if got := echo(); got != "one" {
+		t.Fatalf("got %q, want one", got)
+	}
+	if got := echo(); got != "one" {
+		t.Fatalf("again: got %q, want one", got)
+	}
+	os.Setenv("ZYGOTE_GO_ENVTEST", "two")
+	if got := echo(); got != "two" {
+		t.Fatalf("after Setenv: got %q, want two", got)
+	}
+	os.Unsetenv("ZYGOTE_GO_ENVTEST")
+	if got := echo(); got != "unset" {
+		t.Fatalf("after Unsetenv: got %q, want unset", got)
 	}
 }
