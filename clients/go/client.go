@@ -140,7 +140,16 @@ type connection struct {
 	err     error               // set once, when the connection is finished
 	reading bool                // a goroutine holds the reader role
 	waiters []*pending          // goroutines parked in wait, not reading
-	bufs    *recvBuffers        // the reader role's buffers
+
+	// The reader role's state, used only by its holder: set up once, so
+	// that reading allocates nothing.
+	bufs    *recvBuffers
+	readFn  func(fd uintptr) bool // c.readCallback
+	rdFor   *pending              // stop once rdReady(rdFor) holds; nil: never
+	rdReady func(*pending) bool
+	rdBlock bool  // wait for frames; otherwise stop when none is queued
+	rdFail  error // why reading stopped early
+	rdFound bool  // a frame was read
 
 	sweep      *time.Timer // the sweep, while armed
 	sweepArmed bool
@@ -163,12 +172,12 @@ type pending struct {
 	spawn   bool
 	first   reply         // the first reply; first.msg is nil until it arrives
 	exit    *exitNotice   // spawns only: the Exited notice
-	wake    chan struct{} // capacity 1: sent to when it leaves waiters
+	wake    chan struct{} // capacity 1: sent to when it leaves waiters; made when it first parks
 	waitIdx int           // its index in waiters, -1 when not parked
 }
 
 func newPending(spawn bool) *pending {
-	return &pending{spawn: spawn, wake: make(chan struct{}, 1), waitIdx: -1}
+	return &pending{spawn: spawn, waitIdx: -1}
 }
 
 // hasFirst and hasExit are the conditions wait waits for.
@@ -244,6 +253,7 @@ func newConnection(uc *net.UnixConn, timeout time.Duration) (*connection, error)
 		return nil, err
 	}
 	c.bufs = c.newRecvBuffers()
+	c.readFn = c.readCallback
 	return c, nil
 }
 
@@ -547,10 +557,13 @@ func (c *connection) wait(p *pending, ready func(*pending) bool) error {
 		if !c.reading {
 			c.reading = true
 			c.mu.Unlock()
-			err := c.readFrames(func() bool { return ready(p) }, true)
+			err := c.readFrames(p, ready, true)
 			c.mu.Lock()
 			c.releaseReaderLocked(err)
 			continue
+		}
+		if p.wake == nil {
+			p.wake = make(chan struct{}, 1)
 		}
 		p.waitIdx = len(c.waiters)
 		c.waiters = append(c.waiters, p)
@@ -561,37 +574,44 @@ func (c *connection) wait(p *pending, ready func(*pending) bool) error {
 }
 
 // readFrames reads and dispatches frames, under the reader role, until
-// done (called under mu after each frame) holds, an error, or, when block
-// is false, no frame is queued.
-func (c *connection) readFrames(done func() bool, block bool) error {
-	var fail error
-	err := c.raw.Read(func(fd uintptr) bool {
-		for {
-			m, fds, err := c.recvOne(fd, c.bufs)
-			if err == syscall.EAGAIN {
-				// Waiting within this Read call keeps the poller's
-				// readiness, so no frame that arrives meanwhile is missed.
-				return !block
-			}
-			if err == nil {
-				c.mu.Lock()
-				err = c.dispatchLocked(m, fds)
-				stop := err == nil && done()
-				c.mu.Unlock()
-				if stop {
-					return true
-				}
-			}
-			if err != nil {
-				fail = err
-				return true
-			}
-		}
-	})
+// ready(p) (checked under mu after each frame) holds, an error, or, when
+// block is false, no frame is queued. p may be nil: no frame stops it.
+func (c *connection) readFrames(p *pending, ready func(*pending) bool, block bool) error {
+	c.rdFor, c.rdReady, c.rdBlock, c.rdFail, c.rdFound = p, ready, block, nil, false
+	err := c.raw.Read(c.readFn)
+	fail := c.rdFail
+	c.rdFor, c.rdReady, c.rdFail = nil, nil, nil
 	if fail == nil && err != nil {
 		fail = &ConnectionError{Reason: "receiving", Err: err}
 	}
 	return fail
+}
+
+// readCallback is readFrames' work inside RawConn.Read: returning false
+// waits for the socket to become readable within the same Read call,
+// which keeps the poller's readiness, so no frame that arrives meanwhile
+// is missed.
+func (c *connection) readCallback(fd uintptr) bool {
+	for {
+		m, fds, err := c.recvOne(fd, c.bufs)
+		if err == syscall.EAGAIN {
+			return !c.rdBlock
+		}
+		if err == nil {
+			c.rdFound = true
+			c.mu.Lock()
+			err = c.dispatchLocked(m, fds)
+			stop := err == nil && c.rdFor != nil && c.rdReady(c.rdFor)
+			c.mu.Unlock()
+			if stop {
+				return true
+			}
+		}
+		if err != nil {
+			c.rdFail = err
+			return true
+		}
+	}
 }
 
 // releaseReaderLocked gives up the reader role after a read that ended
@@ -628,8 +648,8 @@ func (c *connection) sweepNow() {
 	}
 	c.reading = true
 	c.mu.Unlock()
-	found := false
-	err := c.readFrames(func() bool { found = true; return false }, false)
+	err := c.readFrames(nil, nil, false)
+	found := c.rdFound
 	c.mu.Lock()
 	if found {
 		c.sweepDelay = sweepMin
