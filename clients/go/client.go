@@ -485,6 +485,13 @@ func parseFds(oob []byte) ([]int, error) {
 	if err != nil {
 		return nil, &ProtocolError{Expected: "SCM_RIGHTS control data", Got: "unparsable control data"}
 	}
+	if len(msgs) == 1 {
+		// The usual case, without the copy into a second slice.
+		fds, err := syscall.ParseUnixRights(&msgs[0])
+		if err == nil {
+			return fds, nil
+		}
+	}
 	var all []int
 	var bad error
 	for _, msg := range msgs {
@@ -713,6 +720,8 @@ func (c *connection) dispatchLocked(m *serverMessage, fds []int) error {
 	}
 	switch {
 	case m.Exited != nil:
+		// A spawn whose first reply is Exited (no Spawned for a short
+		// child) would file it here as both p.first and p.exit.
 		if !p.spawn || !hasFirst(p) {
 			closeFds(fds)
 			return &ProtocolError{Expected: "Exited only for a spawned child", Got: fmt.Sprintf("Exited for request %d", id)}
