@@ -231,7 +231,7 @@ func dialConnection(path string, timeout time.Duration) (*connection, error) {
 	return conn, nil
 }
 
-// newConnection takes over uc, shakes hands, and starts the reader.
+// newConnection takes over uc and shakes hands.
 func newConnection(uc *net.UnixConn, timeout time.Duration) (*connection, error) {
 	raw, err := uc.SyscallConn()
 	if err != nil {
