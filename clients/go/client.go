@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 )
 
 // SocketEnv names the environment variable that DialDefault reads.
@@ -120,6 +119,16 @@ var (
 // connection is one connected socket and its in-flight requests. A Client
 // replaces it when it reconnects; a started child keeps the one it was
 // spawned on, whose end tells its Wait that no exit notice will come.
+//
+// There is no reader goroutine. A goroutine that waits for a reply reads
+// the socket itself when no other goroutine is reading (it holds the
+// reader role), and hands the frames that answer other requests to their
+// goroutines: the netpoller wakes the goroutine that waits, and a reply
+// to it needs no hand-off between goroutines, which costs a wake-up and,
+// with an idle P, a futex wake of another thread (see the README's Go
+// benchmark). Frames nobody waits for (the exit of a child not yet
+// waited for, the daemon's end) are read by a sweep that runs when
+// requests are outstanding and nobody reads, at most sweepMax apart.
 type connection struct {
 	conn   *net.UnixConn
 	raw    syscall.RawConn
@@ -127,19 +136,53 @@ type connection struct {
 	server string
 
 	mu      sync.Mutex
-	pending map[uint64]*pending
-	err     error // set once, when the connection is finished
+	pending map[uint64]*pending // nil once the connection is finished
+	err     error               // set once, when the connection is finished
+	reading bool                // a goroutine holds the reader role
+	waiters []*pending          // goroutines parked in wait, not reading
 
-	done    chan struct{} // closed when the reader has stopped
+	// The reader role's state, used only by its holder: set up once, so
+	// that reading allocates nothing.
+	bufs    *recvBuffers
+	readFn  func(fd uintptr) bool // c.readCallback
+	rdFor   *pending              // stop once rdReady(rdFor) holds; nil: never
+	rdReady func(*pending) bool
+	rdBlock bool  // wait for frames; otherwise stop when none is queued
+	rdFail  error // why reading stopped early
+	rdFound bool  // a frame was read
+
+	sweep      *time.Timer // the sweep, while armed
+	sweepArmed bool
+	sweepDelay time.Duration
+
+	done    chan struct{} // closed when the connection is finished
 	closing atomic.Bool   // Client.Close closed it
 }
 
-// pending is one request awaiting replies.
+// The sweep's delay: sweepMin after a sweep found frames, doubling up to
+// sweepMax while sweeps find none.
+const (
+	sweepMin = 20 * time.Millisecond
+	sweepMax = time.Second
+)
+
+// pending is one request awaiting replies. Its fields are guarded by its
+// connection's mu.
 type pending struct {
-	reply    chan reply       // the first reply (capacity 1)
-	answered bool             // the first reply has arrived
-	exited   chan *exitNotice // spawns only: the Exited notice (capacity 1)
+	spawn   bool
+	first   reply         // the first reply; first.msg is nil until it arrives
+	exit    *exitNotice   // spawns only: the Exited notice
+	wake    chan struct{} // capacity 1: sent to when it leaves waiters; made when it first parks
+	waitIdx int           // its index in waiters, -1 when not parked
 }
+
+func newPending(spawn bool) *pending {
+	return &pending{spawn: spawn, waitIdx: -1}
+}
+
+// hasFirst and hasExit are the conditions wait waits for.
+func hasFirst(p *pending) bool { return p.first.msg != nil }
+func hasExit(p *pending) bool  { return p.exit != nil }
 
 type reply struct {
 	msg *serverMessage
@@ -188,7 +231,7 @@ func dialConnection(path string, timeout time.Duration) (*connection, error) {
 	return conn, nil
 }
 
-// newConnection takes over uc, shakes hands, and starts the reader.
+// newConnection takes over uc and shakes hands.
 func newConnection(uc *net.UnixConn, timeout time.Duration) (*connection, error) {
 	raw, err := uc.SyscallConn()
 	if err != nil {
@@ -198,17 +241,19 @@ func newConnection(uc *net.UnixConn, timeout time.Duration) (*connection, error)
 	// The kernel caps this at net.core.wmem_max; that is not an error.
 	_ = uc.SetWriteBuffer(sendBuffer)
 	c := &connection{
-		conn:    uc,
-		raw:     raw,
-		limits:  limits{MaxFrameBytes: 262144, MaxFdsPerFrame: 64},
-		pending: make(map[uint64]*pending),
-		done:    make(chan struct{}),
+		conn:       uc,
+		raw:        raw,
+		limits:     limits{MaxFrameBytes: 262144, MaxFdsPerFrame: 64},
+		pending:    make(map[uint64]*pending),
+		done:       make(chan struct{}),
+		sweepDelay: sweepMin,
 	}
 	if err := c.handshake(timeout); err != nil {
 		uc.Close()
 		return nil, err
 	}
-	go c.readLoop()
+	c.bufs = c.newRecvBuffers()
+	c.readFn = c.readCallback
 	return c, nil
 }
 
@@ -313,10 +358,17 @@ func (c *connection) finished() bool {
 	}
 }
 
-// close ends the connection as Client.Close does, and waits for its reader.
+// close ends the connection as Client.Close does. A goroutine holding the
+// reader role sees the socket closed and finishes the connection; without
+// one, close finishes it.
 func (c *connection) close() {
 	c.closing.Store(true)
 	c.conn.Close()
+	c.mu.Lock()
+	if !c.reading {
+		c.finishLocked(ErrClosed)
+	}
+	c.mu.Unlock()
 	<-c.done
 }
 
@@ -335,12 +387,12 @@ func (c *connection) send(frame []byte, fds []int) error {
 	}
 	var sendErr error
 	err := c.raw.Write(func(fd uintptr) bool {
-		for {
-			sendErr = syscall.Sendmsg(int(fd), frame, oob, nil, syscall.MSG_NOSIGNAL)
-			if sendErr != syscall.EINTR {
-				return sendErr != syscall.EAGAIN
-			}
+		if errno := rawSendmsg(fd, frame, oob); errno != 0 {
+			sendErr = errno
+			return errno != syscall.EAGAIN
 		}
+		sendErr = nil
+		return true
 	})
 	if err == nil {
 		err = sendErr
@@ -375,33 +427,36 @@ func (c *connection) newRecvBuffers() *recvBuffers {
 	return b
 }
 
-// recv reads one frame and the fds that came with it, close-on-exec.
+// recv reads one frame and the fds that came with it, close-on-exec,
+// waiting for it.
 func (c *connection) recv(b *recvBuffers) (*serverMessage, []int, error) {
-	buf, oob := b.buf, b.oob
-	var n, oobn, flags int
+	var m *serverMessage
+	var fds []int
 	var recvErr error
 	err := c.raw.Read(func(fd uintptr) bool {
-		for {
-			b.msg.SetControllen(len(oob))
-			b.msg.Flags = 0
-			r, _, errno := syscall.Syscall(syscall.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&b.msg)), syscall.MSG_CMSG_CLOEXEC)
-			if errno == syscall.EINTR {
-				continue
-			}
-			if errno != 0 {
-				recvErr = errno
-				return errno != syscall.EAGAIN
-			}
-			n, oobn, flags, recvErr = int(r), int(b.msg.Controllen), int(b.msg.Flags), nil
-			return true
-		}
+		m, fds, recvErr = c.recvOne(fd, b)
+		return recvErr != syscall.EAGAIN
 	})
-	if err == nil {
-		err = recvErr
-	}
 	if err != nil {
 		return nil, nil, &ConnectionError{Reason: "receiving", Err: err}
 	}
+	return m, fds, recvErr
+}
+
+// recvOne reads one frame from the socket fd without waiting; the error
+// is syscall.EAGAIN when none is queued.
+func (c *connection) recvOne(fd uintptr, b *recvBuffers) (*serverMessage, []int, error) {
+	buf, oob := b.buf, b.oob
+	b.msg.SetControllen(len(oob))
+	b.msg.Flags = 0
+	r, errno := rawRecvmsg(fd, &b.msg, syscall.MSG_CMSG_CLOEXEC)
+	if errno == syscall.EAGAIN {
+		return nil, nil, syscall.EAGAIN
+	}
+	if errno != 0 {
+		return nil, nil, &ConnectionError{Reason: "receiving", Err: errno}
+	}
+	n, oobn, flags := r, int(b.msg.Controllen), int(b.msg.Flags)
 	fds, fdErr := parseFds(oob[:oobn])
 	if flags&(syscall.MSG_TRUNC|syscall.MSG_CTRUNC) != 0 {
 		closeFds(fds)
@@ -429,6 +484,13 @@ func parseFds(oob []byte) ([]int, error) {
 	msgs, err := syscall.ParseSocketControlMessage(oob)
 	if err != nil {
 		return nil, &ProtocolError{Expected: "SCM_RIGHTS control data", Got: "unparsable control data"}
+	}
+	if len(msgs) == 1 {
+		// The usual case, without the copy into a second slice.
+		fds, err := syscall.ParseUnixRights(&msgs[0])
+		if err == nil {
+			return fds, nil
+		}
 	}
 	var all []int
 	var bad error
@@ -483,33 +545,165 @@ func replyID(m *serverMessage) (uint64, bool) {
 	return 0, false
 }
 
-// readLoop dispatches replies to their requests until the connection ends,
-// then fails every pending request.
-func (c *connection) readLoop() {
-	var fail error
-	bufs := c.newRecvBuffers()
-	for fail == nil {
-		m, fds, err := c.recv(bufs)
-		if err != nil {
-			fail = err
-			break
+// wait returns once ready(p) holds or the connection has ended. While no
+// other goroutine reads the socket, it reads and dispatches frames itself
+// (see connection); otherwise it parks until a reply to it arrives, the
+// reader role is free, or the connection ends.
+func (c *connection) wait(p *pending, ready func(*pending) bool) error {
+	c.mu.Lock()
+	for {
+		if ready(p) {
+			c.mu.Unlock()
+			return nil
 		}
-		fail = c.dispatch(m, fds)
+		if c.pending == nil {
+			err := c.errLocked()
+			c.mu.Unlock()
+			return err
+		}
+		if !c.reading {
+			c.reading = true
+			c.mu.Unlock()
+			err := c.readFrames(p, ready, true)
+			c.mu.Lock()
+			c.releaseReaderLocked(err)
+			continue
+		}
+		if p.wake == nil {
+			p.wake = make(chan struct{}, 1)
+		}
+		p.waitIdx = len(c.waiters)
+		c.waiters = append(c.waiters, p)
+		c.mu.Unlock()
+		<-p.wake
+		c.mu.Lock()
+	}
+}
+
+// readFrames reads and dispatches frames, under the reader role, until
+// ready(p) (checked under mu after each frame) holds, an error, or, when
+// block is false, no frame is queued. p may be nil: no frame stops it.
+func (c *connection) readFrames(p *pending, ready func(*pending) bool, block bool) error {
+	c.rdFor, c.rdReady, c.rdBlock, c.rdFail, c.rdFound = p, ready, block, nil, false
+	err := c.raw.Read(c.readFn)
+	fail := c.rdFail
+	c.rdFor, c.rdReady, c.rdFail = nil, nil, nil
+	if fail == nil && err != nil {
+		fail = &ConnectionError{Reason: "receiving", Err: err}
+	}
+	return fail
+}
+
+// readCallback is readFrames' work inside RawConn.Read: returning false
+// waits for the socket to become readable within the same Read call,
+// which keeps the poller's readiness, so no frame that arrives meanwhile
+// is missed.
+func (c *connection) readCallback(fd uintptr) bool {
+	for {
+		m, fds, err := c.recvOne(fd, c.bufs)
+		if err == syscall.EAGAIN {
+			return !c.rdBlock
+		}
+		if err == nil {
+			c.rdFound = true
+			c.mu.Lock()
+			err = c.dispatchLocked(m, fds)
+			stop := err == nil && c.rdFor != nil && c.rdReady(c.rdFor)
+			c.mu.Unlock()
+			if stop {
+				return true
+			}
+		}
+		if err != nil {
+			c.rdFail = err
+			return true
+		}
+	}
+}
+
+// releaseReaderLocked gives up the reader role after a read that ended
+// with err: it finishes the connection on an error (or after Close), and
+// otherwise passes the role to a parked goroutine, or arms the sweep.
+func (c *connection) releaseReaderLocked(err error) {
+	c.reading = false
+	if err == nil && c.closing.Load() {
+		err = ErrClosed
+	}
+	switch {
+	case err != nil:
+		c.finishLocked(err)
+	case len(c.waiters) > 0:
+		c.unparkLocked(c.waiters[len(c.waiters)-1])
+	case len(c.pending) > 0 && !c.sweepArmed:
+		c.sweepArmed = true
+		if c.sweep == nil {
+			c.sweep = time.AfterFunc(c.sweepDelay, c.sweepNow)
+		} else {
+			c.sweep.Reset(c.sweepDelay)
+		}
+	}
+}
+
+// sweepNow reads what is queued when nobody reads: exit notices of
+// children nobody waits for yet, and the daemon's end.
+func (c *connection) sweepNow() {
+	c.mu.Lock()
+	c.sweepArmed = false
+	if c.pending == nil || c.reading {
+		c.mu.Unlock()
+		return
+	}
+	c.reading = true
+	c.mu.Unlock()
+	err := c.readFrames(nil, nil, false)
+	found := c.rdFound
+	c.mu.Lock()
+	if found {
+		c.sweepDelay = sweepMin
+	} else {
+		c.sweepDelay = min(2*c.sweepDelay, sweepMax)
+	}
+	c.releaseReaderLocked(err)
+	c.mu.Unlock()
+}
+
+// unparkLocked takes p off the waiters and wakes it.
+func (c *connection) unparkLocked(p *pending) {
+	i, last := p.waitIdx, len(c.waiters)-1
+	c.waiters[i] = c.waiters[last]
+	c.waiters[i].waitIdx = i
+	c.waiters[last] = nil
+	c.waiters = c.waiters[:last]
+	p.waitIdx = -1
+	p.wake <- struct{}{}
+}
+
+// finishLocked ends the connection once: every pending request fails with
+// fail, and every parked goroutine wakes to see it.
+func (c *connection) finishLocked(fail error) {
+	if c.pending == nil {
+		return
 	}
 	if c.closing.Load() {
 		fail = ErrClosed
 	} else if pe, ok := fail.(*ProtocolError); ok {
 		fail = &ConnectionError{Reason: "the daemon sent a bad frame; connection closed", Err: pe}
 	}
-	c.mu.Lock()
 	c.err = fail
 	c.pending = nil
-	c.mu.Unlock()
+	for len(c.waiters) > 0 {
+		c.unparkLocked(c.waiters[len(c.waiters)-1])
+	}
+	if c.sweep != nil {
+		c.sweep.Stop()
+	}
 	c.conn.Close()
 	close(c.done)
 }
 
-func (c *connection) dispatch(m *serverMessage, fds []int) error {
+// dispatchLocked files a frame with the request it answers and wakes that
+// request's goroutine if it is parked.
+func (c *connection) dispatchLocked(m *serverMessage, fds []int) error {
 	if m.ProtocolError != nil {
 		closeFds(fds)
 		return &ConnectionError{Reason: fmt.Sprintf("the daemon reported a protocol error and closed the connection: %s: %s", m.ProtocolError.Kind, m.ProtocolError.Message)}
@@ -519,37 +713,34 @@ func (c *connection) dispatch(m *serverMessage, fds []int) error {
 		closeFds(fds)
 		return &ProtocolError{Expected: "a reply to a request", Got: m.name()}
 	}
-	c.mu.Lock()
 	p := c.pending[id]
 	if p == nil {
-		c.mu.Unlock()
 		closeFds(fds)
 		return &ProtocolError{Expected: "a reply to a pending request", Got: fmt.Sprintf("%s for unknown id %d", m.name(), id)}
 	}
-	if m.Exited != nil {
-		if p.exited == nil || !p.answered {
-			c.mu.Unlock()
+	switch {
+	case m.Exited != nil:
+		// A spawn whose first reply is Exited (no Spawned for a short
+		// child) would file it here as both p.first and p.exit.
+		if !p.spawn || !hasFirst(p) {
 			closeFds(fds)
 			return &ProtocolError{Expected: "Exited only for a spawned child", Got: fmt.Sprintf("Exited for request %d", id)}
 		}
-		delete(c.pending, id)
-		c.mu.Unlock()
 		closeFds(fds)
-		p.exited <- m.Exited
-		return nil
-	}
-	if p.answered {
-		c.mu.Unlock()
+		delete(c.pending, id)
+		p.exit = m.Exited
+	case hasFirst(p):
 		closeFds(fds)
 		return &ProtocolError{Expected: "one reply per request", Got: fmt.Sprintf("a second reply (%s) to request %d", m.name(), id)}
+	default:
+		p.first = reply{msg: m, fds: fds}
+		if m.Spawned == nil {
+			delete(c.pending, id)
+		}
 	}
-	ch := p.reply
-	p.answered = true
-	if m.Spawned == nil {
-		delete(c.pending, id)
+	if p.waitIdx >= 0 {
+		c.unparkLocked(p)
 	}
-	c.mu.Unlock()
-	ch <- reply{msg: m, fds: fds}
 	return nil
 }
 
@@ -557,10 +748,7 @@ func (c *connection) dispatch(m *serverMessage, fds []int) error {
 // connection, reconnecting first if need be.
 func (c *Client) register(spawn bool) (*connection, uint64, *pending, error) {
 	id := c.nextID.Add(1)
-	p := &pending{reply: make(chan reply, 1)}
-	if spawn {
-		p.exited = make(chan *exitNotice, 1)
-	}
+	p := newPending(spawn)
 	for attempt := 0; ; attempt++ {
 		conn, err := c.connection()
 		if err != nil {
@@ -604,6 +792,9 @@ func (c *Client) request(spawn bool, build func(id uint64) *clientMessage, fds [
 		if attempt > 0 || c.path == "" || !peerGone(err) {
 			return nil, nil, err
 		}
+		// Read the daemon's end (and what it sent before), unless a
+		// reader is already at it.
+		conn.sweepNow()
 		select {
 		case <-conn.done:
 		case <-time.After(time.Second):
@@ -641,18 +832,10 @@ func (c *connection) connErr() error {
 
 // await waits for the first reply to a request, or the connection's end.
 func (c *connection) await(p *pending) (reply, error) {
-	select {
-	case r := <-p.reply:
-		return r, nil
-	case <-c.done:
-		// A reply may have arrived just before the end.
-		select {
-		case r := <-p.reply:
-			return r, nil
-		default:
-			return reply{}, c.connErr()
-		}
+	if err := c.wait(p, hasFirst); err != nil {
+		return reply{}, err
 	}
+	return p.first, nil
 }
 
 // roundTrip sends a request without fds on the live connection and
@@ -668,7 +851,7 @@ func (c *Client) roundTrip(build func(id uint64) *clientMessage) (*serverMessage
 // roundTrip sends a request without fds on this connection (which alone
 // knows the spawn ids it carried) and returns its one reply.
 func (c *connection) roundTrip(id uint64, build func(id uint64) *clientMessage) (*serverMessage, error) {
-	p := &pending{reply: make(chan reply, 1)}
+	p := newPending(false)
 	c.mu.Lock()
 	if c.pending == nil {
 		err := c.errLocked()

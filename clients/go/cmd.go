@@ -10,8 +10,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -254,10 +256,15 @@ func (c *Cmd) Environ() []string {
 // environ mirrors os/exec: this process's environment (with PWD set to Dir
 // when Dir is set) unless Env is set, and the last of duplicate keys wins.
 func (c *Cmd) environ() ([]string, error) {
+	return c.environFrom(os.Environ())
+}
+
+// environFrom is environ with own as this process's environment.
+func (c *Cmd) environFrom(own []string) ([]string, error) {
 	env := c.Env
 	var err error
 	if env == nil {
-		env = os.Environ()
+		env = own
 		if c.Dir != "" {
 			if pwd, absErr := filepath.Abs(c.Dir); absErr == nil {
 				env = append(env, "PWD="+pwd)
@@ -287,6 +294,45 @@ func (c *Cmd) environ() ([]string, error) {
 		out[i], out[j] = out[j], out[i]
 	}
 	return out, err
+}
+
+// envCache is the process environment that envVars last turned into
+// request variables. It rarely changes, and checking and deduplicating it
+// for every spawn cost a map and three slices.
+type envCache struct {
+	raw  []string // as syscall.Environ returned it
+	vars []envVar // shared by requests, which only read it
+}
+
+var lastEnv atomic.Pointer[envCache]
+
+// envVars is the child's environment (see environ) as request variables.
+func (c *Cmd) envVars() ([]envVar, error) {
+	inherit := c.Env == nil && c.Dir == ""
+	var raw []string
+	if inherit {
+		// Comparing is cheap: an unchanged entry is the same string.
+		raw = syscall.Environ()
+		if e := lastEnv.Load(); e != nil && slices.Equal(e.raw, raw) {
+			return e.vars, nil
+		}
+	}
+	if !inherit && c.Env == nil {
+		raw = os.Environ()
+	}
+	env, err := c.environFrom(raw)
+	if err != nil {
+		return nil, err
+	}
+	vars := make([]envVar, 0, len(env))
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		vars = append(vars, envVar{Key: strBytes(k), Value: strBytes(v)})
+	}
+	if inherit {
+		lastEnv.Store(&envCache{raw: raw, vars: vars})
+	}
+	return vars, nil
 }
 
 func noNUL(what, s string) error {
@@ -578,7 +624,7 @@ func (c *Cmd) Start() (err error) {
 		return &ProtocolError{Expected: fmt.Sprintf("Spawned with %d fds or SpawnFailed", 1+npiped), Got: got}
 	}
 
-	c.Process = &Process{Pid: int(m.Spawned.Pid), client: cl, conn: conn, spawnID: id, exited: p.exited, pidfd: r.fds[0],
+	c.Process = &Process{Pid: int(m.Spawned.Pid), client: cl, conn: conn, spawnID: id, pending: p, pidfd: r.fds[0],
 		killTree: c.Zygote.Cgroup != nil && c.Zygote.Cgroup.KillTree}
 	ends := r.fds[1:]
 	for _, s := range streams {
@@ -648,7 +694,7 @@ func (c *Cmd) build() (*spawnRequest, *attachment, [3]stream, *[2]*os.File, erro
 			return fail(err)
 		}
 	}
-	env, err := c.environ()
+	env, err := c.envVars()
 	if err != nil {
 		return fail(err)
 	}
@@ -662,7 +708,7 @@ func (c *Cmd) build() (*spawnRequest, *attachment, [3]stream, *[2]*os.File, erro
 	req := &spawnRequest{
 		Program: strBytes(c.Path),
 		Args:    make([]bstr, 0, len(argv)-1),
-		Env:     make([]envVar, 0, len(env)),
+		Env:     env,
 		Cwd:     optBytes(strBytes(cwd)),
 	}
 	if argv[0] != c.Path {
@@ -670,10 +716,6 @@ func (c *Cmd) build() (*spawnRequest, *attachment, [3]stream, *[2]*os.File, erro
 	}
 	for _, a := range argv[1:] {
 		req.Args = append(req.Args, strBytes(a))
-	}
-	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		req.Env = append(req.Env, envVar{Key: strBytes(k), Value: strBytes(v)})
 	}
 
 	// Stdin.
@@ -808,7 +850,7 @@ func (c *Cmd) cwd() (string, error) {
 	}
 	// One getcwd(2); os.Getwd also stats "." and $PWD to prefer a
 	// logical path, which the child's chdir does not need.
-	own, err := syscall.Getwd()
+	own, err := rawGetwd()
 	if err != nil {
 		return "", fmt.Errorf("zygote: reading the current directory (the child starts in it): %w", err)
 	}

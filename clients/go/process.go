@@ -25,8 +25,8 @@ type Process struct {
 	client   *Client
 	conn     *connection // the connection it was spawned on
 	spawnID  uint64
-	exited   chan *exitNotice
-	killTree bool // SIGKILL is the daemon's cgroup.kill
+	pending  *pending // its request, which receives the Exited notice
+	killTree bool     // SIGKILL is the daemon's cgroup.kill
 
 	// mu guards pidfd: held shared while it is used, exclusively to
 	// close it, so that a signal never goes to a reused fd number.
@@ -129,18 +129,10 @@ func (p *Process) Wait() (*ProcessState, error) {
 }
 
 func (p *Process) wait() (*ProcessState, error) {
-	select {
-	case x := <-p.exited:
-		return newProcessState(p.Pid, x), nil
-	case <-p.conn.done:
+	lost := p.conn.wait(p.pending, hasExit)
+	if lost == nil {
+		return newProcessState(p.Pid, p.pending.exit), nil
 	}
-	select {
-	case x := <-p.exited:
-		// It arrived just before the end.
-		return newProcessState(p.Pid, x), nil
-	default:
-	}
-	lost := p.conn.connErr()
 	if errors.Is(lost, ErrClosed) {
 		return nil, lost
 	}
@@ -176,7 +168,7 @@ func (p *Process) Release() error {
 func (p *Process) release() {
 	p.mu.Lock()
 	if p.pidfd >= 0 {
-		syscall.Close(p.pidfd)
+		rawClose(p.pidfd)
 		p.pidfd = -1
 	}
 	p.mu.Unlock()

@@ -4,7 +4,9 @@
 // more. Rounds interleave the methods, and each cell reports p50, p99,
 // max and spawns/s with ratios to os/exec in the same round. At
 // concurrency 1 it adds the posix_spawn floor, a C helper compiled with cc
-// at start, as zygote-bench does.
+// at start, as zygote-bench does. The CPU columns are per spawn, from the
+// process CPU clocks of this program and of the zygote that served it
+// (os/exec's children are not counted: their time before exec is theirs).
 //
 //	ZYGOTE_BIN=target/release/zygote go run ./cmd/zygote-gobench -heap-gib 0,4
 package main
@@ -25,6 +27,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	zygote "example.invalid/zygote/clients/go"
 )
@@ -151,16 +154,37 @@ func setFds(n int) error {
 type cell struct {
 	lat  []time.Duration
 	wall time.Duration
+	// CPU time of this process and of the zygote (0: none) over the cell.
+	cpu, zygoteCPU time.Duration
 }
 
-// measure runs n spawns of spawn with c goroutines.
-func measure(n, c int, spawn func() error) (cell, error) {
+// processCPU is the CPU time of process pid (0: this one), all its
+// threads, from its CPU clock (clock_getcpuclockid(3)).
+func processCPU(pid int) time.Duration {
+	clock := uintptr(2) // CLOCK_PROCESS_CPUTIME_ID
+	if pid != 0 {
+		clock = uintptr(^pid<<3 | 2) // MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+	}
+	var ts syscall.Timespec
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_CLOCK_GETTIME, clock, uintptr(unsafe.Pointer(&ts)), 0); errno != 0 {
+		return 0
+	}
+	return time.Duration(ts.Nano())
+}
+
+// measure runs n spawns of spawn with c goroutines; zygotePid is the
+// zygote serving them, or 0.
+func measure(n, c int, zygotePid int, spawn func() error) (cell, error) {
 	lat := make([]time.Duration, n)
 	var next int
 	var mu sync.Mutex
 	var firstErr error
 	var wg sync.WaitGroup
 	start := time.Now()
+	cpu0, zcpu0 := processCPU(0), time.Duration(0)
+	if zygotePid != 0 {
+		zcpu0 = processCPU(zygotePid)
+	}
 	for g := 0; g < c; g++ {
 		wg.Add(1)
 		go func() {
@@ -187,22 +211,29 @@ func measure(n, c int, spawn func() error) (cell, error) {
 		}()
 	}
 	wg.Wait()
-	return cell{lat: lat, wall: time.Since(start)}, firstErr
+	res := cell{lat: lat, wall: time.Since(start), cpu: processCPU(0) - cpu0}
+	if zygotePid != 0 {
+		res.zygoteCPU = processCPU(zygotePid) - zcpu0
+	}
+	return res, firstErr
 }
 
-type summary struct{ p50, p99, max, rate float64 }
+type summary struct{ p50, p99, max, rate, cpuUs, zygoteCPUUs float64 }
 
 func summarize(cs []cell) summary {
 	var all []time.Duration
-	var wall time.Duration
+	var wall, cpu, zcpu time.Duration
 	for _, c := range cs {
 		all = append(all, c.lat...)
 		wall += c.wall
+		cpu += c.cpu
+		zcpu += c.zygoteCPU
 	}
+	perSpawn := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(len(all)) }
 	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	q := func(p float64) time.Duration { return all[min(len(all)-1, int(p*float64(len(all))))] }
-	return summary{ms(q(0.50)), ms(q(0.99)), ms(all[len(all)-1]), float64(len(all)) / wall.Seconds()}
+	return summary{ms(q(0.50)), ms(q(0.99)), ms(all[len(all)-1]), float64(len(all)) / wall.Seconds(), perSpawn(cpu), perSpawn(zcpu)}
 }
 
 func ints(s string) []int {
@@ -270,13 +301,21 @@ func main() {
 		log.Fatal(err)
 	}
 
+	zygotePid := func(c *zygote.Client) int {
+		st, err := c.Status()
+		if err != nil {
+			log.Fatal(err)
+		}
+		return st.Pid
+	}
 	methods := []struct {
 		name  string
+		pid   int // the zygote's, for its CPU time
 		spawn func() error
 	}{
-		{"os/exec", func() error { return exec.Command(*program).Run() }},
-		{"zygote shared", func() error { return shared.Command(*program).Run() }},
-		{"zygote private", func() error { return private.Command(*program).Run() }},
+		{"os/exec", 0, func() error { return exec.Command(*program).Run() }},
+		{"zygote shared", zygotePid(shared), func() error { return shared.Command(*program).Run() }},
+		{"zygote private", zygotePid(private), func() error { return private.Command(*program).Run() }},
 	}
 
 	began := time.Now()
@@ -287,8 +326,8 @@ func main() {
 		method       string
 	}
 	results := map[key]summary{}
-	fmt.Println("| heap | fds | c | method | p50 ms | p99 ms | max ms | spawns/s | p50 / os/exec | p99 / os/exec | spawns/s / os/exec | p50 / floor |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| heap | fds | c | method | p50 ms | p99 ms | max ms | spawns/s | p50 / os/exec | p99 / os/exec | spawns/s / os/exec | p50 / floor | client cpu µs | zygote cpu µs |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, heap := range ints(*heaps) {
 		setHeap(heap)
 		for _, nfds := range ints(*fdsFlag) {
@@ -304,10 +343,10 @@ func main() {
 						if err != nil {
 							log.Fatal(err)
 						}
-						floorCells = append(floorCells, cell{lat, wall})
+						floorCells = append(floorCells, cell{lat: lat, wall: wall})
 					}
 					for i, m := range methods {
-						res, err := measure(*perRound, c, m.spawn)
+						res, err := measure(*perRound, c, m.pid, m.spawn)
 						if err != nil {
 							log.Fatalf("%s: %v", m.name, err)
 						}
@@ -319,7 +358,7 @@ func main() {
 				if c == 1 {
 					fs = summarize(floorCells)
 					results[key{heap, nfds, c, "floor"}] = fs
-					fmt.Printf("| %d GiB | %d | %d | posix_spawn floor | %.2f | %.2f | %.2f | %.0f | | | | 1.00 |\n",
+					fmt.Printf("| %d GiB | %d | %d | posix_spawn floor | %.2f | %.2f | %.2f | %.0f | | | | 1.00 | | |\n",
 						heap, nfds, c, fs.p50, fs.p99, fs.max, fs.rate)
 				}
 				for i, m := range methods {
@@ -329,8 +368,12 @@ func main() {
 					if c == 1 {
 						vsFloor = fmt.Sprintf("%.2f", s.p50/fs.p50)
 					}
-					fmt.Printf("| %d GiB | %d | %d | %s | %.2f | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %s |\n",
-						heap, nfds, c, m.name, s.p50, s.p99, s.max, s.rate, s.p50/base.p50, s.p99/base.p99, s.rate/base.rate, vsFloor)
+					zcpu := ""
+					if m.pid != 0 {
+						zcpu = fmt.Sprintf("%.0f", s.zygoteCPUUs)
+					}
+					fmt.Printf("| %d GiB | %d | %d | %s | %.2f | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %s | %.0f | %s |\n",
+						heap, nfds, c, m.name, s.p50, s.p99, s.max, s.rate, s.p50/base.p50, s.p99/base.p99, s.rate/base.rate, vsFloor, s.cpuUs, zcpu)
 				}
 			}
 		}
