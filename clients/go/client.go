@@ -765,8 +765,8 @@ func (c *Client) register(spawn bool) (*connection, uint64, *pending, error) {
 		if attempt > 0 {
 			return nil, 0, nil, err
 		}
-		// The reader ended between connection() and here; it closes
-		// done right after, so the next connection() reconnects.
+		// The connection ended between connection() and here (done is
+		// closed with it), so the next connection() reconnects.
 		<-conn.done
 	}
 }
