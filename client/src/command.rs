@@ -381,12 +381,25 @@ impl Command {
     ///
     /// As [`spawn`](Command::spawn) and [`Child::wait`].
     pub async fn status(&mut self) -> Result<ExitStatus> {
-        self.spawn().await?.wait().await
+        match self.start(StdioDefaults::Inherit, true).await? {
+            Started::Child(parts) => Child::from_parts(parts)?.wait().await,
+            Started::Exited(notice) => Ok(ExitStatus::from(&notice)),
+        }
     }
 
     /// Sends the request and splits the reply into a child and its raw
     /// pipe ends; both flavours build on this.
     pub(crate) async fn spawn_parts(&self, defaults: StdioDefaults) -> Result<SpawnedParts> {
+        match self.start(defaults, false).await? {
+            Started::Child(parts) => Ok(parts),
+            Started::Exited(_) => unreachable!("only a deferred spawn ends without Spawned"),
+        }
+    }
+
+    /// Sends the request; with `defer`, and no pipe or pty to hand back,
+    /// asks the zygote to skip `Spawned` for a child that ends at once (the
+    /// caller only wants the status).
+    pub(crate) async fn start(&self, defaults: StdioDefaults, defer: bool) -> Result<Started> {
         // Reconnects first when the connection was lost, so that the
         // limits are the new zygote's.
         let session = self.client.session().await?;
@@ -401,10 +414,23 @@ impl Command {
             prepared.attach(memfd.as_fd(), max_fds)?;
         }
         let piped = prepared.piped;
+        let deferred = defer && piped == [false; 3] && self.spec.pty.is_none();
+        prepared.request.defer_spawned = deferred;
         let reply = session.spawn(prepared.request, &prepared.fds).await?;
         drop(large_args);
         let (spawn_id, pid, fds, exit) = match reply {
             SpawnReply::Spawned { id, pid, fds, exit } => (id, pid, fds, exit),
+            SpawnReply::Exited(notice) if deferred => return Ok(Started::Exited(notice)),
+            SpawnReply::Exited(notice) => {
+                return Err(Error::Protocol {
+                    endpoint: session.endpoint().to_owned(),
+                    kind: ProtocolErrorKind::UnexpectedMessage,
+                    message: format!(
+                        "Exited without Spawned for {:?} (pid {}), which did not defer Spawned",
+                        self.spec.program, notice.pid
+                    ),
+                });
+            }
             SpawnReply::Failed(failed) => {
                 return Err(Error::Spawn {
                     program: self.spec.program.clone(),
@@ -438,7 +464,7 @@ impl Command {
         let (stdin, stdout, stderr) = (take(piped[0]), take(piped[1]), take(piped[2]));
         let pty = take(with_pty);
         let pid = pid.unsigned_abs(); // the dispatcher only passes pid > 0
-        Ok(SpawnedParts {
+        Ok(Started::Child(SpawnedParts {
             core: ChildCore::new(session, spawn_id, pid, pidfd, exit)
                 .kill_on_drop(self.spec.kill_on_drop)
                 .kill_tree(self.spec.cgroup.is_some_and(|cgroup| cgroup.kill_tree)),
@@ -446,6 +472,14 @@ impl Command {
             stdout,
             stderr,
             pty,
-        })
+        }))
     }
+}
+
+/// What a spawn request came to.
+pub(crate) enum Started {
+    /// The child exec'd and runs (or ran) on.
+    Child(SpawnedParts),
+    /// A deferred spawn's child ended before its `Spawned` was due.
+    Exited(zygote_proto::ExitNotice),
 }

@@ -77,6 +77,7 @@ impl FakeDaemon {
                 },
                 timed_out: false,
                 tree: None,
+                pid: 4242,
             }),
             &[],
         );
