@@ -377,6 +377,12 @@ impl Command {
     /// Runs the child to completion with inherited stdio (unless set) and
     /// returns its exit status.
     ///
+    /// Unless a stream is piped or a pty is set, the zygote answers a child
+    /// that ends within about 10 ms with its exit notice alone (no
+    /// `Spawned`, no pidfd), which saves a wake-up. Should the zygote be
+    /// lost within those 10 ms, the error is [`Error::ZygoteLost`] rather
+    /// than a status read from the pidfd.
+    ///
     /// # Errors
     ///
     /// As [`spawn`](Command::spawn) and [`Child::wait`].
