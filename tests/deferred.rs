@@ -451,3 +451,95 @@ fn a_stop_in_the_window_sends_spawned_first() {
         (spawned.pid, ExitStatus::Exited(2))
     );
 }
+
+/// `output()` makes its own pipes so that it can defer too: its output,
+/// large or small, and status are those of an undeferred spawn, and it
+/// leaves no fd behind.
+#[test]
+fn output_with_client_made_pipes_is_complete() {
+    let daemon = start_daemon("deferred-output");
+    let rt = runtime();
+    let fds = || std::fs::read_dir("/proc/self/fd").expect("fd dir").count();
+    rt.block_on(async {
+        let client = zygote_client::Client::connect(daemon.socket())
+            .await
+            .expect("connect");
+        let output = client
+            .command("sh")
+            .args(["-c", "echo out; echo err >&2; exit 3"])
+            .output()
+            .await
+            .expect("output");
+        assert_eq!(output.status.code(), Some(3));
+        assert_eq!(
+            (&output.stdout[..], &output.stderr[..]),
+            (&b"out\n"[..], &b"err\n"[..])
+        );
+        // More than a pipe holds, and a child that outlives the window.
+        let output = client
+            .command("sh")
+            .args([
+                "-c",
+                "head -c 300000 /dev/zero; sleep 0.05; head -c 70000 /dev/zero >&2",
+            ])
+            .output()
+            .await
+            .expect("large output");
+        assert!(output.status.success());
+        assert_eq!(
+            (output.stdout.len(), output.stderr.len()),
+            (300_000, 70_000)
+        );
+        // stdin piped: the zygote's pipes, as before.
+        let output = client
+            .command("cat")
+            .stdin(zygote_client::Stdio::piped())
+            .output()
+            .await
+            .expect("output with a piped stdin");
+        assert!(output.status.success() && output.stdout.is_empty());
+        // A stream set to null stays so; the command can run again.
+        let mut command = client.command("sh");
+        command.args(["-c", "echo out; echo err >&2"]);
+        command.stderr(zygote_client::Stdio::null());
+        for _ in 0..2 {
+            let output = command.output().await.expect("output");
+            assert_eq!(
+                (&output.stdout[..], output.stderr.len()),
+                (&b"out\n"[..], 0)
+            );
+        }
+        let error = client
+            .command("/nonexistent/program")
+            .output()
+            .await
+            .expect_err("no such program");
+        assert_eq!(error.raw_os_error(), Some(libc::ENOENT), "{error}");
+        // Other tests share this process's fd table: a leak shows as
+        // growth with the number of calls, not as a small difference.
+        let before = fds();
+        for _ in 0..100 {
+            let output = client
+                .command("echo")
+                .arg("x")
+                .output()
+                .await
+                .expect("output");
+            assert_eq!(output.stdout, b"x\n");
+        }
+        let after = fds();
+        assert!(
+            after < before + 50,
+            "output() leaked fds: {before} before 100 calls, {after} after"
+        );
+    });
+    let client = zygote_client::blocking::Client::connect(daemon.socket()).expect("connect");
+    let output = zygote_client::blocking::Command::new(&client, "sh")
+        .args(["-c", "echo blocking; exit 4"])
+        .output()
+        .expect("blocking output");
+    assert_eq!(
+        (output.status.code(), &output.stdout[..]),
+        (Some(4), &b"blocking\n"[..])
+    );
+}

@@ -9,9 +9,10 @@ use std::time::Duration;
 use rustix::process::{Signal, pidfd_send_signal};
 use zygote_proto::{CgroupSpec, CpuMax, KillOnClose, ProtocolErrorKind};
 
-use crate::child::{ChildCore, SpawnedParts};
+use crate::child::{ChildCore, SpawnedParts, read_all};
 use crate::connection::SpawnReply;
 use crate::request::{Spec, StdioDefaults};
+use crate::stdio::StdioKind;
 use crate::transparent::Snapshot;
 use crate::{Child, Client, Error, ExitStatus, Output, Result, Stdio};
 
@@ -365,13 +366,62 @@ impl Command {
     /// explicitly, stdin is `/dev/null` and stdout and stderr are piped,
     /// as in std; both are read concurrently.
     ///
+    /// The output pipes are made here and passed as fds, so that (unless
+    /// stdin is piped or a pty is set) the zygote can skip `Spawned` for a
+    /// child that ends within about 10 ms, as for [`status`](Self::status).
+    ///
     /// # Errors
     ///
     /// As [`spawn`](Command::spawn) and [`Child::wait_with_output`].
     pub async fn output(&mut self) -> Result<Output> {
-        Child::from_parts(self.spawn_parts(StdioDefaults::Output).await?)?
-            .wait_with_output()
-            .await
+        let stdin_piped = matches!(self.spec.stdio[0], Some(Stdio(StdioKind::Piped)));
+        if stdin_piped || self.spec.pty.is_some() {
+            return Child::from_parts(self.spawn_parts(StdioDefaults::Output).await?)?
+                .wait_with_output()
+                .await;
+        }
+        // The output pipes are made here, not by the zygote: nothing then
+        // needs `Spawned`, which the zygote may skip for a short child.
+        let saved = [self.spec.stdio[1].take(), self.spec.stdio[2].take()];
+        let mut readers = [None, None];
+        for (index, stdio) in saved.iter().enumerate() {
+            if matches!(stdio, None | Some(Stdio(StdioKind::Piped))) {
+                match output_pipe() {
+                    Ok((read, write)) => {
+                        readers[index] = Some(read);
+                        self.spec.stdio[index + 1] = Some(Stdio::from(write));
+                    }
+                    Err(error) => {
+                        let [stdout, stderr] = saved;
+                        self.spec.stdio[1] = stdout;
+                        self.spec.stdio[2] = stderr;
+                        return Err(error);
+                    }
+                }
+            }
+        }
+        let [stdout_reader, stderr_reader] = readers;
+        let run = async {
+            let started = self.start(StdioDefaults::Output, true).await;
+            // Our write ends close here: the reads end with the child's.
+            let [stdout, stderr] = saved;
+            self.spec.stdio[1] = stdout;
+            self.spec.stdio[2] = stderr;
+            match started? {
+                Started::Child(parts) => Child::from_parts(parts)?.wait().await,
+                Started::Exited(notice) => Ok(ExitStatus::from(&notice)),
+            }
+        };
+        let (status, stdout, stderr) = tokio::try_join!(
+            run,
+            read_all(stdout_reader, "stdout"),
+            read_all(stderr_reader, "stderr"),
+        )?;
+        Ok(Output {
+            status,
+            stdout,
+            stderr,
+        })
     }
 
     /// Runs the child to completion with inherited stdio (unless set) and
@@ -488,4 +538,14 @@ pub(crate) enum Started {
     Child(SpawnedParts),
     /// A deferred spawn's child ended before its `Spawned` was due.
     Exited(zygote_proto::ExitNotice),
+}
+
+/// A pipe for a child's output: the read end for tokio, the write end
+/// (blocking, as a child expects) for the child. Both close-on-exec.
+fn output_pipe() -> Result<(tokio::net::unix::pipe::Receiver, OwnedFd)> {
+    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|errno| Error::io("creating a pipe for the child's output", errno))?;
+    let read = tokio::net::unix::pipe::Receiver::from_owned_fd(read)
+        .map_err(|error| Error::io("registering an output pipe with tokio", error))?;
+    Ok((read, write))
 }
