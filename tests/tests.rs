@@ -52,6 +52,9 @@ mod hangup;
 // Live upgrade in place, and children of a killed daemon.
 mod upgrade;
 
+// `defer_spawned`: no `Spawned` for a child that ends at once.
+mod deferred;
+
 // Private zygotes (launched binary, forked template) serving a 2 GiB
 // program, and dying with it.
 mod private;

@@ -1016,3 +1016,63 @@ fn a_connection_that_has_not_said_hello_is_served_by_the_new_image() {
         other => panic!("expected HelloAck, got {other:?}"),
     }
 }
+
+/// A `defer_spawned` child whose `Spawned` is still pending when the
+/// daemon pauses gets it before the pause (the saved state has no room
+/// for it), then its `Exited` from the new image.
+#[test]
+fn a_deferred_spawned_pending_at_an_upgrade_is_sent_before_the_pause() {
+    use crate::deferred::{connect, deferred, pidfd_alive, receive, send};
+    use zygote_proto::{ClientMessage, ExitStatus, ServerMessage, UpgradeRequest};
+
+    let installed = Installed::new("a");
+    let daemon = start("upgrade-deferred", &installed, &[]);
+    let fd = connect(daemon.socket());
+    let mut early = 0;
+    for attempt in 0..5u64 {
+        let tag = format!("d{attempt}");
+        installed.install(&tag);
+        let id = attempt * 2 + 1;
+        let sent = Instant::now();
+        send(&fd, &deferred(id, "/bin/sleep", &["0.3"]));
+        send(&fd, &ClientMessage::Upgrade(UpgradeRequest { id: id + 1 }));
+        let mut spawned = None;
+        let mut upgraded = false;
+        let exited = loop {
+            match receive(&fd) {
+                (ServerMessage::Spawned(reply), mut fds) => {
+                    assert_eq!(reply.id, id);
+                    assert!(spawned.is_none(), "a second Spawned");
+                    assert_eq!(fds.len(), 1, "the pidfd");
+                    let pidfd = fds.remove(0);
+                    assert!(pidfd_alive(&pidfd), "the pidfd of the running child");
+                    spawned = Some((reply.pid, sent.elapsed(), upgraded));
+                }
+                (ServerMessage::Status(status), _) => {
+                    assert_eq!(status.id, id + 1);
+                    assert_eq!(status.server_version, version(&tag), "{}", daemon.log());
+                    upgraded = true;
+                }
+                (ServerMessage::Exited(notice), _) => break notice,
+                (other, _) => panic!("unexpected reply: {other:?}; log:\n{}", daemon.log()),
+            }
+        };
+        let (pid, after, after_upgrade) =
+            spawned.expect("a child running 300 ms across an upgrade gets its Spawned");
+        assert!(
+            upgraded,
+            "the upgrade's Status came before the child's Exited"
+        );
+        assert_eq!((exited.id, exited.pid), (id, pid));
+        assert_eq!(exited.status, ExitStatus::Exited(0));
+        // Sent by the old image as it paused, before its deadline.
+        if !after_upgrade && after < Duration::from_millis(10) {
+            early += 1;
+        }
+    }
+    assert!(
+        early > 0,
+        "the upgrade never caught a deferred Spawned pending; log:\n{}",
+        daemon.log()
+    );
+}

@@ -325,8 +325,9 @@ pub async fn run_zygote(
                 let start = Instant::now();
                 let mut command = client.command(&program);
                 configure(&mut command);
-                let mut child = Timed::new(command.spawn(), &mut blocked).await?;
-                Timed::new(child.wait(), &mut blocked).await?;
+                // status(), as a caller that only wants the exit status
+                // would: the zygote may then skip `Spawned` (issue 13).
+                Timed::new(command.status(), &mut blocked).await?;
                 samples.push(Sample {
                     latency: start.elapsed(),
                     blocked: Some(blocked),
@@ -358,14 +359,13 @@ pub fn run_blocking(
     program: &Path,
     budget: Budget,
 ) -> Result<CellRun> {
+    // status(), which blocks until the exit: no separate blocked time.
     let run = run_threads(budget, || -> zygote_client::Result<Sample> {
         let start = Instant::now();
-        let mut child = client.command(program).spawn()?;
-        let blocked = start.elapsed();
-        child.wait()?;
+        client.command(program).status()?;
         Ok(Sample {
             latency: start.elapsed(),
-            blocked: Some(blocked),
+            blocked: None,
         })
     })?;
     Ok(run)

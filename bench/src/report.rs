@@ -174,8 +174,8 @@ impl Report {
         out.push_str(
             "\n#### Spawn + wait\n\nLatency from the call until the exit is seen. \
              *blocked*: the calling thread's busy time per spawn (std: the whole `spawn()`; \
-             async zygote client: time inside its futures' polls; blocking client: the whole \
-             `spawn()`). *thread cpu*: the calling thread's CPU per spawn, including the \
+             zygote clients call `status()`: async, the time inside its future's polls; \
+             blocking, none: it blocks until the exit). *thread cpu*: the calling thread's CPU per spawn, including the \
              async client's reply reader. *client cpu*, *zygote cpu*: CPU per spawn of the \
              whole client process and of the zygote process (every thread; the child's own \
              time excluded), from their process CPU clocks before and after each round.\n\n\

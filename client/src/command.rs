@@ -9,9 +9,10 @@ use std::time::Duration;
 use rustix::process::{Signal, pidfd_send_signal};
 use zygote_proto::{CgroupSpec, CpuMax, KillOnClose, ProtocolErrorKind};
 
-use crate::child::{ChildCore, SpawnedParts};
+use crate::child::{ChildCore, SpawnedParts, read_all};
 use crate::connection::SpawnReply;
 use crate::request::{Spec, StdioDefaults};
+use crate::stdio::StdioKind;
 use crate::transparent::Snapshot;
 use crate::{Child, Client, Error, ExitStatus, Output, Result, Stdio};
 
@@ -365,28 +366,96 @@ impl Command {
     /// explicitly, stdin is `/dev/null` and stdout and stderr are piped,
     /// as in std; both are read concurrently.
     ///
+    /// The output pipes are made here and passed as fds, so that (unless
+    /// stdin is piped or a pty is set) the zygote can skip `Spawned` for a
+    /// child that ends within about 10 ms, as for [`status`](Self::status).
+    ///
     /// # Errors
     ///
     /// As [`spawn`](Command::spawn) and [`Child::wait_with_output`].
     pub async fn output(&mut self) -> Result<Output> {
-        Child::from_parts(self.spawn_parts(StdioDefaults::Output).await?)?
-            .wait_with_output()
-            .await
+        let stdin_piped = matches!(self.spec.stdio[0], Some(Stdio(StdioKind::Piped)));
+        if stdin_piped || self.spec.pty.is_some() {
+            return Child::from_parts(self.spawn_parts(StdioDefaults::Output).await?)?
+                .wait_with_output()
+                .await;
+        }
+        // The output pipes are made here, not by the zygote: nothing then
+        // needs `Spawned`, which the zygote may skip for a short child.
+        let saved = [self.spec.stdio[1].take(), self.spec.stdio[2].take()];
+        let mut readers = [None, None];
+        for (index, stdio) in saved.iter().enumerate() {
+            if matches!(stdio, None | Some(Stdio(StdioKind::Piped))) {
+                match output_pipe() {
+                    Ok((read, write)) => {
+                        readers[index] = Some(read);
+                        self.spec.stdio[index + 1] = Some(Stdio::from(write));
+                    }
+                    Err(error) => {
+                        let [stdout, stderr] = saved;
+                        self.spec.stdio[1] = stdout;
+                        self.spec.stdio[2] = stderr;
+                        return Err(error);
+                    }
+                }
+            }
+        }
+        let [stdout_reader, stderr_reader] = readers;
+        let run = async {
+            let started = self.start(StdioDefaults::Output, true).await;
+            // Our write ends close here: the reads end with the child's.
+            let [stdout, stderr] = saved;
+            self.spec.stdio[1] = stdout;
+            self.spec.stdio[2] = stderr;
+            match started? {
+                Started::Child(parts) => Child::from_parts(parts)?.wait().await,
+                Started::Exited(notice) => Ok(ExitStatus::from(&notice)),
+            }
+        };
+        let (status, stdout, stderr) = tokio::try_join!(
+            run,
+            read_all(stdout_reader, "stdout"),
+            read_all(stderr_reader, "stderr"),
+        )?;
+        Ok(Output {
+            status,
+            stdout,
+            stderr,
+        })
     }
 
     /// Runs the child to completion with inherited stdio (unless set) and
     /// returns its exit status.
     ///
+    /// Unless a stream is piped or a pty is set, the zygote answers a child
+    /// that ends within about 10 ms with its exit notice alone (no
+    /// `Spawned`, no pidfd), which saves a wake-up. Should the zygote be
+    /// lost within those 10 ms, the error is [`Error::ZygoteLost`] rather
+    /// than a status read from the pidfd.
+    ///
     /// # Errors
     ///
     /// As [`spawn`](Command::spawn) and [`Child::wait`].
     pub async fn status(&mut self) -> Result<ExitStatus> {
-        self.spawn().await?.wait().await
+        match self.start(StdioDefaults::Inherit, true).await? {
+            Started::Child(parts) => Child::from_parts(parts)?.wait().await,
+            Started::Exited(notice) => Ok(ExitStatus::from(&notice)),
+        }
     }
 
     /// Sends the request and splits the reply into a child and its raw
     /// pipe ends; both flavours build on this.
     pub(crate) async fn spawn_parts(&self, defaults: StdioDefaults) -> Result<SpawnedParts> {
+        match self.start(defaults, false).await? {
+            Started::Child(parts) => Ok(parts),
+            Started::Exited(_) => unreachable!("only a deferred spawn ends without Spawned"),
+        }
+    }
+
+    /// Sends the request; with `defer`, and no pipe or pty to hand back,
+    /// asks the zygote to skip `Spawned` for a child that ends at once (the
+    /// caller only wants the status).
+    pub(crate) async fn start(&self, defaults: StdioDefaults, defer: bool) -> Result<Started> {
         // Reconnects first when the connection was lost, so that the
         // limits are the new zygote's.
         let session = self.client.session().await?;
@@ -401,10 +470,23 @@ impl Command {
             prepared.attach(memfd.as_fd(), max_fds)?;
         }
         let piped = prepared.piped;
+        let deferred = defer && piped == [false; 3] && self.spec.pty.is_none();
+        prepared.request.defer_spawned = deferred;
         let reply = session.spawn(prepared.request, &prepared.fds).await?;
         drop(large_args);
         let (spawn_id, pid, fds, exit) = match reply {
             SpawnReply::Spawned { id, pid, fds, exit } => (id, pid, fds, exit),
+            SpawnReply::Exited(notice) if deferred => return Ok(Started::Exited(notice)),
+            SpawnReply::Exited(notice) => {
+                return Err(Error::Protocol {
+                    endpoint: session.endpoint().to_owned(),
+                    kind: ProtocolErrorKind::UnexpectedMessage,
+                    message: format!(
+                        "Exited without Spawned for {:?} (pid {}), which did not defer Spawned",
+                        self.spec.program, notice.pid
+                    ),
+                });
+            }
             SpawnReply::Failed(failed) => {
                 return Err(Error::Spawn {
                     program: self.spec.program.clone(),
@@ -438,7 +520,7 @@ impl Command {
         let (stdin, stdout, stderr) = (take(piped[0]), take(piped[1]), take(piped[2]));
         let pty = take(with_pty);
         let pid = pid.unsigned_abs(); // the dispatcher only passes pid > 0
-        Ok(SpawnedParts {
+        Ok(Started::Child(SpawnedParts {
             core: ChildCore::new(session, spawn_id, pid, pidfd, exit)
                 .kill_on_drop(self.spec.kill_on_drop)
                 .kill_tree(self.spec.cgroup.is_some_and(|cgroup| cgroup.kill_tree)),
@@ -446,6 +528,24 @@ impl Command {
             stdout,
             stderr,
             pty,
-        })
+        }))
     }
+}
+
+/// What a spawn request came to.
+pub(crate) enum Started {
+    /// The child exec'd and runs (or ran) on.
+    Child(SpawnedParts),
+    /// A deferred spawn's child ended before its `Spawned` was due.
+    Exited(zygote_proto::ExitNotice),
+}
+
+/// A pipe for a child's output: the read end for tokio, the write end
+/// (blocking, as a child expects) for the child. Both close-on-exec.
+fn output_pipe() -> Result<(tokio::net::unix::pipe::Receiver, OwnedFd)> {
+    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|errno| Error::io("creating a pipe for the child's output", errno))?;
+    let read = tokio::net::unix::pipe::Receiver::from_owned_fd(read)
+        .map_err(|error| Error::io("registering an output pipe with tokio", error))?;
+    Ok((read, write))
 }

@@ -300,6 +300,7 @@ impl Spec {
             cpu_affinity: snapshot.attributes.cpu_affinity.clone(),
             oom_score_adj: snapshot.attributes.oom_score_adj,
             large_args: None,
+            defer_spawned: false,
         };
         Ok(Prepared {
             request,

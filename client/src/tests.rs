@@ -77,6 +77,7 @@ impl FakeDaemon {
                 },
                 timed_out: false,
                 tree: None,
+                pid: 4242,
             }),
             &[],
         );
@@ -121,12 +122,29 @@ fn reap(mut child: std::process::Child) {
 
 /// Answers every spawn at once: pid 1000 + N and exit code N, where N is
 /// the first argument; piped stdout gets "out:N", piped stderr "err:N".
+/// A deferred spawn (`output()`, with pipes of the client's) gets the same
+/// in the attached fds, and its `Exited` alone.
 fn serve_echo(mut daemon: FakeDaemon, pidfd: OwnedFd) {
     daemon.accept_hello();
     // Stdin read ends stay open so that the client's writes succeed.
     let mut stdin_readers = Vec::new();
-    while let Some((message, _fds)) = daemon.recv() {
+    while let Some((message, attached)) = daemon.recv() {
         match message {
+            ClientMessage::Spawn(request) if request.defer_spawned => {
+                let arg = String::from_utf8_lossy(&request.args[0]).into_owned();
+                let streams = [(request.stdout, "out"), (request.stderr, "err")];
+                // status() passes this process's own stdio: left alone.
+                let output = request.stdin == StdioSpec::Null;
+                for (spec, name) in streams.into_iter().filter(|_| output) {
+                    let StdioSpec::Fd(index) = spec else {
+                        panic!("output() attaches its own pipes: {spec:?}");
+                    };
+                    let mut pipe = File::from(attached[index as usize].try_clone().unwrap());
+                    pipe.write_all(format!("{name}:{arg}").as_bytes()).unwrap();
+                }
+                drop(attached);
+                daemon.exited(request.id, arg.parse().unwrap());
+            }
             ClientMessage::Spawn(request) => {
                 let arg = request
                     .args
@@ -495,16 +513,16 @@ async fn output_reads_both_pipes_concurrently() {
         let Some((ClientMessage::Spawn(request), fds)) = daemon.recv() else {
             panic!("expected Spawn");
         };
-        // output()'s defaults.
+        // output()'s defaults: pipes of its own, so Spawned may be skipped.
         assert_eq!(
             [request.stdin, request.stdout, request.stderr],
-            [StdioSpec::Null, StdioSpec::Pipe, StdioSpec::Pipe]
+            [StdioSpec::Null, StdioSpec::Fd(0), StdioSpec::Fd(1)]
         );
-        assert!(fds.is_empty());
+        assert!(request.defer_spawned);
+        let [out_write, err_write]: [OwnedFd; 2] = fds.try_into().unwrap();
+        // A child still running after the window: Spawned, the pidfd alone.
         let (sleep, pidfd) = sleeper();
-        let (out_read, out_write) = rustix::pipe::pipe().unwrap();
-        let (err_read, err_write) = rustix::pipe::pipe().unwrap();
-        daemon.spawned(request.id, 42, &[pidfd, out_read, err_read]);
+        daemon.spawned(request.id, 42, &[pidfd]);
         // All of stderr before any stdout, from one thread: a client that
         // drained stdout first would deadlock.
         File::from(err_write).write_all(&vec![b'e'; SIZE]).unwrap();

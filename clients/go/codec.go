@@ -220,6 +220,9 @@ type spawnRequest struct {
 	OomScoreAdj    *int32          `json:"oom_score_adj"`
 	// LargeArgs is unused by this client: it never sends a frame over the limit.
 	LargeArgs *uint32 `json:"large_args"`
+	// DeferSpawned asks for Spawned only if the child still runs about
+	// 10 ms after exec; a child that ends sooner gets Exited alone.
+	DeferSpawned bool `json:"defer_spawned"`
 }
 
 // cgroupSpec sets limits and whole-tree behaviour of the child's cgroup
@@ -344,6 +347,8 @@ type exitNotice struct {
 	Usage    resourceUsage `json:"usage"`
 	TimedOut bool          `json:"timed_out"`
 	Tree     *treeUsage    `json:"tree"`
+	// Pid is the child's pid, for a deferred spawn that got no Spawned.
+	Pid int32 `json:"pid"`
 }
 
 type signalSent struct {
@@ -536,6 +541,7 @@ func (e *encoder) spawn(r *spawnRequest) {
 	if e.option(r.LargeArgs != nil) {
 		e.varint(uint64(*r.LargeArgs))
 	}
+	e.boolean(r.DeferSpawned)
 }
 
 func (e *encoder) optU64(v *uint64) {
@@ -654,6 +660,7 @@ func encodeServer(m *serverMessage) ([]byte, error) {
 			e.varint(x.Tree.OomKills)
 			e.optU64(x.Tree.MemoryMax)
 		}
+		e.i32(x.Pid)
 	case m.SignalSent != nil:
 		e.varint(4)
 		e.varint(m.SignalSent.ID)
@@ -914,6 +921,7 @@ func (d *decoder) spawn() *spawnRequest {
 		index := d.u32("large_args")
 		r.LargeArgs = &index
 	}
+	r.DeferSpawned = d.boolean("defer_spawned")
 	return r
 }
 
@@ -968,6 +976,7 @@ func decodeServer(b []byte) (*serverMessage, error) {
 			x.Tree.OomKills = d.u64("oom_kills")
 			x.Tree.MemoryMax = d.optU64("memory_max")
 		}
+		x.Pid = d.i32("pid")
 		m.Exited = x
 	case 4:
 		m.SignalSent = &signalSent{d.u64("id")}

@@ -98,6 +98,13 @@ fn main() {
                 signal: 15,
             }),
         ),
+        (
+            "spawn_deferred",
+            ClientMessage::Spawn(SpawnRequest {
+                defer_spawned: true,
+                ..spawn(13)
+            }),
+        ),
         ("status", ClientMessage::Status(StatusRequest { id: 4 })),
         ("upgrade", ClientMessage::Upgrade(UpgradeRequest { id: 6 })),
     ];

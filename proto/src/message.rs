@@ -201,6 +201,12 @@ pub struct SpawnRequest {
     /// [`LargeArgs`]: the arguments and environment of a request too large
     /// for one frame. `args` and `env` are then empty.
     pub large_args: Option<u32>,
+    /// Send [`Spawned`] (with the pidfd) only if the child still runs
+    /// about 10 ms after it started: a child that ends sooner gets its
+    /// [`ExitNotice`] alone. For callers that only want the exit status.
+    /// Refused with a `Pipe` stdio or a `pty`, whose ends only travel in
+    /// `Spawned`.
+    pub defer_spawned: bool,
 }
 
 /// The arguments and environment of a large request, postcard-encoded in a
@@ -246,6 +252,7 @@ impl SpawnRequest {
             cpu_affinity: Vec::new(),
             oom_score_adj: None,
             large_args: None,
+            defer_spawned: false,
         }
     }
 }
@@ -489,6 +496,10 @@ pub struct ExitNotice {
     /// when the daemon placed the child in no cgroup, or the request had no
     /// [`CgroupSpec`].
     pub tree: Option<TreeUsage>,
+    /// The child's pid, in the daemon's pid namespace: the one [`Spawned`]
+    /// gave, for a client that got no `Spawned`
+    /// ([`SpawnRequest::defer_spawned`]).
+    pub pid: i32,
 }
 
 /// What a child's cgroup used, read just before the daemon removed it.

@@ -122,6 +122,7 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
             prop::collection::vec(any::<u32>(), 0..4),
             prop::option::of(any::<i32>()),
             prop::option::of(any::<u32>()),
+            any::<bool>(),
         ),
     )
         .prop_map(
@@ -130,7 +131,7 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
                 (stdin, stdout, stderr),
                 (fd_mappings, new_session, process_group, umask, rlimits),
                 (user, kill_on_close, timeout, pty, report_stops),
-                (ignored_signals, nice, cpu_affinity, oom_score_adj, large_args),
+                (ignored_signals, nice, cpu_affinity, oom_score_adj, large_args, defer_spawned),
             )| SpawnRequest {
                 id,
                 program,
@@ -157,6 +158,7 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
                 cpu_affinity,
                 oom_score_adj,
                 large_args,
+                defer_spawned,
             },
         )
 }
@@ -211,10 +213,11 @@ fn server_message() -> impl Strategy<Value = ServerMessage> {
             any::<u64>(),
             any::<u64>(),
             any::<u64>(),
-            any::<bool>()
+            any::<bool>(),
+            any::<i32>()
         )
             .prop_map(
-                |(id, status, user_micros, system_micros, max_rss_kib, timed_out)| {
+                |(id, status, user_micros, system_micros, max_rss_kib, timed_out, pid)| {
                     ServerMessage::Exited(ExitNotice {
                         id,
                         status,
@@ -225,6 +228,7 @@ fn server_message() -> impl Strategy<Value = ServerMessage> {
                         },
                         timed_out,
                         tree: None,
+                        pid,
                     })
                 }
             ),

@@ -77,6 +77,7 @@ const NAMES: &[&str] = &[
     "spawn_cgroup",
     "exited_tree",
     "upgrade_request",
+    "spawn_deferred",
 ];
 
 /// The vectors `PROTOCOL.md` shows with a hex block.
@@ -99,6 +100,7 @@ const DOCUMENTED: &[&str] = &[
     "stopped",
     "continued",
     "upgrade_request",
+    "spawn_deferred",
 ];
 
 fn env(key: &str, value: &str) -> EnvVar {
@@ -166,6 +168,7 @@ fn value(name: &str) -> Option<Frame> {
             cpu_affinity: vec![0, 2],
             oom_score_adj: Some(300),
             large_args: None,
+            defer_spawned: false,
         })),
         "spawn_minimal" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
             id: 300,
@@ -193,6 +196,7 @@ fn value(name: &str) -> Option<Frame> {
             cpu_affinity: vec![],
             oom_score_adj: None,
             large_args: None,
+            defer_spawned: false,
         })),
         "signal" => Frame::Client(ClientMessage::Signal(SignalRequest {
             id: 8,
@@ -216,6 +220,7 @@ fn value(name: &str) -> Option<Frame> {
             },
             timed_out: false,
             tree: None,
+            pid: 4242,
         })),
         "exited_signal" => Frame::Server(ServerMessage::Exited(ExitNotice {
             id: 7,
@@ -226,6 +231,7 @@ fn value(name: &str) -> Option<Frame> {
             usage: ResourceUsage::default(),
             timed_out: true,
             tree: None,
+            pid: 4242,
         })),
         "status_request" => Frame::Client(ClientMessage::Status(StatusRequest { id: 11 })),
         "upgrade_request" => Frame::Client(ClientMessage::Upgrade(UpgradeRequest { id: 12 })),
@@ -322,6 +328,7 @@ fn value(name: &str) -> Option<Frame> {
             },
             timed_out: false,
             tree: None,
+            pid: 4242,
         })),
         "exited_max" => Frame::Server(ServerMessage::Exited(ExitNotice {
             id: u64::MAX,
@@ -333,6 +340,7 @@ fn value(name: &str) -> Option<Frame> {
             },
             timed_out: true,
             tree: None,
+            pid: i32::MAX,
         })),
         "protocol_error_busy" => Frame::Server(ServerMessage::ProtocolError(ProtocolError {
             kind: ProtocolErrorKind::Busy,
@@ -393,6 +401,11 @@ fn value(name: &str) -> Option<Frame> {
                 oom_kills: 1,
                 memory_max: Some(536_870_912),
             }),
+            pid: 4242,
+        })),
+        "spawn_deferred" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
+            defer_spawned: true,
+            ..SpawnRequest::new(13, "/bin/true")
         })),
         _ => return None,
     })

@@ -414,6 +414,6 @@ impl Command {
     ///
     /// As [`crate::Command::status`].
     pub fn status(&mut self) -> Result<ExitStatus> {
-        self.spawn()?.wait()
+        self.runtime.block_on(self.inner.status())
     }
 }

@@ -86,6 +86,8 @@ pub(crate) enum SpawnReply {
     },
     /// The zygote could not start it.
     Failed(SpawnFailed),
+    /// A `defer_spawned` child ended before its `Spawned` was due.
+    Exited(ExitNotice),
 }
 
 /// Where a child's exit notice will appear.

@@ -68,6 +68,17 @@ impl Connection {
             ServerMessage::Exited(notice) => {
                 if let Some(slot) = state.exits.remove(&notice.id) {
                     slot.send_replace(ExitState::Exited(notice));
+                } else if let Some(pending) = state.pending.remove(&notice.id) {
+                    // A deferred spawn whose child ended without `Spawned`.
+                    match pending {
+                        Pending::Spawn(reply) => {
+                            let _ = reply.send(SpawnReply::Exited(notice));
+                        }
+                        other => {
+                            state.pending.insert(notice.id, other);
+                            return Err(wrong_reply("Exited", notice.id));
+                        }
+                    }
                 }
             }
             ServerMessage::Stopped(notice) => {

@@ -254,10 +254,18 @@ class Connection:
                 slot.spawned.set()
                 slot._fire(slot.on_spawn)
         elif name == "Exited":
-            slot = self._slots.pop(body["id"], None)
+            with self._lock:
+                self._abandoned.discard(body["id"])
+                slot = self._slots.pop(body["id"], None)
             if slot is not None:
                 slot.exit = body
                 slot.exited.set()
+                if not slot.spawned.is_set():
+                    # A deferred spawn whose child ended before its
+                    # Spawned was due: the Exited is its only reply.
+                    slot.reply = message
+                    slot.spawned.set()
+                    slot._fire(slot.on_spawn)
                 slot._fire(slot.on_exit)
         elif name in ("SignalSent", "RequestFailed", "Status"):
             event = self._signals.pop(body["id"], None)

@@ -15,6 +15,9 @@ _lock = threading.Lock()
 #: Modules that start a Popen and then reap the pid themselves, which only
 #: works for a child of this process.
 _REAPING_CALLERS = frozenset({"asyncio.unix_events"})
+# subprocess's own functions that make a Popen only to wait for it (and
+# check_call, check_output and getoutput through them).
+_WAITING_CALLERS = frozenset({"run", "call"})
 
 
 class InstalledPopen(Popen):
@@ -28,9 +31,13 @@ class InstalledPopen(Popen):
     def __init__(self, args: Any, *posargs: Any, **kwargs: Any) -> None:
         if "client" not in kwargs and self._installed_client is not None:
             kwargs["client"] = self._installed_client
-        caller = sys._getframe(1).f_globals.get("__name__")
+        frame = sys._getframe(1)
+        caller = frame.f_globals.get("__name__")
         if caller in _REAPING_CALLERS:
             self._zygote_forced_fallback = f"{caller} reaps its children with waitpid"
+        if caller == "subprocess" and frame.f_code.co_name in _WAITING_CALLERS:
+            # They only wait for the status: the object never escapes.
+            kwargs["_zygote_defer"] = True
         super().__init__(args, *posargs, **kwargs)
 
 

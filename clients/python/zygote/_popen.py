@@ -134,6 +134,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     _zygote_slot: Optional[SpawnSlot] = None
     _zygote_conn: Optional[Connection] = None
     _zygote_spawn_id: int = 0
+    _zygote_defer: bool = False
     #: Why the installed drop-in used the stdlib for this call, if it did.
     zygote_fallback_reason: Optional[str] = None
     _zygote_forced_fallback: Optional[str] = None
@@ -148,9 +149,11 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         zygote_grace: float = _request.DEFAULT_GRACE_SECONDS,
         rlimits: Optional[Mapping[int, Union[int, Tuple[int, int]]]] = None,
         cgroup: Optional[_request.Cgroup] = None,
+        _zygote_defer: bool = False,
         **kwargs: Any,
     ) -> None:
         self._zygote_client = client
+        self._zygote_defer = _zygote_defer
         self._zygote_options: Dict[str, Any] = {
             "kill_on_close": kill_on_close,
             "zygote_timeout": zygote_timeout,
@@ -248,6 +251,12 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 max_frame=conn.max_frame,
                 **self._zygote_options,
             )
+            # Only for a caller that never sees this object (run, call) and
+            # whose child waits on no pipe of ours: no Spawned for a child
+            # that ends at once (PROTOCOL.md section 2).
+            message["Spawn"]["defer_spawned"] = (
+                self._zygote_defer and p2cwrite == -1 and c2pread == -1 and errread == -1
+            )
             frame = _request.encode_spawn(message, conn.max_frame)
             slot = SpawnSlot()
             conn.register_spawn(request_id, slot)
@@ -278,16 +287,20 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             raise ZygoteError(slot.error.errno, slot.error.strerror)
         if "SpawnFailed" in slot.reply:
             raise _request.spawn_error(slot.reply["SpawnFailed"], program, cwd)
+        self._zygote_slot = slot
+        self._zygote_conn = conn
+        self._zygote_spawn_id = request_id
+        self._child_created = True
+        if "Exited" in slot.reply:
+            # Deferred, and already over: no pidfd, the notice has it all.
+            self.pid = slot.reply["Exited"]["pid"]
+            return
         pidfd, *extra = slot.fds
         for fd in extra:
             os.close(fd)
         self.pid = slot.reply["Spawned"]["pid"]
         self.pidfd = pidfd
-        self._zygote_slot = slot
-        self._zygote_conn = conn
-        self._zygote_spawn_id = request_id
         weakref.finalize(self, os.close, pidfd)
-        self._child_created = True
 
     # --- waiting ----------------------------------------------------------
 
@@ -403,7 +416,7 @@ def run_with(
         if kwargs.get("stdout") is not None or kwargs.get("stderr") is not None:
             raise ValueError("stdout and stderr arguments may not be used with capture_output.")
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
-    with factory(args, **kwargs) as process:
+    with factory(args, _zygote_defer=True, **kwargs) as process:
         try:
             out, err = process.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:

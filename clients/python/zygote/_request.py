@@ -378,6 +378,7 @@ def build_spawn(
             "report_stops": False,
             "cgroup": cgroup_spec,
             **own_attributes(),
+            "defer_spawned": False,
         }
     }
     return message, attached

@@ -86,6 +86,8 @@ _SPAWN = _struct(
     ("cpu_affinity", _list("u32")),
     ("oom_score_adj", _opt("i32")),
     ("large_args", _opt("u32")),
+    # Spawned only for a child still running ~10 ms after exec.
+    ("defer_spawned", "bool"),
 )
 
 CLIENT_MESSAGE: Schema = _enum(
@@ -171,6 +173,7 @@ SERVER_MESSAGE: Schema = _enum(
                     )
                 ),
             ),
+            ("pid", "i32"),
         ),
     ),
     (
@@ -491,6 +494,7 @@ def encode_spawn(body: Dict[str, Any]) -> bytes:
     add(b"\x00" if adj is None else b"\x01" + _zig(adj))
     large = body.get("large_args")
     add(b"\x00" if large is None else b"\x01" + _uvar(large))
+    add(b"\x01" if body.get("defer_spawned") else b"\x00")
     return b"".join(parts)
 
 

@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -383,6 +384,7 @@ impl SpawnTask {
         }
         // A queued request holds no more than its reply from here on.
         let report_stops = request.report_stops;
+        let defer_spawned = request.defer_spawned;
         let cgroup_spec = request.cgroup.take();
         let cwd = request.cwd.take();
         drop(request);
@@ -496,8 +498,12 @@ impl SpawnTask {
         }
         let mut fds: Vec<BorrowedFd<'_>> = vec![pidfd.get_ref().as_fd()];
         fds.extend(prepared.client_ends.iter().map(AsFd::as_fd));
-        self.reply(&ServerMessage::Spawned(Spawned { id, pid }), &fds)
-            .await;
+        // Deferred: `watch` sends it if the child outlives the delay.
+        let deferred = defer_spawned.then(|| Instant::now() + DEFERRED_SPAWNED_AFTER);
+        if deferred.is_none() {
+            self.reply(&ServerMessage::Spawned(Spawned { id, pid }), &fds)
+                .await;
+        }
         let latency = self.received_at.elapsed();
         self.daemon
             .metrics
@@ -523,6 +529,7 @@ impl SpawnTask {
             report_stops,
             leads_own_group: prepared.leads_own_group,
             exited: None,
+            deferred,
         };
         self.watch(watched, Some(slot), active).await;
         Ok(())
@@ -541,12 +548,22 @@ impl SpawnTask {
             report_stops,
             leads_own_group,
             exited,
+            deferred,
         } = watched;
         let peer_uid = self.connection.peer.uid;
+        let pending = AtomicBool::new(deferred.is_some());
         let exit = match (exited, pidfd) {
             (Some(exited), _) => Ok((exited.status, exited.usage, exited.timed_out)),
             (None, None) => Err(std::io::Error::from_raw_os_error(libc::ECHILD)),
             (None, Some(pidfd)) => loop {
+                let pidfd_ref = &pidfd;
+                let pending_ref = &pending;
+                let due = async {
+                    if let Some(at) = deferred.filter(|_| pending.load(Ordering::Relaxed)) {
+                        tokio::time::sleep_until(at.into()).await;
+                        self.send_deferred(&pending, id, pid, &pidfd).await;
+                    }
+                };
                 let stops = async {
                     if !report_stops {
                         return std::future::pending().await;
@@ -561,7 +578,11 @@ impl SpawnTask {
                                 ServerMessage::Continued(ContinueNotice { id })
                             }
                         };
-                        async move { self.reply(&message, &[]).await }
+                        async move {
+                            // `Spawned` comes before any stop notice.
+                            self.send_deferred(pending_ref, id, pid, pidfd_ref).await;
+                            self.reply(&message, &[]).await;
+                        }
                     })
                     .await;
                 };
@@ -572,15 +593,19 @@ impl SpawnTask {
                     (exit, timed_out) = wait_with_timeout(&pidfd, pid, timer.as_deref(), leads_own_group, peer_uid, cgroup.as_deref()) => {
                         break exit.map(|(status, usage)| (status, usage, timed_out));
                     }
-                    () = stops => unreachable!("following stops never ends"),
+                    _ = async { tokio::join!(due, stops) } => unreachable!("following stops never ends"),
                     () = self.abandoned() => {
                         debug!(pid, "leaving a child to the system's reaper: the daemon is stopping and its client has left");
                         self.connection.lock().children.remove(&id);
                         return;
                     }
                     // Nothing was reaped or signalled since the last look:
-                    // the saved state is exact.
-                    () = active.requested() => active.park().await,
+                    // the saved state is exact. A deferred `Spawned` goes
+                    // out first: the saved state has no room for it.
+                    () = active.requested() => {
+                        self.send_deferred(&pending, id, pid, &pidfd).await;
+                        active.park().await;
+                    }
                 }
             },
         };
@@ -612,6 +637,7 @@ impl SpawnTask {
                     usage,
                     timed_out,
                     tree,
+                    pid,
                 };
                 self.finish(id, &ServerMessage::Exited(notice)).await;
                 if let Some(cgroup) = cgroup {
@@ -753,6 +779,23 @@ impl SpawnTask {
         self.release_answer_slot();
     }
 
+    /// Sends the `Spawned` of a deferred spawn, unless it was sent already
+    /// or the spawn was not deferred.
+    async fn send_deferred(
+        &self,
+        pending: &AtomicBool,
+        id: u64,
+        pid: i32,
+        pidfd: &AsyncFd<OwnedFd>,
+    ) {
+        if pending.swap(false, Ordering::Relaxed) {
+            debug!(pid, "child still running: sending its deferred Spawned");
+            let fds = [pidfd.get_ref().as_fd()];
+            self.reply(&ServerMessage::Spawned(Spawned { id, pid }), &fds)
+                .await;
+        }
+    }
+
     fn release_answer_slot(&self) {
         self.answer_slot
             .lock()
@@ -760,6 +803,9 @@ impl SpawnTask {
             .take();
     }
 }
+
+/// How long a `defer_spawned` child must run before its `Spawned` is sent.
+const DEFERRED_SPAWNED_AFTER: Duration = Duration::from_millis(10);
 
 /// How long a stopping daemon lets a spawn in flight reach exec before it
 /// kills the child: a child its peer stopped must not hold the stop up.
@@ -884,6 +930,8 @@ struct Watched {
     report_stops: bool,
     leads_own_group: bool,
     exited: Option<SavedExit>,
+    /// When to send a deferred `Spawned`, if the child still runs.
+    deferred: Option<Instant>,
 }
 
 /// Takes over a child an earlier image of this daemon started: tracks it
@@ -959,6 +1007,7 @@ pub fn resume(
         report_stops: saved.report_stops,
         leads_own_group: saved.leads_own_group,
         exited: saved.exited,
+        deferred: None,
     };
     tokio::spawn(async move {
         let mut active = active;

@@ -115,6 +115,7 @@ pub fn prepare(
     if request.program.is_empty() {
         return Err(Refusal::invalid("program is empty"));
     }
+    check_deferral(request)?;
     let mut fds = FdTable::new(attached);
     let large = match request.large_args {
         Some(index) => {
@@ -284,6 +285,27 @@ fn leads_own_group(request: &SpawnRequest) -> bool {
 struct Terminal {
     master: OwnedFd,
     slave: OwnedFd,
+}
+
+/// A deferred `Spawned` may never be sent: nothing the client needs may
+/// travel in it but the pidfd.
+fn check_deferral(request: &SpawnRequest) -> Result<(), Refusal> {
+    if !request.defer_spawned {
+        return Ok(());
+    }
+    if request.pty.is_some() {
+        return Err(Refusal::invalid(
+            "defer_spawned with a pty: the terminal's master only travels in Spawned",
+        ));
+    }
+    let stdio = [request.stdin, request.stdout, request.stderr];
+    if stdio.contains(&StdioSpec::Pipe) {
+        return Err(Refusal::invalid(
+            "defer_spawned with a Pipe stdio: the pipe's client end only travels in Spawned; \
+             attach a pipe of your own as Fd instead",
+        ));
+    }
+    Ok(())
 }
 
 /// Opens a pseudo-terminal of the requested size, both ends close-on-exec
@@ -928,6 +950,31 @@ mod tests {
         let refused = refusal(&request, vec![]);
         assert_eq!(refused.errno, Errno::INVAL);
         assert!(refused.message.contains("Null"), "{}", refused.message);
+    }
+
+    #[test]
+    fn deferral_refuses_pipes_and_ptys() {
+        let mut request = request();
+        request.defer_spawned = true;
+        prepare(&request, vec![]).expect("deferral with Null stdio is valid");
+        request.stderr = StdioSpec::Pipe;
+        let refused = refusal(&request, vec![]);
+        assert_eq!(
+            (refused.stage, refused.errno),
+            (SpawnStage::Validate, Errno::INVAL)
+        );
+        assert!(
+            refused.message.contains("defer_spawned"),
+            "{}",
+            refused.message
+        );
+        request.stderr = StdioSpec::Null;
+        request.pty = Some(PtySpec {
+            window: zygote_proto::WindowSize { rows: 7, cols: 9 },
+        });
+        let refused = refusal(&request, vec![]);
+        assert_eq!(refused.errno, Errno::INVAL);
+        assert!(refused.message.contains("pty"), "{}", refused.message);
     }
 
     #[test]
