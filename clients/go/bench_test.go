@@ -81,7 +81,7 @@ func BenchmarkBuildRequest(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		cmd := c.Command("/bin/true")
-		req, _, _, _, err := cmd.build()
+		req, _, _, _, err := cmd.build(true)
 		if err != nil {
 			b.Fatal(err)
 		}

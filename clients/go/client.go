@@ -169,11 +169,12 @@ const (
 // pending is one request awaiting replies. Its fields are guarded by its
 // connection's mu.
 type pending struct {
-	spawn   bool
-	first   reply         // the first reply; first.msg is nil until it arrives
-	exit    *exitNotice   // spawns only: the Exited notice
-	wake    chan struct{} // capacity 1: sent to when it leaves waiters; made when it first parks
-	waitIdx int           // its index in waiters, -1 when not parked
+	spawn    bool
+	deferred bool          // a spawn with defer_spawned: Exited may be its first reply
+	first    reply         // the first reply; first.msg is nil until it arrives
+	exit     *exitNotice   // spawns only: the Exited notice
+	wake     chan struct{} // capacity 1: sent to when it leaves waiters; made when it first parks
+	waitIdx  int           // its index in waiters, -1 when not parked
 }
 
 func newPending(spawn bool) *pending {
@@ -720,14 +721,17 @@ func (c *connection) dispatchLocked(m *serverMessage, fds []int) error {
 	}
 	switch {
 	case m.Exited != nil:
-		// A spawn whose first reply is Exited (no Spawned for a short
-		// child) would file it here as both p.first and p.exit.
-		if !p.spawn || !hasFirst(p) {
+		// A deferred spawn whose child ended within the window gets no
+		// Spawned: its Exited is both its first reply and its exit.
+		if !p.spawn || (!hasFirst(p) && !p.deferred) {
 			closeFds(fds)
 			return &ProtocolError{Expected: "Exited only for a spawned child", Got: fmt.Sprintf("Exited for request %d", id)}
 		}
 		closeFds(fds)
 		delete(c.pending, id)
+		if !hasFirst(p) {
+			p.first = reply{msg: m}
+		}
 		p.exit = m.Exited
 	case hasFirst(p):
 		closeFds(fds)
@@ -745,10 +749,12 @@ func (c *connection) dispatchLocked(m *serverMessage, fds []int) error {
 }
 
 // register reserves an id for a request and its replies on the live
-// connection, reconnecting first if need be.
-func (c *Client) register(spawn bool) (*connection, uint64, *pending, error) {
+// connection, reconnecting first if need be. deferred marks a spawn with
+// defer_spawned.
+func (c *Client) register(spawn, deferred bool) (*connection, uint64, *pending, error) {
 	id := c.nextID.Add(1)
 	p := newPending(spawn)
+	p.deferred = deferred
 	for attempt := 0; ; attempt++ {
 		conn, err := c.connection()
 		if err != nil {
@@ -775,9 +781,9 @@ func (c *Client) register(spawn bool) (*connection, uint64, *pending, error) {
 // replies on. A send that finds the daemon just gone (its reader has not
 // seen the end yet) is retried once on a new connection: nothing of it
 // reached the daemon.
-func (c *Client) request(spawn bool, build func(id uint64) *clientMessage, fds []int) (*connection, *pending, error) {
+func (c *Client) request(spawn, deferred bool, build func(id uint64) *clientMessage, fds []int) (*connection, *pending, error) {
 	for attempt := 0; ; attempt++ {
-		conn, id, p, err := c.register(spawn)
+		conn, id, p, err := c.register(spawn, deferred)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -789,7 +795,10 @@ func (c *Client) request(spawn bool, build func(id uint64) *clientMessage, fds [
 			return conn, p, nil
 		}
 		conn.unregister(id)
-		if attempt > 0 || c.path == "" || !peerGone(err) {
+		// A send that found the connection already finished (another
+		// goroutine saw the daemon's end first) is retried the same way.
+		lost := peerGone(err) || errors.Is(err, net.ErrClosed) && conn.finished() && !c.closed.Load()
+		if attempt > 0 || c.path == "" || !lost {
 			return nil, nil, err
 		}
 		// Read the daemon's end (and what it sent before), unless a
@@ -841,7 +850,7 @@ func (c *connection) await(p *pending) (reply, error) {
 // roundTrip sends a request without fds on the live connection and
 // returns its one reply.
 func (c *Client) roundTrip(build func(id uint64) *clientMessage) (*serverMessage, error) {
-	conn, p, err := c.request(false, build, nil)
+	conn, p, err := c.request(false, false, build, nil)
 	if err != nil {
 		return nil, err
 	}

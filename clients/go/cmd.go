@@ -429,11 +429,25 @@ func (a *attachment) add(f *os.File) (uint32, error) {
 }
 
 // Run starts the command and waits for it.
+//
+// Unlike Start, Run asks the daemon to defer the child's pidfd: a child
+// that ends within about 10 ms is reported by its exit notice alone,
+// which saves a message and an fd per spawn. Until the child is known,
+// Process.Pid is 0 and Process.Signal (and so Cancel and WaitDelay) goes
+// through the daemon by spawn id. A daemon lost before that has no pidfd
+// to recover the exit status from: Run then returns a *ConnectionError.
+// Output and CombinedOutput defer in the same way.
 func (c *Cmd) Run() error {
-	if err := c.Start(); err != nil {
+	if err := c.start(true); err != nil {
 		return err
 	}
-	return c.Wait()
+	err := c.Wait()
+	if p := c.Process; p.startErr != nil {
+		// The daemon refused or failed the spawn: no child was left.
+		c.Process = nil
+		return p.startErr
+	}
+	return err
 }
 
 // Output runs the command and returns its stdout. An *ExitError carries
@@ -527,12 +541,21 @@ func (w *prefixSuffixSaver) Bytes() []byte {
 type stream struct {
 	spec   stdioSpec
 	piped  bool                            // the daemon returns our end
+	local  *os.File                        // or our end of a pipe made here
 	bridge func(end *os.File) func() error // the copying goroutine for a pipe
 }
 
 // Start starts the command and returns once the child has exec'd (or
 // failed to). Wait must be called to release its resources.
-func (c *Cmd) Start() (err error) {
+func (c *Cmd) Start() error {
+	return c.start(false)
+}
+
+// start starts the command. With deferred (Run), the request asks for
+// defer_spawned and start returns once it is sent: Wait receives the
+// first reply (see Process.adopt). Deferral forbids pipes made by the
+// daemon, so build makes them here.
+func (c *Cmd) start(deferred bool) (err error) {
 	if c.client == nil {
 		return errors.New("zygote: Cmd was not made by a Client")
 	}
@@ -565,16 +588,17 @@ func (c *Cmd) Start() (err error) {
 	if c.Path == "" {
 		return errors.New("zygote: no program to run (Path is empty)")
 	}
-	req, att, streams, localPipe, err := c.build()
+	req, att, streams, localPipe, err := c.build(deferred)
 	if err != nil {
 		return err
 	}
+	req.DeferSpawned = deferred
 	if localPipe != nil {
 		c.childFiles = append(c.childFiles, localPipe[1])
 	}
 
 	cl := c.client
-	conn, p, err := cl.request(true, func(id uint64) *clientMessage {
+	conn, p, err := cl.request(true, deferred, func(id uint64) *clientMessage {
 		req.ID = id
 		return &clientMessage{Spawn: req}
 	}, att.fds)
@@ -587,6 +611,20 @@ func (c *Cmd) Start() (err error) {
 		return err
 	}
 	id := req.ID
+	killTree := c.Zygote.Cgroup != nil && c.Zygote.Cgroup.KillTree
+	if deferred {
+		// The frame in flight holds the daemon's copies of the fds.
+		closeFiles(c.childFiles)
+		c.childFiles = nil
+		c.Process = &Process{client: cl, conn: conn, spawnID: id, pending: p, pidfd: -1,
+			deferred: true, program: c.Path, killTree: killTree}
+		if localPipe != nil {
+			c.parentIO = append(c.parentIO, localPipe[0])
+			c.goroutines = append(c.goroutines, copyOut(c.Stdout, localPipe[0]))
+		}
+		c.startIO(streams, nil)
+		return nil
+	}
 	r, err := conn.await(p)
 	// The daemon has its copies (or is done with them): ours can go.
 	closeFiles(c.childFiles)
@@ -625,20 +663,30 @@ func (c *Cmd) Start() (err error) {
 	}
 
 	c.Process = &Process{Pid: int(m.Spawned.Pid), client: cl, conn: conn, spawnID: id, pending: p, pidfd: r.fds[0],
-		killTree: c.Zygote.Cgroup != nil && c.Zygote.Cgroup.KillTree}
-	ends := r.fds[1:]
-	for _, s := range streams {
-		if !s.piped {
-			continue
-		}
-		end := pipeEnd(ends[0])
-		ends = ends[1:]
-		c.parentIO = append(c.parentIO, end)
-		c.goroutines = append(c.goroutines, s.bridge(end))
-	}
+		program: c.Path, killTree: killTree}
 	if localPipe != nil {
 		c.parentIO = append(c.parentIO, localPipe[0])
 		c.goroutines = append(c.goroutines, copyOut(c.Stdout, localPipe[0]))
+	}
+	c.startIO(streams, r.fds[1:])
+	return nil
+}
+
+// startIO starts the copying goroutines, on the pipe ends the daemon
+// returned (ends, in stream order) or that build made, and the context's
+// watcher.
+func (c *Cmd) startIO(streams [3]stream, ends []int) {
+	for _, s := range streams {
+		switch {
+		case s.piped:
+			end := pipeEnd(ends[0])
+			ends = ends[1:]
+			c.parentIO = append(c.parentIO, end)
+			c.goroutines = append(c.goroutines, s.bridge(end))
+		case s.local != nil:
+			// Already in parentIO, from build.
+			c.goroutines = append(c.goroutines, s.bridge(s.local))
+		}
 	}
 	if len(c.goroutines) > 0 {
 		c.goErr = make(chan error, 1)
@@ -663,7 +711,6 @@ func (c *Cmd) Start() (err error) {
 		c.ctxResult = make(chan ctxResult, 1)
 		go c.watchCtx()
 	}
-	return nil
 }
 
 func firstErr(errs []error) error {
@@ -682,7 +729,7 @@ func closeAll(cs []io.Closer) {
 }
 
 // build turns the Cmd into a request, the fds to attach and the stdio plan.
-func (c *Cmd) build() (*spawnRequest, *attachment, [3]stream, *[2]*os.File, error) {
+func (c *Cmd) build(deferred bool) (*spawnRequest, *attachment, [3]stream, *[2]*os.File, error) {
 	var streams [3]stream
 	att := &attachment{}
 	fail := func(err error) (*spawnRequest, *attachment, [3]stream, *[2]*os.File, error) {
@@ -731,6 +778,11 @@ func (c *Cmd) build() (*spawnRequest, *attachment, [3]stream, *[2]*os.File, erro
 		streams[0] = stream{spec: stdioSpec{Kind: stdioPipe}, piped: true, bridge: func(end *os.File) func() error {
 			return copyIn(end, in)
 		}}
+		if deferred {
+			if err := c.localPipe(&streams[0], att, true); err != nil {
+				return fail(err)
+			}
+		}
 	}
 	// Stdout and stderr; one writer for both shares one pipe, as in os/exec.
 	var localPipe *[2]*os.File
@@ -764,6 +816,12 @@ func (c *Cmd) build() (*spawnRequest, *attachment, [3]stream, *[2]*os.File, erro
 			*s = stream{spec: stdioSpec{Kind: stdioPipe}, piped: true, bridge: func(end *os.File) func() error {
 				return copyOut(out, end)
 			}}
+			// (For stdout shared with stderr, the next turn makes one pipe.)
+			if deferred && !(i == 0 && interfaceEqual(c.Stderr, c.Stdout)) {
+				if err := c.localPipe(s, att, false); err != nil {
+					return fail(err)
+				}
+			}
 		}
 	}
 	req.Stdin, req.Stdout, req.Stderr = streams[0].spec, streams[1].spec, streams[2].spec
@@ -812,6 +870,30 @@ func (c *Cmd) build() (*spawnRequest, *attachment, [3]stream, *[2]*os.File, erro
 		req.Cgroup = o.Cgroup.spec()
 	}
 	return req, att, streams, localPipe, nil
+}
+
+// localPipe turns a piped stream into a pipe made here, for a request
+// with defer_spawned, which may not ask the daemon for pipes: the child's
+// end is attached (and closed once sent), ours is bridged, and Wait
+// closes it after the child exits. stdin says which end is the child's.
+func (c *Cmd) localPipe(s *stream, att *attachment, stdin bool) error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	child, ours := w, r
+	if stdin {
+		child, ours = r, w
+	}
+	c.childFiles = append(c.childFiles, child)
+	c.parentIO = append(c.parentIO, ours)
+	idx, err := att.add(child)
+	if err != nil {
+		return err
+	}
+	s.spec = stdioSpec{Kind: stdioFd, Fd: idx}
+	s.piped, s.local = false, ours
+	return nil
 }
 
 // interfaceEqual is a == b without panicking on uncomparable dynamic types.
@@ -907,7 +989,10 @@ func (c *Cmd) Wait() error {
 	c.waited = true
 
 	state, err := c.Process.Wait()
-	if err != nil {
+	if err != nil && c.Process.Pid == 0 {
+		// A deferred spawn lost before its child was known (see Run).
+		err = fmt.Errorf("zygote: waiting for %s: %w", c.Path, err)
+	} else if err != nil {
 		err = fmt.Errorf("zygote: waiting for %s (pid %d): %w", c.Path, c.Process.Pid, err)
 	}
 	if state != nil {

@@ -19,19 +19,23 @@ const sysPidfdSendSignal = 424
 // is its parent: it is signalled through its pidfd, and its exit status
 // arrives from the daemon (see Wait).
 type Process struct {
-	// Pid is the child's pid in the daemon's pid namespace.
+	// Pid is the child's pid in the daemon's pid namespace. Within Run
+	// it is 0 until the daemon has reported the child (see Cmd.Run).
 	Pid int
 
 	client   *Client
 	conn     *connection // the connection it was spawned on
 	spawnID  uint64
 	pending  *pending // its request, which receives the Exited notice
+	program  string   // for a StartError that comes to a deferred spawn
 	killTree bool     // SIGKILL is the daemon's cgroup.kill
+	startErr error    // a deferred spawn failed: there was no child
 
 	// mu guards pidfd: held shared while it is used, exclusively to
 	// close it, so that a signal never goes to a reused fd number.
 	mu       sync.RWMutex
-	pidfd    int // -1 once Wait has returned or Release was called
+	pidfd    int  // -1 once Wait has returned or Release was called
+	deferred bool // the spawn asked for defer_spawned and adopt has not run
 	released bool
 
 	waitOnce  sync.Once
@@ -63,6 +67,9 @@ func (p *Process) Signal(sig os.Signal) error {
 	if !ok {
 		return fmt.Errorf("zygote: unsupported signal type %T", sig)
 	}
+	if err, done := p.signalDeferred(s); done {
+		return err
+	}
 	if s == syscall.SIGKILL && p.killTree && !p.conn.finished() {
 		p.mu.RLock()
 		live := p.pidfd >= 0
@@ -92,6 +99,99 @@ func (p *Process) Signal(sig os.Signal) error {
 	default:
 		return os.NewSyscallError("pidfd_send_signal", errno)
 	}
+}
+
+// signalDeferred signals a deferred spawn's child by spawn id while there
+// is no pidfd yet; done is false once there is (or the child's end is
+// known), for Signal to carry on. The daemon answers ESRCH both before
+// the child started and after it was reaped: the first reply tells them
+// apart (PROTOCOL.md §5.6).
+func (p *Process) signalDeferred(s syscall.Signal) (err error, done bool) {
+	pause := time.Millisecond
+	started := false
+	for {
+		p.mu.RLock()
+		deferred, released := p.deferred, p.released
+		p.mu.RUnlock()
+		switch {
+		case !deferred:
+			return nil, false
+		case released:
+			return errReleased, true
+		}
+		err := p.client.signal(p.conn, p.spawnID, s)
+		if !errors.Is(err, os.ErrProcessDone) {
+			return err, true
+		}
+		p.conn.mu.Lock()
+		first := p.pending.first.msg
+		p.conn.mu.Unlock()
+		switch {
+		case first == nil:
+			// Not started yet.
+			time.Sleep(pause)
+			pause = min(2*pause, 16*time.Millisecond)
+		case first.Spawned != nil && !started:
+			// Spawned may have been sent after the ESRCH: the child
+			// is known to the daemon now, so once more by id.
+			started = true
+		default:
+			// Exited, SpawnFailed, or reaped after its Spawned.
+			return os.ErrProcessDone, true
+		}
+	}
+}
+
+// adopt receives a deferred spawn's first reply: Spawned (the pidfd),
+// Exited alone (a child that ended within the window) or SpawnFailed
+// (kept in startErr for Run). Wait calls it; an error ends the wait.
+func (p *Process) adopt() error {
+	if lost := p.conn.wait(p.pending, hasFirst); lost != nil {
+		if errors.Is(lost, ErrClosed) {
+			return lost
+		}
+		return &ConnectionError{Reason: fmt.Sprintf("%s; the exit status of %s is lost: Run asked the daemon to defer the child's pidfd, and it was lost before the child was reported, so there is no pidfd to read the status from", lostReason(lost), p.program)}
+	}
+	// Written under the connection's lock before wait saw it.
+	r := p.pending.first
+	m := r.msg
+	switch {
+	case m.Exited != nil:
+		closeFds(r.fds)
+		p.Pid = int(m.Exited.Pid)
+		p.setAdopted(-1)
+	case m.Spawned != nil && len(r.fds) == 1:
+		p.Pid = int(m.Spawned.Pid)
+		p.setAdopted(r.fds[0])
+	case m.SpawnFailed != nil:
+		closeFds(r.fds)
+		f := m.SpawnFailed
+		p.startErr = &StartError{Program: p.program, Stage: f.Stage.String(), Errno: syscall.Errno(f.Errno), Message: f.Message}
+		p.setAdopted(-1)
+		return p.startErr
+	default:
+		closeFds(r.fds)
+		got := m.name()
+		if m.Spawned != nil {
+			got = fmt.Sprintf("Spawned with %d fds", len(r.fds))
+		}
+		p.setAdopted(-1)
+		return &ProtocolError{Expected: "Spawned with 1 fd, Exited or SpawnFailed", Got: got}
+	}
+	return nil
+}
+
+// setAdopted ends the deferral with the pidfd (-1: none), closing it if
+// Release came first.
+func (p *Process) setAdopted(pidfd int) {
+	p.mu.Lock()
+	p.deferred = false
+	if p.released && pidfd >= 0 {
+		rawClose(pidfd)
+		pidfd = -1
+	}
+	p.pidfd = pidfd
+	p.mu.Unlock()
 }
 
 // Kill sends SIGKILL to the child.
@@ -129,6 +229,14 @@ func (p *Process) Wait() (*ProcessState, error) {
 }
 
 func (p *Process) wait() (*ProcessState, error) {
+	p.mu.RLock()
+	deferred := p.deferred
+	p.mu.RUnlock()
+	if deferred {
+		if err := p.adopt(); err != nil {
+			return nil, err
+		}
+	}
 	lost := p.conn.wait(p.pending, hasExit)
 	if lost == nil {
 		return newProcessState(p.Pid, p.pending.exit), nil
