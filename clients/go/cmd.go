@@ -732,7 +732,14 @@ func closeAll(cs []io.Closer) {
 func (c *Cmd) build(deferred bool) (*spawnRequest, *attachment, [3]stream, *[2]*os.File, error) {
 	var streams [3]stream
 	att := &attachment{}
+	// The pipe stdout and stderr share, once made; nobody else closes it
+	// when building fails after that.
+	var localPipe *[2]*os.File
 	fail := func(err error) (*spawnRequest, *attachment, [3]stream, *[2]*os.File, error) {
+		if localPipe != nil {
+			localPipe[0].Close()
+			localPipe[1].Close()
+		}
 		return nil, nil, streams, nil, err
 	}
 	argv := c.argv()
@@ -785,7 +792,6 @@ func (c *Cmd) build(deferred bool) (*spawnRequest, *attachment, [3]stream, *[2]*
 		}
 	}
 	// Stdout and stderr; one writer for both shares one pipe, as in os/exec.
-	var localPipe *[2]*os.File
 	for i, w := range []io.Writer{c.Stdout, c.Stderr} {
 		s := &streams[i+1]
 		switch out := w.(type) {
@@ -805,8 +811,6 @@ func (c *Cmd) build(deferred bool) (*spawnRequest, *attachment, [3]stream, *[2]*
 				localPipe = &[2]*os.File{r, pw}
 				idx, err := att.add(pw)
 				if err != nil {
-					r.Close()
-					pw.Close()
 					return fail(err)
 				}
 				streams[1] = stream{spec: stdioSpec{Kind: stdioFd, Fd: idx}}

@@ -616,3 +616,27 @@ func TestLaunchPrivate(t *testing.T) {
 		t.Errorf("the private zygote %d did not exit after Close", pid)
 	}
 }
+
+// A Cmd that fails to build after making the pipe stdout and stderr
+// share (a closed file in ExtraFiles) leaves no fd behind.
+func TestBuildFailureClosesSharedOutputPipe(t *testing.T) {
+	c := dial(t)
+	closed, err := os.Open("/dev/null")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	before := fdCount(t)
+	for range 5 {
+		cmd := c.Command("true")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		cmd.ExtraFiles = []*os.File{closed}
+		if err := cmd.Run(); err == nil || !errors.Is(err, os.ErrClosed) {
+			t.Fatalf("Run with a closed ExtraFile: %v", err)
+		}
+	}
+	if after := fdCount(t); after != before {
+		t.Errorf("fds: %d before, %d after five failed builds", before, after)
+	}
+}
