@@ -538,6 +538,41 @@ mod tests {
         assert!(text.contains("zygote_protocol_errors_total{reason=\"busy\"} 0"));
     }
 
+    /// The handles resolved once count into the exported series, per uid,
+    /// together with what an earlier image's counters add.
+    #[test]
+    fn cached_handles_count_into_the_exported_series() {
+        let metrics = Metrics::new();
+        for _ in 0..3 {
+            metrics.spawn_done(SpawnResult::Ok, Duration::from_micros(100), 1000);
+        }
+        metrics.spawn_done(SpawnResult::Refused, Duration::from_micros(100), 1000);
+        metrics.spawn_done(SpawnResult::Ok, Duration::from_micros(100), 0);
+        metrics.child_reaped(Some(&ExitStatus::Signaled {
+            signal: libc::SIGKILL,
+            core_dumped: false,
+        }));
+        let saved = metrics.counters();
+        let next = Metrics::new();
+        next.restore_counters(&saved);
+        next.spawn_done(SpawnResult::Ok, Duration::from_micros(100), 1000);
+        let text = next.render();
+        let ok_1000 = "zygote_peer_spawns_total{result=\"ok\",uid=\"1000\"}";
+        assert_eq!(sample(&text, ok_1000), 4.0);
+        let refused_1000 = "zygote_peer_spawns_total{result=\"refused\",uid=\"1000\"}";
+        assert_eq!(sample(&text, refused_1000), 1.0);
+        assert_eq!(
+            sample(&text, "zygote_peer_spawns_total{result=\"ok\",uid=\"0\"}"),
+            1.0
+        );
+        assert_eq!(next.spawns(SpawnResult::Ok), 5);
+        assert_eq!(next.spawns(SpawnResult::Refused), 1);
+        assert_eq!(
+            sample(&text, "zygote_child_exits_total{kind=\"signaled\"}"),
+            1.0
+        );
+    }
+
     /// The value of the sample line `series` in `text`.
     fn sample(text: &str, series: &str) -> f64 {
         text.lines()
