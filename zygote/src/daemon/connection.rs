@@ -1,10 +1,9 @@
 //! One client's conversation: identify the peer, handshake, then
 //! requests until it leaves.
 //!
-//! Each spawn starts on the connection's task and, once it has to wait
-//! (after the `Spawned` reply, on the vfork path), goes on in a task of
-//! its own (`lifetime`) that reaps the child and sends its exit notice.
-//! That task holds the socket only weakly: a client that leaves closes its connection at once,
+//! Each spawn runs in a task of its own (`lifetime`), which after replying
+//! stays to reap the child and send its exit notice. That task holds the
+//! socket only weakly: a client that leaves closes its connection at once,
 //! and its children are still reaped.
 //!
 //! When the daemon stops, a connection refuses new spawns, keeps answering
@@ -14,7 +13,6 @@
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::Poll;
 use std::time::Instant;
 
 use tokio::sync::{Notify, Semaphore, watch};
@@ -499,20 +497,9 @@ async fn dispatch(
                 _permit: permit,
                 answer_slot: Mutex::new(Some(answer_slot)),
             };
-            // The spawn runs here, on the connection's task, up to its
-            // first wait: on the vfork path through the clone and the
-            // `Spawned` reply, with no hop to another task and before this
-            // loop reads the socket again. What is left (the wait for the
-            // exit, and on the fork path the wait for exec, or a reply
-            // waiting for room) goes on in a task of its own, so that
-            // concurrent requests on one connection do not queue behind
-            // each other. Its first poll there hands every wait the new
-            // task's waker.
-            let mut spawn = Box::pin(task.run(request, frame.fds, active.share()));
-            let first = std::future::poll_fn(|cx| Poll::Ready(spawn.as_mut().poll(cx))).await;
-            if first.is_pending() {
-                tokio::spawn(spawn);
-            }
+            // A task per spawn, so that concurrent requests on one
+            // connection do not queue behind each other's exec.
+            tokio::spawn(task.run(request, frame.fds, active.share()));
             Ok(())
         }
         ClientMessage::Signal(request) => {
