@@ -1,6 +1,8 @@
 //! The daemon's counters, kept once as Prometheus metrics: `/metrics`
 //! exports them and the `Status` reply reads the same values.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use prometheus::core::{Collector, Desc};
@@ -40,6 +42,12 @@ pub enum SpawnResult {
 }
 
 impl SpawnResult {
+    const ALL: [Self; 3] = [Self::Ok, Self::Failed, Self::Refused];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
     fn label(self) -> &'static str {
         match self {
             Self::Ok => "ok",
@@ -67,6 +75,13 @@ pub struct Metrics {
     protocol_errors: IntCounterVec,
     oom_kills: IntCounterVec,
     tree_kills: IntCounterVec,
+    /// Handles resolved once: a label lookup hashes its strings and takes
+    /// the vector's lock, on every spawn otherwise.
+    spawns_by_result: [IntCounter; 3],
+    exits_by_kind: [IntCounter; 2],
+    /// `peer_spawns` by uid then result, filled on a uid's first spawn.
+    /// As few entries as the vector has series (the policy bounds them).
+    peer_spawns_by_uid: Arc<Mutex<HashMap<u32, [IntCounter; 3]>>>,
 }
 
 impl Metrics {
@@ -159,12 +174,10 @@ impl Metrics {
             &["uid"],
         )
         .expect("valid counter");
-        for result in [SpawnResult::Ok, SpawnResult::Failed, SpawnResult::Refused] {
-            spawns.with_label_values(&[result.label()]);
-        }
-        for kind in ["exited", "signaled"] {
-            child_exits.with_label_values(&[kind]);
-        }
+        let spawns_by_result =
+            SpawnResult::ALL.map(|result| spawns.with_label_values(&[result.label()]));
+        let exits_by_kind =
+            ["exited", "signaled"].map(|kind| child_exits.with_label_values(&[kind]));
         // Every reason's series exists from the start, at 0, rather than
         // appearing on the first error.
         for kind in ProtocolErrorKind::ALL {
@@ -215,6 +228,9 @@ impl Metrics {
             protocol_errors,
             oom_kills,
             tree_kills,
+            spawns_by_result,
+            exits_by_kind,
+            peer_spawns_by_uid: Arc::default(),
         }
     }
 
@@ -235,11 +251,26 @@ impl Metrics {
     /// Records a spawn's outcome, its latency (request to reply) and the
     /// peer's uid.
     pub fn spawn_done(&self, result: SpawnResult, latency: Duration, peer_uid: u32) {
-        self.spawns.with_label_values(&[result.label()]).inc();
-        self.peer_spawns
-            .with_label_values(&[&peer_uid.to_string(), result.label()])
-            .inc();
+        self.spawns_by_result[result.index()].inc();
+        self.count_peer_spawn(peer_uid, result);
         self.spawn_duration.observe(latency.as_secs_f64());
+    }
+
+    /// Counts a spawn in the `peer_spawns` series of `uid` and `result`,
+    /// looked up by label only on the uid's first spawn.
+    fn count_peer_spawn(&self, uid: u32, result: SpawnResult) {
+        let mut by_uid = self
+            .peer_spawns_by_uid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let counters = by_uid.entry(uid).or_insert_with(|| {
+            let uid = uid.to_string();
+            SpawnResult::ALL.map(|result| {
+                self.peer_spawns
+                    .with_label_values(&[uid.as_str(), result.label()])
+            })
+        });
+        counters[result.index()].inc();
     }
 
     /// Records an `execve` failure.
@@ -258,11 +289,11 @@ impl Metrics {
     pub fn child_reaped(&self, status: Option<&ExitStatus>) {
         self.children_running.dec();
         let kind = match status {
-            Some(ExitStatus::Exited(_)) => "exited",
-            Some(ExitStatus::Signaled { .. }) => "signaled",
+            Some(ExitStatus::Exited(_)) => 0,
+            Some(ExitStatus::Signaled { .. }) => 1,
             None => return,
         };
-        self.child_exits.with_label_values(&[kind]).inc();
+        self.exits_by_kind[kind].inc();
     }
 
     /// A connection was accepted.
@@ -363,7 +394,7 @@ impl Metrics {
 
     /// Spawns with `result` since start.
     pub fn spawns(&self, result: SpawnResult) -> u64 {
-        self.spawns.with_label_values(&[result.label()]).get()
+        self.spawns_by_result[result.index()].get()
     }
 
     /// Every metric in Prometheus's text format (version 0.0.4).
@@ -505,6 +536,41 @@ mod tests {
         assert!(text.contains("zygote_spawn_duration_seconds_bucket{le=\"0.00005\"} 0"));
         assert!(text.contains("zygote_spawn_duration_seconds_bucket{le=\"0.00025\"} 1"));
         assert!(text.contains("zygote_protocol_errors_total{reason=\"busy\"} 0"));
+    }
+
+    /// The handles resolved once count into the exported series, per uid,
+    /// together with what an earlier image's counters add.
+    #[test]
+    fn cached_handles_count_into_the_exported_series() {
+        let metrics = Metrics::new();
+        for _ in 0..3 {
+            metrics.spawn_done(SpawnResult::Ok, Duration::from_micros(100), 1000);
+        }
+        metrics.spawn_done(SpawnResult::Refused, Duration::from_micros(100), 1000);
+        metrics.spawn_done(SpawnResult::Ok, Duration::from_micros(100), 0);
+        metrics.child_reaped(Some(&ExitStatus::Signaled {
+            signal: libc::SIGKILL,
+            core_dumped: false,
+        }));
+        let saved = metrics.counters();
+        let next = Metrics::new();
+        next.restore_counters(&saved);
+        next.spawn_done(SpawnResult::Ok, Duration::from_micros(100), 1000);
+        let text = next.render();
+        let ok_1000 = "zygote_peer_spawns_total{result=\"ok\",uid=\"1000\"}";
+        assert_eq!(sample(&text, ok_1000), 4.0);
+        let refused_1000 = "zygote_peer_spawns_total{result=\"refused\",uid=\"1000\"}";
+        assert_eq!(sample(&text, refused_1000), 1.0);
+        assert_eq!(
+            sample(&text, "zygote_peer_spawns_total{result=\"ok\",uid=\"0\"}"),
+            1.0
+        );
+        assert_eq!(next.spawns(SpawnResult::Ok), 5);
+        assert_eq!(next.spawns(SpawnResult::Refused), 1);
+        assert_eq!(
+            sample(&text, "zygote_child_exits_total{kind=\"signaled\"}"),
+            1.0
+        );
     }
 
     /// The value of the sample line `series` in `text`.
