@@ -71,6 +71,7 @@ fn client_process() {
         ),
         ["fault"] => fault(socket),
         ["other-uid"] => other_uid(socket),
+        ["closed-stdin"] => closed_stdin(socket),
         _ => panic!("unknown helper mode {mode}"),
     }
 }
@@ -220,4 +221,26 @@ fn other_uid(socket: &Path) {
         std::io::Read::read_to_string(&mut stdout, &mut out).expect("read child's stdout");
     }
     say(&format!("unset-rlimit {}", out.trim()));
+}
+
+/// Closes this process's fd 0, then runs a child with inherited stdin:
+/// the client assumes fds 0 to 2 open until a send fails, and must then
+/// retry with the closed one left out. Says what the child's stdin is.
+fn closed_stdin(socket: &Path) {
+    let client = zygote_client::blocking::Client::connect(socket).expect("connect");
+    // Nothing opens an fd between this and the spawn's send, so fd 0
+    // stays closed for it.
+    // SAFETY: fd 0 is this helper process's stdin, which nothing in it
+    // reads or holds as an owned fd; closing it is the point of the test.
+    unsafe { rustix::io::close(0) };
+    let output = zygote_client::blocking::Command::new(&client, "sh")
+        .args(["-c", "readlink /proc/self/fd/0 || echo closed"])
+        .stdin(Stdio::inherit())
+        .output()
+        .expect("spawn with fd 0 closed");
+    assert!(output.status.success(), "{}", output.status);
+    say(&format!(
+        "stdin {}",
+        String::from_utf8_lossy(&output.stdout).trim()
+    ));
 }

@@ -456,6 +456,17 @@ impl Command {
     /// asks the zygote to skip `Spawned` for a child that ends at once (the
     /// caller only wants the status).
     pub(crate) async fn start(&self, defaults: StdioDefaults, defer: bool) -> Result<Started> {
+        match self.start_once(defaults, defer).await {
+            // This process closed one of its fds 0 to 2: again, leaving
+            // the closed ones out.
+            Err(error) if crate::request::retry_with_checked_stdio(&error) => {
+                self.start_once(defaults, defer).await
+            }
+            done => done,
+        }
+    }
+
+    async fn start_once(&self, defaults: StdioDefaults, defer: bool) -> Result<Started> {
         // Reconnects first when the connection was lost, so that the
         // limits are the new zygote's.
         let session = self.client.session().await?;

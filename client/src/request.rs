@@ -8,6 +8,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rustix::fs::{MemfdFlags, SealFlags, fcntl_add_seals, memfd_create};
@@ -408,14 +409,32 @@ pub(crate) fn move_large_args(
     Ok(Some(memfd))
 }
 
-/// The calling process's fd 0, 1 or 2, when it is open.
+/// Set once a request failed because one of this process's fds 0 to 2
+/// was closed. Until then they are assumed open (std opens `/dev/null` in
+/// place of a closed one at start), which saves three `fcntl` per spawn;
+/// from then on each spawn checks them.
+static STDIO_MAY_BE_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// The calling process's fd 0, 1 or 2, when it is open (see
+/// [`STDIO_MAY_BE_CLOSED`]).
 fn own_stdio(stream: usize) -> Option<BorrowedFd<'static>> {
     let fd = match stream {
         0 => rustix::stdio::stdin(),
         1 => rustix::stdio::stdout(),
         _ => rustix::stdio::stderr(),
     };
+    if !STDIO_MAY_BE_CLOSED.load(Ordering::Relaxed) {
+        return Some(fd);
+    }
     rustix::io::fcntl_getfd(fd).ok().map(|_| fd)
+}
+
+/// Whether a request that failed with `error` should be prepared and sent
+/// again, checking this process's stdio this time: the first `EBADF`
+/// from sending. Every other fd a request attaches is owned, so only a
+/// closed fd 0 to 2 makes `sendmsg` fail so.
+pub(crate) fn retry_with_checked_stdio(error: &Error) -> bool {
+    error.raw_os_error() == Some(libc::EBADF) && !STDIO_MAY_BE_CLOSED.swap(true, Ordering::Relaxed)
 }
 
 fn bytes(what: &str, value: &OsStr) -> Result<Vec<u8>> {
