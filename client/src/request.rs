@@ -438,12 +438,18 @@ pub(crate) fn retry_with_checked_stdio(error: &Error) -> bool {
 }
 
 fn bytes(what: &str, value: &OsStr) -> Result<Vec<u8>> {
+    no_nul(what, value)?;
+    Ok(value.as_bytes().to_vec())
+}
+
+/// Checks without copying, for strings the request takes by value.
+fn no_nul(what: &str, value: &OsStr) -> Result<()> {
     if value.as_bytes().contains(&0) {
         return Err(Error::invalid(format!(
             "{what} {value:?} contains a NUL byte"
         )));
     }
-    Ok(value.as_bytes().to_vec())
+    Ok(())
 }
 
 fn env_var(key: OsString, value: OsString) -> Result<EnvVar> {
@@ -452,8 +458,8 @@ fn env_var(key: OsString, value: OsString) -> Result<EnvVar> {
             "environment variable name {key:?} is empty or contains '='"
         )));
     }
-    bytes("environment variable", &key)?;
-    bytes("environment value", &value)?;
+    no_nul("environment variable", &key)?;
+    no_nul("environment value", &value)?;
     Ok(EnvVar {
         key: key.into_vec(),
         value: value.into_vec(),
