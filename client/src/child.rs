@@ -143,7 +143,9 @@ impl ChildCore {
         }
         match self.exit.wait().await {
             Ok(notice) => Ok(self.finish(notice)),
-            Err(lost @ Error::ZygoteLost { .. }) => self.wait_lost(lost).await,
+            // Boxed: this rare path's future (a pidfd registration and a
+            // timer) would otherwise make every wait's as large.
+            Err(lost @ Error::ZygoteLost { .. }) => Box::pin(self.wait_lost(lost)).await,
             Err(error) => Err(error),
         }
     }

@@ -11,7 +11,7 @@ use zygote_proto::{CgroupSpec, CpuMax, KillOnClose, ProtocolErrorKind};
 
 use crate::child::{ChildCore, SpawnedParts, read_all};
 use crate::connection::SpawnReply;
-use crate::request::{Spec, StdioDefaults};
+use crate::request::{Prepared, Spec, StdioDefaults};
 use crate::stdio::StdioKind;
 use crate::transparent::Snapshot;
 use crate::{Child, Client, Error, ExitStatus, Output, Result, Stdio};
@@ -458,12 +458,12 @@ impl Command {
     pub(crate) async fn start(&self, defaults: StdioDefaults, defer: bool) -> Result<Started> {
         match self.start_once(defaults, defer).await {
             // This process closed one of its fds 0 to 2: again, leaving
-            // the closed ones out.
-            Err(error) if crate::request::retry_with_checked_stdio(&error) => {
-                self.start_once(defaults, defer).await
-            }
-            done => done,
+            // the closed ones out (after the match, so that the first
+            // attempt's result is not kept in this future).
+            Err(error) if crate::request::retry_with_checked_stdio(&error) => {}
+            done => return done,
         }
+        self.start_once(defaults, defer).await
     }
 
     async fn start_once(&self, defaults: StdioDefaults, defer: bool) -> Result<Started> {
@@ -472,18 +472,28 @@ impl Command {
         let session = self.client.session().await?;
         let settings = self.client.process_settings();
         let snapshot = Snapshot::capture(self.spec.inherit_fds, &settings)?;
-        let max_fds = session.limits().max_fds_per_frame as usize;
-        let mut prepared = self.spec.prepare(&snapshot, defaults, max_fds)?;
-        let frame_limit = session.limits().max_frame_bytes as usize;
         // Kept open until the request is sent.
-        let large_args = crate::request::move_large_args(&mut prepared.request, frame_limit)?;
-        if let Some(memfd) = &large_args {
-            prepared.attach(memfd.as_fd(), max_fds)?;
-        }
-        let piped = prepared.piped;
-        let deferred = defer && piped == [false; 3] && self.spec.pty.is_none();
-        prepared.request.defer_spawned = deferred;
-        let reply = session.spawn(prepared.request, &prepared.fds).await?;
+        let large_args;
+        // In a block, so that the prepared request is not kept in this
+        // future across the wait (the request is encoded before it).
+        let (request, attached, piped, deferred) = {
+            let max_fds = session.limits().max_fds_per_frame as usize;
+            let mut prepared = self.spec.prepare(&snapshot, defaults, max_fds)?;
+            let frame_limit = session.limits().max_frame_bytes as usize;
+            large_args = crate::request::move_large_args(&mut prepared.request, frame_limit)?;
+            if let Some(memfd) = &large_args {
+                prepared.attach(memfd.as_fd(), max_fds)?;
+            }
+            let Prepared {
+                mut request,
+                fds,
+                piped,
+            } = prepared;
+            let deferred = defer && piped == [false; 3] && self.spec.pty.is_none();
+            request.defer_spawned = deferred;
+            (request, fds, piped, deferred)
+        };
+        let reply = session.spawn(request, &attached).await?;
         drop(large_args);
         let (spawn_id, pid, fds, exit) = match reply {
             SpawnReply::Spawned { id, pid, fds, exit } => (id, pid, fds, exit),

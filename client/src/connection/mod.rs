@@ -252,10 +252,17 @@ impl Connection {
 
     /// Sends one request frame.
     async fn send(&self, message: &ClientMessage, fds: &[BorrowedFd<'_>]) -> Result<()> {
+        let bytes = self.encode(message, fds.len())?;
+        self.send_encoded(bytes, fds).await
+    }
+
+    /// Encodes a request into the connection's kept buffer, checking it
+    /// against the limits first.
+    fn encode(&self, message: &ClientMessage, fd_count: usize) -> Result<Vec<u8>> {
         let limit = self.limits.max_fds_per_frame as usize;
-        if fds.len() > limit {
+        if fd_count > limit {
             return Err(Error::TooManyFds {
-                count: fds.len(),
+                count: fd_count,
                 limit,
                 inherited: false,
             });
@@ -270,20 +277,24 @@ impl Connection {
         let bytes = encode_into(message, buffer)
             .map_err(|error| Error::proto("encoding a request", error))?;
         let limit = self.limits.max_frame_bytes as usize;
-        let sent = if bytes.len() > limit {
-            Err(Error::RequestTooLarge {
+        if bytes.len() > limit {
+            return Err(Error::RequestTooLarge {
                 size: bytes.len(),
                 limit,
-            })
-        } else {
-            match self.socket.send(&bytes, fds).await {
-                Ok(()) => Ok(()),
-                Err(error) if error.is_disconnect() => Err(Error::ZygoteLost {
-                    endpoint: self.endpoint.clone(),
-                    reason: format!("sending a request failed: {error}"),
-                }),
-                Err(error) => Err(Error::proto("sending a request to the zygote", error)),
-            }
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Sends an encoded request, then keeps its buffer for the next one.
+    async fn send_encoded(&self, bytes: Vec<u8>, fds: &[BorrowedFd<'_>]) -> Result<()> {
+        let sent = match self.socket.send(&bytes, fds).await {
+            Ok(()) => Ok(()),
+            Err(error) if error.is_disconnect() => Err(Error::ZygoteLost {
+                endpoint: self.endpoint.clone(),
+                reason: format!("sending a request failed: {error}"),
+            }),
+            Err(error) => Err(Error::proto("sending a request to the zygote", error)),
         };
         if bytes.capacity() <= KEPT_SEND_BUFFER {
             let mut kept = self
@@ -300,21 +311,30 @@ impl Connection {
     /// Sends a spawn request (its id is assigned here) with its fds and
     /// waits for the reply.
     ///
+    /// The request is encoded at the call, not in the returned future, so
+    /// that the future holds its bytes instead of the request: the
+    /// caller's spawn future is boxed by the runtime, and a smaller one
+    /// is cheaper to allocate and move.
+    ///
     /// # Errors
     ///
     /// [`Error::ZygoteLost`] when the connection ends first, or the errors
     /// of sending.
-    pub(crate) async fn spawn(
-        &self,
+    pub(crate) fn spawn<'a>(
+        &'a self,
         mut request: SpawnRequest,
-        fds: &[BorrowedFd<'_>],
-    ) -> Result<SpawnReply> {
+        fds: &'a [BorrowedFd<'a>],
+    ) -> impl Future<Output = Result<SpawnReply>> + 'a {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         request.id = id;
-        let (reply_tx, reply_rx) = oneshot::channel();
-        let _registered = self.register(id, Pending::Spawn(reply_tx))?;
-        self.send(&ClientMessage::Spawn(request), fds).await?;
-        reply_rx.await.map_err(|_| self.lost_error())
+        let encoded = self.encode(&ClientMessage::Spawn(request), fds.len());
+        async move {
+            let bytes = encoded?;
+            let (reply_tx, reply_rx) = oneshot::channel();
+            let _registered = self.register(id, Pending::Spawn(reply_tx))?;
+            self.send_encoded(bytes, fds).await?;
+            reply_rx.await.map_err(|_| self.lost_error())
+        }
     }
 
     /// Asks the zygote to send `signal` to the child of spawn `spawn_id`.
