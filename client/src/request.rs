@@ -430,11 +430,20 @@ fn own_stdio(stream: usize) -> Option<BorrowedFd<'static>> {
 }
 
 /// Whether a request that failed with `error` should be prepared and sent
-/// again, checking this process's stdio this time: the first `EBADF`
-/// from sending. Every other fd a request attaches is owned, so only a
-/// closed fd 0 to 2 makes `sendmsg` fail so.
+/// again (once), checking this process's stdio from now on: `EBADF` from
+/// sending. Every other fd a request attaches is owned, so only a closed
+/// fd 0 to 2 makes `sendmsg` fail so. Concurrent spawns that failed
+/// together each retry.
 pub(crate) fn retry_with_checked_stdio(error: &Error) -> bool {
-    error.raw_os_error() == Some(libc::EBADF) && !STDIO_MAY_BE_CLOSED.swap(true, Ordering::Relaxed)
+    // `Io` only: a `Spawn` error's errno is the zygote's, after it acted.
+    let Error::Io { source, .. } = error else {
+        return false;
+    };
+    if source.raw_os_error() != Some(libc::EBADF) {
+        return false;
+    }
+    STDIO_MAY_BE_CLOSED.store(true, Ordering::Relaxed);
+    true
 }
 
 fn bytes(what: &str, value: &OsStr) -> Result<Vec<u8>> {
