@@ -437,10 +437,13 @@ impl Command {
     ///
     /// As [`spawn`](Command::spawn) and [`Child::wait`].
     pub async fn status(&mut self) -> Result<ExitStatus> {
-        match self.start(StdioDefaults::Inherit, true).await? {
-            Started::Child(parts) => Child::from_parts(parts)?.wait().await,
-            Started::Exited(notice) => Ok(ExitStatus::from(&notice)),
-        }
+        // The reply is taken apart before the wait, so that this future
+        // does not keep it as well as the child.
+        let mut child = match self.start(StdioDefaults::Inherit, true).await? {
+            Started::Child(parts) => Child::from_parts(parts)?,
+            Started::Exited(notice) => return Ok(ExitStatus::from(&notice)),
+        };
+        child.wait().await
     }
 
     /// Sends the request and splits the reply into a child and its raw
