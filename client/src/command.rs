@@ -569,7 +569,11 @@ pub(crate) enum Started {
 fn output_pipe() -> Result<(tokio::net::unix::pipe::Receiver, OwnedFd)> {
     let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|errno| Error::io("creating a pipe for the child's output", errno))?;
-    let read = tokio::net::unix::pipe::Receiver::from_owned_fd(read)
+    // Known to be a pipe's read end: one FIONBIO instead of the checked
+    // constructor's fstat and two fcntl.
+    rustix::io::ioctl_fionbio(&read, true)
+        .map_err(|errno| Error::io("making an output pipe non-blocking", errno))?;
+    let read = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(read)
         .map_err(|error| Error::io("registering an output pipe with tokio", error))?;
     Ok((read, write))
 }
