@@ -228,19 +228,24 @@ fn other_uid(socket: &Path) {
 /// retry with the closed one left out. Says what the child's stdin is.
 fn closed_stdin(socket: &Path) {
     let client = zygote_client::blocking::Client::connect(socket).expect("connect");
-    // Nothing opens an fd between this and the spawn's send, so fd 0
-    // stays closed for it.
+    // The child writes what its stdin is to a file: output() would make
+    // pipes, which would take the freed fd 0. Nothing else opens an fd
+    // between the close and the spawn's send.
+    let report = std::env::temp_dir().join(format!("zygote-closed-stdin-{}", std::process::id()));
     // SAFETY: fd 0 is this helper process's stdin, which nothing in it
     // reads or holds as an owned fd; closing it is the point of the test.
     unsafe { rustix::io::close(0) };
-    let output = zygote_client::blocking::Command::new(&client, "sh")
-        .args(["-c", "readlink /proc/self/fd/0 || echo closed"])
-        .stdin(Stdio::inherit())
-        .output()
+    let status = zygote_client::blocking::Command::new(&client, "sh")
+        .args([
+            "-c",
+            "readlink /proc/self/fd/0 > \"$1\" || echo closed > \"$1\"",
+            "sh",
+        ])
+        .arg(&report)
+        .status()
         .expect("spawn with fd 0 closed");
-    assert!(output.status.success(), "{}", output.status);
-    say(&format!(
-        "stdin {}",
-        String::from_utf8_lossy(&output.stdout).trim()
-    ));
+    assert!(status.success(), "{status}");
+    let seen = std::fs::read_to_string(&report).expect("the child's report");
+    let _ = std::fs::remove_file(&report);
+    say(&format!("stdin {}", seen.trim()));
 }
