@@ -115,3 +115,21 @@ fn blocking_try_wait_sees_the_exit_without_a_blocking_call() {
         }
     });
 }
+
+#[test]
+fn closed_stdin_of_the_caller_reaches_the_child_as_dev_null() {
+    // The client assumes its fds 0 to 2 open and checks them only once a
+    // send fails with EBADF; a process of its own, since it closes fd 0.
+    let daemon = start_daemon("blocking-closed-stdin");
+    let output = crate::helper::helper("closed-stdin", daemon.socket())
+        .output()
+        .expect("run helper");
+    assert!(
+        output.status.success(),
+        "helper failed: {}\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(crate::helper::findings(&output.stdout), ["stdin /dev/null"]);
+}

@@ -71,6 +71,7 @@ fn client_process() {
         ),
         ["fault"] => fault(socket),
         ["other-uid"] => other_uid(socket),
+        ["closed-stdin"] => closed_stdin(socket),
         _ => panic!("unknown helper mode {mode}"),
     }
 }
@@ -220,4 +221,31 @@ fn other_uid(socket: &Path) {
         std::io::Read::read_to_string(&mut stdout, &mut out).expect("read child's stdout");
     }
     say(&format!("unset-rlimit {}", out.trim()));
+}
+
+/// Closes this process's fd 0, then runs a child with inherited stdin:
+/// the client assumes fds 0 to 2 open until a send fails, and must then
+/// retry with the closed one left out. Says what the child's stdin is.
+fn closed_stdin(socket: &Path) {
+    let client = zygote_client::blocking::Client::connect(socket).expect("connect");
+    // The child writes what its stdin is to a file: output() would make
+    // pipes, which would take the freed fd 0. Nothing else opens an fd
+    // between the close and the spawn's send.
+    let report = std::env::temp_dir().join(format!("zygote-closed-stdin-{}", std::process::id()));
+    // SAFETY: fd 0 is this helper process's stdin, which nothing in it
+    // reads or holds as an owned fd; closing it is the point of the test.
+    unsafe { rustix::io::close(0) };
+    let status = zygote_client::blocking::Command::new(&client, "sh")
+        .args([
+            "-c",
+            "readlink /proc/self/fd/0 > \"$1\" || echo closed > \"$1\"",
+            "sh",
+        ])
+        .arg(&report)
+        .status()
+        .expect("spawn with fd 0 closed");
+    assert!(status.success(), "{status}");
+    let seen = std::fs::read_to_string(&report).expect("the child's report");
+    let _ = std::fs::remove_file(&report);
+    say(&format!("stdin {}", seen.trim()));
 }

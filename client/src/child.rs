@@ -143,7 +143,9 @@ impl ChildCore {
         }
         match self.exit.wait().await {
             Ok(notice) => Ok(self.finish(notice)),
-            Err(lost @ Error::ZygoteLost { .. }) => self.wait_lost(lost).await,
+            // Boxed: this rare path's future (a pidfd registration and a
+            // timer) would otherwise make every wait's as large.
+            Err(lost @ Error::ZygoteLost { .. }) => Box::pin(self.wait_lost(lost)).await,
             Err(error) => Err(error),
         }
     }
@@ -379,10 +381,21 @@ impl Child {
             stderr,
             pty,
         } = parts;
+        // tokio's checked constructors spend an fstat and an F_GETFL per
+        // pipe to learn what the protocol already says (a pipe end of the
+        // right direction); FIONBIO is the one call needed. Should the
+        // zygote send something else, registering it or using it fails.
+        let nonblocking = |fd: OwnedFd| rustix::io::ioctl_fionbio(&fd, true).map(|()| fd);
         let wrapped = (|| {
-            let stdin = stdin.map(pipe::Sender::from_owned_fd).transpose()?;
-            let stdout = stdout.map(pipe::Receiver::from_owned_fd).transpose()?;
-            let stderr = stderr.map(pipe::Receiver::from_owned_fd).transpose()?;
+            let stdin = stdin
+                .map(|fd| pipe::Sender::from_owned_fd_unchecked(nonblocking(fd)?))
+                .transpose()?;
+            let stdout = stdout
+                .map(|fd| pipe::Receiver::from_owned_fd_unchecked(nonblocking(fd)?))
+                .transpose()?;
+            let stderr = stderr
+                .map(|fd| pipe::Receiver::from_owned_fd_unchecked(nonblocking(fd)?))
+                .transpose()?;
             io::Result::Ok((stdin, stdout, stderr))
         })();
         match wrapped {

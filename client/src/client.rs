@@ -244,7 +244,9 @@ impl Client {
         if !current.is_lost() {
             return Ok(current);
         }
-        self.reconnect(&current).await
+        // Boxed: this rare path's future is large, and every request's
+        // future would otherwise be as large.
+        Box::pin(self.reconnect(&current)).await
     }
 
     async fn reconnect(&self, lost: &Session) -> Result<Arc<Session>> {

@@ -11,7 +11,7 @@ use zygote_proto::{CgroupSpec, CpuMax, KillOnClose, ProtocolErrorKind};
 
 use crate::child::{ChildCore, SpawnedParts, read_all};
 use crate::connection::SpawnReply;
-use crate::request::{Spec, StdioDefaults};
+use crate::request::{Prepared, Spec, StdioDefaults};
 use crate::stdio::StdioKind;
 use crate::transparent::Snapshot;
 use crate::{Child, Client, Error, ExitStatus, Output, Result, Stdio};
@@ -437,10 +437,13 @@ impl Command {
     ///
     /// As [`spawn`](Command::spawn) and [`Child::wait`].
     pub async fn status(&mut self) -> Result<ExitStatus> {
-        match self.start(StdioDefaults::Inherit, true).await? {
-            Started::Child(parts) => Child::from_parts(parts)?.wait().await,
-            Started::Exited(notice) => Ok(ExitStatus::from(&notice)),
-        }
+        // The reply is taken apart before the wait, so that this future
+        // does not keep it as well as the child.
+        let mut child = match self.start(StdioDefaults::Inherit, true).await? {
+            Started::Child(parts) => Child::from_parts(parts)?,
+            Started::Exited(notice) => return Ok(ExitStatus::from(&notice)),
+        };
+        child.wait().await
     }
 
     /// Sends the request and splits the reply into a child and its raw
@@ -456,23 +459,44 @@ impl Command {
     /// asks the zygote to skip `Spawned` for a child that ends at once (the
     /// caller only wants the status).
     pub(crate) async fn start(&self, defaults: StdioDefaults, defer: bool) -> Result<Started> {
+        match self.start_once(defaults, defer).await {
+            // This process closed one of its fds 0 to 2: again, leaving
+            // the closed ones out (after the match, so that the first
+            // attempt's result is not kept in this future).
+            Err(error) if crate::request::retry_with_checked_stdio(&error) => {}
+            done => return done,
+        }
+        self.start_once(defaults, defer).await
+    }
+
+    async fn start_once(&self, defaults: StdioDefaults, defer: bool) -> Result<Started> {
         // Reconnects first when the connection was lost, so that the
         // limits are the new zygote's.
         let session = self.client.session().await?;
         let settings = self.client.process_settings();
         let snapshot = Snapshot::capture(self.spec.inherit_fds, &settings)?;
-        let max_fds = session.limits().max_fds_per_frame as usize;
-        let mut prepared = self.spec.prepare(&snapshot, defaults, max_fds)?;
-        let frame_limit = session.limits().max_frame_bytes as usize;
         // Kept open until the request is sent.
-        let large_args = crate::request::move_large_args(&mut prepared.request, frame_limit)?;
-        if let Some(memfd) = &large_args {
-            prepared.attach(memfd.as_fd(), max_fds)?;
-        }
-        let piped = prepared.piped;
-        let deferred = defer && piped == [false; 3] && self.spec.pty.is_none();
-        prepared.request.defer_spawned = deferred;
-        let reply = session.spawn(prepared.request, &prepared.fds).await?;
+        let large_args;
+        // In a block, so that the prepared request is not kept in this
+        // future across the wait (the request is encoded before it).
+        let (request, attached, piped, deferred) = {
+            let max_fds = session.limits().max_fds_per_frame as usize;
+            let mut prepared = self.spec.prepare(&snapshot, defaults, max_fds)?;
+            let frame_limit = session.limits().max_frame_bytes as usize;
+            large_args = crate::request::move_large_args(&mut prepared.request, frame_limit)?;
+            if let Some(memfd) = &large_args {
+                prepared.attach(memfd.as_fd(), max_fds)?;
+            }
+            let Prepared {
+                mut request,
+                fds,
+                piped,
+            } = prepared;
+            let deferred = defer && piped == [false; 3] && self.spec.pty.is_none();
+            request.defer_spawned = deferred;
+            (request, fds, piped, deferred)
+        };
+        let reply = session.spawn(request, &attached).await?;
         drop(large_args);
         let (spawn_id, pid, fds, exit) = match reply {
             SpawnReply::Spawned { id, pid, fds, exit } => (id, pid, fds, exit),
@@ -545,7 +569,11 @@ pub(crate) enum Started {
 fn output_pipe() -> Result<(tokio::net::unix::pipe::Receiver, OwnedFd)> {
     let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|errno| Error::io("creating a pipe for the child's output", errno))?;
-    let read = tokio::net::unix::pipe::Receiver::from_owned_fd(read)
+    // Known to be a pipe's read end: one FIONBIO instead of the checked
+    // constructor's fstat and two fcntl.
+    rustix::io::ioctl_fionbio(&read, true)
+        .map_err(|errno| Error::io("making an output pipe non-blocking", errno))?;
+    let read = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(read)
         .map_err(|error| Error::io("registering an output pipe with tokio", error))?;
     Ok((read, write))
 }

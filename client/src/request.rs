@@ -8,6 +8,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rustix::fs::{MemfdFlags, SealFlags, fcntl_add_seals, memfd_create};
@@ -408,23 +409,56 @@ pub(crate) fn move_large_args(
     Ok(Some(memfd))
 }
 
-/// The calling process's fd 0, 1 or 2, when it is open.
+/// Set once a request failed because one of this process's fds 0 to 2
+/// was closed. Until then they are assumed open (std opens `/dev/null` in
+/// place of a closed one at start), which saves three `fcntl` per spawn;
+/// from then on each spawn checks them.
+static STDIO_MAY_BE_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// The calling process's fd 0, 1 or 2, when it is open (see
+/// [`STDIO_MAY_BE_CLOSED`]).
 fn own_stdio(stream: usize) -> Option<BorrowedFd<'static>> {
     let fd = match stream {
         0 => rustix::stdio::stdin(),
         1 => rustix::stdio::stdout(),
         _ => rustix::stdio::stderr(),
     };
+    if !STDIO_MAY_BE_CLOSED.load(Ordering::Relaxed) {
+        return Some(fd);
+    }
     rustix::io::fcntl_getfd(fd).ok().map(|_| fd)
 }
 
+/// Whether a request that failed with `error` should be prepared and sent
+/// again (once), checking this process's stdio from now on: `EBADF` from
+/// sending. Every other fd a request attaches is owned, so only a closed
+/// fd 0 to 2 makes `sendmsg` fail so. Concurrent spawns that failed
+/// together each retry.
+pub(crate) fn retry_with_checked_stdio(error: &Error) -> bool {
+    // `Io` only: a `Spawn` error's errno is the zygote's, after it acted.
+    let Error::Io { source, .. } = error else {
+        return false;
+    };
+    if source.raw_os_error() != Some(libc::EBADF) {
+        return false;
+    }
+    STDIO_MAY_BE_CLOSED.store(true, Ordering::Relaxed);
+    true
+}
+
 fn bytes(what: &str, value: &OsStr) -> Result<Vec<u8>> {
+    no_nul(what, value)?;
+    Ok(value.as_bytes().to_vec())
+}
+
+/// Checks without copying, for strings the request takes by value.
+fn no_nul(what: &str, value: &OsStr) -> Result<()> {
     if value.as_bytes().contains(&0) {
         return Err(Error::invalid(format!(
             "{what} {value:?} contains a NUL byte"
         )));
     }
-    Ok(value.as_bytes().to_vec())
+    Ok(())
 }
 
 fn env_var(key: OsString, value: OsString) -> Result<EnvVar> {
@@ -433,8 +467,8 @@ fn env_var(key: OsString, value: OsString) -> Result<EnvVar> {
             "environment variable name {key:?} is empty or contains '='"
         )));
     }
-    bytes("environment variable", &key)?;
-    bytes("environment value", &value)?;
+    no_nul("environment variable", &key)?;
+    no_nul("environment value", &value)?;
     Ok(EnvVar {
         key: key.into_vec(),
         value: value.into_vec(),

@@ -71,7 +71,11 @@ impl AsyncSeqpacket {
     /// As [`send_frame`].
     pub async fn send(&self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), ProtoError> {
         match send_frame(self.fd.get_ref().as_fd(), bytes, fds) {
-            Err(error) if would_block(&error) => self.send_when_writable(bytes, fds).await,
+            // Boxed: the slow path's future would otherwise make every
+            // send's (and its callers') as large.
+            Err(error) if would_block(&error) => {
+                Box::pin(self.send_when_writable(bytes, fds)).await
+            }
             result => result,
         }
     }

@@ -17,6 +17,17 @@ pub fn encode<T: Serialize>(message: &T) -> Result<Vec<u8>, ProtoError> {
     postcard::to_stdvec(message).map_err(ProtoError::Encode)
 }
 
+/// As [`encode`], appending to `buffer` and returning it: a sender that
+/// keeps its buffer between messages allocates once instead of growing a
+/// new vector through every power of two on each message.
+///
+/// # Errors
+///
+/// As [`encode`].
+pub fn encode_into<T: Serialize>(message: &T, buffer: Vec<u8>) -> Result<Vec<u8>, ProtoError> {
+    postcard::to_extend(message, buffer).map_err(ProtoError::Encode)
+}
+
 /// Decodes one frame's bytes. The whole frame must be consumed.
 ///
 /// # Errors

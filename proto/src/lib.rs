@@ -29,7 +29,7 @@ mod asyncio;
 
 #[cfg(feature = "tokio")]
 pub use asyncio::{AsyncSeqpacket, AsyncSeqpacketListener, register};
-pub use codec::{decode, encode};
+pub use codec::{decode, encode, encode_into};
 pub use error::ProtoError;
 pub use fdpass::{Frame, RECV_BUFFER_BYTES, recv_frame, send_frame};
 pub use message::*;

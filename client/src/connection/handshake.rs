@@ -94,6 +94,7 @@ impl Connection {
             limits,
             next_id: AtomicU64::new(1),
             state: Mutex::default(),
+            send_buffer: Mutex::default(),
         });
         Ok((connection, scratch))
     }
