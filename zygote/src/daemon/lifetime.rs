@@ -499,7 +499,12 @@ impl SpawnTask {
         let mut fds: Vec<BorrowedFd<'_>> = vec![pidfd.get_ref().as_fd()];
         fds.extend(prepared.client_ends.iter().map(AsFd::as_fd));
         // Deferred: `watch` sends it if the child outlives the delay.
-        let deferred = defer_spawned.then(|| Instant::now() + DEFERRED_SPAWNED_AFTER);
+        let deferred = defer_spawned.then(|| {
+            self.daemon
+                .deferrals
+                .deadline(DEFERRED_SPAWNED_AFTER)
+                .into_std()
+        });
         if deferred.is_none() {
             self.reply(&ServerMessage::Spawned(Spawned { id, pid }), &fds)
                 .await;

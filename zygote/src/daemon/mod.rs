@@ -27,6 +27,7 @@
 mod admission;
 pub mod cgroup;
 mod connection;
+pub(crate) mod deferral;
 pub mod handover;
 mod lifetime;
 pub(crate) mod peer;

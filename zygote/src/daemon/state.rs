@@ -10,6 +10,7 @@ use std::time::Instant;
 use crate::daemon::cgroup::{ChildCgroup, Subtree};
 use zygote_proto::ResourceLimit;
 
+use crate::daemon::deferral::DeferralClock;
 use crate::daemon::handover::{Pause, SavedConnection};
 use crate::daemon::peer;
 use crate::daemon::policy::Policy;
@@ -106,6 +107,8 @@ pub struct Daemon {
     /// Where `Upgrade` requests go; `None` where upgrades are not served
     /// (private zygotes, or before serving).
     pub(crate) upgrades: Mutex<Option<tokio::sync::mpsc::Sender<UpgradeAsk>>>,
+    /// Deadlines of deferred `Spawned` replies.
+    pub(crate) deferrals: Arc<DeferralClock>,
 }
 
 impl Daemon {
@@ -145,6 +148,7 @@ impl Daemon {
             lingering_cgroups: Mutex::default(),
             parked_sockets: Mutex::default(),
             upgrades: Mutex::default(),
+            deferrals: Arc::default(),
         }
     }
 }
