@@ -368,7 +368,7 @@ impl Command {
     ///
     /// The output pipes are made here and passed as fds, so that (unless
     /// stdin is piped or a pty is set) the zygote can skip `Spawned` for a
-    /// child that ends within about 10 ms, as for [`status`](Self::status).
+    /// child that ends within 10 to 20 ms, as for [`status`](Self::status).
     ///
     /// # Errors
     ///
@@ -428,9 +428,9 @@ impl Command {
     /// returns its exit status.
     ///
     /// Unless a stream is piped or a pty is set, the zygote answers a child
-    /// that ends within about 10 ms with its exit notice alone (no
+    /// that ends within 10 to 20 ms with its exit notice alone (no
     /// `Spawned`, no pidfd), which saves a wake-up. Should the zygote be
-    /// lost within those 10 ms, the error is [`Error::ZygoteLost`] rather
+    /// lost within that window, the error is [`Error::ZygoteLost`] rather
     /// than a status read from the pidfd.
     ///
     /// # Errors

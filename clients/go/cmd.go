@@ -431,7 +431,7 @@ func (a *attachment) add(f *os.File) (uint32, error) {
 // Run starts the command and waits for it.
 //
 // Unlike Start, Run asks the daemon to defer the child's pidfd: a child
-// that ends within about 10 ms is reported by its exit notice alone,
+// that ends within 10 to 20 ms is reported by its exit notice alone,
 // which saves a message and an fd per spawn. Until the child is known,
 // Process.Pid is 0 and Process.Signal (and so Cancel and WaitDelay) goes
 // through the daemon by spawn id. A daemon lost before that has no pidfd

@@ -220,8 +220,8 @@ type spawnRequest struct {
 	OomScoreAdj    *int32          `json:"oom_score_adj"`
 	// LargeArgs is unused by this client: it never sends a frame over the limit.
 	LargeArgs *uint32 `json:"large_args"`
-	// DeferSpawned asks for Spawned only if the child still runs about
-	// 10 ms after exec; a child that ends sooner gets Exited alone.
+	// DeferSpawned asks for Spawned only if the child still runs 10
+	// to 20 ms after exec; a child that ends sooner gets Exited alone.
 	DeferSpawned bool `json:"defer_spawned"`
 }
 

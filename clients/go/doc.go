@@ -70,7 +70,7 @@
 //     reaped it; on older kernels it returns the *ConnectionError and
 //     closes the pipes. Signal and Kill keep working through the pidfd.
 //   - Run, Output and CombinedOutput ask the daemon to send the pid and
-//     pidfd only for a child still running ~10 ms after exec; a shorter
+//     pidfd only for a child still running 10 to 20 ms after exec; a shorter
 //     one is known by its exit alone. Inside them Process.Pid is 0 until
 //     the child is known (Cancel should signal, not read the pid), and a
 //     daemon lost before then leaves no pidfd: Run returns a

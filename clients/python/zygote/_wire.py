@@ -86,7 +86,7 @@ _SPAWN = _struct(
     ("cpu_affinity", _list("u32")),
     ("oom_score_adj", _opt("i32")),
     ("large_args", _opt("u32")),
-    # Spawned only for a child still running ~10 ms after exec.
+    # Spawned only for a child still running 10 to 20 ms after exec.
     ("defer_spawned", "bool"),
 )
 
