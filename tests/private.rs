@@ -41,9 +41,9 @@ fn gone(pid: u32) -> bool {
     matches!(process_state(pid), None | Some('Z'))
 }
 
-fn private_zygote_serves_a_large_owner(mode: &str) {
-    let mut helper = Command::new(HELPER)
-        .args([mode, "2"])
+/// Starts the helper (its zygote's log at WARN) and reads its report line.
+fn start_helper(command: &mut Command, mode: &str) -> (std::process::Child, Report) {
+    let mut helper = command
         .env("ZYGOTE_BIN", zygote_bin())
         .env("ZYGOTE_LOG", "warn")
         .stdin(Stdio::piped())
@@ -55,7 +55,11 @@ fn private_zygote_serves_a_large_owner(mode: &str) {
         .read_line(&mut line)
         .expect("read the helper's report");
     assert!(!line.is_empty(), "the helper reported nothing ({mode})");
-    let report = parse(&line);
+    (helper, parse(&line))
+}
+
+fn private_zygote_serves_a_large_owner(mode: &str) {
+    let (mut helper, report) = start_helper(Command::new(HELPER).args([mode, "2"]), mode);
     assert!(
         report.rss_kib >= 2 << 20,
         "helper RSS {} KiB is under 2 GiB",
@@ -150,19 +154,10 @@ fn private_zygote_outranks_its_children(mode: &str) {
         );
         return;
     }
-    let mut helper = Command::new("nice")
-        .args(["-n", "3", HELPER, mode, "0"])
-        .env("ZYGOTE_BIN", zygote_bin())
-        .env("ZYGOTE_LOG", "warn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the helper");
-    let mut line = String::new();
-    BufReader::new(helper.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("read the helper's report");
-    let report = parse(&line);
+    let (mut helper, report) = start_helper(
+        Command::new("nice").args(["-n", "3", HELPER, mode, "0"]),
+        mode,
+    );
     let nice_of = |pid: u32| -> Option<i32> { stat_fields(pid)?.get(16)?.parse().ok() };
     assert_eq!(nice_of(helper.id()), Some(3), "the owner runs at nice 3");
     assert_eq!(

@@ -27,6 +27,7 @@ use crate::daemon::admission;
 use crate::daemon::handover::{Active, SavedConnection};
 use crate::daemon::lifetime::{self, Connection, SpawnTask};
 use crate::daemon::peer::Peer;
+use crate::daemon::policy::Grant;
 use crate::daemon::reply::send_reply;
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::state::{Closable, Daemon, UpgradeAsk};
@@ -94,6 +95,31 @@ async fn serve_opened(
         serve_counted(socket, &cred, &daemon, shutdown, active).await;
     }
     daemon.metrics.connection_closed();
+}
+
+/// A connection's shared state, new or restored after an upgrade; `left`
+/// when its client is already gone.
+fn new_connection(
+    socket: Weak<AsyncSeqpacket>,
+    peer: Peer,
+    grant: Grant,
+    left: bool,
+) -> Arc<Connection> {
+    // Running children are capped by admission; the headroom is for
+    // requests being refused or replies the client has not read yet.
+    let max_in_flight = grant.max_children.saturating_add(IN_FLIGHT_HEADROOM);
+    let (left, _) = watch::channel(left);
+    Arc::new(Connection {
+        socket,
+        peer,
+        grant,
+        state: Mutex::default(),
+        in_flight: Arc::new(Semaphore::new(max_in_flight)),
+        max_in_flight,
+        changed: Notify::new(),
+        left,
+        unanswered: Arc::new(Semaphore::new(MAX_UNANSWERED)),
+    })
 }
 
 async fn serve_counted(
@@ -222,21 +248,7 @@ async fn serve_counted(
         peer_groups = ?peer.groups,
         "client connected"
     );
-    // Running children are capped by admission; the headroom is for
-    // requests being refused or replies the client has not read yet.
-    let max_in_flight = grant.max_children.saturating_add(IN_FLIGHT_HEADROOM);
-    let (left, _) = watch::channel(false);
-    let connection = Arc::new(Connection {
-        socket: Arc::downgrade(&socket),
-        peer,
-        grant,
-        state: Mutex::default(),
-        in_flight: Arc::new(Semaphore::new(max_in_flight)),
-        max_in_flight,
-        changed: Notify::new(),
-        left,
-        unanswered: Arc::new(Semaphore::new(MAX_UNANSWERED)),
-    });
+    let connection = new_connection(Arc::downgrade(&socket), peer, grant, false);
     daemon.register(&connection);
     serve_requests(&socket, &connection, daemon, shutdown, active, scratch).await;
 }
@@ -747,19 +759,12 @@ pub(crate) async fn restore(
         return;
     };
     let socket = socket.map(Arc::new);
-    let max_in_flight = client.grant.max_children.saturating_add(IN_FLIGHT_HEADROOM);
-    let (left, _) = watch::channel(socket.is_none() || client.closed);
-    let connection = Arc::new(Connection {
-        socket: socket.as_ref().map_or_else(Weak::new, Arc::downgrade),
-        peer: client.peer.into(),
-        grant: client.grant,
-        state: Mutex::default(),
-        in_flight: Arc::new(Semaphore::new(max_in_flight)),
-        max_in_flight,
-        changed: Notify::new(),
-        left,
-        unanswered: Arc::new(Semaphore::new(MAX_UNANSWERED)),
-    });
+    let connection = new_connection(
+        socket.as_ref().map_or_else(Weak::new, Arc::downgrade),
+        client.peer.into(),
+        client.grant,
+        socket.is_none() || client.closed,
+    );
     connection.restore_state(&client.ids, socket.is_none() || client.closed);
     daemon.register(&connection);
     for child in client.children {
