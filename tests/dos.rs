@@ -38,7 +38,7 @@ const DAEMON_ENV: &str = "ZYGOTE_DOS_DAEMON";
 /// The well-behaved client's p99 spawn-and-wait latency must stay under
 /// this during an attack. Generous for a loaded 2-core machine; a stalled
 /// daemon makes every spawn time out (10 s).
-const P99_BOUND: Duration = Duration::from_millis(500);
+const P99_BOUND: Duration = Duration::from_secs(2);
 
 fn skip_unless_root() -> bool {
     if rustix::process::geteuid().is_root() {

@@ -278,11 +278,14 @@ fn sigterm_finishes_spawns_keeps_reaping_then_exits() {
     let dir = temp_dir("graceful");
     let (mut daemon, socket) = serve(dir.path(), &[], &[]);
     let client = Client::connect(&socket).unwrap();
+    // `cat` runs until its stdin closes: the child outlives every check
+    // below however slow the machine, and ends when the test says so.
     let mut child = client
-        .command("sleep")
-        .arg("3")
+        .command("cat")
+        .stdin(zygote_client::Stdio::piped())
+        .stdout(zygote_client::Stdio::null())
         .spawn()
-        .expect("spawn sleep");
+        .expect("spawn cat");
     daemon.signal(libc::SIGTERM);
     // Accepting stops at once, and the socket file goes with it.
     assert!(eventually(Duration::from_secs(5), || !socket.exists()));
@@ -298,6 +301,7 @@ fn sigterm_finishes_spawns_keeps_reaping_then_exits() {
     // ... status is answered, and the running child's exit is delivered.
     assert_eq!(client.status().unwrap().children_running, 1);
     assert!(daemon.wait_timeout(Duration::from_millis(200)).is_none());
+    drop(child.stdin.take());
     let status = child.wait().expect("exit notice while stopping");
     assert!(status.success());
     // With nothing left running, the daemon exits by itself.
