@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -164,3 +165,36 @@ def test_a_private_client_cannot_reconnect_and_says_so(monkeypatch: pytest.Monke
         client.run(["true"])
     assert time.monotonic() - started < 1, "fails at once"
     client.close()
+
+
+def test_a_loss_found_by_the_send_itself_reconnects_and_sends_again(daemon: Daemon) -> None:
+    """The daemon is stopped, so the client's reader cannot have seen the
+    loss: only the send finds it (EPIPE). The request never left, so the
+    client reconnects and sends it again, in Popen and in asyncio alike."""
+    client = zygote.Client(daemon.socket)
+    try:
+        assert client.run(["true"]).returncode == 0
+        for spawn in ("popen", "asyncio"):
+            first = client._conn
+            os.kill(daemon.pid, signal.SIGSTOP)
+            resume = threading.Timer(0.3, os.kill, (daemon.pid, signal.SIGCONT))
+            try:
+                first._sock.shutdown(socket.SHUT_WR)
+                assert client.alive, "the reader must not have seen anything yet"
+                resume.start()
+                if spawn == "popen":
+                    assert client.run(["sh", "-c", "exit 3"]).returncode == 3
+                else:
+
+                    async def spawn_async() -> int:
+                        process = await client.create_subprocess_exec("sh", "-c", "exit 3")
+                        return await process.wait()
+
+                    assert asyncio.run(spawn_async()) == 3
+            finally:
+                resume.join()
+                os.kill(daemon.pid, signal.SIGCONT)
+            assert client._conn is not first, f"{spawn}: no new connection"
+            assert first._lost is not None, f"{spawn}: the old connection was not found lost"
+    finally:
+        client.close()

@@ -209,7 +209,30 @@ def _stdio(spec: Any, number: int) -> Tuple[Any, ...]:
     return ("fd", spec.fileno())
 
 
+class _NotSentError(Exception):
+    """The connection was found gone by the send itself: the request never
+    left, so it may go again on a new connection."""
+
+    def __init__(self, error: ZygoteError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 async def create_subprocess_exec(
+    client: "Client", program: Any, *args: Any, **kwargs: Any
+) -> Process:
+    """See :meth:`zygote.Client.create_subprocess_exec`."""
+    try:
+        return await _create_once(client, program, *args, **kwargs)
+    except _NotSentError:
+        pass  # lost at the instant of sending: one more try reconnects
+    try:
+        return await _create_once(client, program, *args, **kwargs)
+    except _NotSentError as lost:
+        raise lost.error from None
+
+
+async def _create_once(
     client: "Client",
     program: Any,
     *args: Any,
@@ -234,7 +257,7 @@ async def create_subprocess_exec(
     rlimits: Optional[Mapping[int, Union[int, Tuple[int, int]]]] = None,
     cgroup: Optional[_request.Cgroup] = None,
 ) -> Process:
-    """See :meth:`zygote.Client.create_subprocess_exec`."""
+    """One try of :func:`create_subprocess_exec`."""
     loop = asyncio.get_running_loop()
     if client._conn.alive:
         conn = client._connection()
@@ -296,20 +319,26 @@ async def create_subprocess_exec(
     slot = SpawnSlot()
     slot.on_spawn = lambda: wake(spawned)
     slot.on_exit = lambda: wake(exited)
-    conn.register_spawn(request_id, slot)
     sent = False
     try:
         try:
+            conn.register_spawn(request_id, slot)
             await _send(loop, conn, frame, fds)
             sent = True
         finally:
             if local_pipe is not None:
                 os.close(local_pipe[1])
         await spawned
-    except BaseException:
+    except BaseException as error:
         conn.unregister(request_id, sent)
         if local_pipe is not None:
             os.close(local_pipe[0])
+        if (
+            not sent
+            and isinstance(error, ZygoteError)
+            and await loop.run_in_executor(None, conn.ended_by_send, error)
+        ):
+            raise _NotSentError(error) from None
         raise
     if slot.reply is None:
         if local_pipe is not None:

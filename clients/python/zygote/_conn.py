@@ -22,6 +22,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 from . import _wire
 from ._errors import ZygoteError
 
+#: A send failing with one of these found the zygote gone: nothing was sent.
+_GONE_ON_SEND = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
+#: How long a connection ended by a failed send waits for its reader.
+_READER_END_SECONDS = 1.0
+
 #: The name this client gives in ``Hello``.
 CLIENT_NAME = "zygote-py/0.1.0"
 #: How long the handshake and a blocked send may take before the daemon
@@ -344,6 +349,22 @@ class Connection:
             poller = select.poll()
             poller.register(self._sock.fileno(), select.POLLOUT)
             poller.poll(left * 1000)
+
+    def ended_by_send(self, error: ZygoteError) -> bool:
+        """After a failed send: True when ``error`` says the zygote is gone
+        (the request never left, so it may be sent again on a new
+        connection). Ends this connection and waits for its reader, so that
+        :attr:`lost` is set and the next request reconnects."""
+        if error.errno not in _GONE_ON_SEND or os.getpid() != self.pid:
+            return False
+        if self._lost is None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            if self._reader is not threading.current_thread():
+                self._reader.join(_READER_END_SECONDS)
+        return self._lost is not None
 
     def fileno(self) -> int:
         return self._sock.fileno()

@@ -226,45 +226,54 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 from ._client import default_client
 
                 client = default_client()
-            conn = client._connection()
-            request_id = conn.next_id()
-            message, fds = _request.build_spawn(
-                request_id=request_id,
-                argv=argv,
-                executable=program,
-                stdio=[
-                    ("inherit",) if p2cread == -1 else ("fd", p2cread),
-                    ("inherit",) if c2pwrite == -1 else ("fd", c2pwrite),
-                    ("inherit",) if errwrite == -1 else ("fd", errwrite),
-                ],
-                close_fds=close_fds,
-                pass_fds=pass_fds,
-                cwd=cwd,
-                env=env,
-                gid=gid,
-                gids=gids,
-                uid=uid,
-                umask=umask,
-                start_new_session=start_new_session,
-                process_group=process_group,
-                max_fds=conn.max_fds,
-                max_frame=conn.max_frame,
-                **self._zygote_options,
-            )
-            # Only for a caller that never sees this object (run, call) and
-            # whose child waits on no pipe of ours: no Spawned for a child
-            # that ends at once (PROTOCOL.md section 2).
-            message["Spawn"]["defer_spawned"] = (
-                self._zygote_defer and p2cwrite == -1 and c2pread == -1 and errread == -1
-            )
-            frame = _request.encode_spawn(message, conn.max_frame)
-            slot = SpawnSlot()
-            conn.register_spawn(request_id, slot)
-            try:
-                conn.send(frame, fds)
-            except BaseException:
-                conn.unregister(request_id, sent=False)
-                raise
+            for attempt in range(2):
+                conn = client._connection()
+                request_id = conn.next_id()
+                message, fds = _request.build_spawn(
+                    request_id=request_id,
+                    argv=argv,
+                    executable=program,
+                    stdio=[
+                        ("inherit",) if p2cread == -1 else ("fd", p2cread),
+                        ("inherit",) if c2pwrite == -1 else ("fd", c2pwrite),
+                        ("inherit",) if errwrite == -1 else ("fd", errwrite),
+                    ],
+                    close_fds=close_fds,
+                    pass_fds=pass_fds,
+                    cwd=cwd,
+                    env=env,
+                    gid=gid,
+                    gids=gids,
+                    uid=uid,
+                    umask=umask,
+                    start_new_session=start_new_session,
+                    process_group=process_group,
+                    max_fds=conn.max_fds,
+                    max_frame=conn.max_frame,
+                    **self._zygote_options,
+                )
+                # Only for a caller that never sees this object (run, call) and
+                # whose child waits on no pipe of ours: no Spawned for a child
+                # that ends at once (PROTOCOL.md section 2).
+                message["Spawn"]["defer_spawned"] = (
+                    self._zygote_defer and p2cwrite == -1 and c2pread == -1 and errread == -1
+                )
+                frame = _request.encode_spawn(message, conn.max_frame)
+                slot = SpawnSlot()
+                try:
+                    conn.register_spawn(request_id, slot)
+                    conn.send(frame, fds)
+                except ZygoteError as error:
+                    conn.unregister(request_id, sent=False)
+                    # Lost at the instant of sending: the request never
+                    # left, so one more try reconnects and sends it again.
+                    if attempt == 0 and conn.ended_by_send(error):
+                        continue
+                    raise
+                except BaseException:
+                    conn.unregister(request_id, sent=False)
+                    raise
+                break
         except _request.UnservableError as error:
             if self._zygote_installed:
                 return fall_back(str(error))
