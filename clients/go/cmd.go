@@ -749,7 +749,10 @@ func (c *Cmd) build(deferred bool) (*spawnRequest, *attachment, [3]stream, *[2]*
 		return nil, nil, streams, nil, err
 	}
 	argv := c.argv()
-	for _, a := range append([]string{c.Path}, argv...) {
+	if err := noNUL("argument", c.Path); err != nil {
+		return fail(err)
+	}
+	for _, a := range argv {
 		if err := noNUL("argument", a); err != nil {
 			return fail(err)
 		}

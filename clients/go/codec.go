@@ -599,7 +599,11 @@ func (d *decoder) optU32(what string) *uint32 {
 var errNoVariant = errors.New("message has no variant set")
 
 // encodeClient encodes one client frame.
-func encodeClient(m *clientMessage) ([]byte, error) {
+func encodeClient(m *clientMessage) ([]byte, error) { return encodeClientTo(nil, m) }
+
+// encodeClientTo encodes one client frame into buf's storage, when it is
+// large enough, or into a new slice.
+func encodeClientTo(buf []byte, m *clientMessage) ([]byte, error) {
 	size := 256
 	if r := m.Spawn; r != nil {
 		// One allocation for the usual request: the strings, and a few
@@ -621,7 +625,10 @@ func encodeClient(m *clientMessage) ([]byte, error) {
 			size += 21 * len(r.Rlimits)
 		}
 	}
-	e := &encoder{b: make([]byte, 0, size)}
+	if cap(buf) < size {
+		buf = make([]byte, 0, size)
+	}
+	e := &encoder{b: buf[:0]}
 	switch {
 	case m.Hello != nil:
 		e.varint(0)

@@ -225,3 +225,29 @@ func TestCachedEncodingMatches(t *testing.T) {
 		t.Fatalf("rlimits %+v lack the override NOFILE 77/77", m.Spawn.Rlimits)
 	}
 }
+
+// TestGetwdLongPath checks rawGetwd past its small first buffer.
+func TestGetwdLongPath(t *testing.T) {
+	dir := t.TempDir()
+	deep := dir
+	for len(deep) < 600 {
+		deep = filepath.Join(deep, "a-directory-name-of-forty-characters-xx")
+	}
+	if err := os.MkdirAll(deep, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	old, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{dir, deep} {
+		if err := os.Chdir(d); err != nil {
+			t.Fatal(err)
+		}
+		got, err := rawGetwd()
+		os.Chdir(old)
+		if err != nil || got != d {
+			t.Fatalf("rawGetwd in %s (%d bytes): %q, %v", d, len(d), got, err)
+		}
+	}
+}
