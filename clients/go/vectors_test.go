@@ -228,7 +228,11 @@ func TestCachedEncodingMatches(t *testing.T) {
 
 // TestGetwdLongPath checks rawGetwd past its small first buffer.
 func TestGetwdLongPath(t *testing.T) {
-	dir := t.TempDir()
+	// getcwd reports the path with symlinks resolved.
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
 	deep := dir
 	for len(deep) < 600 {
 		deep = filepath.Join(deep, "a-directory-name-of-forty-characters-xx")
