@@ -75,7 +75,7 @@ func BenchmarkRunTrueParallel(b *testing.B) {
 }
 
 // BenchmarkBuildRequest is the client's work before the send: the
-// request from the Cmd, and its encoding.
+// request from the Cmd, and its encoding into a pooled buffer.
 func BenchmarkBuildRequest(b *testing.B) {
 	c := &Client{}
 	b.ReportAllocs()
@@ -85,9 +85,11 @@ func BenchmarkBuildRequest(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := encodeClient(&clientMessage{Spawn: req}); err != nil {
+		frame, err := encodeClientTo(getFrameBuf(), &clientMessage{Spawn: req})
+		if err != nil {
 			b.Fatal(err)
 		}
+		putFrameBuf(frame)
 	}
 }
 

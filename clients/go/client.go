@@ -386,22 +386,61 @@ func (c *connection) send(frame []byte, fds []int) error {
 	if len(fds) > 0 {
 		oob = syscall.UnixRights(fds...)
 	}
-	var sendErr error
-	err := c.raw.Write(func(fd uintptr) bool {
-		if errno := rawSendmsg(fd, frame, oob); errno != 0 {
-			sendErr = errno
-			return errno != syscall.EAGAIN
-		}
-		sendErr = nil
-		return true
-	})
-	if err == nil {
-		err = sendErr
+	op := sendOps.Get().(*sendOp)
+	op.frame, op.oob = frame, oob
+	err := c.raw.Write(op.fn)
+	errno := op.errno
+	op.frame, op.oob = nil, nil
+	sendOps.Put(op)
+	if err == nil && errno != 0 {
+		err = errno
 	}
 	if err != nil {
 		return &ConnectionError{Reason: "sending a request", Err: err}
 	}
 	return nil
+}
+
+// sendOp is one send's state inside RawConn.Write, reused through
+// sendOps so that a send allocates no closure.
+type sendOp struct {
+	frame, oob []byte
+	errno      syscall.Errno
+	fn         func(fd uintptr) bool // op.write, bound once
+}
+
+func (op *sendOp) write(fd uintptr) bool {
+	op.errno = rawSendmsg(fd, op.frame, op.oob)
+	return op.errno != syscall.EAGAIN
+}
+
+var sendOps = sync.Pool{New: func() any {
+	op := &sendOp{}
+	op.fn = op.write
+	return op
+}}
+
+// framePool holds encoding buffers for requests: the kernel has copied a
+// frame once sendmsg returns, and a spawn request (the environment,
+// mostly) is a few KiB that would otherwise be allocated and zeroed per
+// spawn. Buffers over maxPooledFrame are left to the collector.
+var framePool sync.Pool
+
+const maxPooledFrame = 64 << 10
+
+func getFrameBuf() []byte {
+	if p, ok := framePool.Get().(*[]byte); ok {
+		return *p
+	}
+	return nil
+}
+
+func putFrameBuf(b []byte) {
+	if cap(b) == 0 || cap(b) > maxPooledFrame {
+		return
+	}
+	b = b[:0]
+	framePool.Put(&b)
 }
 
 // recvBuffers are one reader's frame and control buffers, reused: the
@@ -787,10 +826,11 @@ func (c *Client) request(spawn, deferred bool, build func(id uint64) *clientMess
 		if err != nil {
 			return nil, nil, err
 		}
-		frame, err := encodeClient(build(id))
+		frame, err := encodeClientTo(getFrameBuf(), build(id))
 		if err == nil {
 			err = conn.send(frame, fds)
 		}
+		putFrameBuf(frame)
 		if err == nil {
 			return conn, p, nil
 		}

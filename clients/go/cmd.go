@@ -297,24 +297,27 @@ func (c *Cmd) environFrom(own []string) ([]string, error) {
 }
 
 // envCache is the process environment that envVars last turned into
-// request variables. It rarely changes, and checking and deduplicating it
-// for every spawn cost a map and three slices.
+// request variables. It rarely changes, and checking, deduplicating and
+// encoding it for every spawn cost a map, three slices and most of the
+// encoder's time.
 type envCache struct {
-	raw  []string // as syscall.Environ returned it
-	vars []envVar // shared by requests, which only read it
+	raw     []string // as syscall.Environ returned it
+	vars    []envVar // shared by requests, which only read it
+	encoded []byte   // vars encoded, shared likewise
 }
 
 var lastEnv atomic.Pointer[envCache]
 
-// envVars is the child's environment (see environ) as request variables.
-func (c *Cmd) envVars() ([]envVar, error) {
+// envVars is the child's environment (see environ) as request variables,
+// and their encoding when they are this process's (nil otherwise).
+func (c *Cmd) envVars() ([]envVar, []byte, error) {
 	inherit := c.Env == nil && c.Dir == ""
 	var raw []string
 	if inherit {
 		// Comparing is cheap: an unchanged entry is the same string.
 		raw = syscall.Environ()
 		if e := lastEnv.Load(); e != nil && slices.Equal(e.raw, raw) {
-			return e.vars, nil
+			return e.vars, e.encoded, nil
 		}
 	}
 	if !inherit && c.Env == nil {
@@ -322,17 +325,20 @@ func (c *Cmd) envVars() ([]envVar, error) {
 	}
 	env, err := c.environFrom(raw)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	vars := make([]envVar, 0, len(env))
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		vars = append(vars, envVar{Key: strBytes(k), Value: strBytes(v)})
 	}
-	if inherit {
-		lastEnv.Store(&envCache{raw: raw, vars: vars})
+	if !inherit {
+		return vars, nil, nil
 	}
-	return vars, nil
+	e := &encoder{}
+	e.env(vars)
+	lastEnv.Store(&envCache{raw: raw, vars: vars, encoded: e.b})
+	return vars, e.b, nil
 }
 
 func noNUL(what, s string) error {
@@ -743,12 +749,15 @@ func (c *Cmd) build(deferred bool) (*spawnRequest, *attachment, [3]stream, *[2]*
 		return nil, nil, streams, nil, err
 	}
 	argv := c.argv()
-	for _, a := range append([]string{c.Path}, argv...) {
+	if err := noNUL("argument", c.Path); err != nil {
+		return fail(err)
+	}
+	for _, a := range argv {
 		if err := noNUL("argument", a); err != nil {
 			return fail(err)
 		}
 	}
-	env, err := c.envVars()
+	env, envEncoded, err := c.envVars()
 	if err != nil {
 		return fail(err)
 	}
@@ -764,6 +773,8 @@ func (c *Cmd) build(deferred bool) (*spawnRequest, *attachment, [3]stream, *[2]*
 		Args:    make([]bstr, 0, len(argv)-1),
 		Env:     env,
 		Cwd:     optBytes(strBytes(cwd)),
+
+		envEncoded: envEncoded,
 	}
 	if argv[0] != c.Path {
 		req.Argv0 = optBytes(strBytes(argv[0]))
@@ -847,7 +858,11 @@ func (c *Cmd) build(deferred bool) (*spawnRequest, *attachment, [3]stream, *[2]*
 	if o.Umask != nil {
 		req.Umask = o.Umask
 	}
-	req.Rlimits = mergeRlimits(settings.rlimits, o.Rlimits)
+	if len(o.Rlimits) == 0 {
+		req.Rlimits, req.rlimitsEncoded = settings.rlimits, settings.rlimitsEncoded
+	} else {
+		req.Rlimits = mergeRlimits(settings.rlimits, o.Rlimits)
+	}
 	req.IgnoredSignals = settings.ignoredSignals
 	req.Nice = settings.nice
 	req.CPUAffinity = settings.cpuAffinity

@@ -223,6 +223,12 @@ type spawnRequest struct {
 	// DeferSpawned asks for Spawned only if the child still runs 10
 	// to 20 ms after exec; a child that ends sooner gets Exited alone.
 	DeferSpawned bool `json:"defer_spawned"`
+
+	// envEncoded and rlimitsEncoded, when set, are Env and Rlimits
+	// already encoded (count and entries), which the encoder copies: the
+	// client encodes the inherited environment and the copied limits
+	// once, not per spawn.
+	envEncoded, rlimitsEncoded []byte
 }
 
 // cgroupSpec sets limits and whole-tree behaviour of the child's cgroup
@@ -453,6 +459,25 @@ func (e *encoder) stdio(s stdioSpec) {
 	}
 }
 
+// env encodes a spawn request's environment.
+func (e *encoder) env(env []envVar) {
+	e.varint(uint64(len(env)))
+	for _, v := range env {
+		e.bytes(v.Key)
+		e.bytes(v.Value)
+	}
+}
+
+// rlimits encodes a spawn request's resource limits.
+func (e *encoder) rlimits(ls []resourceLimit) {
+	e.varint(uint64(len(ls)))
+	for _, l := range ls {
+		e.varint(uint64(l.Resource))
+		e.varint(l.Soft)
+		e.varint(l.Hard)
+	}
+}
+
 func (e *encoder) spawn(r *spawnRequest) {
 	e.varint(r.ID)
 	e.bytes(r.Program)
@@ -463,10 +488,10 @@ func (e *encoder) spawn(r *spawnRequest) {
 	for _, a := range r.Args {
 		e.bytes(a)
 	}
-	e.varint(uint64(len(r.Env)))
-	for _, v := range r.Env {
-		e.bytes(v.Key)
-		e.bytes(v.Value)
+	if r.envEncoded != nil {
+		e.b = append(e.b, r.envEncoded...)
+	} else {
+		e.env(r.Env)
 	}
 	if e.option(r.Cwd != nil) {
 		e.bytes(r.Cwd)
@@ -486,11 +511,10 @@ func (e *encoder) spawn(r *spawnRequest) {
 	if e.option(r.Umask != nil) {
 		e.varint(uint64(*r.Umask))
 	}
-	e.varint(uint64(len(r.Rlimits)))
-	for _, l := range r.Rlimits {
-		e.varint(uint64(l.Resource))
-		e.varint(l.Soft)
-		e.varint(l.Hard)
+	if r.rlimitsEncoded != nil {
+		e.b = append(e.b, r.rlimitsEncoded...)
+	} else {
+		e.rlimits(r.Rlimits)
 	}
 	if e.option(r.User != nil) {
 		e.varint(uint64(r.User.UID))
@@ -575,20 +599,36 @@ func (d *decoder) optU32(what string) *uint32 {
 var errNoVariant = errors.New("message has no variant set")
 
 // encodeClient encodes one client frame.
-func encodeClient(m *clientMessage) ([]byte, error) {
+func encodeClient(m *clientMessage) ([]byte, error) { return encodeClientTo(nil, m) }
+
+// encodeClientTo encodes one client frame into buf's storage, when it is
+// large enough, or into a new slice.
+func encodeClientTo(buf []byte, m *clientMessage) ([]byte, error) {
 	size := 256
 	if r := m.Spawn; r != nil {
 		// One allocation for the usual request: the strings, and a few
 		// bytes of length and tags each.
-		size += len(r.Program) + len(r.Argv0) + len(r.Cwd) + 4*len(r.CPUAffinity) + 21*len(r.Rlimits)
+		size += len(r.Program) + len(r.Argv0) + len(r.Cwd) + 4*len(r.CPUAffinity)
 		for _, a := range r.Args {
 			size += len(a) + 3
 		}
-		for _, v := range r.Env {
-			size += len(v.Key) + len(v.Value) + 6
+		if r.envEncoded != nil {
+			size += len(r.envEncoded)
+		} else {
+			for _, v := range r.Env {
+				size += len(v.Key) + len(v.Value) + 6
+			}
+		}
+		if r.rlimitsEncoded != nil {
+			size += len(r.rlimitsEncoded)
+		} else {
+			size += 21 * len(r.Rlimits)
 		}
 	}
-	e := &encoder{b: make([]byte, 0, size)}
+	if cap(buf) < size {
+		buf = make([]byte, 0, size)
+	}
+	e := &encoder{b: buf[:0]}
 	switch {
 	case m.Hello != nil:
 		e.varint(0)

@@ -51,8 +51,27 @@ func rawClose(fd int) {
 }
 
 // rawGetwd is getcwd(2), the kernel's path of the working directory.
+// It tries a small buffer first: Go zeroes a buffer on every call, and
+// zeroing PATH_MAX bytes cost more than the system call.
 func rawGetwd() (string, error) {
+	var small [256]byte
+	if s, errno := getcwdInto(small[:]); errno != syscall.ERANGE {
+		return s, errnoErr(errno)
+	}
 	var buf [syscall.PathMax]byte
+	s, errno := getcwdInto(buf[:])
+	return s, errnoErr(errno)
+}
+
+func errnoErr(errno syscall.Errno) error {
+	if errno == 0 {
+		return nil
+	}
+	return errno
+}
+
+// getcwdInto is one getcwd(2) into buf.
+func getcwdInto(buf []byte) (string, syscall.Errno) {
 	n, _, errno := syscall.RawSyscall(syscall.SYS_GETCWD, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0)
 	if errno != 0 {
 		return "", errno
@@ -62,5 +81,5 @@ func rawGetwd() (string, error) {
 	if n < 2 || buf[0] != '/' {
 		return "", syscall.ENOENT
 	}
-	return string(buf[:n-1]), nil
+	return string(buf[:n-1]), 0
 }

@@ -26,11 +26,14 @@ type processSettings struct {
 	nice           *int32
 	cpuAffinity    []uint32
 	oomScoreAdj    *int32
+	// rlimitsEncoded is rlimits encoded, for the requests that copy
+	// them unchanged.
+	rlimitsEncoded []byte
 }
 
 func readProcessSettings() *processSettings {
 	status, _ := os.ReadFile("/proc/self/status")
-	return &processSettings{
+	s := &processSettings{
 		umask:          parseUmask(string(status)),
 		rlimits:        readRlimits(),
 		ignoredSignals: parseIgnored(string(status)),
@@ -38,6 +41,10 @@ func readProcessSettings() *processSettings {
 		cpuAffinity:    readAffinity(),
 		oomScoreAdj:    readOomScoreAdj(),
 	}
+	e := &encoder{}
+	e.rlimits(s.rlimits)
+	s.rlimitsEncoded = e.b
+	return s
 }
 
 // statusField is the value of a "Name:" line of /proc/self/status.

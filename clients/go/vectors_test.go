@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"syscall"
 	"testing"
 )
 
@@ -143,5 +144,114 @@ func TestDecoderRejects(t *testing.T) {
 	// Over-long varints are accepted, as the reference decoder does.
 	if m, err := decodeServer([]byte{0x04, 0x88, 0x00}); err != nil || m.SignalSent.ID != 8 {
 		t.Errorf("over-long varint: %+v, %v", m, err)
+	}
+}
+
+// TestCachedEncodingMatches checks the encodings a request reuses (the
+// inherited environment, the copied resource limits) against encoding
+// the same request from scratch, and that a changed environment or an
+// rlimit override is encoded anew.
+func TestCachedEncodingMatches(t *testing.T) {
+	c := &Client{}
+	encode := func(cmd *Cmd) (*spawnRequest, []byte, []byte) {
+		t.Helper()
+		req, _, _, _, err := cmd.build(true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cached, err := encodeClient(&clientMessage{Spawn: req})
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain := *req
+		plain.envEncoded, plain.rlimitsEncoded = nil, nil
+		fresh, err := encodeClient(&clientMessage{Spawn: &plain})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(cached, fresh) {
+			t.Fatalf("the cached encoding differs from a fresh one:\n%x\n%x", cached, fresh)
+		}
+		return req, cached, fresh
+	}
+	envOf := func(frame []byte) map[string]string {
+		t.Helper()
+		m, err := decodeClient(frame)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := map[string]string{}
+		for _, v := range m.Spawn.Env {
+			env[string(v.Key)] = string(v.Value)
+		}
+		return env
+	}
+
+	t.Setenv("ZYGOTE_GO_ENCTEST", "one")
+	req, frame, _ := encode(c.Command("/bin/true"))
+	if req.envEncoded == nil || req.rlimitsEncoded == nil {
+		t.Fatalf("an inheriting request reuses no encoding (env %v, rlimits %v)", req.envEncoded != nil, req.rlimitsEncoded != nil)
+	}
+	if got := envOf(frame)["ZYGOTE_GO_ENCTEST"]; got != "one" {
+		t.Fatalf("ZYGOTE_GO_ENCTEST=%q, want one", got)
+	}
+	os.Setenv("ZYGOTE_GO_ENCTEST", "two")
+	if _, frame, _ = encode(c.Command("/bin/true")); envOf(frame)["ZYGOTE_GO_ENCTEST"] != "two" {
+		t.Fatalf("after Setenv the request has ZYGOTE_GO_ENCTEST=%q, want two", envOf(frame)["ZYGOTE_GO_ENCTEST"])
+	}
+
+	// An explicit environment and an rlimit override are encoded per request.
+	cmd := c.Command("/bin/true")
+	cmd.Env = []string{"A=1"}
+	cmd.Zygote.Rlimits = []Rlimit{{Resource: syscall.RLIMIT_NOFILE, Cur: 77, Max: 77}}
+	req, frame, _ = encode(cmd)
+	if req.envEncoded != nil || req.rlimitsEncoded != nil {
+		t.Fatal("a request with its own Env and Rlimits reused a cached encoding")
+	}
+	m, err := decodeClient(frame)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env := envOf(frame); len(env) != 1 || env["A"] != "1" {
+		t.Fatalf("env %v, want only A=1", env)
+	}
+	found := false
+	for _, l := range m.Spawn.Rlimits {
+		if l.Resource == syscall.RLIMIT_NOFILE {
+			found = l.Soft == 77 && l.Hard == 77
+		}
+	}
+	if !found {
+		t.Fatalf("rlimits %+v lack the override NOFILE 77/77", m.Spawn.Rlimits)
+	}
+}
+
+// TestGetwdLongPath checks rawGetwd past its small first buffer.
+func TestGetwdLongPath(t *testing.T) {
+	// getcwd reports the path with symlinks resolved.
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deep := dir
+	for len(deep) < 600 {
+		deep = filepath.Join(deep, "a-directory-name-of-forty-characters-xx")
+	}
+	if err := os.MkdirAll(deep, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	old, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{dir, deep} {
+		if err := os.Chdir(d); err != nil {
+			t.Fatal(err)
+		}
+		got, err := rawGetwd()
+		os.Chdir(old)
+		if err != nil || got != d {
+			t.Fatalf("rawGetwd in %s (%d bytes): %q, %v", d, len(d), got, err)
+		}
 	}
 }
