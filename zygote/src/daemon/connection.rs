@@ -719,12 +719,15 @@ impl Daemon {
 
 /// Takes over a connection an earlier image of this daemon handed over
 /// (a live upgrade): its socket, peer, grant, ids and children. Answers
-/// the `Upgrade` request `reply_to` once serving.
+/// the `Upgrade` request `reply_to` once serving. Says on `restored`
+/// when everything is taken over, then serves the connection until it
+/// ends, on the runtime this runs on.
 pub(crate) async fn restore(
     saved: SavedConnection,
     daemon: &Arc<Daemon>,
-    coordinator: &crate::daemon::shutdown::Coordinator,
+    shutdown: Shutdown,
     reply_to: Option<u64>,
+    restored: tokio::sync::oneshot::Sender<()>,
 ) {
     let socket = saved.socket.and_then(|fd| {
         let socket = spawn::adopt_fd(fd).and_then(|fd| {
@@ -745,13 +748,8 @@ pub(crate) async fn restore(
                 Ok(cred) => {
                     let active = daemon.pause.enter().await;
                     daemon.metrics.connection_restored();
-                    tokio::spawn(serve_opened(
-                        socket,
-                        cred,
-                        Arc::clone(daemon),
-                        coordinator.handle(),
-                        active,
-                    ));
+                    let _ = restored.send(());
+                    serve_opened(socket, cred, Arc::clone(daemon), shutdown, active).await;
                 }
                 Err(error) => warn!(%error, "cannot identify a handed-over client; closing it"),
             }
@@ -769,17 +767,19 @@ pub(crate) async fn restore(
     daemon.register(&connection);
     for child in client.children {
         let active = daemon.pause.enter().await;
-        lifetime::resume(&connection, daemon, coordinator.handle(), child, active);
+        lifetime::resume(&connection, daemon, shutdown.clone(), child, active);
     }
     if let Some(socket) = socket {
         let active = daemon.pause.enter().await;
-        tokio::spawn(serve_restored(
+        let _ = restored.send(());
+        serve_restored(
             socket,
             connection,
             Arc::clone(daemon),
-            coordinator.handle(),
+            shutdown,
             active,
             reply_to,
-        ));
+        )
+        .await;
     }
 }
