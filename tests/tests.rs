@@ -18,9 +18,6 @@ mod blocking;
 // concurrency, clients that leave mid-spawn, raw protocol errors.
 mod daemon;
 
-// The shared daemon's runtimes: connections spread over them.
-mod runtimes;
-
 // A cgroup per child: tree kill, tree accounting, cleanup, refusals.
 mod cgroup;
 

@@ -115,16 +115,6 @@ pub struct ServeArgs {
         conflicts_with = "private_fd"
     )]
     pub stop_timeout: u64,
-    /// Runtimes (threads) serving connections: each connection, with its
-    /// spawns, stays on one; new connections go to the one serving fewest
-    /// [default: 0, one per CPU the daemon may use].
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 0,
-        conflicts_with = "private_fd"
-    )]
-    pub runtimes: usize,
 }
 
 /// Arguments of `zygote status`.

@@ -2,6 +2,7 @@
 //! and serve until SIGTERM/SIGINT; or, with `--private-fd`, serve one
 //! inherited socket as a private zygote.
 
+use std::thread::available_parallelism;
 use std::time::Duration;
 
 use tokio::signal::unix::{SignalKind, signal};
@@ -12,7 +13,6 @@ use crate::daemon::cgroup::Subtree;
 use crate::daemon::handover::{self, SavedDaemon};
 use crate::daemon::policy::Policy;
 use crate::daemon::private;
-use crate::daemon::runtimes;
 use crate::daemon::server::{self, Options, Restored};
 use crate::daemon::upgrade::Handover;
 use crate::service::activation::Activation;
@@ -187,56 +187,20 @@ fn serve_restored(args: &ServeArgs, state: SavedDaemon) -> Result<(), Error> {
             reply_to: state.reply_to,
             written_by: state.written_by,
         }),
-        runtimes: None,
     };
     run(args, listener, options)
 }
 
-/// Runs the runtimes and serves until stopped.
-fn run(
-    args: &ServeArgs,
-    listener: std::os::fd::OwnedFd,
-    mut options: Options,
-) -> Result<(), Error> {
-    let count = match args.runtimes {
-        0 => runtimes::default_count(),
-        count => count,
-    };
-    let (runtime, shards, threads) = runtimes::build(count, prepare_spawner)?;
-    tracing::info!(runtimes = shards.len(), "runtimes started");
-    options.runtimes = Some(shards);
-    let served = serve_on(&runtime, args, listener, options);
-    // Connections still open were closed as their clients' (the serving
-    // future's guard); what is left on each runtime is dropped there.
-    threads.stop();
-    drop(runtime);
-    served
-}
-
-/// Sets a runtime's thread up to get priority over its children while
-/// many run, as a private zygote's spawner: at concurrency 50 a
-/// connection's one thread competes with every running child for the CPU.
-/// Root only; others spawn at their own priority.
-fn prepare_spawner(runtime: usize) {
-    match spawn::prepare_boost(private::SPAWNER_NICE) {
-        Ok(Some(former)) => tracing::debug!(
-            runtime,
-            former,
-            nice = private::SPAWNER_NICE,
-            "spawner priority raised when busy"
-        ),
-        Ok(None) => tracing::debug!(runtime, "spawner priority already high"),
-        Err(error) => tracing::debug!(runtime, %error, "spawner priority not raised"),
-    }
-}
-
-/// Serves on `runtime` (the first of the runtimes) until stopped.
-fn serve_on(
-    runtime: &tokio::runtime::Runtime,
-    args: &ServeArgs,
-    listener: std::os::fd::OwnedFd,
-    options: Options,
-) -> Result<(), Error> {
+/// Runs the runtime and serves until stopped.
+fn run(args: &ServeArgs, listener: std::os::fd::OwnedFd, options: Options) -> Result<(), Error> {
+    // Sized by the cgroup-aware CPU count: threads a CPU quota cannot run
+    // only add latency.
+    let workers = available_parallelism().map_or(1, |n| n.get());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .map_err(Error::Runtime)?;
     let stop_timeout = (args.stop_timeout > 0).then(|| Duration::from_secs(args.stop_timeout));
     runtime.block_on(async {
         let signals = count_signals()?;

@@ -719,15 +719,12 @@ impl Daemon {
 
 /// Takes over a connection an earlier image of this daemon handed over
 /// (a live upgrade): its socket, peer, grant, ids and children. Answers
-/// the `Upgrade` request `reply_to` once serving. Says on `restored`
-/// when everything is taken over, then serves the connection until it
-/// ends, on the runtime this runs on.
+/// the `Upgrade` request `reply_to` once serving.
 pub(crate) async fn restore(
     saved: SavedConnection,
     daemon: &Arc<Daemon>,
-    shutdown: Shutdown,
+    coordinator: &crate::daemon::shutdown::Coordinator,
     reply_to: Option<u64>,
-    restored: tokio::sync::oneshot::Sender<()>,
 ) {
     let socket = saved.socket.and_then(|fd| {
         let socket = spawn::adopt_fd(fd).and_then(|fd| {
@@ -748,8 +745,13 @@ pub(crate) async fn restore(
                 Ok(cred) => {
                     let active = daemon.pause.enter().await;
                     daemon.metrics.connection_restored();
-                    let _ = restored.send(());
-                    serve_opened(socket, cred, Arc::clone(daemon), shutdown, active).await;
+                    tokio::spawn(serve_opened(
+                        socket,
+                        cred,
+                        Arc::clone(daemon),
+                        coordinator.handle(),
+                        active,
+                    ));
                 }
                 Err(error) => warn!(%error, "cannot identify a handed-over client; closing it"),
             }
@@ -767,19 +769,17 @@ pub(crate) async fn restore(
     daemon.register(&connection);
     for child in client.children {
         let active = daemon.pause.enter().await;
-        lifetime::resume(&connection, daemon, shutdown.clone(), child, active);
+        lifetime::resume(&connection, daemon, coordinator.handle(), child, active);
     }
     if let Some(socket) = socket {
         let active = daemon.pause.enter().await;
-        let _ = restored.send(());
-        serve_restored(
+        tokio::spawn(serve_restored(
             socket,
             connection,
             Arc::clone(daemon),
-            shutdown,
+            coordinator.handle(),
             active,
             reply_to,
-        )
-        .await;
+        ));
     }
 }

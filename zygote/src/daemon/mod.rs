@@ -19,8 +19,6 @@
 //!   kill-on-close.
 //! - `connection`: one client's conversation: peer check, handshake,
 //!   requests, replies.
-//! - [`runtimes`]: the shared daemon's runtimes, one per core, and which
-//!   serves a new connection.
 //! - [`server`]: binding the socket and the accept loop.
 //! - [`upgrade`]: the live upgrade: save, check, exec in place, restore.
 //! - [`private`]: a zygote serving one owner over one socket, launched
@@ -38,7 +36,6 @@ pub mod policy;
 pub mod private;
 mod reaper;
 mod reply;
-pub mod runtimes;
 pub mod server;
 mod shutdown;
 pub mod state;

@@ -43,7 +43,7 @@ const REAP_POLL: Duration = Duration::from_millis(10);
 /// (0.81 of posix_spawn's throughput, 0.88 with this). Children start at
 /// nice 0 (`SCHED_RESET_ON_FORK`) and get their requested or the owner's
 /// value.
-pub(crate) const SPAWNER_NICE: i32 = -10;
+const SPAWNER_NICE: i32 = -10;
 
 /// Serves `socket`, one end of a socketpair whose other end the owner
 /// holds, on a new single-threaded runtime, until the owner's end closes

@@ -9,16 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sd_notify::NotifyState;
-use tokio::io::Interest;
-use tokio::io::unix::AsyncFd;
 use tracing::{error, info, warn};
-use zygote_proto::{ProtoError, ResourceLimit, UCred, socket};
+use zygote_proto::{AsyncSeqpacketListener, ProtoError, ResourceLimit, socket};
 
 use crate::Error;
 use crate::daemon::cgroup::Subtree;
 use crate::daemon::connection;
 use crate::daemon::policy::Policy;
-use crate::daemon::runtimes::{self, Runtimes};
 use crate::daemon::shutdown::Coordinator;
 use crate::daemon::state::{Daemon, UpgradeAsk};
 use crate::daemon::upgrade;
@@ -141,9 +138,6 @@ pub struct Options {
     /// What an earlier image handed over, when this one was started by a
     /// live upgrade.
     pub restored: Option<Restored>,
-    /// The runtimes connections are served on; only the one serving is
-    /// used when absent.
-    pub runtimes: Option<Runtimes>,
 }
 
 /// What an earlier image of the daemon handed over, besides the sockets
@@ -204,8 +198,7 @@ pub async fn run_with(
     options: Options,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    let listener = Listener::new(listener).map_err(Error::Accept)?;
-    let runtimes = options.runtimes.unwrap_or_else(Runtimes::current);
+    let listener = AsyncSeqpacketListener::new(listener).map_err(Error::Accept)?;
     let mut policy = options
         .policy
         .unwrap_or_else(|| Policy::default_for(rustix::process::geteuid().as_raw()));
@@ -265,7 +258,6 @@ pub async fn run_with(
             restored.leftover_cgroups,
             restored.reply_to,
             &coordinator,
-            &runtimes,
         )
         .await;
     }
@@ -347,13 +339,8 @@ pub async fn run_with(
                 Ok((socket, peer)) => {
                     // No upgrade is under way while this loop runs: at once.
                     let active = daemon.pause.enter().await;
-                    let daemon = Arc::clone(&daemon);
-                    let shutdown = coordinator.handle();
-                    runtimes.spawn_connection(move || async move {
-                        if let Some(socket) = runtimes::adopt_socket(socket) {
-                            connection::serve(socket, peer, daemon, shutdown, active).await;
-                        }
-                    });
+                    let task = connection::serve(socket, peer, Arc::clone(&daemon), coordinator.handle(), active);
+                    tokio::spawn(task);
                 }
                 Err(error) => back_off(&error).await,
             },
@@ -420,51 +407,6 @@ fn raise_fd_limit() -> FdLimit {
         raised,
         hard,
     }
-}
-
-/// The listening socket, registered in the accepting runtime. Accepted
-/// sockets are handed over as plain fds, so that each is registered in the
-/// runtime that serves it ([`runtimes::adopt_socket`]): its readiness then
-/// wakes that runtime's thread, not the accepting one.
-struct Listener(AsyncFd<OwnedFd>);
-
-impl Listener {
-    fn new(fd: OwnedFd) -> Result<Self, ProtoError> {
-        rustix::io::ioctl_fionbio(&fd, true)
-            .map_err(|errno| io_error("ioctl(FIONBIO)", errno.into()))?;
-        let fd = zygote_proto::register(fd, Interest::READABLE)
-            .map_err(|error| io_error("register with tokio", error))?;
-        Ok(Self(fd))
-    }
-
-    /// The next connection (non-blocking, close-on-exec) and its peer.
-    async fn accept(&self) -> Result<(OwnedFd, UCred), ProtoError> {
-        loop {
-            let mut guard = self
-                .0
-                .readable()
-                .await
-                .map_err(|error| io_error("poll", error))?;
-            match socket::accept_peer(self.0.get_ref().as_fd(), true) {
-                Err(ProtoError::Io { source, .. })
-                    if source.kind() == io::ErrorKind::WouldBlock =>
-                {
-                    guard.clear_ready();
-                }
-                accepted => return accepted,
-            }
-        }
-    }
-}
-
-impl AsFd for Listener {
-    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.0.get_ref().as_fd()
-    }
-}
-
-fn io_error(op: &'static str, source: io::Error) -> ProtoError {
-    ProtoError::Io { op, source }
 }
 
 /// The next SIGHUP, or never.

@@ -43,7 +43,6 @@ use crate::daemon::connection;
 use crate::daemon::handover::{self, SavedConnection, SavedCounter, SavedDaemon, StateError};
 use crate::daemon::lifetime;
 use crate::daemon::reply::send_reply;
-use crate::daemon::runtimes::Runtimes;
 use crate::daemon::shutdown::Coordinator;
 use crate::daemon::state::{Daemon, UpgradeAsk};
 use crate::spawn;
@@ -454,29 +453,14 @@ pub(crate) async fn restore_connections(
     leftover_cgroups: Vec<SavedCgroup>,
     reply_to: Option<(usize, u64)>,
     coordinator: &Coordinator,
-    runtimes: &Runtimes,
 ) {
     for cgroup in leftover_cgroups {
         lifetime::remove_when_empty(daemon, Arc::new(ChildCgroup::restore(cgroup)));
     }
     let count = connections.len();
-    // Each connection is restored on the runtime that will serve it, so
-    // that its socket and its children's pidfds are registered there;
-    // this waits until every one is taken over (the accept loop starts
-    // after), and each is then served where it was restored.
-    let mut restored = Vec::with_capacity(count);
     for (index, saved) in connections.into_iter().enumerate() {
         let reply = reply_to.and_then(|(at, id)| (at == index).then_some(id));
-        let daemon = Arc::clone(daemon);
-        let shutdown = coordinator.handle();
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-        runtimes.spawn_connection(move || async move {
-            connection::restore(saved, &daemon, shutdown, reply, done_tx).await;
-        });
-        restored.push(done_rx);
-    }
-    for done in restored {
-        let _ = done.await;
+        connection::restore(saved, daemon, coordinator, reply).await;
     }
     info!(
         connections = count,

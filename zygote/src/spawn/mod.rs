@@ -59,7 +59,7 @@ use std::ffi::{CString, c_char, c_int, c_uint};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{LazyLock, Mutex, PoisonError, RwLock};
 
 use crate::strerror;
@@ -375,12 +375,8 @@ static BOOST_NICE: AtomicI32 = AtomicI32::new(i32::MIN);
 /// The spawner's nice value while idle.
 static IDLE_NICE: AtomicI32 = AtomicI32::new(0);
 
-thread_local! {
-    /// Whether this thread, a spawner, runs at [`BOOST_NICE`] now: a nice
-    /// value is a thread's, and the shared daemon spawns from one thread
-    /// per runtime.
-    static BOOSTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
+/// Whether the spawner runs at [`BOOST_NICE`] now.
+static BOOSTED: AtomicBool = AtomicBool::new(false);
 
 /// Prepares the calling thread, a single-threaded zygote's spawner, to
 /// get priority over the children it starts while many run
@@ -424,7 +420,7 @@ pub fn prepare_boost(nice: i32) -> io::Result<Option<i32>> {
 /// without [`prepare_boost`]. Call it on the spawning thread.
 pub fn set_busy(busy: bool) {
     let nice = BOOST_NICE.load(Ordering::Relaxed);
-    if nice == i32::MIN || BOOSTED.replace(busy) == busy {
+    if nice == i32::MIN || BOOSTED.swap(busy, Ordering::Relaxed) == busy {
         return;
     }
     let nice = if busy {
@@ -443,7 +439,7 @@ pub fn set_busy(busy: bool) {
 fn forget_boost() {
     BOOST_NICE.store(i32::MIN, Ordering::Relaxed);
     DEFAULT_CHILD_NICE.store(i32::MIN, Ordering::Relaxed);
-    BOOSTED.set(false);
+    BOOSTED.store(false, Ordering::Relaxed);
 }
 
 fn default_child_nice() -> Option<i32> {
