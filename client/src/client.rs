@@ -353,6 +353,12 @@ impl Client {
         *self.inner.settings.write().expect("settings lock poisoned") = None;
     }
 
+    /// Requests on the current connection still waiting for a reply.
+    #[cfg(test)]
+    pub(crate) fn pending_requests(&self) -> usize {
+        self.current().pending_requests()
+    }
+
     /// The umask and rlimits for a request, read on first use.
     pub(crate) fn process_settings(&self) -> Arc<ProcessSettings> {
         let cached = self.inner.settings.read().expect("settings lock poisoned");

@@ -228,6 +228,12 @@ impl Connection {
         &self.endpoint
     }
 
+    /// Requests still waiting for a reply.
+    #[cfg(test)]
+    pub(crate) fn pending_requests(&self) -> usize {
+        self.lock().pending.len()
+    }
+
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
     }
