@@ -3,7 +3,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 
 use zygote_proto::{
     AsyncSeqpacket, ClientMessage, Hello, Limits, MAX_FDS_PER_FRAME, MAX_FRAME_BYTES,
@@ -96,6 +96,7 @@ impl Connection {
             state: Mutex::default(),
             lost: AtomicBool::new(false),
             send_buffer: Mutex::default(),
+            last_request_bytes: AtomicUsize::new(0),
         });
         Ok((connection, scratch))
     }

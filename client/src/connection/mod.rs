@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{oneshot, watch};
@@ -45,8 +45,11 @@ pub(crate) struct Connection {
     /// vector per request grew through every power of two to the size of
     /// the environment, and malloc's consolidation of a large request
     /// showed in the client's profile. Concurrent senders that find it
-    /// taken, or its lock held, use a fresh one: nobody waits for it.
+    /// taken, or its lock held, use a fresh one (nobody waits for it),
+    /// made as large as the last request so that it does not grow.
     send_buffer: Mutex<Vec<u8>>,
+    /// The size of the last request encoded, for a fresh buffer.
+    last_request_bytes: AtomicUsize,
 }
 
 /// The largest encoding buffer a connection keeps between requests, so
@@ -295,8 +298,16 @@ impl Connection {
             Err(std::sync::TryLockError::WouldBlock) => Vec::new(),
         };
         buffer.clear();
+        // Taken by another sender: one allocation of the usual size, not
+        // a growth through every power of two up to it.
+        let last = self.last_request_bytes.load(Ordering::Relaxed);
+        if buffer.capacity() < last {
+            buffer.reserve_exact(last.min(KEPT_SEND_BUFFER));
+        }
         let bytes = encode_into(message, buffer)
             .map_err(|error| Error::proto("encoding a request", error))?;
+        self.last_request_bytes
+            .store(bytes.len(), Ordering::Relaxed);
         let limit = self.limits.max_frame_bytes as usize;
         if bytes.len() > limit {
             return Err(Error::RequestTooLarge {
