@@ -4,7 +4,7 @@ use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -75,7 +75,9 @@ const RECONNECT_MAX_PAUSE: Duration = Duration::from_secs(1);
 
 struct Inner {
     /// The current connection; replaced when a lost one is reconnected.
-    session: Mutex<Arc<Session>>,
+    /// Read by every request, written only on reconnection: a read lock
+    /// lets threads spawning at once pass without queueing.
+    session: RwLock<Arc<Session>>,
     /// The socket path to reconnect to; `None` for a private zygote or an
     /// inherited socket.
     path: Option<PathBuf>,
@@ -83,8 +85,8 @@ struct Inner {
     /// attempt between them.
     redial: tokio::sync::Mutex<()>,
     /// umask and rlimits, read at the first spawn and kept until
-    /// [`Client::refresh_process_state`].
-    settings: Mutex<Option<Arc<ProcessSettings>>>,
+    /// [`Client::refresh_process_state`]; read-locked by every spawn.
+    settings: RwLock<Option<Arc<ProcessSettings>>>,
 }
 
 /// One connection and its reader task, which stops when the last holder
@@ -218,17 +220,17 @@ impl Client {
     fn with(session: Session, path: Option<PathBuf>) -> Self {
         Self {
             inner: Arc::new(Inner {
-                session: Mutex::new(Arc::new(session)),
+                session: RwLock::new(Arc::new(session)),
                 path,
                 redial: tokio::sync::Mutex::new(()),
-                settings: Mutex::new(None),
+                settings: RwLock::new(None),
             }),
         }
     }
 
     /// The current connection, lost or not.
     fn current(&self) -> Arc<Session> {
-        Arc::clone(&self.inner.session.lock().expect("session lock poisoned"))
+        Arc::clone(&self.inner.session.read().expect("session lock poisoned"))
     }
 
     /// The connection for a new request: the current one, or, when it was
@@ -276,7 +278,7 @@ impl Client {
             match Self::dial(path).await {
                 Ok(session) => {
                     let session = Arc::new(session);
-                    *self.inner.session.lock().expect("session lock poisoned") =
+                    *self.inner.session.write().expect("session lock poisoned") =
                         Arc::clone(&session);
                     return Ok(session);
                 }
@@ -348,12 +350,23 @@ impl Client {
     /// changing either (`umask(2)`, `setrlimit(2)`) for children to see
     /// the change. Clones share one copy.
     pub fn refresh_process_state(&self) {
-        *self.inner.settings.lock().expect("settings lock poisoned") = None;
+        *self.inner.settings.write().expect("settings lock poisoned") = None;
+    }
+
+    /// Requests on the current connection still waiting for a reply.
+    #[cfg(test)]
+    pub(crate) fn pending_requests(&self) -> usize {
+        self.current().pending_requests()
     }
 
     /// The umask and rlimits for a request, read on first use.
     pub(crate) fn process_settings(&self) -> Arc<ProcessSettings> {
-        let mut cached = self.inner.settings.lock().expect("settings lock poisoned");
+        let cached = self.inner.settings.read().expect("settings lock poisoned");
+        if let Some(settings) = &*cached {
+            return Arc::clone(settings);
+        }
+        drop(cached);
+        let mut cached = self.inner.settings.write().expect("settings lock poisoned");
         Arc::clone(cached.get_or_insert_with(|| Arc::new(ProcessSettings::read())))
     }
 }

@@ -474,7 +474,7 @@ impl Command {
         // limits are the new zygote's.
         let session = self.client.session().await?;
         let settings = self.client.process_settings();
-        let snapshot = Snapshot::capture(self.spec.inherit_fds, &settings)?;
+        let snapshot = Snapshot::capture(self.spec.inherit_fds, settings)?;
         // Kept open until the request is sent.
         let large_args;
         // In a block, so that the prepared request is not kept in this

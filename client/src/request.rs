@@ -285,8 +285,8 @@ impl Spec {
             fd_mappings,
             new_session: self.setsid,
             process_group: self.process_group,
-            umask: self.umask.or(snapshot.umask),
-            rlimits: snapshot.rlimits.clone(),
+            umask: self.umask.or(snapshot.settings.umask),
+            rlimits: snapshot.settings.rlimits.clone(),
             user: self.user(),
             kill_on_close: self.kill_on_close,
             timeout: self.timeout.map(|limit| Timeout {
@@ -296,10 +296,10 @@ impl Spec {
             pty: self.pty.map(|window| PtySpec { window }),
             report_stops: self.report_stops,
             cgroup: self.cgroup,
-            ignored_signals: snapshot.attributes.ignored_signals,
-            nice: snapshot.attributes.nice,
-            cpu_affinity: snapshot.attributes.cpu_affinity.clone(),
-            oom_score_adj: snapshot.attributes.oom_score_adj,
+            ignored_signals: snapshot.settings.attributes.ignored_signals,
+            nice: snapshot.settings.attributes.nice,
+            cpu_affinity: snapshot.settings.attributes.cpu_affinity.clone(),
+            oom_score_adj: snapshot.settings.attributes.oom_score_adj,
             large_args: None,
             defer_spawned: false,
         };
@@ -313,22 +313,23 @@ impl Spec {
     /// The child's working directory, always absolute: the one set (joined
     /// onto the caller's when relative) or the caller's own.
     fn working_directory(&self, snapshot: &Snapshot) -> Result<Vec<u8>> {
-        let path = match &self.cwd {
-            Some(dir) if dir.is_absolute() => dir.clone(),
-            set => {
-                let own = snapshot.cwd.as_ref().map_err(|error| {
-                    Error::io(
-                        "reading the current directory (the child starts in the caller's)",
-                        copy_io_error(error),
-                    )
-                })?;
-                match set {
-                    Some(relative) => own.join(relative),
-                    None => own.clone(),
-                }
-            }
-        };
-        bytes("working directory", path.as_os_str())
+        const WHAT: &str = "working directory";
+        if let Some(dir) = &self.cwd
+            && dir.is_absolute()
+        {
+            return bytes(WHAT, dir.as_os_str());
+        }
+        let own = snapshot.cwd.as_ref().map_err(|error| {
+            Error::io(
+                "reading the current directory (the child starts in the caller's)",
+                copy_io_error(error),
+            )
+        })?;
+        match &self.cwd {
+            Some(relative) => bytes(WHAT, own.join(relative).as_os_str()),
+            // Copied once, into the request.
+            None => bytes(WHAT, own.as_os_str()),
+        }
     }
 }
 
@@ -491,7 +492,9 @@ mod tests {
     use zygote_proto::ResourceLimit;
 
     use super::*;
-    use crate::transparent::Attributes;
+    use std::sync::Arc;
+
+    use crate::transparent::{Attributes, ProcessSettings};
 
     fn snapshot() -> Snapshot {
         Snapshot {
@@ -501,18 +504,20 @@ mod tests {
                 ("LANG".into(), "C".into()),
             ]),
             cwd: Ok(PathBuf::from("/srv/work")),
-            umask: Some(0o027),
-            rlimits: vec![ResourceLimit {
-                resource: 7,
-                soft: 1024,
-                hard: u64::MAX,
-            }],
-            attributes: Attributes {
-                ignored_signals: 1,
-                nice: Some(7),
-                cpu_affinity: vec![0],
-                oom_score_adj: Some(300),
-            },
+            settings: Arc::new(ProcessSettings {
+                umask: Some(0o027),
+                rlimits: vec![ResourceLimit {
+                    resource: 7,
+                    soft: 1024,
+                    hard: u64::MAX,
+                }],
+                attributes: Attributes {
+                    ignored_signals: 1,
+                    nice: Some(7),
+                    cpu_affinity: vec![0],
+                    oom_score_adj: Some(300),
+                },
+            }),
             inherited_fds: Vec::new(),
         }
     }
@@ -543,7 +548,7 @@ mod tests {
         );
         assert_eq!(request.cwd.as_deref(), Some(&b"/srv/work"[..]));
         assert_eq!(request.umask, Some(0o027));
-        assert_eq!(request.rlimits, snapshot.rlimits);
+        assert_eq!(request.rlimits, snapshot.settings.rlimits);
         assert_eq!(
             (
                 request.ignored_signals,

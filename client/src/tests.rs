@@ -405,6 +405,54 @@ async fn losing_the_zygote_fails_waiters_and_requests() {
     assert_eq!(sleep.wait().unwrap().signal(), Some(libc::SIGKILL));
 }
 
+/// A request whose reply came leaves nothing registered (its entry is
+/// not removed a second time, so it must be gone already), nor does one
+/// whose caller gave up; a late reply to the latter is dropped and the
+/// connection carries on.
+#[tokio::test]
+async fn answered_and_cancelled_requests_leave_nothing_pending() {
+    let (cancelled_tx, cancelled_rx) = std::sync::mpsc::channel::<()>();
+    let (client_end, daemon) = fake_daemon(move |mut daemon| {
+        daemon.accept_hello();
+        let (sleep, pidfd) = sleeper();
+        let next_spawn = |daemon: &mut FakeDaemon| match daemon.recv() {
+            Some((ClientMessage::Spawn(request), _)) => request.id,
+            other => panic!("expected Spawn, got {other:?}"),
+        };
+        let answered = next_spawn(&mut daemon);
+        daemon.exited(answered, 3);
+        let cancelled = next_spawn(&mut daemon);
+        // Answer the cancelled request only once its caller has gone.
+        cancelled_rx.recv().unwrap();
+        daemon.spawned(cancelled, 4242, &[pidfd]);
+        let last = next_spawn(&mut daemon);
+        daemon.exited(last, 5);
+        assert!(daemon.recv().is_none());
+        reap(sleep);
+    });
+    let client = Client::from_fd(client_end).await.unwrap();
+    let run = async {
+        let status = Command::new(&client, "true").status().await.unwrap();
+        assert_eq!(status.code(), Some(3));
+        assert_eq!(client.pending_requests(), 0);
+
+        let mut command = Command::new(&client, "sleep");
+        command.stdin(Stdio::null());
+        let give_up = tokio::time::timeout(Duration::from_millis(50), command.spawn()).await;
+        assert!(give_up.is_err(), "the fake daemon does not answer yet");
+        assert_eq!(client.pending_requests(), 0);
+        cancelled_tx.send(()).unwrap();
+
+        let status = Command::new(&client, "true").status().await.unwrap();
+        assert_eq!(status.code(), Some(5));
+        assert_eq!(client.pending_requests(), 0);
+        assert!(client.is_connected());
+    };
+    tokio::time::timeout(PROMPTLY, run).await.unwrap();
+    drop(client);
+    join(daemon).await;
+}
+
 #[tokio::test]
 async fn spawn_failure_carries_stage_and_errno() {
     let (client_end, daemon) = fake_daemon(|mut daemon| {

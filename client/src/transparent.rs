@@ -10,6 +10,7 @@ use std::ffi::OsString;
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rustix::process::{Resource, getrlimit};
 use zygote_proto::ResourceLimit;
@@ -52,12 +53,9 @@ pub(crate) struct Snapshot {
     /// The working directory; an error is kept, not raised, because a
     /// command with an absolute `current_dir` does not need it.
     pub cwd: io::Result<PathBuf>,
-    /// `None` when `/proc` does not say (then the zygote's umask applies).
-    pub umask: Option<u32>,
-    /// Every resource limit.
-    pub rlimits: Vec<ResourceLimit>,
-    /// Ignored signals, nice value, CPU affinity and OOM score adjustment.
-    pub attributes: Attributes,
+    /// The client's umask, limits and attributes, shared, not copied:
+    /// the request copies them once.
+    pub settings: Arc<ProcessSettings>,
     /// Fds to pass at their own numbers; empty unless asked for.
     pub inherited_fds: Vec<(RawFd, OwnedFd)>,
 }
@@ -159,13 +157,11 @@ impl Snapshot {
     ///
     /// [`Error::Io`] when `/proc/self/fd` cannot be listed and
     /// `inherit_fds` is set.
-    pub fn capture(inherit_fds: bool, settings: &ProcessSettings) -> Result<Self> {
+    pub fn capture(inherit_fds: bool, settings: Arc<ProcessSettings>) -> Result<Self> {
         Ok(Self {
             env: RefCell::new(std::env::vars_os().collect()),
             cwd: std::env::current_dir(),
-            umask: settings.umask,
-            rlimits: settings.rlimits.clone(),
-            attributes: settings.attributes.clone(),
+            settings,
             inherited_fds: if inherit_fds {
                 inheritable_fds(Path::new(PROC_SELF_FD))?
             } else {

@@ -3,7 +3,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 
 use zygote_proto::{
     AsyncSeqpacket, ClientMessage, Hello, Limits, MAX_FDS_PER_FRAME, MAX_FRAME_BYTES,
@@ -94,7 +94,9 @@ impl Connection {
             limits,
             next_id: AtomicU64::new(1),
             state: Mutex::default(),
+            lost: AtomicBool::new(false),
             send_buffer: Mutex::default(),
+            last_request_bytes: AtomicUsize::new(0),
         });
         Ok((connection, scratch))
     }

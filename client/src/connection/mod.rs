@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{oneshot, watch};
@@ -37,12 +37,19 @@ pub(crate) struct Connection {
     limits: Limits,
     next_id: AtomicU64,
     state: Mutex<State>,
+    /// Whether `state.lost` is set, readable without the lock: every
+    /// request asks first, and with many threads on one connection the
+    /// lock was contended (a futex wait and wake per spawn at c=50).
+    lost: AtomicBool,
     /// The last request's encoding buffer, kept for the next one: a fresh
     /// vector per request grew through every power of two to the size of
     /// the environment, and malloc's consolidation of a large request
     /// showed in the client's profile. Concurrent senders that find it
-    /// taken use a fresh one.
+    /// taken, or its lock held, use a fresh one (nobody waits for it),
+    /// made as large as the last request so that it does not grow.
     send_buffer: Mutex<Vec<u8>>,
+    /// The size of the last request encoded, for a fresh buffer.
+    last_request_bytes: AtomicUsize,
 }
 
 /// The largest encoding buffer a connection keeps between requests, so
@@ -195,6 +202,16 @@ struct Unregister<'a> {
     id: u64,
 }
 
+impl Unregister<'_> {
+    /// For a request whose reply channel has resolved: the reader removed
+    /// its entry before sending (or `lose` took them all), so there is
+    /// nothing to remove, and taking the lock again only contended with
+    /// the reader.
+    fn resolved(self) {
+        std::mem::forget(self);
+    }
+}
+
 impl Drop for Unregister<'_> {
     fn drop(&mut self) {
         self.connection.lock().pending.remove(&self.id);
@@ -214,8 +231,14 @@ impl Connection {
         &self.endpoint
     }
 
+    /// Requests still waiting for a reply.
+    #[cfg(test)]
+    pub(crate) fn pending_requests(&self) -> usize {
+        self.lock().pending.len()
+    }
+
     pub(crate) fn is_lost(&self) -> bool {
-        self.lock().lost.is_some()
+        self.lost.load(Ordering::Acquire)
     }
 
     /// The state lock. A panic while it was held cannot leave the maps
@@ -267,15 +290,24 @@ impl Connection {
                 inherited: false,
             });
         }
-        let mut buffer = std::mem::take(
-            &mut *self
-                .send_buffer
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        );
+        let mut buffer = match self.send_buffer.try_lock() {
+            Ok(mut kept) => std::mem::take(&mut *kept),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => {
+                std::mem::take(&mut *poisoned.into_inner())
+            }
+            Err(std::sync::TryLockError::WouldBlock) => Vec::new(),
+        };
         buffer.clear();
+        // Taken by another sender: one allocation of the usual size, not
+        // a growth through every power of two up to it.
+        let last = self.last_request_bytes.load(Ordering::Relaxed);
+        if buffer.capacity() < last {
+            buffer.reserve_exact(last.min(KEPT_SEND_BUFFER));
+        }
         let bytes = encode_into(message, buffer)
             .map_err(|error| Error::proto("encoding a request", error))?;
+        self.last_request_bytes
+            .store(bytes.len(), Ordering::Relaxed);
         let limit = self.limits.max_frame_bytes as usize;
         if bytes.len() > limit {
             return Err(Error::RequestTooLarge {
@@ -297,11 +329,14 @@ impl Connection {
             Err(error) => Err(Error::proto("sending a request to the zygote", error)),
         };
         if bytes.capacity() <= KEPT_SEND_BUFFER {
-            let mut kept = self
-                .send_buffer
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if kept.capacity() < bytes.capacity() {
+            let kept = match self.send_buffer.try_lock() {
+                Ok(kept) => Some(kept),
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            };
+            if let Some(mut kept) = kept
+                && kept.capacity() < bytes.capacity()
+            {
                 *kept = bytes;
             }
         }
@@ -331,9 +366,11 @@ impl Connection {
         async move {
             let bytes = encoded?;
             let (reply_tx, reply_rx) = oneshot::channel();
-            let _registered = self.register(id, Pending::Spawn(reply_tx))?;
+            let registered = self.register(id, Pending::Spawn(reply_tx))?;
             self.send_encoded(bytes, fds).await?;
-            reply_rx.await.map_err(|_| self.lost_error())
+            let reply = reply_rx.await;
+            registered.resolved();
+            reply.map_err(|_| self.lost_error())
         }
     }
 
@@ -346,14 +383,16 @@ impl Connection {
     pub(crate) async fn signal(&self, spawn_id: u64, signal: i32) -> Result<()> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply_tx, reply_rx) = oneshot::channel();
-        let _registered = self.register(id, Pending::Signal(reply_tx))?;
+        let registered = self.register(id, Pending::Signal(reply_tx))?;
         let request = ClientMessage::Signal(SignalRequest {
             id,
             spawn_id,
             signal,
         });
         self.send(&request, &[]).await?;
-        match reply_rx.await {
+        let reply = reply_rx.await;
+        registered.resolved();
+        match reply {
             Ok(Ok(())) => Ok(()),
             Ok(Err(failed)) => Err(Error::Request {
                 op: "signal",
@@ -373,10 +412,12 @@ impl Connection {
     pub(crate) async fn status(&self) -> Result<StatusReply> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply_tx, reply_rx) = oneshot::channel();
-        let _registered = self.register(id, Pending::Status(reply_tx))?;
+        let registered = self.register(id, Pending::Status(reply_tx))?;
         self.send(&ClientMessage::Status(StatusRequest { id }), &[])
             .await?;
-        reply_rx.await.map_err(|_| self.lost_error())
+        let reply = reply_rx.await;
+        registered.resolved();
+        reply.map_err(|_| self.lost_error())
     }
 
     /// Ends the connection: fails every pending request and every exit
@@ -392,6 +433,7 @@ impl Connection {
                 reason,
             });
             state.lost = Some(Arc::clone(&lost));
+            self.lost.store(true, Ordering::Release);
             (
                 std::mem::take(&mut state.pending),
                 std::mem::take(&mut state.exits),

@@ -20,6 +20,9 @@ impl Connection {
         let message = decode::<ServerMessage>(&frame.bytes)
             .map_err(|error| format!("received an undecodable frame: {error}"))?;
         let fds = frame.fds;
+        // Each waiter is woken after the lock is released: a wake-up can
+        // be a futex syscall, and callers on other threads wait for this
+        // lock to register their requests.
         let mut state = self.lock();
         match message {
             ServerMessage::Spawned(spawned) => match state.pending.remove(&spawned.id) {
@@ -57,6 +60,7 @@ impl Connection {
             },
             ServerMessage::SpawnFailed(failed) => match state.pending.remove(&failed.id) {
                 Some(Pending::Spawn(reply)) => {
+                    drop(state);
                     let _ = reply.send(SpawnReply::Failed(failed));
                 }
                 Some(other) => {
@@ -67,11 +71,13 @@ impl Connection {
             },
             ServerMessage::Exited(notice) => {
                 if let Some(slot) = state.exits.remove(&notice.id) {
+                    drop(state);
                     slot.send_replace(ExitState::Exited(notice));
                 } else if let Some(pending) = state.pending.remove(&notice.id) {
                     // A deferred spawn whose child ended without `Spawned`.
                     match pending {
                         Pending::Spawn(reply) => {
+                            drop(state);
                             let _ = reply.send(SpawnReply::Exited(notice));
                         }
                         other => {
@@ -93,6 +99,7 @@ impl Connection {
             }
             ServerMessage::SignalSent(sent) => match state.pending.remove(&sent.id) {
                 Some(Pending::Signal(reply)) => {
+                    drop(state);
                     let _ = reply.send(Ok(()));
                 }
                 Some(other) => {
@@ -103,6 +110,7 @@ impl Connection {
             },
             ServerMessage::RequestFailed(failed) => match state.pending.remove(&failed.id) {
                 Some(Pending::Signal(reply)) => {
+                    drop(state);
                     let _ = reply.send(Err(failed));
                 }
                 Some(other) => {
@@ -116,6 +124,7 @@ impl Connection {
             }
             ServerMessage::Status(status) => match state.pending.remove(&status.id) {
                 Some(Pending::Status(reply)) => {
+                    drop(state);
                     let _ = reply.send(status);
                 }
                 Some(other) => {
