@@ -324,3 +324,57 @@ fn a_client_of_an_inherited_socket_cannot_reconnect_and_says_so() {
     assert!(error.to_string().contains("cannot reconnect"), "{error}");
     assert!(started.elapsed() < Duration::from_secs(1), "fails at once");
 }
+
+/// The zygote is stopped, so the client's reader cannot have seen the
+/// loss: only the send finds it (EPIPE). The request never left, so the
+/// client reconnects and sends it again.
+#[test]
+fn a_loss_found_by_the_send_itself_reconnects_and_sends_again() {
+    let daemon = start_daemon("resend");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    assert!(Command::new(&client, "true").status().unwrap().success());
+    let pid = rustix::process::Pid::from_raw(i32::try_from(daemon.pid()).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    let resume = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+    });
+    shut_down_writes_to(daemon.pid());
+    assert!(
+        client.is_connected(),
+        "the reader cannot have seen anything yet"
+    );
+    let status = Command::new(&client, "sh")
+        .args(["-c", "exit 3"])
+        .status()
+        .expect("the request is sent again on a new connection");
+    resume.join().unwrap();
+    assert_eq!(status.code(), Some(3));
+    assert!(client.is_connected());
+}
+
+/// Shuts down the writing side of this process's one connection to the
+/// zygote `daemon_pid`, found by its peer's pid: a send on it then fails
+/// with EPIPE, while the zygote (stopped) has not closed anything.
+fn shut_down_writes_to(daemon_pid: u32) {
+    let mut found = 0;
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: only used for the two calls below; another test's fd
+        // closed and reused meanwhile has another peer and is skipped.
+        let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let peer = rustix::net::sockopt::socket_peercred(socket);
+        if peer.is_ok_and(|cred| cred.pid.as_raw_nonzero().get().unsigned_abs() == daemon_pid) {
+            rustix::net::shutdown(socket, rustix::net::Shutdown::Write).unwrap();
+            found += 1;
+        }
+    }
+    assert_eq!(found, 1, "connections to zygote {daemon_pid}");
+}

@@ -10,7 +10,7 @@ use rustix::process::{Signal, pidfd_send_signal};
 use zygote_proto::{CgroupSpec, CpuMax, KillOnClose, ProtocolErrorKind};
 
 use crate::child::{ChildCore, SpawnedParts, read_all};
-use crate::connection::SpawnReply;
+use crate::connection::{SpawnFailure, SpawnReply};
 use crate::request::{Prepared, Spec, StdioDefaults};
 use crate::stdio::StdioKind;
 use crate::transparent::Snapshot;
@@ -459,17 +459,33 @@ impl Command {
     /// asks the zygote to skip `Spawned` for a child that ends at once (the
     /// caller only wants the status).
     pub(crate) async fn start(&self, defaults: StdioDefaults, defer: bool) -> Result<Started> {
-        match self.start_once(defaults, defer).await {
+        let (mut resent, mut stdio_checked) = (false, false);
+        loop {
+            let error = match self.start_once(defaults, defer).await {
+                Ok(started) => return Ok(started),
+                // Lost at the instant of sending: the request never left,
+                // so it goes once more, on a new connection.
+                Err(SpawnFailure::Unsent(_)) if !resent => {
+                    resent = true;
+                    continue;
+                }
+                Err(SpawnFailure::Unsent(error) | SpawnFailure::Failed(error)) => error,
+            };
             // This process closed one of its fds 0 to 2: again, leaving
-            // the closed ones out (after the match, so that the first
-            // attempt's result is not kept in this future).
-            Err(error) if crate::request::retry_with_checked_stdio(&error) => {}
-            done => return done,
+            // the closed ones out.
+            if !stdio_checked && crate::request::retry_with_checked_stdio(&error) {
+                stdio_checked = true;
+                continue;
+            }
+            return Err(error);
         }
-        self.start_once(defaults, defer).await
     }
 
-    async fn start_once(&self, defaults: StdioDefaults, defer: bool) -> Result<Started> {
+    async fn start_once(
+        &self,
+        defaults: StdioDefaults,
+        defer: bool,
+    ) -> std::result::Result<Started, SpawnFailure> {
         // Reconnects first when the connection was lost, so that the
         // limits are the new zygote's.
         let session = self.client.session().await?;
@@ -509,7 +525,8 @@ impl Command {
                         "Exited without Spawned for {:?} (pid {}), which did not defer Spawned",
                         self.spec.program, notice.pid
                     ),
-                });
+                }
+                .into());
             }
             SpawnReply::Failed(failed) => {
                 return Err(Error::Spawn {
@@ -517,7 +534,8 @@ impl Command {
                     stage: failed.stage,
                     errno: failed.errno,
                     message: failed.message,
-                });
+                }
+                .into());
             }
         };
         let with_pty = self.spec.pty.is_some();
@@ -536,7 +554,8 @@ impl Command {
                     self.spec.program,
                     fds.len()
                 ),
-            });
+            }
+            .into());
         }
         let mut fds = fds.into_iter();
         let pidfd = fds.next().expect("count checked above");

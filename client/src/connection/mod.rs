@@ -8,7 +8,7 @@
 //! behind each other.
 
 use std::collections::HashMap;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -87,6 +87,24 @@ impl Lost {
             endpoint: self.endpoint.clone(),
             reason: self.reason.clone(),
         }
+    }
+}
+
+/// Why a spawn request got no reply.
+#[derive(Debug)]
+pub(crate) enum SpawnFailure {
+    /// It never reached the zygote: the connection was lost before the
+    /// request was registered, or its own send found the zygote gone. It
+    /// may be sent again on a new connection.
+    Unsent(Error),
+    /// Anything else, a loss after the send included: the zygote may have
+    /// acted on the request.
+    Failed(Error),
+}
+
+impl From<Error> for SpawnFailure {
+    fn from(error: Error) -> Self {
+        Self::Failed(error)
     }
 }
 
@@ -353,24 +371,41 @@ impl Connection {
     ///
     /// # Errors
     ///
-    /// [`Error::ZygoteLost`] when the connection ends first, or the errors
-    /// of sending.
+    /// [`SpawnFailure::Unsent`] with [`Error::ZygoteLost`] when the
+    /// connection was found lost before the request left; otherwise
+    /// [`SpawnFailure::Failed`] with `ZygoteLost` when the connection ends
+    /// first, or the errors of sending.
     pub(crate) fn spawn<'a>(
         &'a self,
         mut request: SpawnRequest,
         fds: &'a [BorrowedFd<'a>],
-    ) -> impl Future<Output = Result<SpawnReply>> + 'a {
+    ) -> impl Future<Output = std::result::Result<SpawnReply, SpawnFailure>> + 'a {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         request.id = id;
         let encoded = self.encode(&ClientMessage::Spawn(request), fds.len());
         async move {
             let bytes = encoded?;
             let (reply_tx, reply_rx) = oneshot::channel();
-            let registered = self.register(id, Pending::Spawn(reply_tx))?;
-            self.send_encoded(bytes, fds).await?;
+            let registered = self
+                .register(id, Pending::Spawn(reply_tx))
+                .map_err(SpawnFailure::Unsent)?;
+            if let Err(error) = self.send_encoded(bytes, fds).await {
+                return Err(match error {
+                    Error::ZygoteLost { ref reason, .. } => {
+                        // The reader may not have seen the end yet: end
+                        // the connection here, so the next request
+                        // reconnects instead of meeting it again.
+                        let _ =
+                            rustix::net::shutdown(self.socket.as_fd(), rustix::net::Shutdown::Both);
+                        self.lose(reason.clone());
+                        SpawnFailure::Unsent(error)
+                    }
+                    error => SpawnFailure::Failed(error),
+                });
+            }
             let reply = reply_rx.await;
             registered.resolved();
-            reply.map_err(|_| self.lost_error())
+            reply.map_err(|_| SpawnFailure::Failed(self.lost_error()))
         }
     }
 
