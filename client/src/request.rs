@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use rustix::fs::{MemfdFlags, SealFlags, fcntl_add_seals, memfd_create};
 use zygote_proto::{
-    CgroupSpec, EnvVar, FdMapping, KillOnClose, LargeArgs, PtySpec, SpawnRequest, StdioSpec,
+    CgroupSpec, Env, EnvVar, FdMapping, KillOnClose, LargeArgs, PtySpec, SpawnRequest, StdioSpec,
     Timeout, UserSpec, WindowSize,
 };
 
@@ -204,7 +204,7 @@ impl Spec {
             .environment(snapshot.env.take())
             .into_iter()
             .map(|(key, value)| env_var(key, value))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Env>>()?;
         let cwd = self.working_directory(snapshot)?;
 
         let mut fds: Vec<BorrowedFd<'a>> = Vec::new();
@@ -380,7 +380,7 @@ pub(crate) fn move_large_args(
             request
                 .env
                 .iter()
-                .map(|var| var.key.len() + var.value.len() + 10),
+                .map(|(key, value)| key.len() + value.len() + 10),
         )
         .sum::<usize>();
     if strings + FRAME_HEADROOM <= frame_limit {
@@ -523,11 +523,7 @@ mod tests {
     }
 
     fn env_of(request: &SpawnRequest) -> Vec<(&[u8], &[u8])> {
-        request
-            .env
-            .iter()
-            .map(|var| (var.key.as_slice(), var.value.as_slice()))
-            .collect()
+        request.env.iter().collect()
     }
 
     #[test]

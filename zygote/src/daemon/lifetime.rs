@@ -361,7 +361,7 @@ impl SpawnTask {
         let slot = admission::reserve(&self.daemon, peer.uid, self.connection.grant.max_children)
             .map_err(|busy| refused(SpawnStage::Admission, libc::EAGAIN, busy))?;
         let limit = self.connection.grant.max_argv_env_bytes;
-        let mut prepared = plan::prepare(&request, attached, limit).map_err(|refusal| {
+        let mut prepared = plan::prepare(&mut request, attached, limit).map_err(|refusal| {
             refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
         })?;
         prepared.plan.credentials = credentials;

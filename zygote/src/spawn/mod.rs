@@ -63,7 +63,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{LazyLock, Mutex, PoisonError, RwLock};
 
 use crate::strerror;
-use zygote_proto::{ExitStatus, ResourceLimit, ResourceUsage, SpawnStage};
+use zygote_proto::{Env, ExitStatus, ResourceLimit, ResourceUsage, SpawnStage};
 
 use child::{ChildArgs, Failure, Rlimit64, SignalReset};
 
@@ -78,8 +78,11 @@ pub struct SpawnPlan {
     pub exec_candidates: Vec<CString>,
     /// `argv[0..]`.
     pub argv: Vec<CString>,
-    /// The whole environment, as `KEY=VALUE` strings.
-    pub envp: Vec<CString>,
+    /// The whole environment, each variable `KEY=VALUE` with its NUL in
+    /// one buffer, which the child's `envp` points into. Neither a key nor
+    /// a value may hold a NUL (the caller checks), or the child sees that
+    /// string cut short.
+    pub envp: Env,
     /// Working directory; the daemon's own when absent.
     pub cwd: Option<CString>,
     /// The fds the child gets: (source fd owned by the daemon, fd number in
@@ -741,7 +744,12 @@ impl<'a> Prepared<'a> {
             plan,
             candidates: plan.exec_candidates.iter().map(|c| c.as_ptr()).collect(),
             argv: null_terminated(&plan.argv),
-            envp: null_terminated(&plan.envp),
+            envp: plan
+                .envp
+                .entries()
+                .map(|entry| entry.as_ptr().cast::<c_char>())
+                .chain([ptr::null()])
+                .collect(),
             temps: fds.iter().map(|_| Cell::new(-1)).collect(),
             fds,
             dup_floor,
