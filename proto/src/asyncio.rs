@@ -9,7 +9,7 @@ use serde::Serialize;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-use crate::fdpass::{Frame, recv_frame, send_frame};
+use crate::fdpass::{Frame, Received, recv_frame_in, send_frame};
 use crate::{ProtoError, encode, socket};
 
 /// A connected SEQPACKET socket that sends and receives whole frames.
@@ -144,13 +144,28 @@ impl AsyncSeqpacket {
     ///
     /// As [`recv_frame`].
     pub async fn recv(&self, scratch: &mut [u8]) -> Result<Option<Frame>, ProtoError> {
+        let received = self.recv_in(scratch).await?;
+        Ok(received.map(|received| Frame {
+            bytes: scratch[..received.len].to_vec(),
+            fds: received.fds,
+        }))
+    }
+
+    /// As [`Self::recv`], leaving the frame's bytes in `scratch` (see
+    /// [`recv_frame_in`]): the daemon decodes each request there, without
+    /// a copy of it per request.
+    ///
+    /// # Errors
+    ///
+    /// As [`recv_frame_in`].
+    pub async fn recv_in(&self, scratch: &mut [u8]) -> Result<Option<Received>, ProtoError> {
         loop {
             let mut guard = self
                 .fd
                 .readable()
                 .await
                 .map_err(|error| ProtoError::io("poll", error))?;
-            match recv_frame(self.fd.get_ref().as_fd(), scratch) {
+            match recv_frame_in(self.fd.get_ref().as_fd(), scratch) {
                 Err(error) if would_block(&error) => guard.clear_ready(),
                 result => return result,
             }

@@ -34,7 +34,7 @@ pub use asyncio::{AsyncSeqpacket, AsyncSeqpacketListener, register};
 pub use codec::{decode, encode, encode_into};
 pub use env::Env;
 pub use error::ProtoError;
-pub use fdpass::{Frame, RECV_BUFFER_BYTES, recv_frame, send_frame};
+pub use fdpass::{Frame, RECV_BUFFER_BYTES, Received, recv_frame, recv_frame_in, send_frame};
 pub use message::*;
 pub use rustix::net::UCred;
 
