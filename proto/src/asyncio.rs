@@ -42,6 +42,9 @@ pub fn register(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>>
     unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(|error| error.into_parts().1)
 }
 
+/// Largest message [`AsyncSeqpacket::send_message`] encodes on the stack.
+const SMALL_MESSAGE_BYTES: usize = 256;
+
 fn would_block(error: &ProtoError) -> bool {
     matches!(error, ProtoError::Io { source, .. } if source.kind() == io::ErrorKind::WouldBlock)
 }
@@ -130,8 +133,28 @@ impl AsyncSeqpacket {
         message: &T,
         fds: &[BorrowedFd<'_>],
     ) -> Result<(), ProtoError> {
+        // Most messages are a few dozen bytes and the peer's queue has
+        // room: encoded on the stack and sent at once, with no allocation.
+        if let Some(sent) = self.try_send_small(message, fds) {
+            return sent;
+        }
         let bytes = encode(message)?;
         self.send(&bytes, fds).await
+    }
+
+    /// Sends `message` now if it encodes in [`SMALL_MESSAGE_BYTES`] and
+    /// the socket takes it without waiting; `None` when it does not.
+    fn try_send_small<T: Serialize>(
+        &self,
+        message: &T,
+        fds: &[BorrowedFd<'_>],
+    ) -> Option<Result<(), ProtoError>> {
+        let mut buffer = [0u8; SMALL_MESSAGE_BYTES];
+        let bytes = postcard::to_slice(message, &mut buffer).ok()?;
+        match send_frame(self.fd.get_ref().as_fd(), bytes, fds) {
+            Err(error) if would_block(&error) => None,
+            result => Some(result),
+        }
     }
 
     /// Receives one frame; `Ok(None)` when the peer has closed.

@@ -22,7 +22,7 @@ use crate::message::EnvVar;
 const MAX_PREALLOCATED_VARS: usize = 1024;
 
 /// Bytes reserved per announced variable (a typical `KEY=VALUE\0`).
-const BYTES_PER_VAR_GUESS: usize = 32;
+const BYTES_PER_VAR_GUESS: usize = 64;
 
 /// A whole environment: variables in order, each stored as `KEY=VALUE\0`.
 ///

@@ -366,9 +366,10 @@ impl SpawnTask {
         })?;
         prepared.plan.credentials = credentials;
         plan::apply_peer_floor(&mut prepared.plan, peer);
+        // The request's rlimits are the plan's now.
         let clamped = self.connection.grant.clamp_unset_rlimits(
             peer,
-            &request.rlimits,
+            &prepared.plan.rlimits,
             &self.daemon.own_limits,
         );
         prepared.plan.rlimits.extend(clamped);
@@ -496,8 +497,16 @@ impl SpawnTask {
             }
             state.children.insert(id, tracked);
         }
-        let mut fds: Vec<BorrowedFd<'_>> = vec![pidfd.get_ref().as_fd()];
-        fds.extend(prepared.client_ends.iter().map(AsFd::as_fd));
+        // The pidfd, then at most three pipe ends or a pty's master: on
+        // the stack, not in a vector per spawn.
+        let mut all = [pidfd.get_ref().as_fd(); 4];
+        debug_assert!(prepared.client_ends.len() < all.len());
+        let mut count = 1;
+        for (slot, end) in all[1..].iter_mut().zip(&prepared.client_ends) {
+            *slot = end.as_fd();
+            count += 1;
+        }
+        let fds = &all[..count];
         // Deferred: `watch` sends it if the child outlives the delay.
         let deferred = defer_spawned.then(|| {
             self.daemon
@@ -506,14 +515,13 @@ impl SpawnTask {
                 .into_std()
         });
         if deferred.is_none() {
-            self.reply(&ServerMessage::Spawned(Spawned { id, pid }), &fds)
+            self.reply(&ServerMessage::Spawned(Spawned { id, pid }), fds)
                 .await;
         }
         let latency = self.received_at.elapsed();
         self.daemon
             .metrics
             .spawn_done(SpawnResult::Ok, latency, peer.uid);
-        drop(fds);
         drop(prepared.client_ends);
         debug!(
             peer_pid = peer.pid,

@@ -98,7 +98,8 @@ fn c_string(what: &str, bytes: &[u8]) -> Result<CString, Refusal> {
 }
 
 /// Checks `request` against the fds that came with it and prepares the
-/// child's argv, environment, exec candidates and fd table.
+/// child's argv, environment, exec candidates and fd table. The request's
+/// args, environment and rlimits move into the plan (they are left empty).
 ///
 /// Every attached fd must be used; unused ones are refused (and closed by
 /// the caller dropping them) so that a client cannot park fds here.
@@ -134,6 +135,7 @@ pub fn prepare(
             std::mem::take(&mut request.env),
         ),
     };
+    let rlimits = std::mem::take(&mut request.rlimits);
     let request = &*request;
     check_size(request, &args, &env, max_argv_env_bytes)?;
     if let Some(user) = &request.user {
@@ -267,7 +269,7 @@ pub fn prepare(
             controlling_terminal: request.pty.is_some(),
             process_group: request.process_group,
             umask: request.umask,
-            rlimits: request.rlimits.clone(),
+            rlimits,
             credentials: None,
             cgroup: None,
             ignored_signals: request.ignored_signals,
