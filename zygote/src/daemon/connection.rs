@@ -516,8 +516,11 @@ async fn dispatch(
                 answer_slot: Mutex::new(Some(answer_slot)),
             };
             // A task per spawn, so that concurrent requests on one
-            // connection do not queue behind each other's exec.
-            tokio::spawn(task.run(request, fds, active.share()));
+            // connection do not queue behind each other's exec. Boxed: the
+            // future is about 7 KiB (it holds the whole child's watch),
+            // which tokio would otherwise copy through each layer of its
+            // spawn path; so it is copied once, and tokio moves a pointer.
+            tokio::spawn(Box::pin(task.run(request, fds, active.share())));
             Ok(())
         }
         ClientMessage::Signal(request) => {

@@ -1027,3 +1027,29 @@ pub fn resume(
         task.watch(watched, slot, &mut active).await;
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of the future an async fn of four arguments returns,
+    /// without calling it.
+    fn future_size<A, B, C, D, F: Future>(_: impl FnOnce(A, B, C, D) -> F) -> usize {
+        size_of::<F>()
+    }
+
+    fn future_size5<A, B, C, D, E, F: Future>(_: impl FnOnce(A, B, C, D, E) -> F) -> usize {
+        size_of::<F>()
+    }
+
+    #[test]
+    fn print_future_sizes() {
+        eprintln!(
+            "run {} start {} watch {} SpawnRequest {}",
+            future_size(SpawnTask::run),
+            future_size5(SpawnTask::start),
+            future_size(SpawnTask::watch),
+            size_of::<SpawnRequest>(),
+        );
+    }
+}
