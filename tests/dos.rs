@@ -710,7 +710,8 @@ fn never_read(socket: &Path, connections: usize, requests: usize) {
                 env: vec![EnvVar {
                     key: key.clone(),
                     value: b"x".to_vec(),
-                }],
+                }]
+                .into(),
                 ..SpawnRequest::new(*count as u64, "/bin/true")
             });
             if send_frame(connection.as_fd(), &encode(&request).expect("encode"), &[]).is_ok() {

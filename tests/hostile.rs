@@ -194,7 +194,8 @@ fn oversized_frame() {
         big.env = vec![EnvVar {
             key: b"BIG".to_vec(),
             value: vec![b'x'; 300 * 1024],
-        }];
+        }]
+        .into();
         // Past the protocol crate's own check, which refuses to send it.
         send_with_fds(&fd, &spawn_frame(big), &[]);
         expect_closed_with(&fd, ProtocolErrorKind::TooLarge);
@@ -339,7 +340,8 @@ fn argv_with_interior_nul() {
         bad.env = vec![EnvVar {
             key: b"K".to_vec(),
             value: b"v\0w".to_vec(),
-        }];
+        }]
+        .into();
         expect_and_send(&fd, bad, SpawnStage::Validate, libc::EINVAL);
     });
 }

@@ -6,15 +6,15 @@ use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rustix::fs::{MemfdFlags, SealFlags, fcntl_add_seals, memfd_create};
 use zygote_proto::{
-    CgroupSpec, EnvVar, FdMapping, KillOnClose, LargeArgs, PtySpec, SpawnRequest, StdioSpec,
-    Timeout, UserSpec, WindowSize,
+    CgroupSpec, Env, FdMapping, KillOnClose, LargeArgs, PtySpec, SpawnRequest, StdioSpec, Timeout,
+    UserSpec, WindowSize,
 };
 
 use crate::stdio::StdioKind;
@@ -200,11 +200,17 @@ impl Spec {
             .iter()
             .map(|arg| bytes("argument", arg))
             .collect::<Result<Vec<_>>>()?;
-        let env = self
-            .environment(snapshot.env.take())
-            .into_iter()
-            .map(|(key, value)| env_var(key, value))
-            .collect::<Result<Vec<_>>>()?;
+        let vars = self.environment(snapshot.env.take());
+        // Packed in one buffer sized once (see `Env`).
+        let bytes = vars
+            .iter()
+            .map(|(key, value)| key.len() + value.len())
+            .sum();
+        let mut env = Env::with_capacity(vars.len(), bytes);
+        for (key, value) in &vars {
+            check_env_var(key, value)?;
+            env.push(key.as_bytes(), value.as_bytes());
+        }
         let cwd = self.working_directory(snapshot)?;
 
         let mut fds: Vec<BorrowedFd<'a>> = Vec::new();
@@ -380,7 +386,7 @@ pub(crate) fn move_large_args(
             request
                 .env
                 .iter()
-                .map(|var| var.key.len() + var.value.len() + 10),
+                .map(|(key, value)| key.len() + value.len() + 10),
         )
         .sum::<usize>();
     if strings + FRAME_HEADROOM <= frame_limit {
@@ -462,18 +468,14 @@ fn no_nul(what: &str, value: &OsStr) -> Result<()> {
     Ok(())
 }
 
-fn env_var(key: OsString, value: OsString) -> Result<EnvVar> {
+fn check_env_var(key: &OsStr, value: &OsStr) -> Result<()> {
     if key.is_empty() || key.as_bytes().contains(&b'=') {
         return Err(Error::invalid(format!(
             "environment variable name {key:?} is empty or contains '='"
         )));
     }
-    no_nul("environment variable", &key)?;
-    no_nul("environment value", &value)?;
-    Ok(EnvVar {
-        key: key.into_vec(),
-        value: value.into_vec(),
-    })
+    no_nul("environment variable", key)?;
+    no_nul("environment value", value)
 }
 
 fn copy_io_error(error: &io::Error) -> io::Error {
@@ -523,11 +525,7 @@ mod tests {
     }
 
     fn env_of(request: &SpawnRequest) -> Vec<(&[u8], &[u8])> {
-        request
-            .env
-            .iter()
-            .map(|var| (var.key.as_slice(), var.value.as_slice()))
-            .collect()
+        request.env.iter().collect()
     }
 
     #[test]

@@ -213,7 +213,7 @@ async fn spawn_delivers_pidfd_pipes_signals_and_exit() {
         let sent_env: Vec<(Vec<u8>, Vec<u8>)> = request
             .env
             .iter()
-            .map(|var| (var.key.clone(), var.value.clone()))
+            .map(|(key, value)| (key.to_vec(), value.to_vec()))
             .collect();
         assert_eq!(sent_env, own_env);
         assert_eq!(request.rlimits.len(), 16);

@@ -24,7 +24,8 @@ fn main() {
         env: vec![EnvVar {
             key: b"PATH".to_vec(),
             value: b"/usr/bin:/bin".to_vec(),
-        }],
+        }]
+        .into(),
         cwd: Some(b"/tmp".to_vec()),
         stdin: StdioSpec::Fd(0),
         fd_mappings: vec![FdMapping {

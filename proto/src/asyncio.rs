@@ -9,7 +9,7 @@ use serde::Serialize;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-use crate::fdpass::{Frame, recv_frame, send_frame};
+use crate::fdpass::{Frame, Received, recv_frame_in, send_frame};
 use crate::{ProtoError, encode, socket};
 
 /// A connected SEQPACKET socket that sends and receives whole frames.
@@ -41,6 +41,9 @@ pub fn register(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>>
     // number, for as long as it is owned, which is as long as the `AsyncFd`.
     unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(|error| error.into_parts().1)
 }
+
+/// Largest message [`AsyncSeqpacket::send_message`] encodes on the stack.
+const SMALL_MESSAGE_BYTES: usize = 256;
 
 fn would_block(error: &ProtoError) -> bool {
     matches!(error, ProtoError::Io { source, .. } if source.kind() == io::ErrorKind::WouldBlock)
@@ -130,8 +133,28 @@ impl AsyncSeqpacket {
         message: &T,
         fds: &[BorrowedFd<'_>],
     ) -> Result<(), ProtoError> {
+        // Most messages are a few dozen bytes and the peer's queue has
+        // room: encoded on the stack and sent at once, with no allocation.
+        if let Some(sent) = self.try_send_small(message, fds) {
+            return sent;
+        }
         let bytes = encode(message)?;
         self.send(&bytes, fds).await
+    }
+
+    /// Sends `message` now if it encodes in [`SMALL_MESSAGE_BYTES`] and
+    /// the socket takes it without waiting; `None` when it does not.
+    fn try_send_small<T: Serialize>(
+        &self,
+        message: &T,
+        fds: &[BorrowedFd<'_>],
+    ) -> Option<Result<(), ProtoError>> {
+        let mut buffer = [0u8; SMALL_MESSAGE_BYTES];
+        let bytes = postcard::to_slice(message, &mut buffer).ok()?;
+        match send_frame(self.fd.get_ref().as_fd(), bytes, fds) {
+            Err(error) if would_block(&error) => None,
+            result => Some(result),
+        }
     }
 
     /// Receives one frame; `Ok(None)` when the peer has closed.
@@ -144,13 +167,28 @@ impl AsyncSeqpacket {
     ///
     /// As [`recv_frame`].
     pub async fn recv(&self, scratch: &mut [u8]) -> Result<Option<Frame>, ProtoError> {
+        let received = self.recv_in(scratch).await?;
+        Ok(received.map(|received| Frame {
+            bytes: scratch[..received.len].to_vec(),
+            fds: received.fds,
+        }))
+    }
+
+    /// As [`Self::recv`], leaving the frame's bytes in `scratch` (see
+    /// [`recv_frame_in`]): the daemon decodes each request there, without
+    /// a copy of it per request.
+    ///
+    /// # Errors
+    ///
+    /// As [`recv_frame_in`].
+    pub async fn recv_in(&self, scratch: &mut [u8]) -> Result<Option<Received>, ProtoError> {
         loop {
             let mut guard = self
                 .fd
                 .readable()
                 .await
                 .map_err(|error| ProtoError::io("poll", error))?;
-            match recv_frame(self.fd.get_ref().as_fd(), scratch) {
+            match recv_frame_in(self.fd.get_ref().as_fd(), scratch) {
                 Err(error) if would_block(&error) => guard.clear_ready(),
                 result => return result,
             }

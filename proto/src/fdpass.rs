@@ -94,6 +94,37 @@ pub fn send_frame(
 ///
 /// If `scratch` is shorter than [`RECV_BUFFER_BYTES`].
 pub fn recv_frame(socket: BorrowedFd<'_>, scratch: &mut [u8]) -> Result<Option<Frame>, ProtoError> {
+    Ok(recv_frame_in(socket, scratch)?.map(|received| Frame {
+        bytes: scratch[..received.len].to_vec(),
+        fds: received.fds,
+    }))
+}
+
+/// A frame received into the caller's buffer: its bytes are the first
+/// [`len`](Self::len) bytes there.
+#[derive(Debug)]
+pub struct Received {
+    /// How many bytes of the buffer the frame filled.
+    pub len: usize,
+    /// The fds, in the order the sender attached them.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// As [`recv_frame`], leaving the frame's bytes in `scratch` instead of
+/// copying them out: for a receiver that decodes each frame before it
+/// receives the next.
+///
+/// # Errors
+///
+/// As [`recv_frame`].
+///
+/// # Panics
+///
+/// As [`recv_frame`].
+pub fn recv_frame_in(
+    socket: BorrowedFd<'_>,
+    scratch: &mut [u8],
+) -> Result<Option<Received>, ProtoError> {
     assert!(
         scratch.len() >= RECV_BUFFER_BYTES,
         "receive buffer too small"
@@ -134,8 +165,8 @@ pub fn recv_frame(socket: BorrowedFd<'_>, scratch: &mut [u8]) -> Result<Option<F
     if received.bytes == 0 && fds.is_empty() {
         return Ok(None);
     }
-    Ok(Some(Frame {
-        bytes: scratch[..received.bytes].to_vec(),
+    Ok(Some(Received {
+        len: received.bytes,
         fds,
     }))
 }

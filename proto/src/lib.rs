@@ -13,12 +13,14 @@
 //! - [`message`]: the message types, one per concept.
 //! - [`codec`]: [`encode`] and [`decode`], pure functions.
 //! - `bytes`: byte-string fields encoded as one length and the bytes.
+//! - `env`: [`Env`], an environment packed in one buffer.
 //! - [`fdpass`]: one frame in or out with its fds (`sendmsg`/`recvmsg`).
 //! - [`socket`]: creating close-on-exec SEQPACKET sockets.
 //! - `asyncio` (feature `tokio`): the same on tokio's reactor.
 
 mod bytes;
 pub mod codec;
+mod env;
 mod error;
 pub mod fdpass;
 pub mod message;
@@ -30,8 +32,9 @@ mod asyncio;
 #[cfg(feature = "tokio")]
 pub use asyncio::{AsyncSeqpacket, AsyncSeqpacketListener, register};
 pub use codec::{decode, encode, encode_into};
+pub use env::Env;
 pub use error::ProtoError;
-pub use fdpass::{Frame, RECV_BUFFER_BYTES, recv_frame, send_frame};
+pub use fdpass::{Frame, RECV_BUFFER_BYTES, Received, recv_frame, recv_frame_in, send_frame};
 pub use message::*;
 pub use rustix::net::UCred;
 

@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::env::Env;
+
 /// Everything a client may send.
 // One message lives per frame, briefly; boxing the spawn request would
 // only add an allocation.
@@ -115,7 +117,8 @@ pub struct ResourceLimit {
     pub hard: u64,
 }
 
-/// One environment variable, as raw bytes.
+/// One environment variable, as raw bytes: the wire form of each of
+/// [`Env`]'s variables.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnvVar {
     /// Non-empty, without `=` or NUL.
@@ -145,7 +148,7 @@ pub struct SpawnRequest {
     #[serde(with = "crate::bytes::list")]
     pub args: Vec<Vec<u8>>,
     /// The child's whole environment.
-    pub env: Vec<EnvVar>,
+    pub env: Env,
     /// Working directory; the daemon's own when absent.
     #[serde(with = "crate::bytes::optional")]
     pub cwd: Option<Vec<u8>>,
@@ -218,7 +221,7 @@ pub struct LargeArgs {
     #[serde(with = "crate::bytes::list")]
     pub args: Vec<Vec<u8>>,
     /// The child's whole environment.
-    pub env: Vec<EnvVar>,
+    pub env: Env,
 }
 
 impl SpawnRequest {
@@ -231,7 +234,7 @@ impl SpawnRequest {
             program: program.into(),
             argv0: None,
             args: Vec::new(),
-            env: Vec::new(),
+            env: Env::new(),
             cwd: None,
             stdin: StdioSpec::Null,
             stdout: StdioSpec::Null,

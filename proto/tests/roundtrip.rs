@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 
 use zygote_proto::{
-    ClientMessage, ContinueNotice, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck,
+    ClientMessage, ContinueNotice, Env, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck,
     KillOnClose, Limits, ProtoError, ProtocolError, ProtocolErrorKind, PtySpec, RequestFailed,
     ResourceLimit, ResourceUsage, ServerMessage, SignalRequest, SignalSent, SpawnFailed,
     SpawnRequest, SpawnStage, Spawned, StatusReply, StatusRequest, StdioSpec, StopNotice, Timeout,
@@ -53,7 +53,8 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
     let env = prop::collection::vec(
         (bytes(), bytes()).prop_map(|(key, value)| EnvVar { key, value }),
         0..6,
-    );
+    )
+    .prop_map(Env::from);
     let fd_mappings = prop::collection::vec(
         (any::<u32>(), any::<i32>()).prop_map(|(attached_index, child_fd)| FdMapping {
             attached_index,

@@ -15,7 +15,7 @@ use crate::spawn::Credentials;
 /// creating a process: the policy check for an unprivileged peer of a root
 /// daemon, then validation and planning. Must never panic.
 pub fn handle_frame(bytes: &[u8], attached: u8) {
-    let Ok(ClientMessage::Spawn(request)) = decode::<ClientMessage>(bytes) else {
+    let Ok(ClientMessage::Spawn(mut request)) = decode::<ClientMessage>(bytes) else {
         return;
     };
     let peer = Peer {
@@ -42,5 +42,5 @@ pub fn handle_frame(bytes: &[u8], attached: u8) {
     let fds: Vec<OwnedFd> = (0..attached % 8)
         .filter_map(|_| File::open("/dev/null").ok().map(OwnedFd::from))
         .collect();
-    let _ = crate::daemon::plan::prepare(&request, fds, DEFAULT_MAX_ARGV_ENV_BYTES);
+    let _ = crate::daemon::plan::prepare(&mut request, fds, DEFAULT_MAX_ARGV_ENV_BYTES);
 }

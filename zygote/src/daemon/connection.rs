@@ -10,7 +10,7 @@
 //! signal and status requests and delivering exit notices, and closes once
 //! it has nothing in flight and no child running (see `server::run_with`).
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
@@ -295,7 +295,7 @@ async fn serve_requests(
             break;
         }
         let received = tokio::select! {
-            received = socket.recv(&mut scratch) => received,
+            received = socket.recv_in(&mut scratch) => received,
             () = shutdown.stopping(), if !stopping => {
                 stopping = true;
                 continue;
@@ -308,8 +308,8 @@ async fn serve_requests(
             }
         };
         let received_at = Instant::now();
-        let frame = match received {
-            Ok(Some(frame)) => frame,
+        let received = match received {
+            Ok(Some(received)) => received,
             Ok(None) => break,
             Err(error) if error.is_disconnect() => break,
             Err(error) => {
@@ -330,8 +330,10 @@ async fn serve_requests(
                 break;
             }
         };
+        // Decoded where it was received: no copy per request.
         let request = Request {
-            frame,
+            bytes: &scratch[..received.len],
+            fds: received.fds,
             received_at,
             stopping,
         };
@@ -359,8 +361,11 @@ async fn serve_requests(
 }
 
 /// One frame from the client, as received.
-struct Request {
-    frame: Frame,
+struct Request<'a> {
+    /// The frame's bytes, in the connection's receive buffer.
+    bytes: &'a [u8],
+    /// The fds that came with it.
+    fds: Vec<OwnedFd>,
     /// When it arrived: the start of a spawn's latency.
     received_at: Instant,
     /// Whether the daemon was stopping then.
@@ -385,7 +390,7 @@ async fn handshake(
 }
 
 async fn answer_hello(socket: &AsyncSeqpacket, frame: &Frame) -> Result<(), Fatal> {
-    let hello = match decode_client(frame)? {
+    let hello = match decode_client(&frame.bytes)? {
         ClientMessage::Hello(hello) => hello,
         other => {
             return Err((
@@ -417,8 +422,8 @@ async fn answer_hello(socket: &AsyncSeqpacket, frame: &Frame) -> Result<(), Fata
         .map_err(|error| (ProtocolErrorKind::Malformed, error.to_string()))
 }
 
-fn decode_client(frame: &Frame) -> Result<ClientMessage, Fatal> {
-    decode(&frame.bytes).map_err(|error| (ProtocolErrorKind::Malformed, error.to_string()))
+fn decode_client(bytes: &[u8]) -> Result<ClientMessage, Fatal> {
+    decode(bytes).map_err(|error| (ProtocolErrorKind::Malformed, error.to_string()))
 }
 
 fn unexpected_fds(message: &str, count: usize) -> Fatal {
@@ -439,7 +444,7 @@ fn message_name(message: &ClientMessage) -> &'static str {
 }
 
 async fn dispatch(
-    request: Request,
+    request: Request<'_>,
     socket: &Arc<AsyncSeqpacket>,
     connection: &Arc<Connection>,
     daemon: &Arc<Daemon>,
@@ -447,17 +452,18 @@ async fn dispatch(
     active: &Active,
 ) -> Result<(), Fatal> {
     let Request {
-        frame,
+        bytes,
+        fds,
         received_at,
         stopping,
     } = request;
-    match decode_client(&frame)? {
+    match decode_client(bytes)? {
         ClientMessage::Hello(_) => Err((
             ProtocolErrorKind::UnexpectedMessage,
             "received a second Hello".into(),
         )),
         ClientMessage::Spawn(request) if stopping => {
-            drop(frame.fds);
+            drop(fds);
             let refused = SpawnFailed {
                 id: request.id,
                 stage: SpawnStage::Admission,
@@ -475,7 +481,7 @@ async fn dispatch(
         ClientMessage::Spawn(request) => {
             if !connection.claim_id(request.id) {
                 // Never overwrite: the running spawn keeps the id; the
-                // frame's fds are closed with `frame`.
+                // frame's fds are closed with `fds`.
                 let failed = SpawnFailed {
                     id: request.id,
                     stage: SpawnStage::Validate,
@@ -510,21 +516,24 @@ async fn dispatch(
                 answer_slot: Mutex::new(Some(answer_slot)),
             };
             // A task per spawn, so that concurrent requests on one
-            // connection do not queue behind each other's exec.
-            tokio::spawn(task.run(request, frame.fds, active.share()));
+            // connection do not queue behind each other's exec. Boxed: the
+            // future is about 7 KiB (it holds the whole child's watch),
+            // which tokio would otherwise copy through each layer of its
+            // spawn path; so it is copied once, and tokio moves a pointer.
+            tokio::spawn(Box::pin(task.run(request, fds, active.share())));
             Ok(())
         }
         ClientMessage::Signal(request) => {
-            if !frame.fds.is_empty() {
-                return Err(unexpected_fds("Signal", frame.fds.len()));
+            if !fds.is_empty() {
+                return Err(unexpected_fds("Signal", fds.len()));
             }
             let reply = signal(&request, connection);
             send_reply(socket, &reply, &[]).await;
             Ok(())
         }
         ClientMessage::Status(request) => {
-            if !frame.fds.is_empty() {
-                return Err(unexpected_fds("Status", frame.fds.len()));
+            if !fds.is_empty() {
+                return Err(unexpected_fds("Status", fds.len()));
             }
             let reply = if connection.id_in_use(request.id) {
                 in_use(request.id)
@@ -535,8 +544,8 @@ async fn dispatch(
             Ok(())
         }
         ClientMessage::Upgrade(request) => {
-            if !frame.fds.is_empty() {
-                return Err(unexpected_fds("Upgrade", frame.fds.len()));
+            if !fds.is_empty() {
+                return Err(unexpected_fds("Upgrade", fds.len()));
             }
             if let Err(reply) = ask_upgrade(request.id, socket, connection, daemon) {
                 send_reply(socket, &reply, &[]).await;

@@ -361,14 +361,15 @@ impl SpawnTask {
         let slot = admission::reserve(&self.daemon, peer.uid, self.connection.grant.max_children)
             .map_err(|busy| refused(SpawnStage::Admission, libc::EAGAIN, busy))?;
         let limit = self.connection.grant.max_argv_env_bytes;
-        let mut prepared = plan::prepare(&request, attached, limit).map_err(|refusal| {
+        let mut prepared = plan::prepare(&mut request, attached, limit).map_err(|refusal| {
             refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
         })?;
         prepared.plan.credentials = credentials;
         plan::apply_peer_floor(&mut prepared.plan, peer);
+        // The request's rlimits are the plan's now.
         let clamped = self.connection.grant.clamp_unset_rlimits(
             peer,
-            &request.rlimits,
+            &prepared.plan.rlimits,
             &self.daemon.own_limits,
         );
         prepared.plan.rlimits.extend(clamped);
@@ -496,8 +497,16 @@ impl SpawnTask {
             }
             state.children.insert(id, tracked);
         }
-        let mut fds: Vec<BorrowedFd<'_>> = vec![pidfd.get_ref().as_fd()];
-        fds.extend(prepared.client_ends.iter().map(AsFd::as_fd));
+        // The pidfd, then at most three pipe ends or a pty's master: on
+        // the stack, not in a vector per spawn.
+        let mut all = [pidfd.get_ref().as_fd(); 4];
+        debug_assert!(prepared.client_ends.len() < all.len());
+        let mut count = 1;
+        for (slot, end) in all[1..].iter_mut().zip(&prepared.client_ends) {
+            *slot = end.as_fd();
+            count += 1;
+        }
+        let fds = &all[..count];
         // Deferred: `watch` sends it if the child outlives the delay.
         let deferred = defer_spawned.then(|| {
             self.daemon
@@ -506,14 +515,13 @@ impl SpawnTask {
                 .into_std()
         });
         if deferred.is_none() {
-            self.reply(&ServerMessage::Spawned(Spawned { id, pid }), &fds)
+            self.reply(&ServerMessage::Spawned(Spawned { id, pid }), fds)
                 .await;
         }
         let latency = self.received_at.elapsed();
         self.daemon
             .metrics
             .spawn_done(SpawnResult::Ok, latency, peer.uid);
-        drop(fds);
         drop(prepared.client_ends);
         debug!(
             peer_pid = peer.pid,
@@ -1018,4 +1026,34 @@ pub fn resume(
         let mut active = active;
         task.watch(watched, slot, &mut active).await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of the future an async fn of four arguments returns,
+    /// without calling it.
+    fn future_size<A, B, C, D, F: Future>(_: impl FnOnce(A, B, C, D) -> F) -> usize {
+        size_of::<F>()
+    }
+
+    fn future_size5<A, B, C, D, E, F: Future>(_: impl FnOnce(A, B, C, D, E) -> F) -> usize {
+        size_of::<F>()
+    }
+
+    /// A measurement, not a check: the sizes of a spawn task's futures,
+    /// which tokio copies when they are not boxed. `cargo test -p zygote
+    /// --release --lib print_future_sizes -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement: prints sizes"]
+    fn print_future_sizes() {
+        eprintln!(
+            "run {} start {} watch {} SpawnRequest {}",
+            future_size(SpawnTask::run),
+            future_size5(SpawnTask::start),
+            future_size(SpawnTask::watch),
+            size_of::<SpawnRequest>(),
+        );
+    }
 }

@@ -11,7 +11,7 @@ use rustix::io::Errno;
 use rustix::pipe::{PipeFlags, pipe_with};
 use rustix::pty::{OpenptFlags, ioctl_tiocgptpeer, openpt, unlockpt};
 use rustix::termios::{Winsize, tcsetwinsize};
-use zygote_proto::{EnvVar, LargeArgs, PtySpec, SpawnRequest, SpawnStage, StdioSpec, Timeout};
+use zygote_proto::{Env, LargeArgs, PtySpec, SpawnRequest, SpawnStage, StdioSpec, Timeout};
 
 use crate::daemon::peer::Peer;
 use crate::spawn::SpawnPlan;
@@ -98,7 +98,8 @@ fn c_string(what: &str, bytes: &[u8]) -> Result<CString, Refusal> {
 }
 
 /// Checks `request` against the fds that came with it and prepares the
-/// child's argv, environment, exec candidates and fd table.
+/// child's argv, environment, exec candidates and fd table. The request's
+/// args, environment and rlimits move into the plan (they are left empty).
 ///
 /// Every attached fd must be used; unused ones are refused (and closed by
 /// the caller dropping them) so that a client cannot park fds here.
@@ -108,7 +109,7 @@ fn c_string(what: &str, bytes: &[u8]) -> Result<CString, Refusal> {
 /// `E2BIG`, as exec would. A request's [`LargeArgs`] memfd is read here
 /// (it must be sealed, and no larger than the limit allows).
 pub fn prepare(
-    request: &SpawnRequest,
+    request: &mut SpawnRequest,
     attached: Vec<OwnedFd>,
     max_argv_env_bytes: usize,
 ) -> Result<Prepared, Refusal> {
@@ -117,7 +118,7 @@ pub fn prepare(
     }
     check_deferral(request)?;
     let mut fds = FdTable::new(attached);
-    let large = match request.large_args {
+    let (args, env) = match request.large_args {
         Some(index) => {
             if !request.args.is_empty() || !request.env.is_empty() {
                 return Err(Refusal::invalid(
@@ -125,15 +126,18 @@ pub fn prepare(
                 ));
             }
             let memfd = fds.take_attached(index)?;
-            Some(read_large_args(&memfd, max_argv_env_bytes)?)
+            let large = read_large_args(&memfd, max_argv_env_bytes)?;
+            (large.args, large.env)
         }
-        None => None,
+        // Moved: the environment's buffer becomes the child's `envp`.
+        None => (
+            std::mem::take(&mut request.args),
+            std::mem::take(&mut request.env),
+        ),
     };
-    let (args, env) = match &large {
-        Some(large) => (&large.args, &large.env),
-        None => (&request.args, &request.env),
-    };
-    check_size(request, args, env, max_argv_env_bytes)?;
+    let rlimits = std::mem::take(&mut request.rlimits);
+    let request = &*request;
+    check_size(request, &args, &env, max_argv_env_bytes)?;
     if let Some(user) = &request.user {
         // -1 tells setresuid/setresgid "leave unchanged": the child would
         // keep the daemon's id.
@@ -153,35 +157,38 @@ pub fn prepare(
         }
     }
     let program = c_string("program", &request.program)?;
-    let mut argv = Vec::with_capacity(request.args.len() + 1);
+    let mut argv = Vec::with_capacity(args.len() + 1);
     argv.push(match &request.argv0 {
         Some(argv0) => c_string("argv0", argv0)?,
         None => program.clone(),
     });
-    for (index, arg) in args.iter().enumerate() {
-        argv.push(c_string(&format!("argument {}", index + 1), arg)?);
+    for (index, arg) in args.into_iter().enumerate() {
+        // The received bytes become the string: no copy.
+        argv.push(CString::new(arg).map_err(|_| {
+            Refusal::invalid(format!("argument {} contains a NUL byte", index + 1))
+        })?);
     }
 
-    let mut envp = Vec::with_capacity(env.len());
+    // The environment is used as received: each variable is already
+    // `KEY=VALUE\0` in one buffer, which the child's `envp` points into.
     let mut path_var = None;
-    for var in env {
-        if var.key.is_empty() || var.key.contains(&b'=') {
+    for (key, value) in env.iter() {
+        if key.is_empty() || key.contains(&b'=') {
             return Err(Refusal::invalid(format!(
                 "environment variable name {:?} is empty or contains '='",
-                String::from_utf8_lossy(&var.key)
+                String::from_utf8_lossy(key)
             )));
         }
-        if var.key == b"PATH" {
-            path_var = Some(var.value.as_slice());
+        if key.contains(&0) || value.contains(&0) {
+            return Err(Refusal::invalid("environment contains a NUL byte"));
         }
-        let mut entry = Vec::with_capacity(var.key.len() + 1 + var.value.len());
-        entry.extend_from_slice(&var.key);
-        entry.push(b'=');
-        entry.extend_from_slice(&var.value);
-        envp.push(c_string("environment", &entry)?);
+        if key == b"PATH" {
+            path_var = Some(value);
+        }
     }
 
     let exec_candidates = exec_candidates(&request.program, path_var.unwrap_or(DEFAULT_PATH))?;
+    let envp = env;
     let cwd = request
         .cwd
         .as_deref()
@@ -262,7 +269,7 @@ pub fn prepare(
             controlling_terminal: request.pty.is_some(),
             process_group: request.process_group,
             umask: request.umask,
-            rlimits: request.rlimits.clone(),
+            rlimits,
             credentials: None,
             cgroup: None,
             ignored_signals: request.ignored_signals,
@@ -447,13 +454,13 @@ fn read_large_args(memfd: &OwnedFd, limit: usize) -> Result<LargeArgs, Refusal> 
 fn check_size(
     request: &SpawnRequest,
     args: &[Vec<u8>],
-    env: &[EnvVar],
+    env: &Env,
     limit: usize,
 ) -> Result<(), Refusal> {
     let argv0 = request.argv0.as_ref().unwrap_or(&request.program);
     let strings = std::iter::once(argv0.len())
         .chain(args.iter().map(Vec::len))
-        .chain(env.iter().map(|var| var.key.len() + 1 + var.value.len()));
+        .chain(env.iter().map(|(key, value)| key.len() + 1 + value.len()));
     let mut total: usize = 0;
     for len in strings {
         if len > MAX_ARG_STRLEN {
@@ -624,7 +631,7 @@ mod tests {
     }
 
     fn prepare(request: &SpawnRequest, attached: Vec<OwnedFd>) -> Result<Prepared, Refusal> {
-        super::prepare(request, attached, 192 * 1024)
+        super::prepare(&mut request.clone(), attached, 192 * 1024)
     }
 
     fn refusal(request: &SpawnRequest, attached: Vec<OwnedFd>) -> Refusal {
@@ -640,7 +647,8 @@ mod tests {
         request.env = vec![EnvVar {
             key: b"PATH".to_vec(),
             value: b"/opt/a::/usr/bin".to_vec(),
-        }];
+        }]
+        .into();
         let prepared = prepare(&request, vec![]).expect("valid request");
         let candidates: Vec<_> = prepared
             .plan
@@ -657,7 +665,8 @@ mod tests {
             ]
         );
         assert_eq!(prepared.plan.argv[0].to_bytes(), b"true");
-        assert_eq!(prepared.plan.envp[0].to_bytes(), b"PATH=/opt/a::/usr/bin");
+        let entries: Vec<_> = prepared.plan.envp.entries().collect();
+        assert_eq!(entries, [b"PATH=/opt/a::/usr/bin\0"]);
     }
 
     #[test]
@@ -679,6 +688,26 @@ mod tests {
             "{}",
             refused.message
         );
+    }
+
+    #[test]
+    fn a_bad_environment_is_refused() {
+        for (key, value, expected) in [
+            (&b"K"[..], &b"a\0b"[..], "NUL"),
+            (b"K\0", b"v", "NUL"),
+            (b"", b"v", "empty or contains '='"),
+            (b"A=B", b"v", "empty or contains '='"),
+        ] {
+            let mut request = request();
+            request.env.push(b"OK", b"1");
+            request.env.push(key, value);
+            let refused = refusal(&request, vec![]);
+            assert_eq!(
+                (refused.stage, refused.errno),
+                (SpawnStage::Validate, Errno::INVAL)
+            );
+            assert!(refused.message.contains(expected), "{}", refused.message);
+        }
     }
 
     #[test]
@@ -727,7 +756,8 @@ mod tests {
         request.env = vec![EnvVar {
             key: b"BIG".to_vec(),
             value: vec![b'x'; MAX_ARG_STRLEN],
-        }];
+        }]
+        .into();
         let refused = refusal(&request, vec![]);
         assert_eq!(
             (refused.stage, refused.errno),
@@ -815,7 +845,8 @@ mod tests {
             env: vec![EnvVar {
                 key: b"K".to_vec(),
                 value: b"v".to_vec(),
-            }],
+            }]
+            .into(),
         };
         let bytes = zygote_proto::encode(&large).expect("encode");
         let all = SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK;
@@ -824,7 +855,7 @@ mod tests {
         let prepared = prepare(&request, vec![sealed_memfd(&bytes, all)]).expect("valid");
         let argv: Vec<_> = prepared.plan.argv.iter().map(|a| a.to_bytes()).collect();
         assert_eq!(argv, [&b"true"[..], b"one", b"two"]);
-        assert_eq!(prepared.plan.envp[0].to_bytes(), b"K=v");
+        assert_eq!(prepared.plan.envp.get(0), Some((&b"K"[..], &b"v"[..])));
         // The memfd is not the child's.
         assert_eq!(prepared.plan.fds.len(), 3);
 
@@ -851,7 +882,7 @@ mod tests {
         request.large_args = Some(0);
         let huge = LargeArgs {
             args: vec![vec![b'a'; 1000]; 400],
-            env: vec![],
+            env: Default::default(),
         };
         let bytes = zygote_proto::encode(&huge).expect("encode");
         let refused = refusal(&request, vec![sealed_memfd(&bytes, all)]);

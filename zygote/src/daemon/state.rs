@@ -300,7 +300,7 @@ mod tests {
         SpawnPlan {
             exec_candidates: vec![c"/bin/true".to_owned()],
             argv: vec![c"true".to_owned()],
-            envp: Vec::new(),
+            envp: zygote_proto::Env::new(),
             cwd: None,
             fds: Vec::new(),
             new_session: false,

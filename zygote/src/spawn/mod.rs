@@ -63,7 +63,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{LazyLock, Mutex, PoisonError, RwLock};
 
 use crate::strerror;
-use zygote_proto::{ExitStatus, ResourceLimit, ResourceUsage, SpawnStage};
+use zygote_proto::{Env, ExitStatus, ResourceLimit, ResourceUsage, SpawnStage};
 
 use child::{ChildArgs, Failure, Rlimit64, SignalReset};
 
@@ -78,8 +78,11 @@ pub struct SpawnPlan {
     pub exec_candidates: Vec<CString>,
     /// `argv[0..]`.
     pub argv: Vec<CString>,
-    /// The whole environment, as `KEY=VALUE` strings.
-    pub envp: Vec<CString>,
+    /// The whole environment, each variable `KEY=VALUE` with its NUL in
+    /// one buffer, which the child's `envp` points into. Neither a key nor
+    /// a value may hold a NUL (the caller checks), or the child sees that
+    /// string cut short.
+    pub envp: Env,
     /// Working directory; the daemon's own when absent.
     pub cwd: Option<CString>,
     /// The fds the child gets: (source fd owned by the daemon, fd number in
@@ -657,12 +660,16 @@ pub fn check_kernel_support() -> Result<(), String> {
 }
 
 /// The plan as raw data for the child. The pointers are into the plan's
-/// `CString`s, which the borrow keeps alive.
+/// strings, which the borrow keeps alive.
 struct Prepared<'a> {
     plan: &'a SpawnPlan,
-    candidates: Vec<*const c_char>,
-    argv: Vec<*const c_char>,
-    envp: Vec<*const c_char>,
+    /// The exec candidates, then `argv` and `envp`, each of those two
+    /// NULL-terminated: one allocation for the three.
+    pointers: Vec<*const c_char>,
+    /// Where `argv` starts in `pointers`.
+    argv_at: usize,
+    /// Where `envp` starts in `pointers`.
+    envp_at: usize,
     fds: Vec<(RawFd, RawFd)>,
     temps: Vec<Cell<RawFd>>,
     dup_floor: RawFd,
@@ -737,11 +744,24 @@ impl<'a> Prepared<'a> {
             })
             .collect::<Result<_, SpawnError>>()?;
 
+        let mut pointers =
+            Vec::with_capacity(plan.exec_candidates.len() + plan.argv.len() + plan.envp.len() + 2);
+        pointers.extend(plan.exec_candidates.iter().map(|c| c.as_ptr()));
+        let argv_at = pointers.len();
+        pointers.extend(plan.argv.iter().map(|arg| arg.as_ptr()));
+        pointers.push(ptr::null());
+        let envp_at = pointers.len();
+        pointers.extend(
+            plan.envp
+                .entries()
+                .map(|entry| entry.as_ptr().cast::<c_char>()),
+        );
+        pointers.push(ptr::null());
         Ok(Self {
             plan,
-            candidates: plan.exec_candidates.iter().map(|c| c.as_ptr()).collect(),
-            argv: null_terminated(&plan.argv),
-            envp: null_terminated(&plan.envp),
+            pointers,
+            argv_at,
+            envp_at,
             temps: fds.iter().map(|_| Cell::new(-1)).collect(),
             fds,
             dup_floor,
@@ -775,9 +795,9 @@ impl<'a> Prepared<'a> {
     fn child_args<'b>(&'b self, signals: &'b SignalReset, failure: &'b Failure) -> ChildArgs<'b> {
         let plan = self.plan;
         ChildArgs {
-            candidates: &self.candidates,
-            argv: &self.argv,
-            envp: &self.envp,
+            candidates: &self.pointers[..self.argv_at],
+            argv: &self.pointers[self.argv_at..self.envp_at],
+            envp: &self.pointers[self.envp_at..],
             cwd: plan.cwd.as_deref(),
             fds: &self.fds,
             temps: &self.temps,
@@ -802,14 +822,6 @@ impl<'a> Prepared<'a> {
             report: None,
         }
     }
-}
-
-fn null_terminated(strings: &[CString]) -> Vec<*const c_char> {
-    strings
-        .iter()
-        .map(|string| string.as_ptr())
-        .chain([ptr::null()])
-        .collect()
 }
 
 #[cfg(test)]

@@ -39,7 +39,11 @@ fn plan(argv: &[&str]) -> SpawnPlan {
     SpawnPlan {
         exec_candidates: vec![c(argv[0])],
         argv: argv.iter().map(|arg| c(arg)).collect(),
-        envp: vec![c("PATH=/usr/bin:/bin")],
+        envp: {
+            let mut env = zygote_proto::Env::new();
+            env.push(b"PATH", b"/usr/bin:/bin");
+            env
+        },
         cwd: None,
         fds: vec![(dev_null(), 0), (dev_null(), 1), (dev_null(), 2)],
         new_session: false,
@@ -275,7 +279,7 @@ fn spawner_resets_the_dispositions_it_read_once() {
 fn argv_and_env_are_passed() {
     let mut plan = sh("printf '%s|%s|%s' \"$0\" \"$1\" \"$GREETING\"");
     plan.argv.extend([c("zero"), c("one")]);
-    plan.envp.push(c("GREETING=hello"));
+    plan.envp.push(b"GREETING", b"hello");
     assert_eq!(output(plan), "zero|one|hello");
 }
 
