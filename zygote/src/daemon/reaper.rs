@@ -4,8 +4,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{LazyLock, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -64,44 +63,67 @@ const RESCAN: Duration = Duration::from_millis(100);
 /// reader leaves the signal pending for [`ORPHAN_PACE`] after each look,
 /// and exits meanwhile neither queue it again nor wake anyone. While
 /// some request follows stops, it is read at once, so stop reports stay
-/// immediate.
+/// immediate. With neither followers nor orphans to reap (a private
+/// zygote, mostly), no reader runs at all.
 struct ChildSignals {
     /// Bumped after each read that took a `SIGCHLD`; followers wait on it.
     seen: watch::Sender<u64>,
-    /// Requests following stops now.
-    followers: AtomicUsize,
-    /// Whether orphans are reaped (a subreaper: the shared daemon).
-    orphans: AtomicBool,
-    /// Tells the reader to look now: a first follower, or orphans to reap.
+    /// Who needs the reader, and the source while none runs.
+    readers: Mutex<Readers>,
+    /// Tells the reader to look now: a first follower came (a pacing
+    /// reader left SIGCHLD pending), or the last left.
     wake: Notify,
 }
 
-static CHILD_SIGNALS: OnceLock<ChildSignals> = OnceLock::new();
+/// Who needs `SIGCHLD` read.
+#[derive(Default)]
+struct Readers {
+    /// Requests following stops now.
+    followers: usize,
+    /// Whether orphans are reaped (a subreaper: the shared daemon).
+    orphans: bool,
+    /// The source, while no reader runs; `None` before the first.
+    idle: Option<Source>,
+    /// Whether a source was opened (a reader runs or ran).
+    opened: bool,
+}
 
-/// The daemon's [`ChildSignals`], its reader started on the current
-/// runtime at the first call.
-fn child_signals() -> &'static ChildSignals {
-    let mut first = false;
-    let signals = CHILD_SIGNALS.get_or_init(|| {
-        first = true;
-        ChildSignals {
-            seen: watch::Sender::new(0),
-            followers: AtomicUsize::new(0),
-            orphans: AtomicBool::new(false),
-            wake: Notify::new(),
-        }
-    });
-    if first {
-        tokio::spawn(read_child_signals(signals, Source::open()));
+impl Readers {
+    /// Starts the reader on the current runtime if none runs.
+    fn start(&mut self) {
+        let source = match self.idle.take() {
+            Some(source) => source,
+            None if !self.opened => Source::open(),
+            None => return,
+        };
+        self.opened = true;
+        tokio::spawn(read_child_signals(child_signals(), source));
     }
-    signals
+}
+
+static CHILD_SIGNALS: LazyLock<ChildSignals> = LazyLock::new(|| ChildSignals {
+    seen: watch::Sender::new(0),
+    readers: Mutex::default(),
+    wake: Notify::new(),
+});
+
+fn child_signals() -> &'static ChildSignals {
+    &CHILD_SIGNALS
+}
+
+impl ChildSignals {
+    fn readers(&self) -> std::sync::MutexGuard<'_, Readers> {
+        self.readers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// Reaps the orphans this process adopts as a child subreaper: looks at
 /// once, then after each `SIGCHLD`, at most every [`ORPHAN_PACE`].
 pub fn reap_adopted_orphans() {
     let signals = child_signals();
-    signals.orphans.store(true, Ordering::Relaxed);
+    let mut readers = signals.readers();
+    readers.orphans = true;
+    readers.start();
     signals.wake.notify_one();
 }
 
@@ -110,8 +132,11 @@ struct Following(&'static ChildSignals);
 
 impl Following {
     fn new(signals: &'static ChildSignals) -> Self {
-        if signals.followers.fetch_add(1, Ordering::Relaxed) == 0 {
-            // A SIGCHLD left pending would not wake the reader again.
+        let mut readers = signals.readers();
+        readers.followers += 1;
+        if readers.followers == 1 {
+            readers.start();
+            // A pacing reader left SIGCHLD pending: no exit wakes it.
             signals.wake.notify_one();
         }
         Self(signals)
@@ -120,7 +145,12 @@ impl Following {
 
 impl Drop for Following {
     fn drop(&mut self) {
-        self.0.followers.fetch_sub(1, Ordering::Relaxed);
+        let mut readers = self.0.readers();
+        readers.followers -= 1;
+        if readers.followers == 0 && !readers.orphans {
+            // The reader ends: a private zygote waits for its last task.
+            self.0.wake.notify_one();
+        }
     }
 }
 
@@ -204,19 +234,28 @@ fn read_signal(fd: &OwnedFd) -> io::Result<bool> {
     Ok(rustix::io::read(fd, &mut info)? == info.len())
 }
 
-/// The reader: takes `SIGCHLD`, wakes the followers, reaps orphans.
+/// The reader: takes `SIGCHLD`, wakes the followers, reaps orphans; ends,
+/// leaving `source` idle, when nobody needs it any more.
 async fn read_child_signals(signals: &'static ChildSignals, mut source: Source) {
     let mut rescan: Option<Instant> = None;
     let mut took = source.take();
     loop {
         if took {
-            signals.seen.send_modify(|seen| *seen = seen.wrapping_add(1));
+            signals
+                .seen
+                .send_modify(|seen| *seen = seen.wrapping_add(1));
         }
-        let orphans = signals.orphans.load(Ordering::Relaxed);
+        let (prompt, orphans) = {
+            let mut readers = signals.readers();
+            if readers.followers == 0 && !readers.orphans {
+                readers.idle = Some(source);
+                return;
+            }
+            (readers.followers > 0, readers.orphans)
+        };
         if orphans && spawn::reap_orphans().blocked_by_own && rescan.is_none() {
             rescan = Some(Instant::now() + RESCAN);
         }
-        let prompt = signals.followers.load(Ordering::Relaxed) > 0;
         if took && orphans && !prompt {
             // Left pending meanwhile: exits queue nothing and wake nobody.
             tokio::select! {
@@ -227,7 +266,7 @@ async fn read_child_signals(signals: &'static ChildSignals, mut source: Source) 
             continue;
         }
         took = tokio::select! {
-            () = source.next(), if prompt || orphans => true,
+            () = source.next() => true,
             () = signals.wake.notified() => source.take(),
             () = tokio::time::sleep_until(rescan.unwrap_or_else(Instant::now)), if rescan.is_some() => {
                 rescan = None;

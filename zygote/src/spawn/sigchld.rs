@@ -94,7 +94,11 @@ pub fn threads_taking_child_signal() -> io::Result<Vec<i32>> {
             .find_map(|line| line.strip_prefix("SigBlk:"))
             .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok());
         if blocked.is_none_or(|mask| mask & bit == 0) {
-            taking.extend(task.file_name().to_str().and_then(|tid| tid.parse::<i32>().ok()));
+            taking.extend(
+                task.file_name()
+                    .to_str()
+                    .and_then(|tid| tid.parse::<i32>().ok()),
+            );
         }
     }
     Ok(taking)
