@@ -311,3 +311,57 @@ fn job_change(pidfd: BorrowedFd<'_>) -> Option<JobChange> {
         status.stopping_signal().map(JobChange::Stopped)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    use super::*;
+
+    /// The test harness's threads do not block `SIGCHLD`, as a library
+    /// caller's might not: the reader falls back to a signal handler, and
+    /// stops are still followed.
+    #[test]
+    fn stops_are_followed_through_a_handler_when_sigchld_is_not_blocked() {
+        let taking = spawn::threads_taking_child_signal().expect("list threads");
+        assert!(!taking.is_empty(), "the harness's threads take SIGCHLD");
+        let mut child = Command::new("sh")
+            .args(["-c", "kill -STOP $$; read _"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("start sh");
+        let pid = rustix::process::Pid::from_child(&child);
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+            .expect("pidfd_open");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let seen = runtime.block_on(async {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let follow = follow_stops(pidfd.as_fd(), |change| {
+                let _ = tx.send(change);
+                async {}
+            });
+            let first = async {
+                let stopped = rx.recv().await;
+                rustix::process::kill_process(pid, rustix::process::Signal::CONT).expect("CONT");
+                (stopped, rx.recv().await)
+            };
+            tokio::select! {
+                () = follow => unreachable!("following never ends"),
+                seen = tokio::time::timeout(Duration::from_secs(10), first) => seen,
+            }
+        });
+        let _ = child.stdin.take().map(|mut stdin| stdin.write_all(b"\n"));
+        let _ = child.wait();
+        assert_eq!(
+            seen.expect("no stop and continue within 10 s"),
+            (
+                Some(JobChange::Stopped(libc::SIGSTOP)),
+                Some(JobChange::Continued)
+            )
+        );
+    }
+}
