@@ -13,7 +13,8 @@ use zygote_proto::{
 };
 
 use crate::util::{
-    Daemon, children_of, eventually, mask_in, runtime, signal_bit, start_daemon, thread_masks,
+    Daemon, children_of, eventually, mask_in, runtime, signal_bit, start_daemon,
+    start_daemon_custom, thread_masks, zygote_bin,
 };
 
 /// Spawns `/bin/true` `count` times, `parallel` at a time, and waits for
@@ -410,4 +411,38 @@ pub async fn stops_reported_among_exits(client: &Client) {
     churning.store(false, Ordering::Relaxed);
     let exits = churn.await.expect("churn");
     assert!(exits > 0, "no child exited among the stops");
+}
+
+/// A daemon started with `SIGCHLD` ignored (inherited across exec) gives
+/// it back its default action: ignored, the kernel would reap each child
+/// at exit, and its exit status would be lost.
+#[test]
+fn a_daemon_started_with_sigchld_ignored_still_reports_exits() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wrapper = dir.path().join("ignore-sigchld");
+    // perl-base is essential on Debian: ignore SIGCHLD, exec the daemon.
+    let script = format!(
+        "#!/usr/bin/perl\n$SIG{{CHLD}} = 'IGNORE';\nexec {{ '{}' }} 'zygote', @ARGV or die \"exec: $!\";\n",
+        zygote_bin().display()
+    );
+    std::fs::write(&wrapper, script).expect("write the wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let daemon = start_daemon_custom("sigchld-ignored", None, None, &[], &wrapper, &[]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid()))
+        .expect("the daemon's status");
+    assert_eq!(
+        mask_in(&status, "SigIgn").map(|mask| mask & signal_bit(libc::SIGCHLD)),
+        Some(0),
+        "{status}"
+    );
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        let status = Command::new(&client, "sh")
+            .args(["-c", "exit 7"])
+            .status()
+            .await
+            .expect("sh runs");
+        assert_eq!(status.code(), Some(7));
+    });
 }

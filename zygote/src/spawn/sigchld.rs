@@ -33,15 +33,26 @@ fn mask_child_signal(how: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
-/// Blocks `SIGCHLD` in the calling thread, and so in every thread it
-/// starts later. A daemon calls it first, while it has one thread: a
-/// thread that left it unblocked would take the signal (and, with the
-/// default action, discard it) before the signalfd sees it.
+/// Gives `SIGCHLD` its default action and blocks it in the calling
+/// thread, and so in every thread it starts later. A daemon calls it
+/// first, while it has one thread: a thread that left it unblocked would
+/// take the signal (and, with the default action, discard it) before the
+/// signalfd sees it. An ignored `SIGCHLD` (inherited across exec, or a
+/// template's program's) would have the kernel reap every child at exit,
+/// before its pidfd's `waitid`.
 ///
 /// # Errors
 ///
-/// The `pthread_sigmask` error (none is expected).
+/// The `sigaction` or `pthread_sigmask` error (none is expected).
 pub fn block_child_signal() -> io::Result<()> {
+    // SAFETY: `sigaction` is a plain C struct for which all-zero bytes are
+    // valid: handler SIG_DFL (0), no flags, an empty mask.
+    let default_action = unsafe { std::mem::zeroed::<libc::sigaction>() };
+    // SAFETY: a valid struct for the call's duration; the old action is
+    // not asked for. No handler of ours is installed for SIGCHLD.
+    if unsafe { libc::sigaction(libc::SIGCHLD, &raw const default_action, ptr::null_mut()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     mask_child_signal(libc::SIG_BLOCK)
 }
 
