@@ -1,14 +1,21 @@
 use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use zygote_client::{Client, Command, Stdio};
+use rustix::process::{Signal, pidfd_send_signal};
+use tokio::io::AsyncWriteExt;
+use zygote_client::{Client, Command, JobState, Stdio};
 use zygote_proto::{
     ClientMessage, Hello, PROTOCOL_VERSION, ProtocolErrorKind, RECV_BUFFER_BYTES, ServerMessage,
     SpawnRequest, StatusReply, StatusRequest, StdioSpec, decode, encode, recv_frame, send_frame,
     socket,
 };
 
-use crate::util::{Daemon, children_of, eventually, runtime, start_daemon};
+use crate::util::{
+    Daemon, children_of, eventually, mask_in, runtime, signal_bit, start_daemon,
+    start_daemon_custom, thread_masks, zygote_bin,
+};
 
 /// Spawns `/bin/true` `count` times, `parallel` at a time, and waits for
 /// every exit status.
@@ -279,4 +286,163 @@ fn orphans_exiting_among_own_children_are_all_reaped() {
         "zombies left: {:?}",
         daemon.zombies()
     );
+}
+
+/// The daemon reads `SIGCHLD` from a signalfd: every thread blocks it, no
+/// handler is installed for it, and a signalfd is open. Its children
+/// start with nothing blocked all the same, on the vfork path and (as
+/// root, asking for another uid) on the fork path.
+#[test]
+fn sigchld_is_blocked_in_every_daemon_thread_and_in_no_child() {
+    let daemon = start_daemon("sigchld-mask");
+    let sigchld = signal_bit(libc::SIGCHLD);
+    let child_masks = |uid: Option<u32>| -> String {
+        runtime().block_on(async {
+            let client = Client::connect(daemon.socket()).await.expect("connect");
+            let mut command = Command::new(&client, "grep");
+            command.args(["-E", "^Sig(Blk|Pnd)", "/proc/self/status"]);
+            if let Some(uid) = uid {
+                command.uid(uid).gid(uid);
+            }
+            let output = command.output().await.expect("grep runs");
+            assert!(output.status.success(), "{output:?}");
+            String::from_utf8_lossy(&output.stdout).into_owned()
+        })
+    };
+    let vforked = child_masks(None);
+    assert_eq!(mask_in(&vforked, "SigBlk"), Some(0), "{vforked}");
+    assert_eq!(mask_in(&vforked, "SigPnd"), Some(0), "{vforked}");
+    if rustix::process::geteuid().is_root() {
+        let forked = child_masks(Some(4321));
+        assert_eq!(mask_in(&forked, "SigBlk"), Some(0), "fork path: {forked}");
+    } else {
+        eprintln!("SKIPPED the fork path's mask: a child of another uid needs root");
+    }
+    // After spawns, so that every worker thread exists.
+    let blocked = thread_masks(daemon.pid(), "SigBlk");
+    assert!(blocked.len() > 1, "threads: {blocked:?}");
+    let taking: Vec<_> = blocked
+        .iter()
+        .filter(|(_, mask)| mask & sigchld == 0)
+        .collect();
+    assert!(
+        taking.is_empty(),
+        "threads not blocking SIGCHLD: {taking:?}"
+    );
+    let caught = thread_masks(daemon.pid(), "SigCgt");
+    assert!(
+        caught.iter().all(|(_, mask)| mask & sigchld == 0),
+        "a SIGCHLD handler is installed: {caught:?}"
+    );
+    let signalfds = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
+        .expect("list the daemon's fds")
+        .flatten()
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+        .filter(|target| target.to_string_lossy() == "anon_inode:[signalfd]")
+        .count();
+    assert_eq!(signalfds, 1, "the daemon's signalfds");
+}
+
+/// While no request follows stops, the daemon leaves `SIGCHLD` pending
+/// between looks; while one does, it reads it at once. Stops and continues
+/// are still each reported, with other children exiting all the while
+/// (their exits and the stops share the one pending `SIGCHLD`).
+#[test]
+fn stops_are_reported_while_other_children_exit() {
+    let daemon = start_daemon("sigchld-stops");
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        stops_reported_among_exits(&client).await;
+    });
+}
+
+/// Twenty rounds of: a child stops, is continued and exits, each
+/// reported, while other children keep exiting.
+pub async fn stops_reported_among_exits(client: &Client) {
+    let liveness = Duration::from_secs(10);
+    let churning = Arc::new(AtomicBool::new(true));
+    let churn = tokio::spawn({
+        let (client, churning) = (client.clone(), Arc::clone(&churning));
+        async move {
+            let mut exits = 0u32;
+            while churning.load(Ordering::Relaxed) {
+                let status = Command::new(&client, "true").status().await;
+                assert!(status.expect("true runs").success());
+                exits += 1;
+            }
+            exits
+        }
+    });
+    for round in 0..20 {
+        let mut child = Command::new(client, "sh")
+            // Stops when told to, exits when its stdin closes.
+            .args(["-c", "read _; kill -STOP $$; read _; exit 3"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .report_stops(true)
+            .kill_on_drop(true)
+            .spawn()
+            .await
+            .expect("spawn sh");
+        let mut jobs = child.job_events();
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"stop\n").await.expect("tell sh to stop");
+        let stopped = tokio::time::timeout(liveness, jobs.changed()).await;
+        assert_eq!(
+            stopped,
+            Ok(Some(JobState::Stopped(libc::SIGSTOP))),
+            "round {round}: no stop report"
+        );
+        pidfd_send_signal(child.pidfd(), Signal::CONT).expect("SIGCONT");
+        let continued = tokio::time::timeout(liveness, jobs.changed()).await;
+        assert_eq!(
+            continued,
+            Ok(Some(JobState::Running)),
+            "round {round}: no continue report"
+        );
+        drop(stdin);
+        let status = tokio::time::timeout(liveness, child.wait())
+            .await
+            .expect("sh exits")
+            .expect("wait");
+        assert_eq!(status.code(), Some(3), "round {round}");
+    }
+    churning.store(false, Ordering::Relaxed);
+    let exits = churn.await.expect("churn");
+    assert!(exits > 0, "no child exited among the stops");
+}
+
+/// A daemon started with `SIGCHLD` ignored (inherited across exec) gives
+/// it back its default action: ignored, the kernel would reap each child
+/// at exit, and its exit status would be lost.
+#[test]
+fn a_daemon_started_with_sigchld_ignored_still_reports_exits() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wrapper = dir.path().join("ignore-sigchld");
+    // perl-base is essential on Debian: ignore SIGCHLD, exec the daemon.
+    let script = format!(
+        "#!/usr/bin/perl\n$SIG{{CHLD}} = 'IGNORE';\nexec {{ '{}' }} 'zygote', @ARGV or die \"exec: $!\";\n",
+        zygote_bin().display()
+    );
+    std::fs::write(&wrapper, script).expect("write the wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let daemon = start_daemon_custom("sigchld-ignored", None, None, &[], &wrapper, &[]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid()))
+        .expect("the daemon's status");
+    assert_eq!(
+        mask_in(&status, "SigIgn").map(|mask| mask & signal_bit(libc::SIGCHLD)),
+        Some(0),
+        "{status}"
+    );
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        let status = Command::new(&client, "sh")
+            .args(["-c", "exit 7"])
+            .status()
+            .await
+            .expect("sh runs");
+        assert_eq!(status.code(), Some(7));
+    });
 }

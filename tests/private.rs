@@ -5,7 +5,10 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::util::{children_of, eventually, parent_of, process_state, stat_fields, zygote_bin};
+use crate::util::{
+    children_of, eventually, parent_of, process_state, signal_bit, stat_fields, thread_masks,
+    zygote_bin,
+};
 
 const HELPER: &str = env!("CARGO_BIN_EXE_zygote-private-helper");
 
@@ -16,6 +19,7 @@ struct Report {
     ppid_seen: u32,
     sleeper: u32,
     child_nice: i32,
+    child_sigblk: String,
 }
 
 fn parse(line: &str) -> Report {
@@ -34,6 +38,12 @@ fn parse(line: &str) -> Report {
             .position(|w| *w == "child_nice")
             .and_then(|at| words.get(at + 1)?.parse().ok())
             .expect("child_nice"),
+        child_sigblk: words
+            .iter()
+            .position(|w| *w == "child_sigblk")
+            .and_then(|at| words.get(at + 1))
+            .map(|mask| (*mask).to_owned())
+            .expect("child_sigblk"),
     }
 }
 
@@ -83,6 +93,19 @@ fn private_zygote_serves_a_large_owner(mode: &str) {
     assert!(
         leaked.is_empty(),
         "{mode} zygote kept the owner's fd: {leaked:?}"
+    );
+    // SIGCHLD is read from a signalfd: blocked in every thread of the
+    // zygote, in none of its children.
+    let sigchld = signal_bit(libc::SIGCHLD);
+    let blocked = thread_masks(zygote, "SigBlk");
+    assert!(
+        !blocked.is_empty() && blocked.iter().all(|(_, mask)| mask & sigchld != 0),
+        "{mode} zygote's threads' SigBlk: {blocked:?}"
+    );
+    assert_eq!(
+        u64::from_str_radix(&report.child_sigblk, 16),
+        Ok(0),
+        "a child of the {mode} zygote starts with signals blocked"
     );
 
     helper.kill().expect("SIGKILL the helper");
@@ -181,4 +204,52 @@ fn launched_private_zygote_outranks_its_children_who_keep_the_owners_nice() {
 #[test]
 fn forked_template_outranks_its_children_who_keep_the_owners_nice() {
     private_zygote_outranks_its_children("template");
+}
+
+/// A launched private zygote (`serve --private-fd`) reports stops while
+/// other children exit. It is no subreaper: nothing reads SIGCHLD until a
+/// request follows stops, so the first stop may find it long pending.
+#[test]
+fn private_zygote_reports_stops_among_exits() {
+    let (ours, theirs) = zygote_proto::socket::pair(false).expect("socketpair");
+    // As the client library launches one: the socket on its stdin.
+    let zygote = Command::new(zygote_bin())
+        .args(["serve", "--private-fd", "0"])
+        .env("ZYGOTE_LOG", "warn")
+        .stdin(Stdio::from(theirs))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start a private zygote");
+    let mut zygote = KillOnDrop(zygote);
+    crate::util::runtime().block_on(async {
+        let client = zygote_client::Client::from_fd(ours)
+            .await
+            .expect("connect to the private zygote");
+        // Exits before anyone follows stops: SIGCHLD left pending.
+        for _ in 0..3 {
+            let status = zygote_client::Command::new(&client, "true")
+                .status()
+                .await
+                .expect("true runs");
+            assert!(status.success());
+        }
+        crate::daemon::stops_reported_among_exits(&client).await;
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || zygote
+            .0
+            .try_wait()
+            .is_ok_and(|status| status.is_some())),
+        "the private zygote outlived its owner's socket"
+    );
+}
+
+/// Kills and reaps a process when dropped (a failed test's).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

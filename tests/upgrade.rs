@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use zygote_client::{Client, ExitStatus};
 
 use crate::util::{
-    Daemon, eventually, parent_of, process_state, runtime, start_daemon_custom, zygote_bin,
+    Daemon, eventually, parent_of, process_state, runtime, signal_bit, start_daemon_custom,
+    thread_masks, zygote_bin,
 };
 
 /// Copies of the built binary, one per tag, made once per test run.
@@ -351,6 +352,15 @@ fn sighup_upgrades_in_place() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(upgraded, "SIGHUP did not upgrade; log:\n{}", daemon.log());
+        // The new image blocks SIGCHLD in every thread again and reads it
+        // from its signalfd: stops are still reported.
+        let sigchld = signal_bit(libc::SIGCHLD);
+        let blocked = thread_masks(daemon.pid(), "SigBlk");
+        assert!(
+            blocked.iter().all(|(_, mask)| mask & sigchld != 0),
+            "after the upgrade, SigBlk: {blocked:?}"
+        );
+        crate::daemon::stops_reported_among_exits(&client).await;
         let status = child.wait().await.expect("exit notice");
         assert_eq!(status.code(), Some(3));
     });

@@ -337,3 +337,37 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .expect("runtime")
 }
+
+/// A signal mask line (`SigBlk`, `SigCgt`, ...) of `/proc/PID/task/TID/status`
+/// for each thread of `pid`, by thread id.
+pub fn thread_masks(pid: u32, field: &str) -> Vec<(u32, u64)> {
+    let mut masks = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return masks;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        if let Some(mask) = mask_in(&status, field) {
+            masks.push((tid, mask));
+        }
+    }
+    masks
+}
+
+/// The hex mask on the `field:` line of a `/proc/.../status` text.
+pub fn mask_in(status: &str, field: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+}
+
+/// Bit `signal - 1`: `signal`'s place in a `/proc` signal mask.
+pub fn signal_bit(signal: i32) -> u64 {
+    1 << (signal - 1)
+}

@@ -3,7 +3,7 @@
 //! then spawns through it and reports on stdout:
 //!
 //! ```text
-//! rss_kib <VmRSS> child <pid of a running cat> ppid_seen <$PPID of a child> sleeper <pid> child_nice <its nice value>
+//! rss_kib <VmRSS> child <pid of a running cat> ppid_seen <$PPID of a child> sleeper <pid> child_nice <its nice value> child_sigblk <a child's SigBlk, hex>
 //! ```
 //!
 //! It then waits until its stdin closes. The `cat` reads a pipe from this
@@ -67,8 +67,15 @@ fn main() -> ExitCode {
     let mut seen = seen.split_whitespace();
     let ppid_seen = seen.next().unwrap_or("?").to_owned();
     let child_nice = seen.next().unwrap_or("?").to_owned();
+    let masks = Command::new(&client, "grep")
+        .args(["^SigBlk:", "/proc/self/status"])
+        .output()
+        .expect("run grep");
+    let masks = String::from_utf8_lossy(&masks.stdout).into_owned();
+    let child_sigblk = masks.split_whitespace().nth(1).unwrap_or("?").to_owned();
     println!(
-        "rss_kib {} child {} ppid_seen {ppid_seen} sleeper {} child_nice {child_nice}",
+        "rss_kib {} child {} ppid_seen {ppid_seen} sleeper {} child_nice {child_nice} \
+         child_sigblk {child_sigblk}",
         rss_kib(),
         cat.id(),
         sleeper.id()

@@ -27,12 +27,19 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Serve(args) => {
+            // Before any thread (the log writer, the runtime's) exists,
+            // so that every thread inherits it: SIGCHLD is read from a
+            // signalfd, never by a handler.
+            let blocked = zygote::spawn::block_child_signal();
             // First, while this is the only thread and no fd of ours is
             // open: what an upgrade handed over, then systemd's fds
             // (close-on-exec) and variables.
             let handover = live_upgrade::take_handover();
             let activation = activation::take();
             logging::init(args.log_format);
+            if let Err(error) = blocked {
+                tracing::warn!(%error, "cannot block SIGCHLD; it is handled by a signal handler");
+            }
             let served =
                 activation.and_then(|activation| serve::serve(&args, activation, handover));
             let code = match served {

@@ -57,6 +57,11 @@ const SPAWNER_NICE: i32 = -10;
 pub fn serve_private(socket: OwnedFd) -> Result<(), Error> {
     // On the thread that will spawn, before the runtime starts others.
     let boost = crate::spawn::prepare_boost(SPAWNER_NICE);
+    // Every thread of the zygote blocks SIGCHLD (see `reaper`): `zygote
+    // serve` did already, a forked template does it here, while single.
+    if let Err(error) = crate::spawn::block_child_signal() {
+        tracing::warn!(%error, "cannot block SIGCHLD; it is handled by a signal handler");
+    }
     // One thread: the zygote does little besides clone, and a forked
     // template must stay single-threaded anyway.
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -473,50 +473,14 @@ async fn back_off(error: &ProtoError) {
     }
 }
 
-/// How long the orphan reaper waits after a look before the next: an
-/// orphan stays a zombie at most this much longer.
-const ORPHAN_PACE: Duration = Duration::from_millis(20);
-
 /// Makes the daemon a child subreaper and reaps the orphans it adopts:
 /// grandchildren whose parent exited come to it, not to init, and do not
 /// stay zombies. Our own children are reaped by pidfd; `spawn::reap_orphans`
 /// never takes one of those.
 fn adopt_orphans() {
-    let mut sigchld = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) {
-        Ok(stream) => stream,
-        Err(error) => {
-            warn!(%error, "cannot watch SIGCHLD; not becoming a child subreaper");
-            return;
-        }
-    };
     if let Err(error) = crate::spawn::become_subreaper() {
         warn!(%error, "cannot become a child subreaper; orphaned grandchildren go to init");
         return;
     }
-    tokio::spawn(async move {
-        // An exit of our own child is reaped by its pidfd's task; orphans
-        // queued behind it are found by a scan, at most every RESCAN.
-        const RESCAN: Duration = Duration::from_millis(100);
-        let mut rescan = Some(tokio::time::Instant::now());
-        loop {
-            if crate::spawn::reap_orphans().blocked_by_own && rescan.is_none() {
-                rescan = Some(tokio::time::Instant::now() + RESCAN);
-            }
-            tokio::select! {
-                signal = sigchld.recv() => if signal.is_none() {
-                    return;
-                },
-                () = tokio::time::sleep_until(rescan.unwrap_or_else(tokio::time::Instant::now)), if rescan.is_some() => {
-                    rescan = None;
-                    crate::spawn::reap_orphans_by_scan();
-                }
-            }
-            // Nearly every SIGCHLD is one of our own children's exits.
-            // Looking at each woke this task, often on the other worker,
-            // for every spawn (~25 µs of CPU each on the 2-CPU VM); paced,
-            // a burst of exits costs one look, and the stream keeps the
-            // signals that arrive meanwhile.
-            tokio::time::sleep(ORPHAN_PACE).await;
-        }
-    });
+    crate::daemon::reaper::reap_adopted_orphans();
 }

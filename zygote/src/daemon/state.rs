@@ -166,7 +166,6 @@ impl Daemon {
     /// the first spawn, when `serve` has long installed its handlers; its
     /// children then skip reading them from procfs.
     pub(crate) fn spawn(&self, plan: &SpawnPlan) -> Result<SpawnedChild, SpawnError> {
-        crate::daemon::reaper::install_child_handler();
         // A private zygote's spawner outranks its children while several
         // run (a no-op elsewhere).
         spawn::set_busy(self.metrics.children_running() >= BUSY_CHILDREN);

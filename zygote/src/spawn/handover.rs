@@ -68,11 +68,16 @@ pub fn exec_in_place(path: &CStr, argv: &[CString], envp: &[CString]) -> io::Err
     let mut env: Vec<*const libc::c_char> = envp.iter().map(|var| var.as_ptr()).collect();
     env.push(ptr::null());
     mask_held(libc::SIG_BLOCK);
+    // The next image blocks it again first thing; one that does not (an
+    // older version, rolled back to) must still get its SIGCHLD. Exits
+    // meanwhile are found by its first look, as at any start.
+    super::sigchld::unblock_child_signal();
     // SAFETY: `path`, `args` and `env` are NUL-terminated strings in
     // NULL-terminated arrays that outlive the call; execve only returns on
     // failure, with the process unchanged.
     unsafe { libc::execve(path.as_ptr(), args.as_ptr(), env.as_ptr()) };
     let error = io::Error::last_os_error();
+    let _ = super::sigchld::block_child_signal();
     mask_held(libc::SIG_UNBLOCK);
     error
 }

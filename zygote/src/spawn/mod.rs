@@ -11,6 +11,8 @@
 //! - `fork`: whole-process operations of the private zygote: `fork(2)` of
 //!   a single-threaded program into a template, and taking over an
 //!   inherited socket.
+//! - `sigchld`: the daemon's `SIGCHLD`, blocked everywhere and read from
+//!   a signalfd.
 //!
 //! # Primitive, decided by measurement
 //!
@@ -40,6 +42,7 @@ mod clone;
 mod fork;
 mod handover;
 mod selfsignal;
+mod sigchld;
 mod wrapper;
 
 pub use wrapper::{die_by, stop_self_by};
@@ -52,6 +55,9 @@ pub use handover::{
     adopt_fd, exec_in_place, inherited_fds, release_held_signals, run_own, set_inheritable,
 };
 pub use selfsignal::{die_of_signal, stop_self};
+pub use sigchld::{
+    SIGNALFD_SIGINFO_BYTES, block_child_signal, child_signal_fd, threads_taking_child_signal,
+};
 
 use std::cell::Cell;
 use std::collections::HashSet;
