@@ -165,7 +165,7 @@ impl AsyncSeqpacket {
     ///
     /// # Errors
     ///
-    /// As [`recv_frame`].
+    /// As [`recv_frame`](crate::fdpass::recv_frame).
     pub async fn recv(&self, scratch: &mut [u8]) -> Result<Option<Frame>, ProtoError> {
         let received = self.recv_in(scratch).await?;
         Ok(received.map(|received| Frame {
