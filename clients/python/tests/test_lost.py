@@ -178,10 +178,10 @@ def test_a_loss_found_by_the_send_itself_reconnects_and_sends_again(daemon: Daem
             first = client._conn
             os.kill(daemon.pid, signal.SIGSTOP)
             resume = threading.Timer(0.3, os.kill, (daemon.pid, signal.SIGCONT))
+            resume.start()
             try:
                 first._sock.shutdown(socket.SHUT_WR)
                 assert client.alive, "the reader must not have seen anything yet"
-                resume.start()
                 if spawn == "popen":
                     assert client.run(["sh", "-c", "exit 3"]).returncode == 3
                 else:
