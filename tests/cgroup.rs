@@ -315,7 +315,7 @@ fn a_peer_cannot_exceed_its_pids_cap() {
             .args(["serve", "--socket", "/nonexistent/zygote.sock", "--cgroup"])
             .arg(&cgroup.path)
             .arg("--policy")
-            .arg(write_policy(&cgroup, policy))
+            .arg(write_policy(policy).path())
             .output()
             .expect("run zygote serve");
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -341,14 +341,15 @@ fn a_peer_cannot_exceed_its_pids_cap() {
     );
 }
 
-fn write_policy(cgroup: &TestCgroup, text: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!(
-        "zygote-policy-{}-{}.toml",
-        std::process::id(),
-        cgroup.path.file_name().unwrap().to_string_lossy()
-    ));
-    std::fs::write(&path, text).unwrap();
-    path
+/// A policy file, removed when the returned handle is dropped.
+fn write_policy(text: &str) -> tempfile::NamedTempFile {
+    let file = tempfile::Builder::new()
+        .prefix("zygote-policy-")
+        .suffix(".toml")
+        .tempfile()
+        .expect("create a policy file");
+    std::fs::write(file.path(), text).expect("write the policy file");
+    file
 }
 
 #[test]

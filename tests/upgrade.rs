@@ -19,15 +19,35 @@ use crate::util::{
 };
 
 /// Copies of the built binary, one per tag, made once per test run.
+///
+/// They live under cargo's target directory, one directory per test
+/// process, because a `static` is never dropped: a temporary directory
+/// here would leave a few hundred MB behind every run. Directories of
+/// test processes that are gone are removed on the way in.
 fn tagged(tag: &str) -> PathBuf {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
-        tempfile::Builder::new()
-            .prefix("zygote-upgrade-binaries-")
-            .tempdir()
-            .expect("tempdir")
+        let parent = Path::new(env!("CARGO_TARGET_TMPDIR")).join("upgrade-binaries");
+        std::fs::create_dir_all(&parent).expect("create the tagged binaries' directory");
+        for entry in std::fs::read_dir(&parent)
+            .expect("list the tagged binaries")
+            .flatten()
+        {
+            let name = entry.file_name();
+            let gone = name
+                .to_str()
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+            if gone {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let dir = parent.join(std::process::id().to_string());
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).expect("create this run's tagged binaries' directory");
+        dir
     });
-    let path = dir.path().join(format!("zygote-{tag}"));
+    let path = dir.join(format!("zygote-{tag}"));
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = LOCK
         .lock()
