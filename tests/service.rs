@@ -107,12 +107,31 @@ fn socket_activate(socket: &Path, fdname: &str, env: &[(&str, &str)]) -> Process
         .stdin(Stdio::null())
         .stderr(Stdio::piped());
     let process = Process::start(&mut command, "systemd-socket-activate");
+    // Not only bound but listening: a connection refused in between would
+    // never start the daemon.
     assert!(
-        eventually(Duration::from_secs(10), || socket.exists()),
-        "systemd-socket-activate did not create {}",
+        eventually(Duration::from_secs(10), || is_listening(socket)),
+        "systemd-socket-activate did not listen on {}",
         socket.display()
     );
     process
+}
+
+/// Whether a Unix socket bound at `path` listens, from `/proc/net/unix`
+/// (its `Flags` column has `__SO_ACCEPTCON`, 0x10000): unlike a test
+/// connection, looking does not wake the activator.
+fn is_listening(path: &Path) -> bool {
+    const ACCEPTING: u32 = 0x1_0000;
+    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
+        return false;
+    };
+    let path = path.to_string_lossy();
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() >= 8
+            && fields[7] == path
+            && u32::from_str_radix(fields[3], 16).is_ok_and(|flags| flags & ACCEPTING != 0)
+    })
 }
 
 fn exe_of(pid: u32) -> Option<PathBuf> {
