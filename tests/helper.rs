@@ -4,8 +4,11 @@
 //! what `ZYGOTE_TEST_HELPER` says and prints its findings as lines that
 //! start with `HELPER `.
 
+use std::ffi::CString;
 use std::io::Write;
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -37,6 +40,40 @@ pub fn helper(mode: &str, socket: &Path) -> Command {
         // Children inherit the cwd; `/` is searchable by any uid.
         .current_dir("/");
     command
+}
+
+/// Makes `command` exec with exactly `entries` as its environment, even
+/// ones `Command::env` cannot make (an entry without `=`): the forked child
+/// calls `execve(2)` itself from `pre_exec`. At most 31 arguments and 31
+/// entries, so that the child needs no allocation.
+pub fn with_raw_environment(command: &mut Command, entries: &[&[u8]]) {
+    const SLOTS: usize = 32;
+    let cstring = |bytes: &[u8]| CString::new(bytes).expect("no NUL");
+    let program = cstring(command.get_program().as_bytes());
+    let args: Vec<CString> = std::iter::once(program.clone())
+        .chain(command.get_args().map(|arg| cstring(arg.as_bytes())))
+        .collect();
+    let env: Vec<CString> = entries.iter().map(|entry| cstring(entry)).collect();
+    assert!(args.len() < SLOTS && env.len() < SLOTS, "too many strings");
+    let exec = move || {
+        // Pointer arrays on the stack: no allocation after fork.
+        let mut argv = [std::ptr::null::<libc::c_char>(); SLOTS];
+        let mut envp = [std::ptr::null::<libc::c_char>(); SLOTS];
+        for (slot, arg) in argv.iter_mut().zip(&args) {
+            *slot = arg.as_ptr();
+        }
+        for (slot, entry) in envp.iter_mut().zip(&env) {
+            *slot = entry.as_ptr();
+        }
+        // SAFETY: `program` and every string that `argv` and `envp` point
+        // to live in this closure; both arrays end with a null pointer
+        // (fewer strings than slots, checked above).
+        unsafe { libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+        Err(std::io::Error::last_os_error())
+    };
+    // SAFETY: the closure runs in the forked child and only calls
+    // execve(2), which is async-signal-safe; it allocates nothing.
+    unsafe { command.pre_exec(exec) };
 }
 
 /// The `HELPER ` lines of a helper's stdout, without the prefix.
@@ -72,6 +109,7 @@ fn client_process() {
         ["fault"] => fault(socket),
         ["other-uid"] => other_uid(socket),
         ["closed-stdin"] => closed_stdin(socket),
+        ["inherited-env"] => inherited_env(socket),
         _ => panic!("unknown helper mode {mode}"),
     }
 }
@@ -248,4 +286,31 @@ fn closed_stdin(socket: &Path) {
     let seen = std::fs::read_to_string(&report).expect("the child's report");
     let _ = std::fs::remove_file(&report);
     say(&format!("stdin {}", seen.trim()));
+}
+
+/// Runs `cat /proc/self/environ` with this process's environment as is,
+/// then with changes, and says each child's entries, escaped, in order.
+fn inherited_env(socket: &Path) {
+    let client = zygote_client::blocking::Client::connect(socket).expect("connect");
+    let environ = |command: &mut zygote_client::blocking::Command, label: &str| {
+        let output = command
+            .arg("/proc/self/environ")
+            .output()
+            .unwrap_or_else(|error| panic!("{label} spawn failed: {error}"));
+        assert!(output.status.success(), "{}", output.status);
+        let entries = output.stdout.strip_suffix(b"\0").unwrap_or(&output.stdout);
+        for entry in entries.split(|byte| *byte == 0) {
+            say(&format!("{label} {}", entry.escape_ascii()));
+        }
+    };
+    environ(
+        &mut zygote_client::blocking::Command::new(&client, "/bin/cat"),
+        "inherited",
+    );
+    environ(
+        zygote_client::blocking::Command::new(&client, "/bin/cat")
+            .env("ADDED", "1")
+            .env_remove("=A"),
+        "changed",
+    );
 }

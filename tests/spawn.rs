@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zygote_client::{Client, Command, Error, SpawnStage, Stdio};
 
+use crate::helper::{findings, helper, with_raw_environment};
 use crate::util::{eventually, open_fds, parent_of, runtime, start_daemon};
 
 #[test]
@@ -91,6 +92,56 @@ fn argv0_is_set_apart_from_the_program() {
             .expect("sh runs");
         assert_eq!(output.stdout, b"custom-name\n");
     });
+}
+
+/// A caller whose environment holds entries that are no `NAME=VALUE` with
+/// a plain name (`=A=B`, left by some shells and Windows-ported tools, and
+/// `NOEQ`) still spawns: the child gets the entries `std::env::vars_os`
+/// reads (`=A=B` byte for byte), as `std::process::Command` would pass
+/// them, and the one without `=`, which names no variable, is left out.
+#[test]
+fn an_inherited_environment_with_odd_entries_reaches_the_child() {
+    let daemon = start_daemon("env-odd-entries");
+    let mut socket_var = b"ZYGOTE_TEST_SOCKET=".to_vec();
+    socket_var.extend_from_slice(daemon.socket().as_os_str().as_bytes());
+    let entries: [&[u8]; 7] = [
+        b"=A=B",
+        b"NOEQ",
+        b"K=v",
+        b"==x",
+        b"ZYGOTE_TEST_HELPER=inherited-env",
+        &socket_var,
+        b"PATH=/usr/bin:/bin",
+    ];
+    let mut command = helper("inherited-env", daemon.socket());
+    with_raw_environment(&mut command, &entries);
+    let output = command.output().expect("run helper");
+    assert!(
+        output.status.success(),
+        "helper failed: {}\n{}\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+        daemon.log()
+    );
+    let escaped = |entry: &[u8]| entry.escape_ascii().to_string();
+    let inherited: Vec<String> = entries
+        .iter()
+        .filter(|entry| **entry != b"NOEQ")
+        .map(|entry| escaped(entry))
+        .collect();
+    let changed: Vec<String> = inherited
+        .iter()
+        .filter(|entry| *entry != "=A=B")
+        .cloned()
+        .chain(["ADDED=1".to_owned()])
+        .collect();
+    let expected: Vec<String> = inherited
+        .iter()
+        .map(|entry| format!("inherited {entry}"))
+        .chain(changed.iter().map(|entry| format!("changed {entry}")))
+        .collect();
+    assert_eq!(findings(&output.stdout), expected);
 }
 
 #[test]

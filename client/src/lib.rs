@@ -75,6 +75,11 @@
 //!   zygote's umask applies unless [`Command::umask`] sets one.
 //! - **Async spawn.** [`Command::spawn`] is `async` (tokio's is not): it
 //!   waits for the zygote's answer, which arrives after the child's exec.
+//! - **Environment entries without `=`.** The environment is read with
+//!   [`std::env::vars_os`], which skips an `environ` entry that has no `=`
+//!   after its first byte (it names no variable); std passes such an entry
+//!   on when the command changes nothing. Other odd entries, such as
+//!   `=A=B` (name `=A`), reach the child byte for byte, as with std.
 //! - **Errors.** Failures are this crate's [`Error`], which names the
 //!   setup step that failed; it converts into [`std::io::Error`] keeping
 //!   the [`ErrorKind`](std::io::ErrorKind) (e.g. `NotFound` for a missing

@@ -176,7 +176,7 @@ impl Spec {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for NUL bytes, bad variable names or child
+    /// [`Error::InvalidInput`] for NUL bytes or child
     /// fd numbers below 3; [`Error::Io`] when the caller's working
     /// directory is needed but unknown; [`Error::TooManyFds`] over
     /// `max_fds`.
@@ -468,12 +468,10 @@ fn no_nul(what: &str, value: &OsStr) -> Result<()> {
     Ok(())
 }
 
+/// Only a NUL is refused, as `std::process::Command` does: an empty key or
+/// one with `=` (inherited `=A=B` is key `=A` to `std::env::vars_os`)
+/// reaches the child as `KEY=VALUE`.
 fn check_env_var(key: &OsStr, value: &OsStr) -> Result<()> {
-    if key.is_empty() || key.as_bytes().contains(&b'=') {
-        return Err(Error::invalid(format!(
-            "environment variable name {key:?} is empty or contains '='"
-        )));
-    }
     no_nul("environment variable", key)?;
     no_nul("environment value", value)
 }
@@ -664,8 +662,26 @@ mod tests {
         assert_eq!(prepared.request.args, [b"a\x80b".to_vec(), Vec::new()]);
     }
 
+    /// As `std::process::Command`: names that are empty or hold `=`, set
+    /// or inherited, go to the child as `KEY=VALUE`.
     #[test]
-    fn rejects_nul_bad_names_and_low_fds() {
+    fn odd_names_are_sent_as_std_sends_them() {
+        let snapshot = snapshot();
+        snapshot.env.borrow_mut().push(("=A".into(), "B".into()));
+        let mut spec = Spec::new(OsStr::new("x"));
+        spec.set_env(OsStr::new("C=D"), OsStr::new("e"));
+        spec.set_env(OsStr::new(""), OsStr::new("f"));
+        let prepared = spec.prepare(&snapshot, StdioDefaults::Inherit, 64).unwrap();
+        let entries: Vec<_> = prepared.request.env.entries().collect();
+        assert_eq!(
+            entries[3..],
+            [&b"=A=B\0"[..], b"=f\0", b"C=D=e\0"],
+            "{entries:?}"
+        );
+    }
+
+    #[test]
+    fn rejects_nul_and_low_fds() {
         let snapshot = snapshot();
         let mut spec = Spec::new(OsStr::new("x"));
         spec.args = vec![OsStr::from_bytes(b"a\0b").to_owned()];
@@ -675,7 +691,7 @@ mod tests {
         assert!(matches!(error, Error::InvalidInput { .. }), "{error}");
 
         let mut spec = Spec::new(OsStr::new("x"));
-        spec.set_env(OsStr::new("A=B"), OsStr::new("1"));
+        spec.set_env(OsStr::new("A"), OsStr::from_bytes(b"1\0"));
         assert!(spec.prepare(&snapshot, StdioDefaults::Inherit, 64).is_err());
 
         let mut spec = Spec::new(OsStr::new("x"));

@@ -137,7 +137,9 @@ type Cmd struct {
 	// sees). Empty means []string{Path}.
 	Args []string
 	// Env is the child's whole environment, as "key=value" strings; nil
-	// means this process's environment.
+	// means this process's environment. Keys are split as os/exec does
+	// (the inherited "=A=B" is key "=A") and reach the child as given; an
+	// entry without "=" is left out, where os/exec passes it on.
 	Env []string
 	// Dir is the working directory; "" means this process's.
 	Dir string
@@ -255,6 +257,7 @@ func (c *Cmd) Environ() []string {
 
 // environ mirrors os/exec: this process's environment (with PWD set to Dir
 // when Dir is set) unless Env is set, and the last of duplicate keys wins.
+// Unlike os/exec, an entry without "=" is left out.
 func (c *Cmd) environ() ([]string, error) {
 	return c.environFrom(os.Environ())
 }
@@ -280,10 +283,13 @@ func (c *Cmd) environFrom(own []string) ([]string, error) {
 		if strings.IndexByte(kv, 0) >= 0 {
 			return nil, fmt.Errorf("zygote: environment variable %q contains a NUL byte", kv)
 		}
-		k, _, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return nil, fmt.Errorf("zygote: environment entry %q is not key=value with a non-empty key", kv)
+		i := envKeyEnd(kv)
+		if i < 0 {
+			// No variable: os/exec would pass it on raw, which the
+			// protocol cannot carry (PROTOCOL.md 4.7).
+			continue
 		}
+		k := kv[:i]
 		if seen[k] {
 			continue
 		}
@@ -294,6 +300,21 @@ func (c *Cmd) environFrom(own []string) ([]string, error) {
 		out[i], out[j] = out[j], out[i]
 	}
 	return out, err
+}
+
+// envKeyEnd is where an environment entry's key ends (the index of its
+// "="), as os/exec splits it: a leading "=" belongs to the key, so the
+// inherited "=A=B" is key "=A". It is -1 for an entry with no "=", which
+// names no variable.
+func envKeyEnd(kv string) int {
+	if strings.HasPrefix(kv, "=") {
+		if i := strings.IndexByte(kv[1:], '='); i >= 0 {
+			return i + 1
+		}
+		// "=" alone or "=A": key "", as os/exec reads it.
+		return 0
+	}
+	return strings.IndexByte(kv, '=')
 }
 
 // envCache is the process environment that envVars last turned into
@@ -329,8 +350,8 @@ func (c *Cmd) envVars() ([]envVar, []byte, error) {
 	}
 	vars := make([]envVar, 0, len(env))
 	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		vars = append(vars, envVar{Key: strBytes(k), Value: strBytes(v)})
+		i := envKeyEnd(kv)
+		vars = append(vars, envVar{Key: strBytes(kv[:i]), Value: strBytes(kv[i+1:])})
 	}
 	if !inherit {
 		return vars, nil, nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -266,10 +267,19 @@ func TestExtraFilesEnvDirArgs(t *testing.T) {
 			t.Errorf("nil Env: %q %v", out, err)
 		}
 
+		// Odd entries are kept as os/exec keeps them (a leading "=" is
+		// part of the key), except one without "=", which is left out.
+		cmd = c.Command("/usr/bin/env")
+		cmd.Env = []string{"NOEQUALS", "=A=B", "=", "=A=C", "K=v"}
+		out, err = cmd.Output()
+		if err != nil || string(out) != "=\n=A=C\nK=v\n" {
+			t.Errorf("odd entries: %q %v", out, err)
+		}
+
 		cmd = c.Command("true")
-		cmd.Env = []string{"NOEQUALS"}
-		if err := cmd.Run(); err == nil || !strings.Contains(err.Error(), "NOEQUALS") {
-			t.Errorf("bad env entry: %v", err)
+		cmd.Env = []string{"A=x\x00y"}
+		if err := cmd.Run(); err == nil || !strings.Contains(err.Error(), "NUL") {
+			t.Errorf("NUL in env: %v", err)
 		}
 	})
 
@@ -638,5 +648,87 @@ func TestBuildFailureClosesSharedOutputPipe(t *testing.T) {
 	}
 	if after := fdCount(t); after != before {
 		t.Errorf("fds: %d before, %d after five failed builds", before, after)
+	}
+}
+
+// envHelperSocket, when set, makes the test binary an envHelper run
+// against the zygote at that socket.
+const envHelperSocket = "ZYGOTE_GO_TEST_ENV_HELPER"
+
+// envHelper starts `cat /proc/self/environ` with os/exec and through the
+// zygote at socket, first with nil Env and then with
+// append(os.Environ(), "ADDED=1"), and prints each child's environment as
+// an "exec %q" or "zygote %q" line.
+func envHelper(socket string) int {
+	c, err := Dial(socket)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer c.Close()
+	for _, env := range [][]string{nil, append(os.Environ(), "ADDED=1")} {
+		native := exec.Command("/bin/cat", "/proc/self/environ")
+		native.Env = env
+		out, err := native.Output()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "os/exec with Env %q: %v\n", env, err)
+			return 1
+		}
+		fmt.Printf("exec %q\n", out)
+		cmd := c.Command("/bin/cat", "/proc/self/environ")
+		cmd.Env = env
+		if out, err = cmd.Output(); err != nil {
+			fmt.Fprintf(os.Stderr, "zygote with Env %q: %v\n", env, err)
+			return 1
+		}
+		fmt.Printf("zygote %q\n", out)
+	}
+	return 0
+}
+
+// A program whose environment holds entries that are no plain NAME=VALUE
+// ("=A=B", left by some shells and Windows-ported tools, and "NOEQ")
+// still spawns, and its children get what os/exec would give them, byte
+// for byte, but for the entry without "=", which names no variable.
+func TestInheritedOddEnvironment(t *testing.T) {
+	dial(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// os/exec passes these on raw, "NOEQ" included. Go's own
+	// os.Environ keeps the first of the entries that share a name up to
+	// their first "=" ("=A=B", "==x" and "="), so "==x" and "=" reach
+	// neither child.
+	cmd := exec.Command(self)
+	cmd.Env = []string{"=A=B", "NOEQ", "K=v", "==x", "=", envHelperSocket + "=" + sharedSocket}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helper: %v\n%s%s", err, out, stderr.Bytes())
+	}
+	lines := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("helper said %q, want 4 lines", lines)
+	}
+	for i := 0; i < 4; i += 2 {
+		native, err := strconv.Unquote(strings.TrimPrefix(lines[i], "exec "))
+		if err != nil {
+			t.Fatalf("%q: %v", lines[i], err)
+		}
+		zygote, err := strconv.Unquote(strings.TrimPrefix(lines[i+1], "zygote "))
+		if err != nil {
+			t.Fatalf("%q: %v", lines[i+1], err)
+		}
+		if !strings.HasPrefix(native, "=A=B\x00NOEQ\x00K=v\x00") {
+			t.Fatalf("the os/exec child's environment is %q: the test set it up wrong", native)
+		}
+		if want := strings.Replace(native, "NOEQ\x00", "", 1); zygote != want {
+			t.Errorf("spawn %d: the child's environment is\n%q, want\n%q", i/2, zygote, want)
+		}
+	}
+	if !strings.HasSuffix(lines[3], `ADDED=1\x00"`) {
+		t.Errorf("the changed environment lacks ADDED=1: %s", lines[3])
 	}
 }

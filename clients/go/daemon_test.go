@@ -19,6 +19,9 @@ import (
 var sharedSocket string
 
 func TestMain(m *testing.M) {
+	if socket := os.Getenv(envHelperSocket); socket != "" {
+		os.Exit(envHelper(socket))
+	}
 	bin := zygoteBin()
 	if bin == "" {
 		fmt.Fprintln(os.Stderr, "SKIP: every test but the vectors needs the zygote binary: set ZYGOTE_BIN=/path/to/target/debug/zygote (cargo build -p zygote)")

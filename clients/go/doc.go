@@ -43,6 +43,11 @@
 //     library cannot read: when the limit carries the runtime's mark
 //     (soft = hard - 1, recent Go versions), the child gets the zygote's
 //     soft limit instead; with older Go versions, the raised one.
+//   - An environment entry without "=" (Env's or this process's) names no
+//     variable and is left out; os/exec passes it on raw, which the
+//     protocol cannot carry. Other odd entries, such as the "=A=B" that
+//     some shells and Windows-ported tools leave, reach the child byte for
+//     byte, as with os/exec.
 //   - As in os/exec, Command looks a name without a slash up in this
 //     process's PATH and sets Path to what it found, or Cmd.Err (which
 //     satisfies errors.Is(err, exec.ErrNotFound) and errors.Is(err,

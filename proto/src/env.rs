@@ -26,9 +26,10 @@ const BYTES_PER_VAR_GUESS: usize = 64;
 
 /// A whole environment: variables in order, each stored as `KEY=VALUE\0`.
 ///
-/// The key and value are kept as received: nothing here checks that a key
-/// has no `=` or that neither holds a NUL (the daemon refuses such
-/// requests), and [`Env::iter`] gives them back exactly.
+/// The key and value are kept as received: nothing here checks that
+/// neither holds a NUL (the daemon refuses such requests). A key may be
+/// empty or hold `=` (PROTOCOL.md §4.7): [`Env::iter`] gives it back
+/// exactly, since the offset of each variable's separating `=` is kept.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Env {
     /// `KEY=VALUE\0` of every variable, one after the other.
@@ -309,8 +310,9 @@ mod tests {
         let vars = vec![
             var(b"PATH", b"/usr/bin"),
             var(b"", b""),
-            // Kept exactly, even what the daemon refuses.
+            // Kept exactly, even what the daemon refuses (the NUL).
             var(b"A=B", b"x\0y\xff"),
+            var(b"=A", b"B"),
         ];
         let env = Env::from(vars.clone());
         let encoded = postcard::to_stdvec(&env).expect("encode");
@@ -323,12 +325,14 @@ mod tests {
             [
                 (&b"PATH"[..], &b"/usr/bin"[..]),
                 (b"", b""),
-                (b"A=B", b"x\0y\xff")
+                (b"A=B", b"x\0y\xff"),
+                (b"=A", b"B")
             ]
         );
         let entries: Vec<_> = decoded.entries().collect();
         assert_eq!(entries[0], b"PATH=/usr/bin\0");
         assert_eq!(entries[1], b"=\0");
+        assert_eq!(entries[3], b"=A=B\0");
         let json = serde_json::to_value(&env).expect("JSON");
         assert_eq!(json, serde_json::to_value(&vars).expect("JSON"));
         assert_eq!(serde_json::from_value::<Env>(json).expect("JSON"), env);

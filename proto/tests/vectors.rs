@@ -78,6 +78,7 @@ const NAMES: &[&str] = &[
     "exited_tree",
     "upgrade_request",
     "spawn_deferred",
+    "spawn_env_odd_keys",
 ];
 
 /// The vectors `PROTOCOL.md` shows with a hex block.
@@ -407,6 +408,12 @@ fn value(name: &str) -> Option<Frame> {
         "spawn_deferred" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
             defer_spawned: true,
             ..SpawnRequest::new(13, "/bin/true")
+        })),
+        // Inherited `=A=B` as Rust and Go split it (key `=A`) and as
+        // Python does (key ""): both are sent as they are (§4.7).
+        "spawn_env_odd_keys" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
+            env: vec![env("=A", "B"), env("", "C=D"), env("K", "v")].into(),
+            ..SpawnRequest::new(14, "/usr/bin/env")
         })),
         _ => return None,
     })

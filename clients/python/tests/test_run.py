@@ -162,6 +162,80 @@ def test_env(client: zygote.Client, monkeypatch: pytest.MonkeyPatch) -> None:
         client.run(["true\0"])
 
 
+# Execs argv[2:] with the environment listed (one entry a line) in argv[1],
+# exactly: entries that os.execve and subprocess refuse ("NOEQ") included.
+EXEC_WITH_RAW_ENVIRONMENT = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+argv = [os.fsencode(arg) for arg in sys.argv[2:]]
+env = os.fsencode(sys.argv[1]).split(b"\\n")
+libc.execve(argv[0], (ctypes.c_char_p * (len(argv) + 1))(*argv, None),
+            (ctypes.c_char_p * (len(env) + 1))(*env, None))
+raise OSError(ctypes.get_errno(), "execve")
+"""
+
+# Prints the environment of children spawned through the zygote with the
+# inherited environment (run, asyncio, and the usual dict(os.environ, ...)),
+# after this process's own.
+SPAWN_WITH_INHERITED_ENVIRONMENT = """
+import asyncio, os, subprocess, zygote
+cat = ["/bin/cat", "/proc/self/environ"]
+with open("/proc/self/environ", "rb") as own:
+    print(repr(own.read()))
+with zygote.Client(os.environ["ZYGOTE_SOCKET"]) as client:
+    print(repr(client.run(cat, stdout=subprocess.PIPE, check=True).stdout))
+    async def main():
+        process = await client.create_subprocess_exec(*cat, stdout=subprocess.PIPE)
+        return (await process.communicate())[0]
+    print(repr(asyncio.run(main())))
+    env = dict(os.environ, ADDED="1")
+    print(repr(client.run(cat, env=env, stdout=subprocess.PIPE, check=True).stdout))
+"""
+
+
+def test_an_inherited_environment_with_odd_entries_reaches_the_child(
+    shared_daemon: Daemon,
+) -> None:
+    """A program whose environment holds ``=A=B`` (left by some shells and
+    Windows-ported tools; key "" in os.environ) and ``NOEQ`` still spawns,
+    and the child gets ``=A=B`` byte for byte. What os.environ skips (an
+    entry without "=", a second entry named "") does not arrive."""
+    socket_var = f"ZYGOTE_SOCKET={shared_daemon.socket}"
+    # No locale coercion: it would add LC_CTYPE to the environment.
+    raw = ["=A=B", "NOEQ", "K=v", "==x", "PYTHONCOERCECLOCALE=0", socket_var]
+    result = subprocess.run(
+        [
+            *(sys.executable, "-c", EXEC_WITH_RAW_ENVIRONMENT, "\n".join(raw)),
+            *(sys.executable, "-c", SPAWN_WITH_INHERITED_ENVIRONMENT),
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    kept = f"=A=B\0K=v\0PYTHONCOERCECLOCALE=0\0{socket_var}\0".encode()
+    assert result.stdout.decode().splitlines() == [
+        repr("\0".join([*raw, ""]).encode()),
+        repr(kept),
+        repr(kept),
+        repr(kept + b"ADDED=1\0"),
+    ]
+
+
+def test_explicit_env_names_are_checked_as_subprocess_checks_them(
+    client: zygote.Client,
+) -> None:
+    """An empty name is allowed (the child gets ``=VALUE``); one with "="
+    raises ValueError, as in subprocess."""
+    out = client.run(
+        ["/bin/cat", "/proc/self/environ"], env={"": "A=B", "K": "v"}, capture_output=True
+    )
+    assert out.stdout == b"=A=B\0K=v\0"
+    with pytest.raises(ValueError, match="illegal environment variable name"):
+        client.run(["true"], env={"=A": "B"})
+    with pytest.raises(ValueError, match="illegal environment variable name"):
+        subprocess.run(["true"], env={"=A": "B"})
+
+
 def test_umask_and_rlimits_are_copied(client: zygote.Client) -> None:
     old_mask = os.umask(0o027)
     try:

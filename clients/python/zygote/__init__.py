@@ -31,6 +31,12 @@ What differs from :mod:`subprocess`:
   resource limit are copied into each request, so the child sees this
   process's values. Signal dispositions are all default and the mask
   empty. CPU affinity, nice value, cgroup and namespaces are the daemon's.
+  The environment is :data:`os.environ`'s: an ``environ`` entry that it
+  skips (one without ``=``, or a later one with the same name up to its
+  first ``=``) does not reach the child, where :mod:`subprocess` passes
+  it on with ``env=None``. An entry such as ``=A=B`` (name ``""``)
+  arrives byte for byte. As in :mod:`subprocess`, an ``env`` name with
+  ``=`` raises :class:`ValueError`; an empty one is allowed.
 - **Not supported:** ``preexec_fn`` (:class:`ValueError`; the installed
   drop-in falls back to the stdlib for it).
 - **Errors:** a spawn failure raises what :mod:`subprocess` raises

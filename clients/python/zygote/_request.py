@@ -260,13 +260,16 @@ def build_spawn(
     args = [_bytes("argument", arg) for arg in argv]
     argv0 = args[0] if args[0] != program else None
 
+    # An empty key is sent as is: os.environ reads an inherited "=A=B" as
+    # key "" and value "A=B", and the child gets "=A=B" back (PROTOCOL.md
+    # 4.7). A key with "=" is refused, as subprocess refuses it.
     if env is None:
         env_pairs = list(os.environb.items())
     else:
         env_pairs = []
         for key, value in env.items():
             key_bytes = _bytes("environment variable name", key)
-            if b"=" in key_bytes or not key_bytes:
+            if b"=" in key_bytes:
                 raise ValueError("illegal environment variable name")
             env_pairs.append((key_bytes, _bytes("environment value", value)))
     budget = sum(len(arg) + 9 for arg in args) + sum(len(k) + len(v) + 10 for k, v in env_pairs)

@@ -171,19 +171,18 @@ pub fn prepare(
 
     // The environment is used as received: each variable is already
     // `KEY=VALUE\0` in one buffer, which the child's `envp` points into.
+    // A key may be empty or hold `=` (inherited entries such as `=A=B`):
+    // the child sees the entry as sent. `PATH` is what the child's own
+    // `getenv("PATH")` finds: the first entry that starts with `PATH=`.
     let mut path_var = None;
-    for (key, value) in env.iter() {
-        if key.is_empty() || key.contains(&b'=') {
-            return Err(Refusal::invalid(format!(
-                "environment variable name {:?} is empty or contains '='",
-                String::from_utf8_lossy(key)
-            )));
-        }
+    for ((key, value), entry) in env.iter().zip(env.entries()) {
         if key.contains(&0) || value.contains(&0) {
             return Err(Refusal::invalid("environment contains a NUL byte"));
         }
-        if key == b"PATH" {
-            path_var = Some(value);
+        if path_var.is_none() {
+            path_var = entry
+                .strip_prefix(b"PATH=")
+                .and_then(|rest| rest.strip_suffix(b"\0"));
         }
     }
 
@@ -691,13 +690,8 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_environment_is_refused() {
-        for (key, value, expected) in [
-            (&b"K"[..], &b"a\0b"[..], "NUL"),
-            (b"K\0", b"v", "NUL"),
-            (b"", b"v", "empty or contains '='"),
-            (b"A=B", b"v", "empty or contains '='"),
-        ] {
+    fn a_nul_in_the_environment_is_refused() {
+        for (key, value) in [(&b"K"[..], &b"a\0b"[..]), (b"K\0", b"v"), (b"\0", b"")] {
             let mut request = request();
             request.env.push(b"OK", b"1");
             request.env.push(key, value);
@@ -706,7 +700,53 @@ mod tests {
                 (refused.stage, refused.errno),
                 (SpawnStage::Validate, Errno::INVAL)
             );
-            assert!(refused.message.contains(expected), "{}", refused.message);
+            assert!(refused.message.contains("NUL"), "{}", refused.message);
+        }
+    }
+
+    /// Inherited environments hold entries such as `=A=B`, which clients
+    /// send as key `""` or `=A`: each reaches the child as `KEY=VALUE`.
+    #[test]
+    fn empty_keys_and_keys_with_equals_signs_are_kept() {
+        let mut request = request();
+        for (key, value) in [
+            (&b""[..], &b"A=B"[..]),
+            (b"=A", b"B"),
+            (b"", b""),
+            (b"C=D", b"e"),
+            (b"OK", b"1"),
+        ] {
+            request.env.push(key, value);
+        }
+        let prepared = prepare(&request, vec![]).expect("valid request");
+        let entries: Vec<_> = prepared.plan.envp.entries().collect();
+        assert_eq!(
+            entries,
+            [&b"=A=B\0"[..], b"=A=B\0", b"=\0", b"C=D=e\0", b"OK=1\0"]
+        );
+    }
+
+    /// The lookup uses the `PATH` the child's `getenv` finds: the first
+    /// entry that starts with `PATH=`, whatever the key's split.
+    #[test]
+    fn path_lookup_uses_the_first_path_entry_the_child_sees() {
+        for (vars, expected) in [
+            (
+                &[(&b"PATH"[..], &b"/first"[..]), (b"PATH", b"/second")][..],
+                &b"/first/true"[..],
+            ),
+            (&[(b"PATH=/a", b"b"), (b"PATH", b"/c")], b"/a=b/true"),
+            (
+                &[(b"=PATH", b"/x"), (b"", b"PATH=/y")],
+                b"/usr/local/bin/true",
+            ),
+        ] {
+            let mut request = request();
+            for (key, value) in vars {
+                request.env.push(key, value);
+            }
+            let prepared = prepare(&request, vec![]).expect("valid request");
+            assert_eq!(prepared.plan.exec_candidates[0].to_bytes(), expected);
         }
     }
 
