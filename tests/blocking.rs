@@ -133,3 +133,51 @@ fn closed_stdin_of_the_caller_reaches_the_child_as_dev_null() {
     );
     assert_eq!(crate::helper::findings(&output.stdout), ["stdin /dev/null"]);
 }
+
+/// Fifty threads on one blocking client, as the bench's concurrency 50,
+/// in bursts separated by idle gaps longer than the client's idle delay
+/// (10 ms), so that the runtime's driver moves between callers within a
+/// burst and to the background thread and back between bursts. Each
+/// thread's children exit with its own code, so a reply handed to the
+/// wrong caller fails the test; a lost wake-up hangs a caller, which the
+/// watchdog turns into a failure instead of a stuck test.
+#[test]
+fn fifty_threads_in_bursts_each_get_their_own_replies() {
+    const THREADS: i32 = 50;
+    const PER_THREAD: usize = 4;
+    const BURSTS: usize = 3;
+    let daemon = start_daemon("blocking-fifty");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        for _ in 0..BURSTS {
+            std::thread::scope(|scope| {
+                for code in 0..THREADS {
+                    let client = &client;
+                    scope.spawn(move || {
+                        for _ in 0..PER_THREAD {
+                            let status = Command::new(client, "sh")
+                                .args(["-c", &format!("exit {code}")])
+                                .status()
+                                .expect("sh");
+                            assert_eq!(status.code(), Some(code), "{status}");
+                        }
+                    });
+                }
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        done.send(()).expect("the test waits");
+    });
+    // Generous: 600 spawns of sh on a loaded 2-core machine take seconds.
+    match finished.recv_timeout(std::time::Duration::from_secs(120)) {
+        Ok(()) => worker.join().expect("the callers"),
+        // A caller's assertion failed: its panic is the failure to show.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            worker.join().expect("a caller failed");
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("a blocking caller hung for 120 s: a lost wake-up")
+        }
+    }
+}

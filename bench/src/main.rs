@@ -153,6 +153,8 @@ pub(crate) struct Bench {
     pub(crate) runtime: tokio::runtime::Runtime,
     floor: Floor,
     pub(crate) zygotes: Zygotes,
+    /// The threads that call the blocking clients.
+    callers: methods::Callers,
 }
 
 impl Bench {
@@ -189,13 +191,13 @@ impl Bench {
                 |_| {},
             ))?,
             Method::ZygoteSharedBlocking => {
-                methods::run_blocking(&zygotes.shared_blocking, program, budget)?
+                methods::run_blocking(&self.callers, &zygotes.shared_blocking, program, budget)?
             }
             Method::ZygotePrivateBlocking => {
-                methods::run_blocking(&zygotes.private_blocking, program, budget)?
+                methods::run_blocking(&self.callers, &zygotes.private_blocking, program, budget)?
             }
             Method::ZygoteTemplateBlocking => {
-                methods::run_blocking(&zygotes.template_blocking, program, budget)?
+                methods::run_blocking(&self.callers, &zygotes.template_blocking, program, budget)?
             }
             Method::ZygoteSharedNonRoot => match zygotes.nonroot.as_mut() {
                 Some(helper) => helper.run(program, budget)?,
@@ -266,10 +268,12 @@ fn run(templates: [zygote::template::Template; 2], args: &Args) -> Result<Report
     } else {
         Err("--cgroup-rounds 0".to_owned())
     };
+    let callers = methods::Callers::start(args.concurrency.iter().copied().max().unwrap_or(1))?;
     let mut bench = Bench {
         runtime,
         floor,
         zygotes,
+        callers,
     };
     let meta = meta(static_kind);
 

@@ -348,27 +348,129 @@ pub async fn run_zygote(
     })
 }
 
-/// Through a blocking zygote `client`, `concurrency` threads, each
-/// spawning and waiting in turn as a synchronous program would.
+/// The threads that call the blocking client, started once and kept from
+/// round to round, as a program's own long-lived threads would be.
+///
+/// Starting `concurrency` new threads per round, as `run_threads` does,
+/// charged their creation, their stacks' first-touch faults (glibc drops
+/// a dead thread's stack pages) and their exits to the blocking methods,
+/// at 200 spawns per round of c=50 one new thread per 4 spawns: 10 to 25
+/// µs of client CPU per spawn that neither the floor (one C thread) nor
+/// the async client (tasks) pays.
+pub struct Callers {
+    threads: Vec<Caller>,
+}
+
+struct Caller {
+    jobs: std::sync::mpsc::Sender<Job>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+impl Callers {
+    /// Starts `count` idle threads.
+    ///
+    /// # Errors
+    ///
+    /// When a thread cannot be started.
+    pub fn start(count: usize) -> Result<Self> {
+        let threads = (0..count)
+            .map(|index| {
+                let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+                let thread = std::thread::Builder::new()
+                    .name(format!("blocking-caller-{index}"))
+                    .spawn(move || {
+                        for job in queue {
+                            job();
+                        }
+                    })
+                    .map_err(Error::io("starting a blocking caller thread"))?;
+                Ok(Caller { jobs, thread })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self { threads })
+    }
+
+    /// `budget.concurrency` of the threads, each calling `status()` in turn
+    /// until the budget is spent (as `run_threads`, without starting them).
+    fn run(
+        &self,
+        client: &zygote_client::blocking::Client,
+        program: &Path,
+        budget: Budget,
+    ) -> Result<CellRun> {
+        assert!(
+            budget.concurrency <= self.threads.len(),
+            "the blocking callers were started for a lower concurrency"
+        );
+        let taken = Arc::new(AtomicUsize::new(0));
+        let (results, finished) = std::sync::mpsc::channel();
+        let started = Instant::now();
+        for caller in &self.threads[..budget.concurrency] {
+            let (taken, results) = (Arc::clone(&taken), results.clone());
+            let (client, program) = (client.clone(), program.to_path_buf());
+            let job: Job = Box::new(move || {
+                let mut samples = Vec::new();
+                let outcome = loop {
+                    if taken.fetch_add(1, Ordering::Relaxed) >= budget.n
+                        || (!samples.is_empty() && Instant::now() >= budget.deadline)
+                    {
+                        break Ok(samples);
+                    }
+                    let start = Instant::now();
+                    // status(), which blocks until the exit: no separate
+                    // blocked time.
+                    if let Err(error) = client.command(&program).status() {
+                        break Err(error);
+                    }
+                    samples.push(Sample {
+                        latency: start.elapsed(),
+                        blocked: None,
+                    });
+                };
+                let _ = results.send(outcome);
+            });
+            caller
+                .jobs
+                .send(job)
+                .expect("blocking caller threads live as long as the pool");
+        }
+        drop(results);
+        let mut run = CellRun::default();
+        for _ in 0..budget.concurrency {
+            let samples = finished
+                .recv()
+                .expect("every blocking caller reports, or panics the bench")?;
+            run.samples.extend(samples);
+        }
+        run.wall = started.elapsed();
+        Ok(run)
+    }
+}
+
+impl Drop for Callers {
+    fn drop(&mut self) {
+        for Caller { jobs, thread } in self.threads.drain(..) {
+            drop(jobs);
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The blocking client: `status()` from `budget.concurrency` of
+/// `callers`' threads.
 ///
 /// # Errors
 ///
 /// The first spawn or wait error.
 pub fn run_blocking(
+    callers: &Callers,
     client: &zygote_client::blocking::Client,
     program: &Path,
     budget: Budget,
 ) -> Result<CellRun> {
-    // status(), which blocks until the exit: no separate blocked time.
-    let run = run_threads(budget, || -> zygote_client::Result<Sample> {
-        let start = Instant::now();
-        client.command(program).status()?;
-        Ok(Sample {
-            latency: start.elapsed(),
-            blocked: None,
-        })
-    })?;
-    Ok(run)
+    callers.run(client, program, budget)
 }
 
 /// CPU time of the calling thread.
