@@ -55,7 +55,9 @@ const SPAWNER_NICE: i32 = -10;
 /// when the peer is of another uid, [`Error::PrivateSocket`] when
 /// `socket` is not a connected Unix socket.
 pub fn serve_private(socket: OwnedFd) -> Result<(), Error> {
-    // On the thread that will spawn, before the runtime starts others.
+    // On the thread that will spawn, before the runtime starts others: a
+    // forked template sets its policy here (`zygote serve` did already).
+    let policy = crate::spawn::run_daemon_as_batch();
     let boost = crate::spawn::prepare_boost(SPAWNER_NICE);
     // Every thread of the zygote blocks SIGCHLD (see `reaper`): `zygote
     // serve` did already, a forked template does it here, while single.
@@ -68,6 +70,7 @@ pub fn serve_private(socket: OwnedFd) -> Result<(), Error> {
         .enable_all()
         .build()
         .map_err(Error::Runtime)?;
+    crate::spawn::log_daemon_policy(&policy);
     runtime.block_on(serve_owner(socket, boost))
 }
 

@@ -13,6 +13,8 @@
 //!   inherited socket.
 //! - `sigchld`: the daemon's `SIGCHLD`, blocked everywhere and read from
 //!   a signalfd.
+//! - `sched`: the daemon's threads under `SCHED_BATCH`, its children back
+//!   under `SCHED_OTHER`.
 //!
 //! # Primitive, decided by measurement
 //!
@@ -41,6 +43,7 @@ mod child;
 mod clone;
 mod fork;
 mod handover;
+mod sched;
 mod selfsignal;
 mod sigchld;
 mod wrapper;
@@ -54,6 +57,7 @@ pub use fork::{
 pub use handover::{
     adopt_fd, exec_in_place, inherited_fds, release_held_signals, run_own, set_inheritable,
 };
+pub use sched::{DaemonPolicy, NO_BATCH_ENV, log_daemon_policy, run_daemon_as_batch};
 pub use selfsignal::{die_of_signal, stop_self};
 pub use sigchld::{
     SIGNALFD_SIGINFO_BYTES, block_child_signal, child_signal_fd, threads_taking_child_signal,
@@ -390,8 +394,9 @@ static BOOSTED: AtomicBool = AtomicBool::new(false);
 /// Prepares the calling thread, a single-threaded zygote's spawner, to
 /// get priority over the children it starts while many run
 /// ([`set_busy`]), so that at high concurrency it is not queued behind
-/// them: sets `SCHED_RESET_ON_FORK`, so that its children start at nice
-/// 0 whatever its own, and children whose plan sets no nice value get the
+/// them: sets `SCHED_RESET_ON_FORK` (keeping the thread's `SCHED_BATCH`
+/// or `SCHED_OTHER`), so that its children start at nice 0 whatever its
+/// own, and children whose plan sets no nice value get the
 /// thread's present one. Checks it may raise itself to `nice`.
 ///
 /// Only while busy: a raised spawner also preempts its own client on
@@ -412,7 +417,7 @@ pub fn prepare_boost(nice: i32) -> io::Result<Option<i32>> {
     if former <= nice {
         return Ok(None);
     }
-    clone::set_reset_on_fork()?;
+    sched::set_reset_on_fork()?;
     // Whether raising works at all (lowering back always does).
     rustix::process::setpriority_process(None, nice)?;
     rustix::process::setpriority_process(None, former)?;
@@ -821,6 +826,7 @@ impl<'a> Prepared<'a> {
             join_cgroup: None,
             signals,
             ignored_signals: plan.ignored_signals,
+            reset_policy: sched::children_reset_policy(),
             nice: plan.nice.or_else(default_child_nice),
             cpu_affinity: &plan.cpu_affinity,
             oom_score_adj: self.oom_score_adj.as_deref(),
