@@ -59,6 +59,9 @@ pub fn serve_private(socket: OwnedFd) -> Result<(), Error> {
     // forked template sets its policy here (`zygote serve` did already).
     let policy = crate::spawn::run_daemon_as_batch();
     let boost = crate::spawn::prepare_boost(SPAWNER_NICE);
+    if let Err(error) = crate::spawn::batch_only_while_idle() {
+        tracing::debug!(%error, "the spawner stays under its policy when busy");
+    }
     // Every thread of the zygote blocks SIGCHLD (see `reaper`): `zygote
     // serve` did already, a forked template does it here, while single.
     if let Err(error) = crate::spawn::block_child_signal() {

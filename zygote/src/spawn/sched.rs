@@ -138,6 +138,49 @@ fn set_thread_policy(policy: c_int) -> io::Result<()> {
     Ok(())
 }
 
+/// The kernel's `struct sched_attr`, first version (`SCHED_ATTR_SIZE_VER0`).
+#[repr(C)]
+struct SchedAttr {
+    size: u32,
+    policy: u32,
+    flags: u64,
+    nice: i32,
+    priority: u32,
+    runtime: u64,
+    deadline: u64,
+    period: u64,
+}
+
+/// `SCHED_FLAG_RESET_ON_FORK`.
+const FLAG_RESET_ON_FORK: u64 = 0x01;
+
+/// Sets the calling thread's policy (`SCHED_BATCH` or `SCHED_OTHER`) and
+/// nice value in one `sched_setattr(2)` (Linux 3.14).
+pub(super) fn set_thread_scheduling(batch: bool, nice: i32, reset_on_fork: bool) -> io::Result<()> {
+    let policy = if batch {
+        libc::SCHED_BATCH
+    } else {
+        libc::SCHED_OTHER
+    };
+    let attr = SchedAttr {
+        size: u32::try_from(std::mem::size_of::<SchedAttr>()).unwrap_or(48),
+        policy: policy.cast_unsigned(),
+        flags: if reset_on_fork { FLAG_RESET_ON_FORK } else { 0 },
+        nice,
+        priority: 0,
+        runtime: 0,
+        deadline: 0,
+        period: 0,
+    };
+    // SAFETY: the kernel reads `attr.size` bytes from a valid struct of
+    // its layout; pid 0 is the calling thread only; flags 0.
+    let ret = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &raw const attr, 0) };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Adds `SCHED_RESET_ON_FORK` to the calling thread's policy, keeping the
 /// policy itself (`SCHED_OTHER` or `SCHED_BATCH`): the children and threads
 /// it creates start at nice 0 whatever its own (negative) nice value.
