@@ -503,7 +503,6 @@ fn forget_boost() {
     DEFAULT_CHILD_NICE.store(i32::MIN, Ordering::Relaxed);
     BOOSTED.store(false, Ordering::Relaxed);
     IDLE_BATCH.store(false, Ordering::Relaxed);
-    sched::forget_batch();
 }
 
 fn default_child_nice() -> Option<i32> {
