@@ -164,7 +164,7 @@ pub(super) fn set_thread_scheduling(batch: bool, nice: i32, reset_on_fork: bool)
     };
     let attr = SchedAttr {
         size: u32::try_from(std::mem::size_of::<SchedAttr>()).unwrap_or(48),
-        policy: policy.cast_unsigned(),
+        policy: u32::try_from(policy).unwrap_or(0),
         flags: if reset_on_fork { FLAG_RESET_ON_FORK } else { 0 },
         nice,
         priority: 0,
