@@ -57,12 +57,15 @@ fn batch_disabled() -> bool {
 /// # Errors
 ///
 /// The `sched_setscheduler` error (a seccomp filter, say); the thread and
-/// its children then keep `SCHED_OTHER`.
+/// its children then keep the policy it was started with.
 pub fn run_daemon_as_batch() -> io::Result<DaemonPolicy> {
     let policy = thread_policy()?;
     let reset_on_fork = policy & libc::SCHED_RESET_ON_FORK;
     match policy & !libc::SCHED_RESET_ON_FORK {
         libc::SCHED_BATCH => {
+            // Whether children will be able to leave it (a seccomp filter
+            // refusing the call would otherwise fail every spawn).
+            set_thread_policy(policy)?;
             CHILDREN_RESET_POLICY.store(true, Ordering::Relaxed);
             Ok(DaemonPolicy::AlreadyBatch)
         }
@@ -98,8 +101,8 @@ pub fn log_daemon_policy(policy: &io::Result<DaemonPolicy>) {
         ),
         Err(error) => tracing::info!(
             %error,
-            "cannot put the daemon's threads under SCHED_BATCH; they keep SCHED_OTHER and may \
-             preempt their clients on wake-up"
+            "cannot set the daemon's scheduling policy (sched_setscheduler); its threads keep \
+             the policy they were started with, and its children inherit it"
         ),
     }
 }
