@@ -128,6 +128,34 @@ fn escaping_grandchild(command: &mut Command) -> (zygote_client::blocking::Child
     (child, grandchild)
 }
 
+/// A child started into a cgroup of its own (`clone3` with
+/// `CLONE_INTO_CGROUP`, or joining it itself on older kernels) starts
+/// under `SCHED_OTHER`, though the daemon runs under `SCHED_BATCH`.
+#[test]
+fn a_child_in_a_cgroup_of_its_own_starts_under_sched_other() {
+    let Some(cgroup) = TestCgroup::new("sched") else {
+        return;
+    };
+    let daemon = daemon_in(&cgroup, "cgroup-sched");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let output = Command::new(&client, "/bin/sh")
+        .args([
+            "-c",
+            "cut -d ' ' -f 41 /proc/self/stat; cat /proc/self/cgroup",
+        ])
+        .kill_tree(true)
+        .stdout(Stdio::piped())
+        .output()
+        .expect("run sh");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("0"), "SCHED_OTHER\n{}", daemon.log());
+    assert!(
+        lines.any(|line| line.starts_with("0::") && line.contains("/peers/")),
+        "in a cgroup of its own: {text}"
+    );
+}
+
 #[test]
 fn a_timeout_kills_a_grandchild_that_escaped_by_setsid() {
     let Some(cgroup) = TestCgroup::new("timeout-tree") else {

@@ -19,6 +19,7 @@ struct Report {
     ppid_seen: u32,
     sleeper: u32,
     child_nice: i32,
+    child_policy: u64,
     child_sigblk: String,
 }
 
@@ -38,6 +39,7 @@ fn parse(line: &str) -> Report {
             .position(|w| *w == "child_nice")
             .and_then(|at| words.get(at + 1)?.parse().ok())
             .expect("child_nice"),
+        child_policy: field("child_policy"),
         child_sigblk: words
             .iter()
             .position(|w| *w == "child_sigblk")
@@ -106,6 +108,11 @@ fn private_zygote_serves_a_large_owner(mode: &str) {
         u64::from_str_radix(&report.child_sigblk, 16),
         Ok(0),
         "a child of the {mode} zygote starts with signals blocked"
+    );
+    // The zygote runs under SCHED_BATCH while idle; its children never.
+    assert_eq!(
+        report.child_policy, 0,
+        "a child of the {mode} zygote starts under SCHED_OTHER"
     );
 
     helper.kill().expect("SIGKILL the helper");
@@ -191,6 +198,13 @@ fn private_zygote_outranks_its_children(mode: &str) {
     assert_eq!(
         report.child_nice, 3,
         "a child of the {mode} zygote runs at its owner's nice, not the zygote's"
+    );
+    // SCHED_BATCH while idle, SCHED_OTHER while busy (field 41: policy).
+    let policy_of = |pid: u32| -> Option<u32> { stat_fields(pid)?.get(38)?.parse().ok() };
+    assert_eq!(
+        policy_of(report.ppid_seen),
+        Some(0),
+        "the busy {mode} zygote's spawner runs under SCHED_OTHER"
     );
     helper.kill().expect("SIGKILL the helper");
     helper.wait().expect("reap the helper");

@@ -55,6 +55,9 @@ mod upgrade;
 // `defer_spawned`: no `Spawned` for a child that ends at once.
 mod deferred;
 
+// Scheduling: daemon threads under SCHED_BATCH, children under SCHED_OTHER.
+mod sched;
+
 // Private zygotes (launched binary, forked template) serving a 2 GiB
 // program, and dying with it.
 mod private;

@@ -380,6 +380,22 @@ fn sighup_upgrades_in_place() {
             blocked.iter().all(|(_, mask)| mask & sigchld != 0),
             "after the upgrade, SigBlk: {blocked:?}"
         );
+        // Still under SCHED_BATCH (exec keeps it), its children not.
+        let policies = crate::sched::thread_policies(daemon.pid());
+        assert!(
+            policies
+                .iter()
+                .all(|(_, policy)| *policy == crate::sched::SCHED_BATCH),
+            "after the upgrade, policies: {policies:?}"
+        );
+        let output = client
+            .command("cut")
+            .args(["-d", " ", "-f", "41", "/proc/self/stat"])
+            .stdout(zygote_client::Stdio::piped())
+            .output()
+            .await
+            .expect("run cut");
+        assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "0");
         crate::daemon::stops_reported_among_exits(&client).await;
         let status = child.wait().await.expect("exit notice");
         assert_eq!(status.code(), Some(3));

@@ -129,6 +129,10 @@ pub struct CellRun {
     /// CPU time of the whole client process over the cell (zygote
     /// methods): every thread of it, the blocking client's included.
     pub client_cpu: Option<Duration>,
+    /// Involuntary context switches of the calling thread over the cell
+    /// (async zygote methods): preemptions, e.g. by the zygote's thread
+    /// woken on the client's CPU inside the client's `sendmsg`.
+    pub involuntary_switches: Option<u64>,
     /// CPU time of the zygote process over the cell (every thread of it;
     /// its children's time is theirs, not counted).
     pub zygote_cpu: Option<Duration>,
@@ -146,6 +150,10 @@ impl CellRun {
     pub fn absorb(&mut self, round: CellRun) {
         self.cpu = add(self.cpu, round.cpu);
         self.client_cpu = add(self.client_cpu, round.client_cpu);
+        self.involuntary_switches = match (self.involuntary_switches, round.involuntary_switches) {
+            (Some(mine), Some(theirs)) => Some(mine + theirs),
+            (mine, theirs) => mine.or(theirs),
+        };
         self.zygote_cpu = add(self.zygote_cpu, round.zygote_cpu);
         self.samples.extend(round.samples);
         self.wall += round.wall;
@@ -311,6 +319,7 @@ pub async fn run_zygote(
     let taken = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let cpu_before = thread_cpu();
+    let switches_before = sys::thread_involuntary_switches();
     let mut tasks = JoinSet::new();
     for _ in 0..budget.concurrency {
         let client = client.clone();
@@ -343,6 +352,8 @@ pub async fn run_zygote(
     Ok(CellRun {
         wall: started.elapsed(),
         cpu: Some(thread_cpu().saturating_sub(cpu_before)),
+        involuntary_switches: switches_before
+            .and_then(|before| Some(sys::thread_involuntary_switches()?.saturating_sub(before))),
         samples,
         ..CellRun::default()
     })

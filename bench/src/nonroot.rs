@@ -123,6 +123,7 @@ impl NonRoot {
             wall: Duration::from_nanos(wall),
             cpu: Some(Duration::from_nanos(cpu)),
             client_cpu: Some(Duration::from_nanos(client_cpu)),
+            involuntary_switches: None,
             zygote_cpu: None,
         })
     }

@@ -176,17 +176,18 @@ impl Report {
              *blocked*: the calling thread's busy time per spawn (std: the whole `spawn()`; \
              zygote clients call `status()`: async, the time inside its future's polls; \
              blocking, none: it blocks until the exit). *thread cpu*: the calling thread's CPU per spawn, including the \
-             async client's reply reader. *client cpu*, *zygote cpu*: CPU per spawn of the \
+             async client's reply reader. *nivcsw*: the calling thread's involuntary context \
+             switches per spawn (async: preemptions, e.g. by the zygote woken on its CPU). *client cpu*, *zygote cpu*: CPU per spawn of the \
              whole client process and of the zygote process (every thread; the child's own \
              time excluded), from their process CPU clocks before and after each round.\n\n\
-             | child | RSS GiB | fds | conc | method | n | p50 ms | p99 ms | mean ms | spawns/s | p50 ×floor | spawns/s ×floor | blocked p50 µs | thread cpu µs | client cpu µs | zygote cpu µs |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+             | child | RSS GiB | fds | conc | method | n | p50 ms | p99 ms | mean ms | spawns/s | p50 ×floor | spawns/s ×floor | blocked p50 µs | thread cpu µs | nivcsw | client cpu µs | zygote cpu µs |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for cell in &self.cells {
             let s = &cell.summary;
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
                 cell.child,
                 cell.rss_gib,
                 cell.fds,
@@ -201,6 +202,8 @@ impl Report {
                 cell.throughput_vs_floor,
                 opt(s.blocked_p50_us),
                 opt(s.cpu_per_spawn_us),
+                s.nivcsw_per_spawn
+                    .map_or_else(String::new, |n| format!("{n:.2}")),
                 opt(s.client_cpu_per_spawn_us),
                 opt(s.zygote_cpu_per_spawn_us),
             );

@@ -23,6 +23,9 @@ pub struct Summary {
     pub blocked_p50_us: Option<f64>,
     /// Calling thread's CPU time per spawn, µs (async zygote methods).
     pub cpu_per_spawn_us: Option<f64>,
+    /// Calling thread's involuntary context switches per spawn (async
+    /// zygote methods).
+    pub nivcsw_per_spawn: Option<f64>,
     /// The client process's CPU time per spawn, µs (zygote methods).
     pub client_cpu_per_spawn_us: Option<f64>,
     /// The zygote process's CPU time per spawn, µs (zygote methods).
@@ -68,6 +71,9 @@ impl Summary {
             },
             blocked_p50_us: (!blocked.is_empty()).then(|| us(percentile(&blocked, 0.5))),
             cpu_per_spawn_us: run.cpu.map(|cpu| us(cpu) / n.max(1) as f64),
+            nivcsw_per_spawn: run
+                .involuntary_switches
+                .map(|switches| switches as f64 / n.max(1) as f64),
             client_cpu_per_spawn_us: run.client_cpu.map(|cpu| us(cpu) / n.max(1) as f64),
             zygote_cpu_per_spawn_us: run.zygote_cpu.map(|cpu| us(cpu) / n.max(1) as f64),
         }

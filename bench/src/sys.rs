@@ -1,5 +1,5 @@
-//! The bench's only `unsafe`: forcing std's fork path, and reading
-//! another process's CPU clock.
+//! The bench's only `unsafe`: forcing std's fork path, reading another
+//! process's CPU clock, and the calling thread's context switches.
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;
@@ -46,4 +46,18 @@ pub fn own_cpu() -> Duration {
         u64::try_from(now.tv_sec).unwrap_or(0),
         u32::try_from(now.tv_nsec).unwrap_or(0),
     )
+}
+
+/// Involuntary context switches of the calling thread so far
+/// (`getrusage(RUSAGE_THREAD)`'s `ru_nivcsw`): each is a preemption, e.g.
+/// by a task it woke on its own CPU.
+pub fn thread_involuntary_switches() -> Option<u64> {
+    // SAFETY: `rusage` is a plain C struct for which all-zero bytes are
+    // valid.
+    let mut usage = unsafe { std::mem::zeroed::<libc::rusage>() };
+    // SAFETY: `usage` is a valid out-pointer for the call's duration.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
+        return None;
+    }
+    u64::try_from(usage.ru_nivcsw).ok()
 }

@@ -3,7 +3,7 @@
 //! then spawns through it and reports on stdout:
 //!
 //! ```text
-//! rss_kib <VmRSS> child <pid of a running cat> ppid_seen <$PPID of a child> sleeper <pid> child_nice <its nice value> child_sigblk <a child's SigBlk, hex>
+//! rss_kib <VmRSS> child <pid of a running cat> ppid_seen <$PPID of a child> sleeper <pid> child_nice <its nice value> child_policy <its scheduling policy> child_sigblk <a child's SigBlk, hex>
 //! ```
 //!
 //! It then waits until its stdin closes. The `cat` reads a pipe from this
@@ -60,13 +60,17 @@ fn main() -> ExitCode {
         .spawn()
         .expect("spawn sleep");
     let output = Command::new(&client, "sh")
-        .args(["-c", "echo $PPID $(nice)"])
+        .args([
+            "-c",
+            "echo $PPID $(nice) $(cut -d ' ' -f 41 /proc/self/stat)",
+        ])
         .output()
         .expect("run sh");
     let seen = String::from_utf8_lossy(&output.stdout).into_owned();
     let mut seen = seen.split_whitespace();
     let ppid_seen = seen.next().unwrap_or("?").to_owned();
     let child_nice = seen.next().unwrap_or("?").to_owned();
+    let child_policy = seen.next().unwrap_or("?").to_owned();
     let masks = Command::new(&client, "grep")
         .args(["^SigBlk:", "/proc/self/status"])
         .output()
@@ -75,7 +79,7 @@ fn main() -> ExitCode {
     let child_sigblk = masks.split_whitespace().nth(1).unwrap_or("?").to_owned();
     println!(
         "rss_kib {} child {} ppid_seen {ppid_seen} sleeper {} child_nice {child_nice} \
-         child_sigblk {child_sigblk}",
+         child_policy {child_policy} child_sigblk {child_sigblk}",
         rss_kib(),
         cat.id(),
         sleeper.id()

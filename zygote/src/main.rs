@@ -31,12 +31,16 @@ fn main() -> ExitCode {
             // so that every thread inherits it: SIGCHLD is read from a
             // signalfd, never by a handler.
             let blocked = zygote::spawn::block_child_signal();
+            // Likewise inherited by every thread: the daemon's threads never
+            // preempt a client that wakes them (`spawn::run_daemon_as_batch`).
+            let policy = zygote::spawn::run_daemon_as_batch();
             // First, while this is the only thread and no fd of ours is
             // open: what an upgrade handed over, then systemd's fds
             // (close-on-exec) and variables.
             let handover = live_upgrade::take_handover();
             let activation = activation::take();
             logging::init(args.log_format);
+            zygote::spawn::log_daemon_policy(&policy);
             if let Err(error) = blocked {
                 tracing::warn!(%error, "cannot block SIGCHLD; it is handled by a signal handler");
             }

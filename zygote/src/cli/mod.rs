@@ -42,10 +42,19 @@ child; it passes back the child's pipes and a pidfd, and later its exit
 status. zygote run -- CMD runs CMD through it, as if run directly.
 zygote status prints a running daemon's counters.";
 
+/// The end of `zygote serve --help`: its scheduling, and how to keep it.
+const SERVE_AFTER_HELP: &str = "\
+Scheduling: the daemon's threads run under SCHED_BATCH (no wake-up
+preemption of the client that woke them; a private zygote leaves it while
+two or more children run), and every child starts under SCHED_OTHER.
+ZYGOTE_SCHED_BATCH=0 in the environment keeps the policy the daemon was
+started with.";
+
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the daemon: listen on a socket and spawn children for clients.
+    #[command(after_long_help = SERVE_AFTER_HELP)]
     Serve(ServeArgs),
     /// Run a command through a running zygote, as if run directly.
     Run(RunArgs),

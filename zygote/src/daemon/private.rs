@@ -55,8 +55,13 @@ const SPAWNER_NICE: i32 = -10;
 /// when the peer is of another uid, [`Error::PrivateSocket`] when
 /// `socket` is not a connected Unix socket.
 pub fn serve_private(socket: OwnedFd) -> Result<(), Error> {
-    // On the thread that will spawn, before the runtime starts others.
+    // On the thread that will spawn, before the runtime starts others: a
+    // forked template sets its policy here (`zygote serve` did already).
+    let policy = crate::spawn::run_daemon_as_batch();
     let boost = crate::spawn::prepare_boost(SPAWNER_NICE);
+    if let Err(error) = crate::spawn::batch_only_while_idle() {
+        tracing::debug!(%error, "the spawner stays under its policy when busy");
+    }
     // Every thread of the zygote blocks SIGCHLD (see `reaper`): `zygote
     // serve` did already, a forked template does it here, while single.
     if let Err(error) = crate::spawn::block_child_signal() {
@@ -68,6 +73,7 @@ pub fn serve_private(socket: OwnedFd) -> Result<(), Error> {
         .enable_all()
         .build()
         .map_err(Error::Runtime)?;
+    crate::spawn::log_daemon_policy(&policy);
     runtime.block_on(serve_owner(socket, boost))
 }
 

@@ -54,6 +54,8 @@ pub(super) struct ChildArgs<'a> {
     pub(super) signals: &'a SignalReset,
     /// Signals to leave ignored (bit `n - 1` for signal `n`).
     pub(super) ignored_signals: u64,
+    /// Go back to `SCHED_OTHER` (the daemon runs under `SCHED_BATCH`).
+    pub(super) reset_policy: bool,
     /// Call `setpriority`.
     pub(super) nice: Option<c_int>,
     /// `sched_setaffinity` mask words; empty: leave it.
@@ -311,9 +313,13 @@ fn take_terminal(args: &ChildArgs<'_>) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Sets the nice value, CPU affinity and OOM score adjustment the plan
-/// asks for.
+/// Resets the policy, then sets the nice value, CPU affinity and OOM score
+/// adjustment the plan asks for.
 fn set_attributes(args: &ChildArgs<'_>) -> Result<(), Failed> {
+    if args.reset_policy {
+        // Keeps the nice value, which `setpriority` below then sets.
+        super::sched::reset_child_policy().map_err(|errno| (SpawnStage::Nice, errno))?;
+    }
     if let Some(nice) = args.nice {
         // SAFETY: plain syscall on ourselves (who 0); no memory is passed.
         let ret = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };

@@ -113,26 +113,6 @@ impl Drop for BlockedSignals {
     }
 }
 
-/// Puts the calling thread under `SCHED_OTHER` with `SCHED_RESET_ON_FORK`:
-/// the children it creates start at nice 0 whatever its own (negative)
-/// nice value.
-pub(super) fn set_reset_on_fork() -> io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: `param` is a valid sched_param for the call's duration; pid 0
-    // is the calling thread only.
-    let ret = unsafe {
-        libc::sched_setscheduler(
-            0,
-            libc::SCHED_OTHER | libc::SCHED_RESET_ON_FORK,
-            &raw const param,
-        )
-    };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// Starts a child running [`child::child_main`] on `args`, and returns once
 /// it has exec'd or exited: its pid and a close-on-exec pidfd.
 ///

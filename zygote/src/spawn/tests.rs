@@ -7,6 +7,7 @@ use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rustix::pipe::{PipeFlags, pipe_with};
@@ -749,7 +750,8 @@ fn boosted_spawner_children_keep_their_own_nice() {
     };
     let own = || rustix::process::getpriority_process(None).unwrap();
     // Nice values and the reset flag are per thread; the boost is
-    // process-wide state, set by this test only.
+    // process-wide state.
+    let _state = SPAWNER_STATE.lock().unwrap_or_else(PoisonError::into_inner);
     std::thread::spawn(move || {
         rustix::process::setpriority_process(None, 3).unwrap();
         assert_eq!(super::prepare_boost(-10).unwrap(), Some(3));
@@ -767,6 +769,148 @@ fn boosted_spawner_children_keep_their_own_nice() {
         super::set_busy(false);
         assert_eq!(own(), 3, "back when idle");
         super::forget_boost();
+    })
+    .join()
+    .unwrap();
+}
+
+/// Serializes the tests that change the process-wide spawner state (the
+/// boost, the children's policy reset).
+static SPAWNER_STATE: Mutex<()> = Mutex::new(());
+
+/// The (nice value, policy) a child reports from its own `/proc` stat.
+fn nice_and_policy(stat: &str) -> (i64, i64) {
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .collect();
+    (fields[16].parse().unwrap(), fields[38].parse().unwrap())
+}
+
+/// A child's (nice value, policy), on the vfork path.
+fn child_scheduling(nice: Option<i32>) -> (i64, i64) {
+    let mut plan = plan(&["/bin/cat", "/proc/self/stat"]);
+    plan.nice = nice;
+    nice_and_policy(&output(plan))
+}
+
+/// The calling thread's policy, without `SCHED_RESET_ON_FORK`.
+fn own_policy() -> i32 {
+    super::sched::thread_policy().unwrap() & !libc::SCHED_RESET_ON_FORK
+}
+
+const OTHER: i64 = libc::SCHED_OTHER as i64;
+
+/// A daemon thread under `SCHED_BATCH` (inherited by the threads it
+/// starts) starts its children under `SCHED_OTHER`, at their own nice
+/// value, on the vfork and the fork path.
+#[test]
+fn batch_daemon_children_start_under_sched_other() {
+    let _state = SPAWNER_STATE.lock().unwrap_or_else(PoisonError::into_inner);
+    std::thread::spawn(|| {
+        let policy = super::run_daemon_as_batch().unwrap();
+        if policy == super::DaemonPolicy::Disabled {
+            eprintln!(
+                "SKIPPED batch_daemon_children_start_under_sched_other: {}=0 in the environment",
+                super::NO_BATCH_ENV
+            );
+            return;
+        }
+        assert!(
+            matches!(
+                policy,
+                super::DaemonPolicy::Batch | super::DaemonPolicy::AlreadyBatch
+            ),
+            "{policy:?}"
+        );
+        assert_eq!(own_policy(), libc::SCHED_BATCH);
+        std::thread::spawn(|| assert_eq!(own_policy(), libc::SCHED_BATCH, "inherited"))
+            .join()
+            .unwrap();
+        let own = i64::from(rustix::process::getpriority_process(None).unwrap());
+        assert_eq!(child_scheduling(None), (own, OTHER), "vfork path");
+        assert_eq!(child_scheduling(Some(7)), (7, OTHER), "a requested nice");
+        if is_root() {
+            let mut plan = plan(&["/bin/cat", "/proc/self/stat"]);
+            plan.nice = Some(4);
+            plan.credentials = Some(Credentials {
+                uid: 65534,
+                gid: 65534,
+                groups: Vec::new(),
+            });
+            let stdout = capture_stdout(&mut plan);
+            let started = super::start(&plan).unwrap();
+            drop(plan);
+            assert_eq!(exec_report(&started), super::ExecReport::Execd);
+            let child = SpawnedChild {
+                pid: started.pid,
+                pidfd: started.pidfd,
+            };
+            assert_eq!(wait(&child).0, ExitStatus::Exited(0));
+            assert_eq!(
+                nice_and_policy(&read_all(stdout)),
+                (4, OTHER),
+                "fork path, uid 65534"
+            );
+        } else {
+            eprintln!("SKIPPED the fork path under SCHED_BATCH: another uid needs root");
+        }
+        // Without the reset, the child would inherit SCHED_BATCH.
+        super::sched::forget_batch();
+        assert_eq!(
+            child_scheduling(None),
+            (own, i64::from(libc::SCHED_BATCH)),
+            "not reset"
+        );
+    })
+    .join()
+    .unwrap();
+}
+
+/// A single-threaded zygote's spawner under `SCHED_BATCH` leaves it, and
+/// is raised, while busy, and goes back when idle; its children start
+/// under `SCHED_OTHER` at the spawner's former nice value either way.
+#[test]
+fn batch_spawner_is_other_and_raised_while_busy() {
+    if !is_root() {
+        eprintln!(
+            "SKIPPED batch_spawner_is_other_and_raised_while_busy: raising a thread's priority \
+             needs CAP_SYS_NICE; run as root"
+        );
+        return;
+    }
+    let _state = SPAWNER_STATE.lock().unwrap_or_else(PoisonError::into_inner);
+    std::thread::spawn(|| {
+        let own = || rustix::process::getpriority_process(None).unwrap();
+        rustix::process::setpriority_process(None, 3).unwrap();
+        if super::run_daemon_as_batch().unwrap() == super::DaemonPolicy::Disabled {
+            eprintln!("SKIPPED the busy spawner: {}=0", super::NO_BATCH_ENV);
+            return;
+        }
+        assert_eq!(super::prepare_boost(-10).unwrap(), Some(3));
+        assert!(super::batch_only_while_idle().unwrap());
+        let with_reset = super::sched::thread_policy().unwrap();
+        assert_eq!(
+            with_reset,
+            libc::SCHED_BATCH | libc::SCHED_RESET_ON_FORK,
+            "idle"
+        );
+        super::set_busy(true);
+        assert_eq!(
+            (own_policy(), own()),
+            (libc::SCHED_OTHER, -10),
+            "busy: other, raised"
+        );
+        assert_ne!(
+            super::sched::thread_policy().unwrap() & libc::SCHED_RESET_ON_FORK,
+            0,
+            "reset on fork kept"
+        );
+        assert_eq!(child_scheduling(None), (3, OTHER), "spawned while busy");
+        super::set_busy(false);
+        assert_eq!((own_policy(), own()), (libc::SCHED_BATCH, 3), "idle again");
+        assert_eq!(child_scheduling(None), (3, OTHER), "spawned while idle");
+        super::forget_boost();
+        super::sched::forget_batch();
     })
     .join()
     .unwrap();
