@@ -13,7 +13,7 @@ use zygote_proto::{
 };
 
 use crate::util::{
-    Daemon, children_of, eventually, mask_in, runtime, signal_bit, start_daemon,
+    Daemon, children_of, eventually, mask_in, process_state, runtime, signal_bit, start_daemon,
     start_daemon_custom, thread_masks, zygote_bin,
 };
 
@@ -353,6 +353,39 @@ fn stops_are_reported_while_other_children_exit() {
     runtime().block_on(async {
         let client = Client::connect(daemon.socket()).await.expect("connect");
         stops_reported_among_exits(&client).await;
+    });
+}
+
+/// A stop reported before the caller takes `job_events()` is its first
+/// event, not lost.
+#[test]
+fn a_stop_reported_before_job_events_are_taken_is_not_lost() {
+    let daemon = start_daemon("stop-before-events");
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        let mut child = Command::new(&client, "sh")
+            .args(["-c", "kill -STOP $$; exit 4"])
+            .report_stops(true)
+            .kill_on_drop(true)
+            .spawn()
+            .await
+            .expect("spawn sh");
+        let pid = child.id();
+        assert!(
+            eventually(Duration::from_secs(10), || process_state(pid) == Some('T')),
+            "sh did not stop"
+        );
+        // Time for the daemon's report to reach the client first.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut jobs = child.job_events();
+        let first = tokio::time::timeout(Duration::from_secs(10), jobs.changed()).await;
+        assert_eq!(first, Ok(Some(JobState::Stopped(libc::SIGSTOP))));
+        pidfd_send_signal(child.pidfd(), Signal::CONT).expect("SIGCONT");
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("sh exits")
+            .expect("wait");
+        assert_eq!(status.code(), Some(4));
     });
 }
 

@@ -154,7 +154,8 @@ impl JobEvents {
     /// Waits for the next change; `None` once the child has exited or the
     /// connection is lost (then [`Child::wait`](crate::Child::wait) says
     /// which). Changes that follow each other quickly may be seen as one:
-    /// this reports the latest state.
+    /// this reports the latest state. A child that was already stopped
+    /// when these events were taken reports that stop first.
     pub async fn changed(&mut self) -> Option<JobState> {
         self.0.changed().await.ok()?;
         match *self.0.borrow_and_update() {
@@ -171,9 +172,15 @@ pub(crate) struct ExitWatch(watch::Receiver<ExitState>);
 
 impl ExitWatch {
     /// Another view of the same slot, for following stops and continues.
+    /// A child already stopped is its first change: a stop reported before
+    /// the caller asked is not lost.
     pub(crate) fn job_events(&self) -> JobEvents {
         let mut receiver = self.0.clone();
-        receiver.mark_unchanged();
+        if matches!(*receiver.borrow(), ExitState::Stopped(_)) {
+            receiver.mark_changed();
+        } else {
+            receiver.mark_unchanged();
+        }
         JobEvents(receiver)
     }
 
