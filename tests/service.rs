@@ -515,7 +515,13 @@ fn stderr_with_journal_stream(
         .stderr(Stdio::from(write));
     let mut daemon = Process::start(&mut command, "zygote serve");
     drop(command);
-    assert!(eventually(Duration::from_secs(10), || socket.exists()));
+    // Serving, so its SIGTERM handler is in place: the socket exists a
+    // moment before, and a SIGTERM then kills it before it logs.
+    assert!(eventually(Duration::from_secs(10), || {
+        Client::connect(&socket)
+            .and_then(|client| client.status())
+            .is_ok()
+    }));
     daemon.signal(libc::SIGTERM);
     daemon.expect_exit(Duration::from_secs(10));
     let mut text = String::new();
