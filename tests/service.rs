@@ -546,3 +546,41 @@ fn logs_go_to_the_journal_only_when_stderr_is_the_journal() {
         assert!(text.contains("cannot log to the journal"), "{text}");
     }
 }
+
+/// The socket path appears only once it listens, with its final mode: it
+/// is bound under a temporary name and linked into place. A stale socket
+/// file is replaced; a live daemon's is not.
+#[test]
+fn the_socket_path_appears_listening_and_a_live_one_is_kept() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+
+    let dir = temp_dir("socket-path");
+    let socket = dir.path().join("zygote.sock");
+    // A stale socket: bound, never listening, its owner gone.
+    drop(std::os::unix::net::UnixDatagram::bind(&socket).expect("a stale socket file"));
+    let (mut daemon, socket) = serve(dir.path(), &["--socket-mode", "0640"], &[]);
+    let meta = std::fs::symlink_metadata(&socket).expect("the socket");
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o640);
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("list the socket's directory")
+        .map(|entry| entry.expect("entry").file_name())
+        .collect();
+    assert_eq!(names, ["zygote.sock"], "a temporary name was left behind");
+
+    // A second daemon on the same path leaves the first one serving.
+    let second = Command::new(zygote_bin())
+        .args(["serve", "--socket"])
+        .arg(&socket)
+        .env("ZYGOTE_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run a second zygote serve");
+    assert!(!second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(stderr.contains("already listening"), "{stderr}");
+    let client = Client::connect(&socket).expect("the first daemon still serves");
+    assert_eq!(client.status().expect("status").pid as u32, daemon.pid());
+    daemon.signal(libc::SIGTERM);
+    daemon.expect_exit(Duration::from_secs(10));
+}

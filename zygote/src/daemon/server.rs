@@ -99,16 +99,32 @@ pub fn bind(path: &Path, mode: u32) -> Result<BoundSocket, Error> {
         Err(error) if error.kind() == io::ErrorKind::NotFound => {}
         Err(error) => return Err(path_error(error)),
     }
-    let fd = socket::listen_at(path, true).map_err(|source| Error::Listen {
-        path: path.to_owned(),
+    // Bound and listening under a temporary name, given its mode, then
+    // linked into place: a client that sees the path can connect (no
+    // ECONNREFUSED between bind and listen), only with the final mode,
+    // and a daemon that lost a start-up race fails instead of replacing
+    // the winner's socket. A short name, for `sun_path`'s 108 bytes.
+    let temporary = path.with_file_name(format!(".z{}", std::process::id()));
+    let _ = std::fs::remove_file(&temporary);
+    let fd = socket::listen_at(&temporary, true).map_err(|source| Error::Listen {
+        path: temporary.clone(),
         source,
     })?;
-    let bound = BoundSocket {
-        fd,
-        path: path.to_owned(),
-    };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(path_error)?;
-    Ok(bound)
+    let placed = std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))
+        .and_then(|()| std::fs::hard_link(&temporary, path));
+    let _ = std::fs::remove_file(&temporary);
+    match placed {
+        Ok(()) => Ok(BoundSocket {
+            fd,
+            path: path.to_owned(),
+        }),
+        Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+            Err(Error::AlreadyListening {
+                path: path.to_owned(),
+            })
+        }
+        Err(error) => Err(path_error(error)),
+    }
 }
 
 /// What the daemon serves besides the spawn socket, and how it talks to
