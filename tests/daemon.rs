@@ -479,3 +479,68 @@ fn a_daemon_started_with_sigchld_ignored_still_reports_exits() {
         assert_eq!(status.code(), Some(7));
     });
 }
+
+/// While children run, the shared daemon clones on its spawner threads
+/// (`daemon::spawners`), first come first served: each of 64 spawns made
+/// at once still gets its own child, output and exit status.
+#[test]
+fn spawns_made_at_once_while_children_run_each_get_their_own_child() {
+    let daemon = start_daemon("spawner-threads");
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        // Two children that outlive the burst: the daemon is busy from here.
+        let mut sleepers = Vec::new();
+        for _ in 0..2 {
+            let sleeper = Command::new(&client, "sleep")
+                .arg("30")
+                .kill_on_drop(true)
+                .spawn()
+                .await
+                .expect("spawn sleep");
+            sleepers.push(sleeper);
+        }
+        let tasks: Vec<_> = (0..64u8)
+            .map(|n| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let output = Command::new(&client, "sh")
+                        .args(["-c", &format!("echo {n}; exit {n}")])
+                        .output()
+                        .await
+                        .expect("spawn sh");
+                    (n, output)
+                })
+            })
+            .collect();
+        for task in tasks {
+            let (n, output) = task.await.expect("task");
+            assert_eq!(output.status.code(), Some(i32::from(n)), "spawn {n}");
+            assert_eq!(
+                String::from_utf8_lossy(&output.stdout).trim(),
+                n.to_string(),
+                "spawn {n}"
+            );
+        }
+        drop(sleepers);
+    });
+    // Their SIGCHLD is blocked, as in every daemon thread (see `reaper`).
+    let spawners: Vec<u64> = std::fs::read_dir(format!("/proc/{}/task", daemon.pid()))
+        .expect("list the daemon's threads")
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.starts_with("zygote-spawner"))
+        })
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .filter_map(|status| mask_in(&status, "SigBlk"))
+        .collect();
+    assert!(
+        !spawners.is_empty(),
+        "no spawner thread: the burst was cloned on the runtime's workers"
+    );
+    let sigchld = signal_bit(libc::SIGCHLD);
+    assert!(
+        spawners.iter().all(|mask| mask & sigchld != 0),
+        "a spawner thread takes SIGCHLD: {spawners:x?}"
+    );
+}

@@ -38,6 +38,7 @@ mod reaper;
 mod reply;
 pub mod server;
 mod shutdown;
+mod spawners;
 pub mod state;
 pub mod template;
 pub mod upgrade;
