@@ -12,6 +12,7 @@ use zygote_proto::{
     socket,
 };
 
+use crate::sched::{SCHED_BATCH, SCHED_OTHER, thread_policies};
 use crate::util::{
     Daemon, children_of, eventually, mask_in, process_state, runtime, signal_bit, start_daemon,
     start_daemon_custom, thread_masks, zygote_bin,
@@ -478,4 +479,89 @@ fn a_daemon_started_with_sigchld_ignored_still_reports_exits() {
             .expect("sh runs");
         assert_eq!(status.code(), Some(7));
     });
+}
+
+/// While children run, the shared daemon clones on its spawner threads
+/// (`daemon::spawners`), first come first served: each of 64 spawns made
+/// at once still gets its own child, output and exit status.
+#[test]
+fn spawns_made_at_once_while_children_run_each_get_their_own_child() {
+    let daemon = start_daemon("spawner-threads");
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        // Two children that outlive the burst: the daemon is busy from here.
+        let mut sleepers = Vec::new();
+        for _ in 0..2 {
+            let sleeper = Command::new(&client, "sleep")
+                .arg("30")
+                .kill_on_drop(true)
+                .spawn()
+                .await
+                .expect("spawn sleep");
+            sleepers.push(sleeper);
+        }
+        let tasks: Vec<_> = (0..64u8)
+            .map(|n| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    // Its number, then its scheduling policy (field 41).
+                    let script = format!("echo {n}; cut -d' ' -f41 /proc/self/stat; exit {n}");
+                    let output = Command::new(&client, "sh")
+                        .args(["-c", &script])
+                        .output()
+                        .await
+                        .expect("spawn sh");
+                    (n, output)
+                })
+            })
+            .collect();
+        for task in tasks {
+            let (n, output) = task.await.expect("task");
+            assert_eq!(output.status.code(), Some(i32::from(n)), "spawn {n}");
+            assert_eq!(
+                String::from_utf8_lossy(&output.stdout),
+                format!("{n}\n{SCHED_OTHER}\n"),
+                "spawn {n}: its own output, and SCHED_OTHER"
+            );
+        }
+        drop(sleepers);
+    });
+    // Their SIGCHLD is blocked, as in every daemon thread (see `reaper`),
+    // and they run under SCHED_BATCH, as every daemon thread does.
+    let spawner_tasks: Vec<_> = std::fs::read_dir(format!("/proc/{}/task", daemon.pid()))
+        .expect("list the daemon's threads")
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.starts_with("zygote-spawner"))
+        })
+        .collect();
+    let spawners: Vec<u64> = spawner_tasks
+        .iter()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .filter_map(|status| mask_in(&status, "SigBlk"))
+        .collect();
+    let policies: Vec<u32> = spawner_tasks
+        .iter()
+        .filter_map(|task| task.file_name().to_str()?.parse().ok())
+        .filter_map(|tid: u32| {
+            thread_policies(daemon.pid())
+                .into_iter()
+                .find(|(id, _)| *id == tid)
+        })
+        .map(|(_, policy)| policy)
+        .collect();
+    assert!(
+        policies.iter().all(|policy| *policy == SCHED_BATCH),
+        "spawner threads' policies: {policies:?}"
+    );
+    assert!(
+        !spawners.is_empty(),
+        "no spawner thread: the burst was cloned on the runtime's workers"
+    );
+    let sigchld = signal_bit(libc::SIGCHLD);
+    assert!(
+        spawners.iter().all(|mask| mask & sigchld != 0),
+        "a spawner thread takes SIGCHLD: {spawners:x?}"
+    );
 }

@@ -432,10 +432,12 @@ impl SpawnTask {
         // could be, between the switch and exec: fork, and wait for the
         // exec here, asynchronously, so that only this spawn waits.
         let (pid, pidfd, status) = if prepared.plan.credentials.is_none() {
-            let spawned = self.daemon.spawn(&prepared.plan);
-            // The daemon's copies of the child's fds must not outlive the spawn.
-            drop(prepared.plan);
-            let child = spawned.map_err(failed)?;
+            // The daemon's copies of the child's fds go with the plan.
+            let child = self
+                .daemon
+                .spawn_plan(prepared.plan)
+                .await
+                .map_err(failed)?;
             (child.pid, child.pidfd, None)
         } else {
             let started = self.daemon.start(&prepared.plan);

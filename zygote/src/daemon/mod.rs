@@ -9,6 +9,8 @@
 //! - [`policy`], `peer`, `shutdown`, `reply`: who may ask for what, who
 //!   the peer is (`SO_PEERCRED`, `SO_PEERPIDFD`, `/proc`), the stop notice,
 //!   sending a reply.
+//! - `spawners`: the threads a busy shared daemon clones on, first come
+//!   first served.
 //! - [`state`]: what every connection shares: the [`state::Daemon`].
 //! - `admission`: child slots per peer and in total.
 //! - `plan`: checking a [`SpawnRequest`](zygote_proto::SpawnRequest) and
@@ -38,6 +40,7 @@ mod reaper;
 mod reply;
 pub mod server;
 mod shutdown;
+mod spawners;
 pub mod state;
 pub mod template;
 pub mod upgrade;

@@ -234,6 +234,7 @@ pub async fn run_with(
         "limits"
     );
     let mut daemon = Daemon::with_policy(policy);
+    daemon.use_spawner_threads();
     // Children keep the fd limit the daemon started with, not its raised
     // one: a soft limit above 1024 breaks programs that use select(2).
     daemon.child_nofile = (nofile.raised != nofile.original).then_some(ResourceLimit {

@@ -14,6 +14,7 @@ use crate::daemon::deferral::DeferralClock;
 use crate::daemon::handover::{Pause, SavedConnection};
 use crate::daemon::peer;
 use crate::daemon::policy::Policy;
+use crate::daemon::spawners::SpawnerPool;
 use crate::service::metrics::Metrics;
 use crate::spawn::{self, Credentials, SpawnError, SpawnPlan, SpawnedChild, Spawner, StartedChild};
 use zygote_proto::AsyncSeqpacket;
@@ -95,8 +96,12 @@ pub struct Daemon {
     pub cgroups: Option<Subtree>,
     /// Why there is no subtree, for refusals of cgroup requests.
     pub(crate) no_cgroups: String,
-    /// Signal dispositions read at the first spawn (see [`Daemon::spawn`]).
-    spawner: OnceLock<Option<Spawner>>,
+    /// Signal dispositions read at the first spawn (see [`Daemon::spawn`]),
+    /// shared with the spawner threads.
+    spawner: Arc<OnceLock<Option<Spawner>>>,
+    /// The spawner threads of a shared daemon; `None` in a private one,
+    /// which clones on its one thread.
+    pool: Option<SpawnerPool>,
     /// Brings every task to a safe point for a live upgrade.
     pub(crate) pause: Pause,
     /// Cgroups of reaped children whose tree lives on, removed once empty
@@ -143,7 +148,8 @@ impl Daemon {
             metrics: Metrics::new(),
             cgroups: None,
             no_cgroups: "the daemon was started without a cgroup subtree".to_owned(),
-            spawner: OnceLock::new(),
+            spawner: Arc::default(),
+            pool: None,
             pause: Pause::default(),
             lingering_cgroups: Mutex::default(),
             parked_sockets: Mutex::default(),
@@ -173,6 +179,28 @@ impl Daemon {
             Some(spawner) => spawner.spawn(plan),
             None => spawn::spawn(plan),
         }
+    }
+
+    /// Clones on spawner threads while busy (see `spawners`): for the
+    /// shared daemon, whose runtime workers must not wait in a clone.
+    pub(crate) fn use_spawner_threads(&mut self) {
+        self.pool = Some(SpawnerPool::new(Arc::clone(&self.spawner)));
+    }
+
+    /// Starts a child, and drops `plan` (with the daemon's copies of the
+    /// child's fds) once the clone returned. While other children run, a
+    /// shared daemon clones on a spawner thread, first come first served,
+    /// and this task waits without holding its worker; otherwise, as
+    /// [`Daemon::spawn`].
+    pub(crate) async fn spawn_plan(&self, plan: SpawnPlan) -> Result<SpawnedChild, SpawnError> {
+        if let Some(pool) = &self.pool {
+            if self.metrics.children_running() >= BUSY_CHILDREN {
+                return pool.spawn(plan).await;
+            }
+        }
+        let child = self.spawn(&plan);
+        drop(plan);
+        child
     }
 
     /// Starts a child on the fork path, without waiting for its exec (see
@@ -240,7 +268,8 @@ impl Daemon {
     }
 }
 
-/// Children running from which a private zygote's spawner is raised.
+/// Children running from which a private zygote's spawner is raised, and
+/// a shared daemon clones on its spawner threads.
 const BUSY_CHILDREN: u64 = 2;
 
 /// What children inherit from the daemon unless told otherwise; `None`

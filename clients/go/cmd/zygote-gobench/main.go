@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -152,8 +153,10 @@ func setFds(n int) error {
 }
 
 type cell struct {
-	lat  []time.Duration
-	wall time.Duration
+	lat []time.Duration
+	// When each spawn began, from the cell's start (for -order).
+	began []time.Duration
+	wall  time.Duration
 	// CPU time of this process and of the zygote (0: none) over the cell.
 	cpu, zygoteCPU time.Duration
 }
@@ -176,6 +179,7 @@ func processCPU(pid int) time.Duration {
 // zygote serving them, or 0.
 func measure(n, c int, zygotePid int, spawn func() error) (cell, error) {
 	lat := make([]time.Duration, n)
+	began := make([]time.Duration, n)
 	var next int
 	var mu sync.Mutex
 	var firstErr error
@@ -200,6 +204,7 @@ func measure(n, c int, zygotePid int, spawn func() error) (cell, error) {
 				t0 := time.Now()
 				err := spawn()
 				lat[i] = time.Since(t0)
+				began[i] = t0.Sub(start)
 				if err != nil {
 					mu.Lock()
 					if firstErr == nil {
@@ -211,7 +216,7 @@ func measure(n, c int, zygotePid int, spawn func() error) (cell, error) {
 		}()
 	}
 	wg.Wait()
-	res := cell{lat: lat, wall: time.Since(start), cpu: processCPU(0) - cpu0}
+	res := cell{lat: lat, began: began, wall: time.Since(start), cpu: processCPU(0) - cpu0}
 	if zygotePid != 0 {
 		res.zygoteCPU = processCPU(zygotePid) - zcpu0
 	}
@@ -236,6 +241,81 @@ func summarize(cs []cell) summary {
 	return summary{ms(q(0.50)), ms(q(0.99)), ms(all[len(all)-1]), float64(len(all)) / wall.Seconds(), perSpawn(cpu), perSpawn(zcpu)}
 }
 
+// orderStats tells a tail that comes from the order in which spawns are
+// served from one that comes from the rate at which they complete.
+type orderStats struct {
+	// p99InOrder is the p99 had spawns ended in the order they began: the
+	// i-th start of a round paired with its i-th end.
+	p99InOrder float64
+	// overtakenP99 is the p99 of how many spawns that began later ended
+	// first.
+	overtakenP99 int
+	// burstCV is the coefficient of variation of completions per 5 ms:
+	// near 0 for a steady stream, above 1 when they come in bursts.
+	burstCV float64
+}
+
+func order(cs []cell) orderStats {
+	const bin = 5 * time.Millisecond
+	var inOrder []time.Duration
+	var overtaken []int
+	var counts []float64
+	for _, c := range cs {
+		n := len(c.lat)
+		starts := slices.Clone(c.began)
+		ends := make([]time.Duration, n)
+		for i := range c.lat {
+			ends[i] = c.began[i] + c.lat[i]
+		}
+		for i := 0; i < n; i++ {
+			k := 0
+			for j := 0; j < n; j++ {
+				if starts[j] > starts[i] && ends[j] < ends[i] {
+					k++
+				}
+			}
+			overtaken = append(overtaken, k)
+		}
+		sortedEnds := slices.Clone(ends)
+		slices.Sort(starts)
+		slices.Sort(sortedEnds)
+		for i := range starts {
+			inOrder = append(inOrder, sortedEnds[i]-starts[i])
+		}
+		// Whole bins only: the last one is cut short by the round's end.
+		perBin := make([]float64, int(c.wall/bin))
+		for _, t := range ends {
+			if b := int(t / bin); b < len(perBin) {
+				perBin[b]++
+			}
+		}
+		counts = append(counts, perBin...)
+	}
+	var st orderStats
+	if len(inOrder) == 0 {
+		return st
+	}
+	slices.Sort(inOrder)
+	slices.Sort(overtaken)
+	q := func(n int) int { return min(n-1, int(0.99*float64(n))) }
+	st.p99InOrder = float64(inOrder[q(len(inOrder))]) / 1e6
+	st.overtakenP99 = overtaken[q(len(overtaken))]
+	if len(counts) > 1 {
+		var sum, sq float64
+		for _, v := range counts {
+			sum += v
+		}
+		mean := sum / float64(len(counts))
+		for _, v := range counts {
+			sq += (v - mean) * (v - mean)
+		}
+		if mean > 0 {
+			st.burstCV = math.Sqrt(sq/float64(len(counts))) / mean
+		}
+	}
+	return st
+}
+
 func ints(s string) []int {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
@@ -256,6 +336,7 @@ func main() {
 	perRound := flag.Int("spawns", 200, "spawns per method per round")
 	socket := flag.String("socket", "", "a running zygote's socket (default: start one from ZYGOTE_BIN)")
 	program := flag.String("program", "/bin/true", "program to spawn")
+	orderFlag := flag.Bool("order", false, "also print, per cell of concurrency > 1, whether the tail comes from the order of service or from bursts of completions")
 	flag.Parse()
 
 	// While the program is small: the private zygote, the shared one if
@@ -326,6 +407,7 @@ func main() {
 		method       string
 	}
 	results := map[key]summary{}
+	var orderRows []string
 	fmt.Println("| heap | fds | c | method | p50 ms | p99 ms | max ms | spawns/s | p50 / os/exec | p99 / os/exec | spawns/s / os/exec | p50 / floor | client cpu µs | zygote cpu µs |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, heap := range ints(*heaps) {
@@ -374,8 +456,22 @@ func main() {
 					}
 					fmt.Printf("| %d GiB | %d | %d | %s | %.2f | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %s | %.0f | %s |\n",
 						heap, nfds, c, m.name, s.p50, s.p99, s.max, s.rate, s.p50/base.p50, s.p99/base.p99, s.rate/base.rate, vsFloor, s.cpuUs, zcpu)
+					if *orderFlag && c > 1 {
+						o := order(cells[i])
+						orderRows = append(orderRows, fmt.Sprintf("| %d GiB | %d | %d | %s | %.2f | %.2f | %d | %.2f |",
+							heap, nfds, c, m.name, s.p99, o.p99InOrder, o.overtakenP99, o.burstCV))
+					}
 				}
 			}
+		}
+	}
+	if len(orderRows) > 0 {
+		fmt.Println("\nOrder of service (-order): the p99 had spawns ended in the order they began, how many that began later ended first (p99), and the coefficient of variation of completions per 5 ms (above 1: bursts)")
+		fmt.Println()
+		fmt.Println("| heap | fds | c | method | p99 ms | p99 in order ms | overtaken p99 | completions / 5 ms CV |")
+		fmt.Println("|---|---|---|---|---|---|---|---|")
+		for _, row := range orderRows {
+			fmt.Println(row)
 		}
 	}
 	_ = setFds(0)
