@@ -399,11 +399,6 @@ static IDLE_NICE: AtomicI32 = AtomicI32::new(0);
 /// now.
 static BOOSTED: AtomicBool = AtomicBool::new(false);
 
-/// Whether the spawner may run at [`BOOST_NICE`] now: set before raising
-/// it, cleared only once it is lowered back. While clear, a child whose
-/// plan sets no nice value starts at the default and skips `setpriority`.
-static RAISED: AtomicBool = AtomicBool::new(false);
-
 /// Whether the spawner runs under `SCHED_BATCH` only while idle
 /// ([`batch_only_while_idle`]).
 static IDLE_BATCH: AtomicBool = AtomicBool::new(false);
@@ -520,22 +515,14 @@ pub fn set_busy(busy: bool) {
     } else {
         IDLE_NICE.load(Ordering::Relaxed)
     };
-    let raise = busy && boost != i32::MIN;
-    if raise {
-        RAISED.store(true, Ordering::Relaxed);
-    }
     let changed = if switch_policy {
         let reset_on_fork = SPAWNER_RESET_ON_FORK.load(Ordering::Relaxed);
         sched::set_thread_scheduling(!busy, nice, reset_on_fork)
     } else {
         rustix::process::setpriority_process(None, nice).map_err(io::Error::from)
     };
-    match changed {
-        Ok(()) if !raise => RAISED.store(false, Ordering::Relaxed),
-        Ok(()) => {}
-        Err(error) => {
-            tracing::debug!(nice, busy, %error, "failed to change the spawner's priority");
-        }
+    if let Err(error) = changed {
+        tracing::debug!(nice, busy, %error, "failed to change the spawner's priority");
     }
 }
 
@@ -547,17 +534,12 @@ fn forget_boost() {
     DEFAULT_CHILD_NICE.store(i32::MIN, Ordering::Relaxed);
     NICE_LATE_FROM.store(i32::MIN, Ordering::Relaxed);
     BOOSTED.store(false, Ordering::Relaxed);
-    RAISED.store(false, Ordering::Relaxed);
     IDLE_BATCH.store(false, Ordering::Relaxed);
 }
 
-/// The nice value a child whose plan sets none must set: `None` when it
-/// starts at the right one (no boost, or the spawner is not raised).
 fn default_child_nice() -> Option<i32> {
     let nice = DEFAULT_CHILD_NICE.load(Ordering::Relaxed);
-    let starts_at_default =
-        !RAISED.load(Ordering::Relaxed) && NICE_LATE_FROM.load(Ordering::Relaxed) == nice;
-    (nice != i32::MIN && !starts_at_default).then_some(nice)
+    (nice != i32::MIN).then_some(nice)
 }
 
 /// Whether a child that sets `nice` and switches to `credentials` may set
