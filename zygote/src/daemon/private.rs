@@ -40,8 +40,9 @@ const REAP_POLL: Duration = Duration::from_millis(10);
 
 /// The spawner's nice value while busy: its one thread competes with every
 /// running child for the CPU, and at 50 spawns in flight lost to them
-/// (0.81 of posix_spawn's throughput, 0.88 with this). Children keep it
-/// until just before exec, then set their requested or the owner's value.
+/// (0.81 of posix_spawn's throughput, 0.88 with this). Children start at
+/// nice 0 (`SCHED_RESET_ON_FORK`) and get their requested or the owner's
+/// value.
 const SPAWNER_NICE: i32 = -10;
 
 /// Serves `socket`, one end of a socketpair whose other end the owner
@@ -70,7 +71,6 @@ pub fn serve_private(socket: OwnedFd) -> Result<(), Error> {
     // template must stay single-threaded anyway.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .on_thread_start(crate::spawn::unboost_thread)
         .build()
         .map_err(Error::Runtime)?;
     crate::spawn::log_daemon_policy(&policy);

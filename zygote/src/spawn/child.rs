@@ -58,10 +58,6 @@ pub(super) struct ChildArgs<'a> {
     pub(super) reset_policy: bool,
     /// Call `setpriority`.
     pub(super) nice: Option<c_int>,
-    /// Set `nice` as the last step before exec, not among the attributes:
-    /// the children of a raised spawner keep its priority while it waits
-    /// for their exec (`prepare_boost`).
-    pub(super) nice_last: bool,
     /// `sched_setaffinity` mask words; empty: leave it.
     pub(super) cpu_affinity: &'a [u64],
     /// Decimal text to write to `/proc/self/oom_score_adj`.
@@ -233,9 +229,7 @@ pub(super) extern "C" fn child_main(arg: *mut c_void) -> c_int {
 /// rlimits after the fd juggling, so a low `RLIMIT_NOFILE` cannot refuse
 /// it, and before the credentials, so that limits a policy allowed above
 /// the peer's can still be raised; credentials before `chdir` and exec, so
-/// that those are checked with the child's permissions, not the daemon's;
-/// a raised spawner's children set their nice value last (`nice_last`),
-/// keeping its priority while it waits for their exec.
+/// that those are checked with the child's permissions, not the daemon's.
 fn setup_and_exec(args: &ChildArgs<'_>) -> Failed {
     if let Err(failed) = setup(args) {
         return failed;
@@ -299,19 +293,6 @@ fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
         // SAFETY: `cwd` is a NUL-terminated string owned by the plan.
         check(unsafe { libc::chdir(cwd.as_ptr()) }, SpawnStage::Chdir)?;
     }
-    if args.nice_last {
-        set_nice(args.nice)?;
-    }
-    Ok(())
-}
-
-/// `setpriority` on ourselves, when the plan sets a nice value.
-fn set_nice(nice: Option<c_int>) -> Result<(), Failed> {
-    if let Some(nice) = nice {
-        // SAFETY: plain syscall on ourselves (who 0); no memory is passed.
-        let ret = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
-        check(ret, SpawnStage::Nice)?;
-    }
     Ok(())
 }
 
@@ -332,15 +313,17 @@ fn take_terminal(args: &ChildArgs<'_>) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Resets the policy, then sets the nice value (unless it comes last),
-/// CPU affinity and OOM score adjustment the plan asks for.
+/// Resets the policy, then sets the nice value, CPU affinity and OOM score
+/// adjustment the plan asks for.
 fn set_attributes(args: &ChildArgs<'_>) -> Result<(), Failed> {
     if args.reset_policy {
         // Keeps the nice value, which `setpriority` below then sets.
         super::sched::reset_child_policy().map_err(|errno| (SpawnStage::Nice, errno))?;
     }
-    if !args.nice_last {
-        set_nice(args.nice)?;
+    if let Some(nice) = args.nice {
+        // SAFETY: plain syscall on ourselves (who 0); no memory is passed.
+        let ret = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+        check(ret, SpawnStage::Nice)?;
     }
     if !args.cpu_affinity.is_empty() {
         // SAFETY: the kernel reads `len * 8` bytes from a valid slice of

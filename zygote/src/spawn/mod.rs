@@ -381,13 +381,6 @@ fn start_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<StartedChild, S
 /// none (children inherit the spawner's).
 static DEFAULT_CHILD_NICE: AtomicI32 = AtomicI32::new(i32::MIN);
 
-/// Once [`prepare_boost`] set the spawner up: the highest nice value a
-/// child can start with (the spawner's idle value, or 0 under an inherited
-/// `SCHED_RESET_ON_FORK`). A child whose nice is at least that only lowers
-/// its priority, which needs no privilege, so it may do so after its
-/// credentials change, as its last step before exec. `i32::MIN`: no boost.
-static NICE_LATE_FROM: AtomicI32 = AtomicI32::new(i32::MIN);
-
 /// The spawner's nice value while busy ([`set_busy`]); `i32::MIN` until
 /// [`prepare_boost`] succeeded.
 static BOOST_NICE: AtomicI32 = AtomicI32::new(i32::MIN);
@@ -410,18 +403,14 @@ static SPAWNER_RESET_ON_FORK: AtomicBool = AtomicBool::new(false);
 /// Prepares the calling thread, a single-threaded zygote's spawner, to
 /// get priority over the children it starts while many run
 /// ([`set_busy`]), so that at high concurrency it is not queued behind
-/// them. Its children inherit that priority while they set up, so that
-/// the spawner, which waits for their exec, is not queued behind the
-/// other children either; each sets its own nice value (the plan's, or
-/// the spawner's present one when the plan sets none) as its last step
-/// before exec. Checks it may raise itself to `nice`.
+/// them: sets `SCHED_RESET_ON_FORK` (keeping the thread's `SCHED_BATCH`
+/// or `SCHED_OTHER`), so that its children start at nice 0 whatever its
+/// own, and children whose plan sets no nice value get the
+/// thread's present one. Checks it may raise itself to `nice`.
 ///
 /// Only while busy: a raised spawner also preempts its own client on
 /// every request (measured at concurrency 1: the client's thread blocked
 /// 80 µs instead of 22 per spawn).
-///
-/// Threads the spawner starts later inherit its priority too: call
-/// [`unboost_thread`] first thing on each.
 ///
 /// # Returns
 ///
@@ -437,36 +426,16 @@ pub fn prepare_boost(nice: i32) -> io::Result<Option<i32>> {
     if former <= nice {
         return Ok(None);
     }
-    let reset_on_fork = sched::thread_policy()? & libc::SCHED_RESET_ON_FORK != 0;
+    sched::set_reset_on_fork()?;
     // Whether raising works at all (lowering back always does).
     rustix::process::setpriority_process(None, nice)?;
     rustix::process::setpriority_process(None, former)?;
-    DEFAULT_CHILD_NICE.store(former, Ordering::Relaxed);
-    let highest_start = if reset_on_fork { former.max(0) } else { former };
-    NICE_LATE_FROM.store(highest_start, Ordering::Relaxed);
+    if former != 0 {
+        DEFAULT_CHILD_NICE.store(former, Ordering::Relaxed);
+    }
     IDLE_NICE.store(former, Ordering::Relaxed);
     BOOST_NICE.store(nice, Ordering::Relaxed);
     Ok(Some(former))
-}
-
-/// Puts a thread the spawner started back at the spawner's idle priority
-/// (nice value, and `SCHED_BATCH` with [`batch_only_while_idle`]): it
-/// inherited the spawner's, raised while busy ([`prepare_boost`]). Does
-/// nothing without a boost. Failures are logged at DEBUG.
-pub fn unboost_thread() {
-    if BOOST_NICE.load(Ordering::Relaxed) == i32::MIN {
-        return;
-    }
-    let nice = IDLE_NICE.load(Ordering::Relaxed);
-    let changed = if IDLE_BATCH.load(Ordering::Relaxed) {
-        let reset_on_fork = SPAWNER_RESET_ON_FORK.load(Ordering::Relaxed);
-        sched::set_thread_scheduling(true, nice, reset_on_fork)
-    } else {
-        rustix::process::setpriority_process(None, nice).map_err(io::Error::from)
-    };
-    if let Err(error) = changed {
-        tracing::debug!(nice, %error, "failed to lower a new thread's priority");
-    }
 }
 
 /// Makes a single-threaded zygote's spawner, under `SCHED_BATCH` (see
@@ -532,7 +501,6 @@ pub fn set_busy(busy: bool) {
 fn forget_boost() {
     BOOST_NICE.store(i32::MIN, Ordering::Relaxed);
     DEFAULT_CHILD_NICE.store(i32::MIN, Ordering::Relaxed);
-    NICE_LATE_FROM.store(i32::MIN, Ordering::Relaxed);
     BOOSTED.store(false, Ordering::Relaxed);
     IDLE_BATCH.store(false, Ordering::Relaxed);
 }
@@ -540,16 +508,6 @@ fn forget_boost() {
 fn default_child_nice() -> Option<i32> {
     let nice = DEFAULT_CHILD_NICE.load(Ordering::Relaxed);
     (nice != i32::MIN).then_some(nice)
-}
-
-/// Whether a child that sets `nice` and switches to `credentials` may set
-/// it last, after the switch: always without a switch (it keeps the
-/// daemon's rights), and with one when `nice` only lowers the priority it
-/// started with. Only for a boosted spawner's children ([`prepare_boost`]):
-/// others keep their place among the first steps.
-fn nice_last(nice: Option<i32>, switches_credentials: bool) -> bool {
-    let late_from = NICE_LATE_FROM.load(Ordering::Relaxed);
-    late_from != i32::MIN && nice.is_some_and(|nice| !switches_credentials || nice >= late_from)
 }
 
 /// Non-blocking reap via `waitid(P_PIDFD, pidfd, WEXITED | WNOHANG)`, with
@@ -919,10 +877,6 @@ impl<'a> Prepared<'a> {
             ignored_signals: plan.ignored_signals,
             reset_policy: sched::children_reset_policy(),
             nice: plan.nice.or_else(default_child_nice),
-            nice_last: nice_last(
-                plan.nice.or_else(default_child_nice),
-                plan.credentials.is_some(),
-            ),
             cpu_affinity: &plan.cpu_affinity,
             oom_score_adj: self.oom_score_adj.as_deref(),
             failure,

@@ -184,6 +184,18 @@ pub(super) fn set_thread_scheduling(batch: bool, nice: i32, reset_on_fork: bool)
     Ok(())
 }
 
+/// Adds `SCHED_RESET_ON_FORK` to the calling thread's policy, keeping the
+/// policy itself (`SCHED_OTHER` or `SCHED_BATCH`): the children and threads
+/// it creates start at nice 0 whatever its own (negative) nice value.
+pub(super) fn set_reset_on_fork() -> io::Result<()> {
+    let policy = thread_policy()? & !libc::SCHED_RESET_ON_FORK;
+    let policy = match policy {
+        libc::SCHED_BATCH => libc::SCHED_BATCH,
+        _ => libc::SCHED_OTHER,
+    };
+    set_thread_policy(policy | libc::SCHED_RESET_ON_FORK)
+}
+
 /// Puts the calling (child) process under `SCHED_OTHER`, its nice value
 /// kept; async-signal-safe (one syscall). Returns the errno on failure.
 pub(super) fn reset_child_policy() -> Result<(), c_int> {

