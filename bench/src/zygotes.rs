@@ -138,10 +138,19 @@ pub fn start_zygotes(
     })
 }
 
-/// A launched private zygote: our child named `zygote` that is none of
-/// `known`.
+/// A launched private zygote: our child named as the zygote binary the
+/// client launches (`$ZYGOTE_BIN`, else `zygote`) that is none of `known`.
 fn private_zygote_pid(known: &[u32]) -> Option<u32> {
     let me = std::process::id();
+    let binary = std::env::var_os("ZYGOTE_BIN")
+        .and_then(|path| {
+            std::path::Path::new(&path)
+                .file_name()
+                .map(|name| name.as_encoded_bytes().to_vec())
+        })
+        .unwrap_or_else(|| b"zygote".to_vec());
+    // The kernel keeps the first 15 bytes of the name (TASK_COMM_LEN - 1).
+    let expected = &binary[..binary.len().min(15)];
     std::fs::read_dir("/proc")
         .ok()?
         .flatten()
@@ -154,7 +163,7 @@ fn private_zygote_pid(known: &[u32]) -> Option<u32> {
                 .nth(1)?
                 .parse()
                 .ok()?;
-            (ppid == me && comm == "zygote" && !known.contains(&pid)).then_some(pid)
+            (ppid == me && comm.as_bytes() == expected && !known.contains(&pid)).then_some(pid)
         })
 }
 
