@@ -333,7 +333,7 @@ func main() {
 	fdsFlag := flag.String("fds", "0,19000", "extra open fds")
 	concFlag := flag.String("concurrency", "1,50", "goroutines spawning at once")
 	rounds := flag.Int("rounds", 3, "interleaved rounds per cell")
-	perRound := flag.Int("spawns", 200, "spawns per method per round")
+	perRound := flag.Int("spawns", 2000, "spawns per method per round")
 	socket := flag.String("socket", "", "a running zygote's socket (default: start one from ZYGOTE_BIN)")
 	program := flag.String("program", "/bin/true", "program to spawn")
 	orderFlag := flag.Bool("order", false, "also print, per cell of concurrency > 1, whether the tail comes from the order of service or from bursts of completions")
