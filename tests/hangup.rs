@@ -47,3 +47,43 @@ fn private_zygote_ignores_sighup() {
     );
     assert!(zygote.wait().expect("wait").success());
 }
+
+/// A SIGINT or SIGHUP that comes as a private zygote starts, before its
+/// handlers exist, is held until they do, then ignored: a terminal's ^C at
+/// that moment does not kill it. Repeated (each round takes a second,
+/// most of it the blocking client's end), each sent as soon as
+/// `/proc/PID/status` shows the signals held or caught.
+#[test]
+fn private_zygote_ignores_sigint_and_sighup_as_it_starts() {
+    let mut held = 0;
+    for round in 0..5 {
+        let (ours, theirs) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .expect("socketpair");
+        let mut zygote = StdCommand::new(zygote_bin())
+            .args(["serve", "--private-fd", "0"])
+            .env("ZYGOTE_LOG", "off")
+            .stdin(StdStdio::from(theirs))
+            .spawn()
+            .expect("start a private zygote");
+        if crate::util::wait_stop_signals_handled(zygote.id()) {
+            held += 1;
+        }
+        let pid = Pid::from_raw(zygote.id() as i32).expect("pid");
+        kill_process(pid, Signal::INT).expect("SIGINT");
+        kill_process(pid, Signal::HUP).expect("SIGHUP");
+        let client = Client::from_fd(ours).expect("handshake");
+        let status = Command::new(&client, "true")
+            .status()
+            .unwrap_or_else(|error| panic!("round {round}: not serving: {error}"));
+        assert!(status.success());
+        drop(client);
+        let exit = zygote.wait().expect("wait");
+        assert!(exit.success(), "round {round}: {exit}");
+    }
+    assert!(held > 0, "the signals were never seen held during startup");
+}

@@ -109,6 +109,22 @@ fn private_zygote_serves_a_large_owner(mode: &str) {
         Ok(0),
         "a child of the {mode} zygote starts with signals blocked"
     );
+    // SIGHUP, SIGTERM and SIGINT, held while the zygote started, are
+    // released in it; the owner's own mask is as it was (a template's
+    // fork holds them only in the template).
+    let stop = signal_bit(libc::SIGHUP) | signal_bit(libc::SIGTERM) | signal_bit(libc::SIGINT);
+    let zygote_main = thread_masks(zygote, "SigBlk")
+        .into_iter()
+        .find(|(tid, _)| *tid == zygote);
+    assert!(
+        zygote_main.is_some_and(|(_, mask)| mask & stop == 0),
+        "{mode} zygote's main thread SigBlk: {zygote_main:?}"
+    );
+    let owner = thread_masks(helper_pid, "SigBlk");
+    assert!(
+        !owner.is_empty() && owner.iter().all(|(_, mask)| mask & stop == 0),
+        "the owner's ({mode}) threads' SigBlk: {owner:?}"
+    );
     // The zygote runs under SCHED_BATCH while idle; its children never.
     assert_eq!(
         report.child_policy, 0,

@@ -1127,3 +1127,46 @@ fn a_deferred_spawned_pending_at_an_upgrade_is_sent_before_the_pause() {
         daemon.log()
     );
 }
+
+/// A SIGTERM that comes the moment the new image has been exec'd, before
+/// it has a runtime or handlers, is held across the exec and stops the
+/// new image gracefully: exit status 0, the socket removed.
+#[test]
+fn sigterm_right_after_the_upgrades_exec_stops_the_new_image_gracefully() {
+    let mut held = 0;
+    for round in 0..5 {
+        let installed = Installed::new("a");
+        let mut daemon = start("upgrade-sigterm", &installed, &[]);
+        installed.install("b");
+        let exe = format!("/proc/{}/exe", daemon.pid());
+        let path = installed.path();
+        daemon.signal_stop(rustix::process::Signal::HUP);
+        // The old image's binary was replaced (its link reads "(deleted)"):
+        // the link names the installed path again once the new image runs.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::fs::read_link(&exe).ok().as_deref() != Some(path.as_path()) {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: no exec; log:\n{}",
+                daemon.log()
+            );
+        }
+        daemon.signal_stop(rustix::process::Signal::TERM);
+        if crate::util::stop_signals(daemon.pid()) == crate::util::StopSignals::Held {
+            held += 1;
+        }
+        let status = daemon.wait_exit(Duration::from_secs(20));
+        let log = daemon.log();
+        assert!(
+            status.is_some_and(|status| status.success()),
+            "round {round}: {status:?}; log:\n{log}"
+        );
+        assert!(log.contains("upgraded in place"), "round {round}:\n{log}");
+        assert!(log.contains("stopped"), "round {round}:\n{log}");
+        assert!(
+            std::fs::symlink_metadata(daemon.socket()).is_err(),
+            "round {round}: the socket file was left behind"
+        );
+    }
+    assert!(held > 0, "the new image was never seen holding SIGTERM");
+}

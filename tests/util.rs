@@ -371,3 +371,49 @@ pub fn mask_in(status: &str, field: &str) -> Option<u64> {
 pub fn signal_bit(signal: i32) -> u64 {
     1 << (signal - 1)
 }
+
+/// Where a process stands with its stop signals, from the
+/// `/proc/PID/status` of its main thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopSignals {
+    /// SIGHUP, SIGTERM and SIGINT blocked, and not as glibc blocks every
+    /// signal for a moment (while it starts a thread): held pending.
+    Held,
+    /// SIGTERM or SIGINT has a handler, and they are not held.
+    Caught,
+    /// Neither yet (or no such process): a stop signal would kill it.
+    Default,
+}
+
+/// [`StopSignals`] of `pid` now.
+pub fn stop_signals(pid: u32) -> StopSignals {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return StopSignals::Default;
+    };
+    let stop = signal_bit(libc::SIGHUP) | signal_bit(libc::SIGTERM) | signal_bit(libc::SIGINT);
+    let blocked = mask_in(&status, "SigBlk").unwrap_or(0);
+    let caught = mask_in(&status, "SigCgt").unwrap_or(0);
+    if blocked & stop == stop && blocked & signal_bit(libc::SIGUSR1) == 0 {
+        StopSignals::Held
+    } else if caught & (signal_bit(libc::SIGTERM) | signal_bit(libc::SIGINT)) != 0 {
+        StopSignals::Caught
+    } else {
+        StopSignals::Default
+    }
+}
+
+/// Polls [`stop_signals`] of `pid` as fast as it can until they are held
+/// or caught, within 10 s; true when it saw them held.
+pub fn wait_stop_signals_handled(pid: u32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match stop_signals(pid) {
+            StopSignals::Held => return true,
+            StopSignals::Caught => return false,
+            StopSignals::Default => assert!(
+                Instant::now() < deadline,
+                "process {pid} neither holds nor catches its stop signals after 10 s"
+            ),
+        }
+    }
+}

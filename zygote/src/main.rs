@@ -27,6 +27,11 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Serve(args) => {
+            // First: SIGTERM, SIGINT and SIGHUP stay pending, not fatal,
+            // until their handlers exist (the socket appears before the
+            // runtime does); every thread started from here inherits the
+            // mask, and the thread that installs the handlers releases it.
+            let _ = zygote::spawn::hold_stop_signals();
             // Before any thread (the log writer, the runtime's) exists,
             // so that every thread inherits it: SIGCHLD is read from a
             // signalfd, never by a handler.

@@ -202,6 +202,10 @@ fn run(args: &ServeArgs, listener: std::os::fd::OwnedFd, options: Options) -> Re
         .build()
         .map_err(Error::Runtime)?;
     let stop_timeout = (args.stop_timeout > 0).then(|| Duration::from_secs(args.stop_timeout));
+    // The runtime's threads keep the stop signals blocked (held since
+    // `main`); this thread, in `block_on` for the daemon's life, releases
+    // them in `run_with` once SIGHUP's handler too is in place, and takes
+    // them from then on.
     runtime.block_on(async {
         let signals = count_signals()?;
         let first = wait_for_signals(signals.clone(), 1);

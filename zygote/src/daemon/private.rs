@@ -92,6 +92,10 @@ async fn serve_owner(socket: OwnedFd, boost: std::io::Result<Option<i32>>) -> Re
     // default dispositions back at exec.
     let _ignore_interrupt = signal(SignalKind::interrupt()).map_err(Error::Runtime)?;
     let _ignore_hangup = signal(SignalKind::hangup()).map_err(Error::Runtime)?;
+    // Held since the start (`main`, or the template's fork): a SIGINT or
+    // SIGHUP that came meanwhile is ignored now; SIGTERM, which has no
+    // handler here, ends the zygote now as it would have then.
+    crate::spawn::release_held_signals();
     let socket = AsyncSeqpacket::new(socket).map_err(Error::PrivateSocket)?;
     let daemon = Arc::new(Daemon::new());
     info!(owner = owner.pid.as_raw_nonzero(), "private zygote serving");

@@ -96,7 +96,15 @@ impl Template {
 /// thread; [`Error::Fork`] when the socketpair or the fork fails.
 pub fn fork_template() -> Result<Template, Error> {
     let (ours, theirs) = zygote_proto::socket::pair(false).map_err(Error::PrivateSocket)?;
-    match spawn::fork_single_threaded() {
+    // The template starts with the stop signals held, until its handlers
+    // exist (a terminal's ^C at that moment must not kill it); the
+    // program gets its own mask back at once.
+    let program_mask = spawn::hold_stop_signals();
+    let forked = spawn::fork_single_threaded();
+    if !matches!(forked, Ok(Forked::Child)) {
+        program_mask.restore();
+    }
+    match forked {
         Ok(Forked::Parent { pid }) => {
             drop(theirs);
             Ok(Template { socket: ours, pid })

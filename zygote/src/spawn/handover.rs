@@ -1,5 +1,7 @@
 //! The process-level steps of a live upgrade: taking over the fds an
-//! earlier image handed down, and re-executing the daemon in place.
+//! earlier image handed down, and re-executing the daemon in place; and
+//! holding the stop signals pending until their handlers exist, at any
+//! start.
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -9,9 +11,10 @@ use std::ptr;
 use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
-/// The signals that stop or upgrade `zygote serve`: held pending across
-/// the exec, so that none arriving while the new image starts kills it by
-/// their default action.
+/// The signals that stop or upgrade `zygote serve` (a private zygote
+/// ignores SIGHUP and SIGINT): held pending from the start, and across an
+/// upgrade's exec, so that none arriving before their handlers exist
+/// kills the process by their default action.
 const HELD: [i32; 3] = [libc::SIGHUP, libc::SIGTERM, libc::SIGINT];
 
 fn held_set() -> libc::sigset_t {
@@ -33,11 +36,47 @@ fn mask_held(how: libc::c_int) {
     unsafe { libc::pthread_sigmask(how, &raw const set, ptr::null_mut()) };
 }
 
-/// Unblocks the stop and upgrade signals on this thread: call it in a new
-/// image once their handlers are installed (signals that came during the
-/// exec are delivered then).
+/// Unblocks the stop and upgrade signals on this thread: call it once
+/// their handlers are installed (signals that came since
+/// [`hold_stop_signals`], or during an upgrade's exec, are delivered
+/// then).
 pub fn release_held_signals() {
     mask_held(libc::SIG_UNBLOCK);
+}
+
+/// The calling thread's signal mask before [`hold_stop_signals`].
+pub struct SignalMask(libc::sigset_t);
+
+impl std::fmt::Debug for SignalMask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SignalMask")
+    }
+}
+
+impl SignalMask {
+    /// Puts this mask back on the calling thread: a signal that came
+    /// meanwhile and is no longer blocked is delivered now.
+    pub fn restore(self) {
+        // SAFETY: a mask read by pthread_sigmask; this changes this
+        // thread's mask only.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &raw const self.0, ptr::null_mut()) };
+    }
+}
+
+/// Blocks SIGHUP, SIGTERM and SIGINT on the calling thread, and so on
+/// every thread it starts later, until [`release_held_signals`]: call it
+/// first thing, while the process has one thread, so that these signals
+/// are held pending, not fatal, until their handlers exist. Children never
+/// inherit the mask (each sets an empty one before exec).
+pub fn hold_stop_signals() -> SignalMask {
+    let set = held_set();
+    // SAFETY: sigset_t is a plain C struct; all-zero bytes are valid, and
+    // pthread_sigmask overwrites it with the old mask.
+    let mut old = unsafe { std::mem::zeroed::<libc::sigset_t>() };
+    // SAFETY: both sets are valid; this changes this thread's mask only.
+    // It cannot fail with a valid `how` and valid pointers.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, &raw mut old) };
+    SignalMask(old)
 }
 
 /// Takes ownership of an fd an earlier image of this process handed down

@@ -55,7 +55,8 @@ pub use fork::{
     thread_count,
 };
 pub use handover::{
-    adopt_fd, exec_in_place, inherited_fds, release_held_signals, run_own, set_inheritable,
+    SignalMask, adopt_fd, exec_in_place, hold_stop_signals, inherited_fds, release_held_signals,
+    run_own, set_inheritable,
 };
 pub use sched::{DaemonPolicy, NO_BATCH_ENV, log_daemon_policy, run_daemon_as_batch};
 pub use selfsignal::{die_of_signal, stop_self};
