@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// The grid deadlines are rounded up to.
@@ -27,6 +28,10 @@ pub struct DeferralClock {
     last_deferral_ms: AtomicU64,
     /// Whether the task holding the grid's timer runs.
     anchored: AtomicBool,
+    /// Set by [`DeferralClock::close`]: no timer is kept any more.
+    closed: AtomicBool,
+    /// Wakes the grid's task to see `closed`.
+    closing: Notify,
 }
 
 impl DeferralClock {
@@ -36,7 +41,19 @@ impl DeferralClock {
             origin: Instant::now(),
             last_deferral_ms: AtomicU64::new(0),
             anchored: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            closing: Notify::new(),
         }
+    }
+
+    /// Ends the grid's timer now and starts none again: for a daemon that
+    /// is done serving (a private zygote whose owner left waits for its
+    /// runtime to hold no task, and would wait out [`LINGER`]). Later
+    /// deadlines still fall on the grid, with a timer of their own.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        // A stored permit if the task is between its check and its wait.
+        self.closing.notify_one();
     }
 
     /// The deadline of a spawn deferred now for at least `after`: the
@@ -47,7 +64,7 @@ impl DeferralClock {
         let due = self.grid_point_after(now + after);
         self.last_deferral_ms
             .store(self.millis(now), Ordering::Relaxed);
-        if !self.anchored.swap(true, Ordering::AcqRel) {
+        if !self.closed.load(Ordering::Acquire) && !self.anchored.swap(true, Ordering::AcqRel) {
             let clock = Arc::clone(self);
             tokio::spawn(async move { clock.anchor().await });
         }
@@ -59,6 +76,10 @@ impl DeferralClock {
     /// wake-up of the driver; the next one starts a new anchor.
     async fn anchor(&self) {
         loop {
+            if self.closed.load(Ordering::Acquire) {
+                self.anchored.store(false, Ordering::Release);
+                return;
+            }
             let now = Instant::now();
             let idle = self
                 .millis(now)
@@ -67,7 +88,10 @@ impl DeferralClock {
                 self.anchored.store(false, Ordering::Release);
                 return;
             }
-            tokio::time::sleep_until(self.grid_point_after(now)).await;
+            tokio::select! {
+                () = tokio::time::sleep_until(self.grid_point_after(now)) => {}
+                () = self.closing.notified() => {}
+            }
         }
     }
 
@@ -121,5 +145,28 @@ mod tests {
         assert!(!clock.anchored.load(Ordering::Acquire), "still anchored");
         clock.deadline(Duration::from_millis(10));
         assert!(clock.anchored.load(Ordering::Acquire), "restarted");
+    }
+
+    /// Paused time: the runtime's clock moves only when every task waits,
+    /// so a task that lingered would show as a second of virtual time.
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_clock_leaves_no_task_behind_at_once() {
+        let clock = Arc::new(DeferralClock::new());
+        clock.deadline(Duration::from_millis(10));
+        let metrics = tokio::runtime::Handle::current().metrics();
+        assert_eq!(metrics.num_alive_tasks(), 1, "the grid's timer runs");
+        let closed_at = Instant::now();
+        clock.close();
+        while metrics.num_alive_tasks() > 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let lingered = closed_at.elapsed();
+        assert!(lingered < GRID, "the grid's timer lingered {lingered:?}");
+        clock.deadline(Duration::from_millis(10));
+        assert_eq!(
+            metrics.num_alive_tasks(),
+            0,
+            "a closed clock started a timer"
+        );
     }
 }

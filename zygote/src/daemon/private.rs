@@ -135,6 +135,9 @@ async fn serve_owner(socket: OwnedFd, boost: std::io::Result<Option<i32>>) -> Re
 /// is where anything specific to losing the owner goes.
 fn owner_gone(daemon: &Daemon) {
     debug!(children = daemon.metrics.children_running(), "owner gone");
+    // No `Spawned` goes out any more; its grid's timer must not hold the
+    // runtime (and the zygote's exit) for a second.
+    daemon.deferrals.close();
 }
 
 /// Waits until no task is left on this runtime: each spawn's task lives
