@@ -392,3 +392,50 @@ def test_a_piped_run_whose_daemon_is_lost_after_spawned_keeps_its_status(
     else:
         assert isinstance(outcome.get("error"), zygote.ZygoteError), outcome
     client.close()
+
+
+def _exit_of_latest(recorded: Recorder, seconds: float = 20.0) -> Optional[Dict[str, Any]]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        notice = recorded.last()[1] if recorded.replies else None
+        if notice is not None:
+            return notice
+        time.sleep(0.01)
+    return None
+
+
+@pytest.mark.parametrize("where", ["send", "close_pipe_fds"])
+@pytest.mark.parametrize(
+    "how", [{"capture_output": True}, {"input": b"x"}, {}], ids=["capture", "input", "no-pipes"]
+)
+def test_an_interrupt_right_after_the_request_left_kills_the_child(
+    client: zygote.Client,
+    recorded: Recorder,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+    how: Dict[str, Any],
+) -> None:
+    """A KeyboardInterrupt between the send and the constructor's end (where
+    run() has no Popen to kill): the child is killed once reported."""
+    conn = client._connection()
+    if where == "send":
+        send = conn.send
+
+        def interrupted_send(frame: bytes, fds: Any) -> None:
+            send(frame, fds)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(conn, "send", interrupted_send)
+    else:
+        close = zygote.Popen._close_pipe_fds  # type: ignore[attr-defined]
+
+        def interrupted_close(self: Any, *fds: int) -> None:
+            close(self, *fds)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(zygote.Popen, "_close_pipe_fds", interrupted_close)
+    with pytest.raises(KeyboardInterrupt):
+        client.run(["sleep", "30"], **how)
+    monkeypatch.undo()
+    assert _killed(_exit_of_latest(recorded)), recorded.last()
+    assert client.run(["echo", "ok"], capture_output=True).stdout == b"ok\n"

@@ -284,7 +284,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                         continue
                     raise
                 except BaseException:
-                    conn.unregister(request_id, sent=False)
+                    # An interrupt may come after the frame left: a child
+                    # reported for this id is killed.
+                    conn.unregister(request_id, sent=True)
                     raise
                 break
         except _request.UnservableError as error:
@@ -295,30 +297,31 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             if self._zygote_installed:
                 return fall_back(f"no zygote: {error}")
             raise
-        # The daemon holds its own copies now; ours of the child's ends go.
-        self._close_pipe_fds(  # type: ignore[attr-defined]
-            p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite
-        )
-        self._zygote_slot = slot
-        self._zygote_conn = conn
-        self._zygote_spawn_id = request_id
-        if self._zygote_defer and (p2cwrite != -1 or c2pread != -1 or errread != -1):
-            # A child blocked on our pipes (a full stdout, an unread stdin)
-            # would never end, and its Spawned may wait for that: the
-            # caller's communicate() runs first and its wait() takes the
-            # first reply. A failed spawn's fds are closed by the daemon,
-            # so the pipes end at once.
-            self._zygote_pending = True
-            self._zygote_program = program
-            self._zygote_cwd = cwd
-            self._child_created = True
-            # Dropped with its reply not taken (a KeyboardInterrupt in
-            # run()'s cleanup): the child is killed once reported, and its
-            # pidfd closed. At exit it is left running, as the stdlib does.
-            self._zygote_release = weakref.finalize(self, conn.unregister, request_id, True)
-            self._zygote_release.atexit = False
-            return
         try:
+            # The daemon holds its own copies now; ours of the child's ends go.
+            self._close_pipe_fds(  # type: ignore[attr-defined]
+                p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite
+            )
+            self._zygote_slot = slot
+            self._zygote_conn = conn
+            self._zygote_spawn_id = request_id
+            if self._zygote_defer and (p2cwrite != -1 or c2pread != -1 or errread != -1):
+                # A child blocked on our pipes (a full stdout, an unread
+                # stdin) would hold its Spawned back until the daemon's
+                # deadline: the caller's communicate() runs first and its
+                # wait() takes the first reply. A failed spawn's fds are
+                # closed by the daemon, so the pipes end at once.
+                self._zygote_pending = True
+                self._zygote_program = program
+                self._zygote_cwd = cwd
+                # Dropped with its reply not taken (a KeyboardInterrupt in
+                # run()'s cleanup): the child is killed once reported, and
+                # its pidfd closed. At exit it is left running, as the
+                # stdlib does.
+                self._zygote_release = weakref.finalize(self, conn.unregister, request_id, True)
+                self._zygote_release.atexit = False
+                self._child_created = True
+                return
             slot.spawned.wait()
         except BaseException:
             conn.unregister(request_id, sent=True)
