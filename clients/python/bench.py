@@ -1,6 +1,7 @@
 """Spawn + wait of /bin/true from Python, four ways, in one run.
 
-Methods (interleaved round by round, so drift hits all alike):
+Methods (interleaved round by round, so drift hits all alike; ``--methods``
+picks some):
 
 - ``vfork``: ``subprocess.run`` (CPython's vfork/posix_spawn path);
 - ``fork``: ``subprocess.run`` with a no-op ``preexec_fn`` (the fork path);
@@ -9,8 +10,10 @@ Methods (interleaved round by round, so drift hits all alike):
 
 Conditions: the process holds each ``--rss-gib`` of touched memory and each
 ``--fds`` extra open fds, at each ``--concurrency`` (threads spawning back to
-back). Reports p50 and p99 per method and the ratios the issue asks about,
-all within one condition.
+back). ``--capture`` runs every method with ``capture_output=True``. Reports
+p50 and p99 per method, this process's CPU time per spawn (all its threads,
+the zygote client's reader included; not the child's, not the daemon's),
+and the ratios the issue asks about, all within one condition.
 
     ZYGOTE_BIN=target/release/zygote python clients/python/bench.py
 """
@@ -27,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,6 +38,7 @@ import zygote
 
 STDLIB_RUN = subprocess.run
 TRUE = ["/bin/true"]
+METHODS = ("vfork", "fork", "zygote", "installed")
 
 
 def start_daemon(directory: str) -> Tuple["subprocess.Popen[bytes]", str]:
@@ -77,7 +81,12 @@ def hold_fds(held: List[int], count: int) -> None:
         os.close(held.pop())
 
 
-def timed(spawn: Callable[[], None], count: int, threads: int) -> List[float]:
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(spawn: Callable[[], object], count: int, threads: int) -> List[float]:
     """Latencies (µs) of ``count`` spawns, ``threads`` at a time."""
     samples: List[float] = []
     left = [count]
@@ -118,6 +127,12 @@ def main() -> None:
     parser.add_argument(
         "--cell-seconds", type=float, default=4.0, help="at most this long per method per cell"
     )
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help="some of " + ", ".join(METHODS)
+    )
+    parser.add_argument(
+        "--capture", action="store_true", help="every method with capture_output=True"
+    )
     parser.add_argument("--json", help="write the results here")
     options = parser.parse_args()
 
@@ -128,19 +143,25 @@ def main() -> None:
     def preexec() -> None:
         pass
 
+    extra: Dict[str, Any] = {"capture_output": True} if options.capture else {}
+
     def installed_run() -> None:
         zygote.install(client)
         try:
-            subprocess.run(TRUE, check=True)
+            subprocess.run(TRUE, check=True, **extra)
         finally:
             zygote.uninstall()
 
-    methods: Dict[str, Callable[[], None]] = {
-        "vfork": lambda: STDLIB_RUN(TRUE, check=True) and None,
-        "fork": lambda: STDLIB_RUN(TRUE, check=True, preexec_fn=preexec) and None,
-        "zygote": lambda: client.run(TRUE, check=True) and None,
+    every: Dict[str, Callable[[], object]] = {
+        "vfork": lambda: STDLIB_RUN(TRUE, check=True, **extra) and None,
+        "fork": lambda: STDLIB_RUN(TRUE, check=True, preexec_fn=preexec, **extra) and None,
+        "zygote": lambda: client.run(TRUE, check=True, **extra) and None,
         "installed": installed_run,
     }
+    chosen = options.methods.split(",")
+    if not set(chosen) <= set(every):
+        raise SystemExit(f"--methods: pick from {', '.join(METHODS)}")
+    methods = {name: every[name] for name in chosen}
     ballast: List[bytearray] = []
     held: List[int] = []
     results = []
@@ -153,12 +174,14 @@ def main() -> None:
                     samples: Dict[str, List[float]] = {name: [] for name in methods}
                     per_round = max(1, options.iterations // options.rounds)
                     spent = dict.fromkeys(methods, 0.0)
+                    cpu = dict.fromkeys(methods, 0.0)
                     for _ in range(options.rounds):
                         for name, spawn in methods.items():
                             if spent[name] > options.cell_seconds:
                                 continue
-                            start = time.monotonic()
+                            start, start_cpu = time.monotonic(), cpu_seconds()
                             samples[name] += timed(spawn, per_round, threads)
+                            cpu[name] += cpu_seconds() - start_cpu
                             spent[name] += time.monotonic() - start
                     cell = {
                         "rss_gib": gib,
@@ -170,6 +193,7 @@ def main() -> None:
                                 "p50_us": pct(values, 0.5),
                                 "p99_us": pct(values, 0.99),
                                 "mean_us": statistics.fmean(values),
+                                "cpu_us": cpu[name] * 1e6 / len(values),
                             }
                             for name, values in samples.items()
                         },
@@ -189,12 +213,13 @@ def main() -> None:
 def print_cell(cell: Dict[str, object]) -> None:
     methods = cell["methods"]
     assert isinstance(methods, dict)
-    vfork = methods["vfork"]["p50_us"]
+    vfork = methods["vfork"]["p50_us"] if "vfork" in methods else None
     for name, stats in methods.items():
+        ratio = f"{stats['p50_us'] / vfork:.2f}" if vfork else "-"
         print(
             f"| {cell['rss_gib']} GiB | {cell['fds']} | {cell['concurrency']} | {name} "
             f"| {stats['n']} | {stats['p50_us'] / 1000:.2f} | {stats['p99_us'] / 1000:.2f} "
-            f"| {stats['p50_us'] / vfork:.2f} |",
+            f"| {ratio} | {stats['cpu_us']:.0f} |",
             flush=True,
         )
 
@@ -212,6 +237,11 @@ def print_targets(results: List[Dict[str, object]]) -> None:
     few = find(0, 1)
     many_fds = max(int(cell["fds"]) for cell in results)  # type: ignore[call-overload]
     many = find(many_fds, 1)
+    measured = results[0]["methods"]
+    assert isinstance(measured, dict)
+    if not {"vfork", "fork", "zygote"} <= set(measured):
+        print("| (needs the vfork, fork and zygote methods) | - | - |")
+        return
     if few:
         ratio = few["fork"]["p50_us"] / few["zygote"]["p50_us"]
         print(f"| fork p50 / zygote p50, {top} GiB, c=1 | {ratio:.1f} | >= 50 |")
@@ -223,6 +253,6 @@ def print_targets(results: List[Dict[str, object]]) -> None:
 
 
 if __name__ == "__main__":
-    print("| RSS | fds | threads | method | n | p50 ms | p99 ms | p50 / vfork |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| RSS | fds | threads | method | n | p50 ms | p99 ms | p50 / vfork | CPU µs/spawn |")
+    print("|---|---|---|---|---|---|---|---|---|")
     main()

@@ -48,7 +48,8 @@ What differs from :mod:`subprocess`:
   and whole-tree kill and wait; see :class:`Popen`).
 - **A lost daemon:** a child's exit status is read from its pidfd (Linux
   6.15+; :attr:`Popen.zygote_lost`), and a :class:`Client` reconnects to
-  its path for new spawns (see :class:`Client`).
+  its path for new spawns (see :class:`Client`). A :func:`run` child that
+  the daemon had not reported yet has no pidfd (see :meth:`Client.run`).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ fork/exec), waiting for it (the daemon's ``Exited`` notice instead of
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -27,6 +28,14 @@ if TYPE_CHECKING:
     from ._client import Client
 
 _HAS_PROCESS_GROUP = sys.version_info >= (3, 11)
+#: The returncode a deferred run() takes once it raised its spawn's failure
+#: or loss, so that the kill and wait of its cleanup do nothing. The object
+#: dies with the exception; 255 is what the stdlib's forked child exits
+#: with when its exec fails.
+_NO_STATUS = 255
+#: The longest pause between signals by spawn id answered ESRCH (the child
+#: not started yet).
+_SIGNAL_RETRY_SECONDS = 0.016
 #: Signals the stdlib resets in the child when ``restore_signals`` is true.
 _RESTORED = {
     getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)
@@ -135,6 +144,12 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     _zygote_conn: Optional[Connection] = None
     _zygote_spawn_id: int = 0
     _zygote_defer: bool = False
+    #: A deferred spawn with pipes of ours whose first reply is not taken
+    #: yet: ``pid`` is ``None`` until then (see :meth:`_zygote_settle`).
+    _zygote_pending: bool = False
+    _zygote_release: Optional[weakref.finalize] = None
+    _zygote_program: Any = None
+    _zygote_cwd: Any = None
     #: Why the installed drop-in used the stdlib for this call, if it did.
     zygote_fallback_reason: Optional[str] = None
     _zygote_forced_fallback: Optional[str] = None
@@ -252,12 +267,10 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                     max_frame=conn.max_frame,
                     **self._zygote_options,
                 )
-                # Only for a caller that never sees this object (run, call) and
-                # whose child waits on no pipe of ours: no Spawned for a child
-                # that ends at once (PROTOCOL.md section 2).
-                message["Spawn"]["defer_spawned"] = (
-                    self._zygote_defer and p2cwrite == -1 and c2pread == -1 and errread == -1
-                )
+                # Only for a caller that never sees this object (run, call):
+                # no Spawned for a child that ends at once (PROTOCOL.md
+                # section 2). The pipes are ours, so the daemon allows it.
+                message["Spawn"]["defer_spawned"] = self._zygote_defer
                 frame = _request.encode_spawn(message, conn.max_frame)
                 slot = SpawnSlot()
                 try:
@@ -271,7 +284,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                         continue
                     raise
                 except BaseException:
-                    conn.unregister(request_id, sent=False)
+                    # An interrupt may come after the frame left: a child
+                    # reported for this id is killed.
+                    conn.unregister(request_id, sent=True)
                     raise
                 break
         except _request.UnservableError as error:
@@ -282,11 +297,31 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             if self._zygote_installed:
                 return fall_back(f"no zygote: {error}")
             raise
-        # The daemon holds its own copies now; ours of the child's ends go.
-        self._close_pipe_fds(  # type: ignore[attr-defined]
-            p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite
-        )
         try:
+            # The daemon holds its own copies now; ours of the child's ends go.
+            self._close_pipe_fds(  # type: ignore[attr-defined]
+                p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite
+            )
+            self._zygote_slot = slot
+            self._zygote_conn = conn
+            self._zygote_spawn_id = request_id
+            if self._zygote_defer and (p2cwrite != -1 or c2pread != -1 or errread != -1):
+                # A child blocked on our pipes (a full stdout, an unread
+                # stdin) would hold its Spawned back until the daemon's
+                # deadline: the caller's communicate() runs first and its
+                # wait() takes the first reply. A failed spawn's fds are
+                # closed by the daemon, so the pipes end at once.
+                self._zygote_pending = True
+                self._zygote_program = program
+                self._zygote_cwd = cwd
+                # Dropped with its reply not taken (a KeyboardInterrupt in
+                # run()'s cleanup): the child is killed once reported, and
+                # its pidfd closed. At exit it is left running, as the
+                # stdlib does.
+                self._zygote_release = weakref.finalize(self, conn.unregister, request_id, True)
+                self._zygote_release.atexit = False
+                self._child_created = True
+                return
             slot.spawned.wait()
         except BaseException:
             conn.unregister(request_id, sent=True)
@@ -296,10 +331,12 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             raise ZygoteError(slot.error.errno, slot.error.strerror)
         if "SpawnFailed" in slot.reply:
             raise _request.spawn_error(slot.reply["SpawnFailed"], program, cwd)
-        self._zygote_slot = slot
-        self._zygote_conn = conn
-        self._zygote_spawn_id = request_id
         self._child_created = True
+        self._zygote_adopt(slot)
+
+    def _zygote_adopt(self, slot: SpawnSlot) -> None:
+        """Takes the child of a ``Spawned``, or of an ``Exited`` alone."""
+        assert slot.reply is not None
         if "Exited" in slot.reply:
             # Deferred, and already over: no pidfd, the notice has it all.
             self.pid = slot.reply["Exited"]["pid"]
@@ -310,6 +347,33 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         self.pid = slot.reply["Spawned"]["pid"]
         self.pidfd = pidfd
         weakref.finalize(self, os.close, pidfd)
+
+    def _zygote_settle(self) -> None:
+        """Takes a pending spawn's first reply, which has come: its child,
+        or its failure (the stdlib's exception, as from ``__init__``) or the
+        daemon's loss, raised once."""
+        slot = self._zygote_slot
+        assert slot is not None and slot.spawned.is_set()
+        if not self._zygote_pending:
+            return
+        self._zygote_pending = False
+        if self._zygote_release is not None:
+            self._zygote_release.detach()
+        reply = slot.reply
+        if reply is not None and "SpawnFailed" not in reply:
+            self._zygote_adopt(slot)
+            return
+        self._child_created = False
+        self.returncode = _NO_STATUS
+        if reply is not None:
+            raise _request.spawn_error(reply["SpawnFailed"], self._zygote_program, self._zygote_cwd)
+        assert slot.error is not None
+        raise ZygoteError(
+            slot.error.errno,
+            f"{slot.error.strerror}; the exit status of {self._zygote_program} is lost: "
+            "run() asked the daemon to defer the child's pidfd, and the daemon was lost "
+            "before it reported the child",
+        )
 
     # --- waiting ----------------------------------------------------------
 
@@ -348,6 +412,16 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if self._zygote_fallback:
             return super()._internal_poll(*args, **kwargs)  # type: ignore[misc,no-any-return]
         deadstate = kwargs.get("_deadstate", args[0] if args else None)
+        if self._zygote_pending:
+            assert self._zygote_slot is not None
+            if not self._zygote_slot.spawned.is_set():
+                return None
+            try:
+                self._zygote_settle()
+            except OSError:
+                if deadstate is None:
+                    raise
+                return self.returncode
         try:
             self._zygote_collect()
         except ZygoteError:
@@ -364,6 +438,12 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         slot = self._zygote_slot
         assert slot is not None
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._zygote_pending:
+            if not slot.spawned.wait(timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
+            self._zygote_settle()
+            if deadline is not None:
+                timeout = max(0.0, deadline - time.monotonic())
         if not slot.exited.wait(timeout):
             raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
         if slot.exit is None and self.returncode is None:
@@ -386,6 +466,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if self._zygote_fallback:
             super().send_signal(sig)
             return
+        if self._zygote_pending and not self._zygote_signal_pending(sig):
+            return
         try:
             self.poll()
         except ZygoteError:
@@ -404,6 +486,39 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             signal.pidfd_send_signal(self.pidfd, sig)
         except ProcessLookupError:
             pass
+
+    def _zygote_signal_pending(self, sig: int) -> bool:
+        """Signals a pending spawn's child by spawn id while its first
+        reply has not come. True once it has, with a child to signal the
+        usual way; False when the signal went, or there is no child to
+        signal (a failure or loss, which ``wait`` raises)."""
+        slot, conn = self._zygote_slot, self._zygote_conn
+        assert slot is not None and conn is not None
+        pause = 0.001
+        while not slot.spawned.is_set():
+            body = {"id": conn.next_id(), "spawn_id": self._zygote_spawn_id, "signal": int(sig)}
+            message = {"Signal": body}
+            try:
+                reply = conn.request(message)
+            except ZygoteError:
+                return False  # lost: wait() says so
+            if "SignalSent" in reply:
+                return False
+            failure = reply["RequestFailed"]
+            if failure["errno"] != errno.ESRCH:
+                raise ZygoteError(
+                    failure["errno"],
+                    f"signalling {self._zygote_program} through the zygote at {conn.where} "
+                    f"failed: {failure['message']}",
+                )
+            # Not started yet, or reaped with its Exited on the way
+            # (PROTOCOL.md section 5.6): the first reply tells them apart.
+            slot.spawned.wait(pause)
+            pause = min(2 * pause, _SIGNAL_RETRY_SECONDS)
+        if slot.reply is None or "SpawnFailed" in slot.reply:
+            return False
+        self._zygote_settle()
+        return True
 
 
 def run_with(
