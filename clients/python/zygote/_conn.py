@@ -115,6 +115,10 @@ class Connection:
         self._lock = threading.Lock()
         self._lost: Optional[ZygoteError] = None
         self._closing = False
+        # Frames are read into this one buffer (the handshake, then only
+        # the reader thread): a fresh max-frame bytes object per reply cost
+        # an mmap and an mremap each.
+        self._recv_buffer = bytearray()
         self.pid = os.getpid()
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF_BYTES)
@@ -174,16 +178,19 @@ class Connection:
 
     def _recv(self, max_frame: int, max_fds: int) -> "tuple[Optional[bytes], List[int]]":
         """One frame and its fds; ``None`` at end of stream."""
+        if len(self._recv_buffer) != max_frame + 1:
+            self._recv_buffer = bytearray(max_frame + 1)
         while True:
             try:
-                data, ancdata, flags, _ = self._sock.recvmsg(
-                    max_frame + 1,
+                size, ancdata, flags, _ = self._sock.recvmsg_into(
+                    [self._recv_buffer],
                     socket.CMSG_SPACE(max_fds * 4),
                     socket.MSG_CMSG_CLOEXEC,
                 )
                 break
             except InterruptedError:  # pragma: no cover - PEP 475 retries
                 continue
+        data = bytes(memoryview(self._recv_buffer)[:size])
         fds = _fds_of(ancdata)
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             _close_all(fds)
