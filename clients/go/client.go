@@ -607,7 +607,7 @@ func (c *connection) readFrames(p *pending, ready func(*pending) bool, block boo
 	return fail
 }
 
-// readCallback is readFrames' work inside RawConn.Read: returning false
+// readCallback is readFrames' work inside socket.read: returning false
 // waits for the socket to become readable within the same Read call,
 // which keeps the poller's readiness, so no frame that arrives meanwhile
 // is missed.
