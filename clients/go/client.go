@@ -3,7 +3,6 @@ package zygote
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -130,8 +129,7 @@ var (
 // waited for, the daemon's end) are read by a sweep that runs when
 // requests are outstanding and nobody reads, at most sweepMax apart.
 type connection struct {
-	conn   *net.UnixConn
-	raw    syscall.RawConn
+	sock   *socket
 	limits limits
 	server string
 
@@ -221,36 +219,30 @@ func Dial(path string) (*Client, error) {
 }
 
 func dialConnection(path string, timeout time.Duration) (*connection, error) {
-	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	sock, err := dialSocket(path)
 	if err != nil {
 		return nil, fmt.Errorf("zygote: connecting to %s (is the daemon running? start it with `zygote serve`, or set %s): %w", path, SocketEnv, err)
 	}
-	conn, err := newConnection(uc, timeout)
+	conn, err := newConnection(sock, timeout)
 	if err != nil {
 		return nil, fmt.Errorf("zygote: handshake with %s: %w", path, err)
 	}
 	return conn, nil
 }
 
-// newConnection takes over uc and shakes hands.
-func newConnection(uc *net.UnixConn, timeout time.Duration) (*connection, error) {
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		uc.Close()
-		return nil, err
-	}
+// newConnection takes over sock and shakes hands.
+func newConnection(sock *socket, timeout time.Duration) (*connection, error) {
 	// The kernel caps this at net.core.wmem_max; that is not an error.
-	_ = uc.SetWriteBuffer(sendBuffer)
+	_ = sock.setSendBuffer(sendBuffer)
 	c := &connection{
-		conn:       uc,
-		raw:        raw,
+		sock:       sock,
 		limits:     limits{MaxFrameBytes: 262144, MaxFdsPerFrame: 64},
 		pending:    make(map[uint64]*pending),
 		done:       make(chan struct{}),
 		sweepDelay: sweepMin,
 	}
 	if err := c.handshake(timeout); err != nil {
-		uc.Close()
+		sock.close()
 		return nil, err
 	}
 	c.bufs = c.newRecvBuffers()
@@ -263,8 +255,8 @@ func (c *connection) handshake(timeout time.Duration) error {
 	if err := c.send(frame, nil); err != nil {
 		return err
 	}
-	_ = c.conn.SetReadDeadline(time.Now().Add(timeout))
-	defer func() { _ = c.conn.SetReadDeadline(time.Time{}) }()
+	_ = c.sock.setReadDeadline(time.Now().Add(timeout))
+	defer func() { _ = c.sock.setReadDeadline(time.Time{}) }()
 	m, fds, err := c.recv(c.newRecvBuffers())
 	closeFds(fds)
 	if err != nil {
@@ -364,7 +356,7 @@ func (c *connection) finished() bool {
 // one, close finishes it.
 func (c *connection) close() {
 	c.closing.Store(true)
-	c.conn.Close()
+	c.sock.close()
 	c.mu.Lock()
 	if !c.reading {
 		c.finishLocked(ErrClosed)
@@ -387,10 +379,10 @@ func (c *connection) send(frame []byte, fds []int) error {
 		oob = syscall.UnixRights(fds...)
 	}
 	op := sendOps.Get().(*sendOp)
-	op.frame, op.oob = frame, oob
-	err := c.raw.Write(op.fn)
+	op.sock, op.frame, op.oob = c.sock, frame, oob
+	err := c.sock.send(op)
 	errno := op.errno
-	op.frame, op.oob = nil, nil
+	op.sock, op.frame, op.oob = nil, nil, nil
 	sendOps.Put(op)
 	if err == nil && errno != 0 {
 		err = errno
@@ -400,25 +392,6 @@ func (c *connection) send(frame []byte, fds []int) error {
 	}
 	return nil
 }
-
-// sendOp is one send's state inside RawConn.Write, reused through
-// sendOps so that a send allocates no closure.
-type sendOp struct {
-	frame, oob []byte
-	errno      syscall.Errno
-	fn         func(fd uintptr) bool // op.write, bound once
-}
-
-func (op *sendOp) write(fd uintptr) bool {
-	op.errno = rawSendmsg(fd, op.frame, op.oob)
-	return op.errno != syscall.EAGAIN
-}
-
-var sendOps = sync.Pool{New: func() any {
-	op := &sendOp{}
-	op.fn = op.write
-	return op
-}}
 
 // framePool holds encoding buffers for requests: the kernel has copied a
 // frame once sendmsg returns, and a spawn request (the environment,
@@ -473,7 +446,7 @@ func (c *connection) recv(b *recvBuffers) (*serverMessage, []int, error) {
 	var m *serverMessage
 	var fds []int
 	var recvErr error
-	err := c.raw.Read(func(fd uintptr) bool {
+	err := c.sock.read(func(fd uintptr) bool {
 		m, fds, recvErr = c.recvOne(fd, b)
 		return recvErr != syscall.EAGAIN
 	})
@@ -625,7 +598,7 @@ func (c *connection) wait(p *pending, ready func(*pending) bool) error {
 // block is false, no frame is queued. p may be nil: no frame stops it.
 func (c *connection) readFrames(p *pending, ready func(*pending) bool, block bool) error {
 	c.rdFor, c.rdReady, c.rdBlock, c.rdFail, c.rdFound = p, ready, block, nil, false
-	err := c.raw.Read(c.readFn)
+	err := c.sock.read(c.readFn)
 	fail := c.rdFail
 	c.rdFor, c.rdReady, c.rdFail = nil, nil, nil
 	if fail == nil && err != nil {
@@ -634,7 +607,7 @@ func (c *connection) readFrames(p *pending, ready func(*pending) bool, block boo
 	return fail
 }
 
-// readCallback is readFrames' work inside RawConn.Read: returning false
+// readCallback is readFrames' work inside socket.read: returning false
 // waits for the socket to become readable within the same Read call,
 // which keeps the poller's readiness, so no frame that arrives meanwhile
 // is missed.
@@ -737,7 +710,7 @@ func (c *connection) finishLocked(fail error) {
 	if c.sweep != nil {
 		c.sweep.Stop()
 	}
-	c.conn.Close()
+	c.sock.close()
 	close(c.done)
 }
 
@@ -837,7 +810,7 @@ func (c *Client) request(spawn, deferred bool, build func(id uint64) *clientMess
 		conn.unregister(id)
 		// A send that found the connection already finished (another
 		// goroutine saw the daemon's end first) is retried the same way.
-		lost := peerGone(err) || errors.Is(err, net.ErrClosed) && conn.finished() && !c.closed.Load()
+		lost := peerGone(err) || errors.Is(err, os.ErrClosed) && conn.finished() && !c.closed.Load()
 		if attempt > 0 || c.path == "" || !lost {
 			return nil, nil, err
 		}

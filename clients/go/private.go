@@ -2,7 +2,6 @@ package zygote
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,7 +56,6 @@ func LaunchPrivate() (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("zygote: creating the private zygote's socketpair: %w", err)
 	}
-	ours := os.NewFile(uintptr(fds[0]), "zygote-private")
 	theirs := os.NewFile(uintptr(fds[1]), "zygote-private-peer")
 	cmd := exec.Command(binary, "serve", "--private-fd", "0")
 	cmd.Stdin = theirs
@@ -68,23 +66,16 @@ func LaunchPrivate() (*Client, error) {
 	err = cmd.Start()
 	theirs.Close()
 	if err != nil {
-		ours.Close()
+		syscall.Close(fds[0])
 		return nil, fmt.Errorf("zygote: starting the private zygote %s: %w", binary, err)
 	}
-	conn, err := net.FileConn(ours)
-	ours.Close()
+	sock, err := newSocket(fds[0])
 	if err == nil {
-		uc, ok := conn.(*net.UnixConn)
-		if !ok {
-			conn.Close()
-			err = fmt.Errorf("socketpair end is a %T", conn)
-		} else {
-			var conn *connection
-			if conn, err = newConnection(uc, handshakeTimeout); err == nil {
-				c := &Client{private: cmd.Process}
-				c.cur.Store(conn)
-				return c, nil
-			}
+		var conn *connection
+		if conn, err = newConnection(sock, handshakeTimeout); err == nil {
+			c := &Client{private: cmd.Process}
+			c.cur.Store(conn)
+			return c, nil
 		}
 	}
 	_ = cmd.Process.Kill()

@@ -42,5 +42,10 @@ pub fn handle_frame(bytes: &[u8], attached: u8) {
     let fds: Vec<OwnedFd> = (0..attached % 8)
         .filter_map(|_| File::open("/dev/null").ok().map(OwnedFd::from))
         .collect();
-    let _ = crate::daemon::plan::prepare(&mut request, fds, DEFAULT_MAX_ARGV_ENV_BYTES);
+    let _ = crate::daemon::plan::prepare(
+        &mut request,
+        fds,
+        DEFAULT_MAX_ARGV_ENV_BYTES,
+        &crate::daemon::plan::DevNull::default(),
+    );
 }

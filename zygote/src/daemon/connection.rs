@@ -27,6 +27,7 @@ use crate::daemon::admission;
 use crate::daemon::handover::{Active, SavedConnection};
 use crate::daemon::lifetime::{self, Connection, SpawnTask};
 use crate::daemon::peer::Peer;
+use crate::daemon::plan::DevNull;
 use crate::daemon::policy::Grant;
 use crate::daemon::reply::send_reply;
 use crate::daemon::shutdown::Shutdown;
@@ -119,6 +120,7 @@ fn new_connection(
         changed: Notify::new(),
         left,
         unanswered: Arc::new(Semaphore::new(MAX_UNANSWERED)),
+        dev_null: DevNull::default(),
     })
 }
 

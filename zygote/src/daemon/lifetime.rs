@@ -61,6 +61,8 @@ pub struct Connection {
     /// to read): at the cap the connection stops reading requests, and the
     /// client's socket buffer pushes back on it.
     pub unanswered: Arc<tokio::sync::Semaphore>,
+    /// The `/dev/null` of its children's `Null` streams.
+    pub dev_null: plan::DevNull,
 }
 
 /// The mutable part of a [`Connection`].
@@ -361,9 +363,10 @@ impl SpawnTask {
         let slot = admission::reserve(&self.daemon, peer.uid, self.connection.grant.max_children)
             .map_err(|busy| refused(SpawnStage::Admission, libc::EAGAIN, busy))?;
         let limit = self.connection.grant.max_argv_env_bytes;
-        let mut prepared = plan::prepare(&mut request, attached, limit).map_err(|refusal| {
-            refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
-        })?;
+        let mut prepared = plan::prepare(&mut request, attached, limit, &self.connection.dev_null)
+            .map_err(|refusal| {
+                refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
+            })?;
         prepared.plan.credentials = credentials;
         plan::apply_peer_floor(&mut prepared.plan, peer);
         // The request's rlimits are the plan's now.

@@ -6,6 +6,7 @@ use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
+use std::sync::OnceLock;
 
 use rustix::io::Errno;
 use rustix::pipe::{PipeFlags, pipe_with};
@@ -104,6 +105,8 @@ fn c_string(what: &str, bytes: &[u8]) -> Result<CString, Refusal> {
 /// Every attached fd must be used; unused ones are refused (and closed by
 /// the caller dropping them) so that a client cannot park fds here.
 ///
+/// `Null` streams get fds on `dev_null`, the connection's `/dev/null`.
+///
 /// argv plus environment larger than `max_argv_env_bytes`, or any one
 /// string longer than the kernel's `MAX_ARG_STRLEN`, is refused with
 /// `E2BIG`, as exec would. A request's [`LargeArgs`] memfd is read here
@@ -112,6 +115,7 @@ pub fn prepare(
     request: &mut SpawnRequest,
     attached: Vec<OwnedFd>,
     max_argv_env_bytes: usize,
+    dev_null: &DevNull,
 ) -> Result<Prepared, Refusal> {
     if request.program.is_empty() {
         return Err(Refusal::invalid("program is empty"));
@@ -213,7 +217,7 @@ pub fn prepare(
         }
         let child_fd = child_fd as RawFd;
         let source = match spec {
-            StdioSpec::Null => open_dev_null()?,
+            StdioSpec::Null => dev_null.get()?,
             StdioSpec::Fd(index) => {
                 fds.place_attached(index, child_fd)?;
                 continue;
@@ -533,6 +537,30 @@ fn exec_candidates(program: &[u8], path: &[u8]) -> Result<Vec<CString>, Refusal>
         .collect()
 }
 
+/// The `/dev/null` behind one connection's `Null` streams: opened at the
+/// first, then duplicated for each (a dup costs about a fifth of an open,
+/// which allocates and sets up a new file), so that the streams of all of
+/// that client's children share one open file description, as children
+/// that inherit their parent's stdio do.
+#[derive(Debug, Default)]
+pub struct DevNull(OnceLock<OwnedFd>);
+
+impl DevNull {
+    /// A new fd on this connection's `/dev/null`, close-on-exec.
+    fn get(&self) -> Result<OwnedFd, Refusal> {
+        let fd = match self.0.get() {
+            Some(fd) => fd,
+            None => {
+                // Another spawn task may set it first: then ours closes.
+                let _ = self.0.set(open_dev_null()?);
+                self.0.get().expect("just set")
+            }
+        };
+        fd.try_clone()
+            .map_err(|error| Refusal::io(SpawnStage::Pipe, "failed to duplicate /dev/null", error))
+    }
+}
+
 fn open_dev_null() -> Result<OwnedFd, Refusal> {
     OpenOptions::new()
         .read(true)
@@ -630,7 +658,12 @@ mod tests {
     }
 
     fn prepare(request: &SpawnRequest, attached: Vec<OwnedFd>) -> Result<Prepared, Refusal> {
-        super::prepare(&mut request.clone(), attached, 192 * 1024)
+        super::prepare(
+            &mut request.clone(),
+            attached,
+            192 * 1024,
+            &DevNull::default(),
+        )
     }
 
     fn refusal(request: &SpawnRequest, attached: Vec<OwnedFd>) -> Refusal {
@@ -764,6 +797,35 @@ mod tests {
         let mut request = request();
         request.stdout = StdioSpec::Fd(3);
         assert!(refusal(&request, vec![]).message.contains("#3"));
+    }
+
+    #[test]
+    fn null_streams_share_their_connection_dev_null() {
+        use rustix::fs::{OFlags, fcntl_getfl, fcntl_setfl};
+        let prepare_with = |dev_null: &DevNull| {
+            super::prepare(&mut request(), vec![], 192 * 1024, dev_null).expect("valid request")
+        };
+        let connection = DevNull::default();
+        let first = prepare_with(&connection);
+        let second = prepare_with(&connection);
+        let elsewhere = prepare_with(&DevNull::default());
+        let targets: Vec<_> = first.plan.fds.iter().map(|(_, target)| *target).collect();
+        assert_eq!(targets, [0, 1, 2]);
+        // Status flags belong to the open file description: one set through
+        // one fd shows through every fd that shares it.
+        fcntl_setfl(&first.plan.fds[0].0, OFlags::APPEND).expect("F_SETFL");
+        for (fd, target) in first.plan.fds.iter().chain(&second.plan.fds) {
+            let flags = fcntl_getfl(fd).expect("F_GETFL");
+            assert!(flags.contains(OFlags::APPEND), "fd for {target}: {flags:?}");
+            assert!(flags.contains(OFlags::RDWR), "fd for {target}: {flags:?}");
+        }
+        for (fd, target) in &elsewhere.plan.fds {
+            let flags = fcntl_getfl(fd).expect("F_GETFL");
+            assert!(
+                !flags.contains(OFlags::APPEND),
+                "another connection's fd for {target}"
+            );
+        }
     }
 
     #[test]

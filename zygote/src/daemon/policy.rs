@@ -99,8 +99,9 @@ impl Limits {
 }
 
 /// Fds one connection may hold at once: its socket, the registration of
-/// a send waiting for room, and the fds of one received frame (64).
-pub const FDS_PER_CONNECTION: usize = 66;
+/// a send waiting for room, its children's `/dev/null`, and the fds of one
+/// received frame (64).
+pub const FDS_PER_CONNECTION: usize = 67;
 /// Fds one child holds: its pidfd, and while its spawn is answered the
 /// status pipe and the client's ends of its stdio pipes.
 pub const FDS_PER_CHILD: usize = 5;
