@@ -1,7 +1,8 @@
 //! SIGHUP: ignored by a private zygote, whose owner decides. (For the
 //! shared daemon it is a live upgrade: see `upgrade.rs`.)
 
-use std::process::{Command as StdCommand, Stdio as StdStdio};
+use std::os::fd::OwnedFd;
+use std::process::{Child, Command as StdCommand, Stdio as StdStdio};
 use std::time::Duration;
 
 use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
@@ -10,8 +11,9 @@ use zygote_client::blocking::{Client, Command};
 
 use crate::util::{eventually, zygote_bin};
 
-#[test]
-fn private_zygote_ignores_sighup() {
+/// `zygote serve --private-fd 0` on a new socketpair: our end, and the
+/// zygote.
+fn start_private_zygote() -> (OwnedFd, Child) {
     let (ours, theirs) = socketpair(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
@@ -19,12 +21,18 @@ fn private_zygote_ignores_sighup() {
         None,
     )
     .expect("socketpair");
-    let mut zygote = StdCommand::new(zygote_bin())
+    let zygote = StdCommand::new(zygote_bin())
         .args(["serve", "--private-fd", "0"])
         .env("ZYGOTE_LOG", "off")
         .stdin(StdStdio::from(theirs))
         .spawn()
         .expect("start a private zygote");
+    (ours, zygote)
+}
+
+#[test]
+fn private_zygote_ignores_sighup() {
+    let (ours, mut zygote) = start_private_zygote();
     // Let it set up its signal handling before the signal comes.
     let client = Client::from_fd(ours).expect("handshake");
     let pid = Pid::from_raw(zygote.id() as i32).expect("pid");
@@ -50,26 +58,13 @@ fn private_zygote_ignores_sighup() {
 
 /// A SIGINT or SIGHUP that comes as a private zygote starts, before its
 /// handlers exist, is held until they do, then ignored: a terminal's ^C at
-/// that moment does not kill it. Repeated (each round takes a second,
-/// most of it the blocking client's end), each sent as soon as
+/// that moment does not kill it. Repeated, each sent as soon as
 /// `/proc/PID/status` shows the signals held or caught.
 #[test]
 fn private_zygote_ignores_sigint_and_sighup_as_it_starts() {
     let mut held = 0;
     for round in 0..5 {
-        let (ours, theirs) = socketpair(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .expect("socketpair");
-        let mut zygote = StdCommand::new(zygote_bin())
-            .args(["serve", "--private-fd", "0"])
-            .env("ZYGOTE_LOG", "off")
-            .stdin(StdStdio::from(theirs))
-            .spawn()
-            .expect("start a private zygote");
+        let (ours, mut zygote) = start_private_zygote();
         if crate::util::wait_stop_signals_handled(zygote.id()) {
             held += 1;
         }
