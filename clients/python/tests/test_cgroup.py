@@ -194,15 +194,16 @@ def test_memory_max_is_refused_without_the_memory_controller(
         with pytest.raises(OSError) as caught:
             client.run(["true"], cgroup=zygote.Cgroup(memory_max=512 << 20))
         assert not isinstance(caught.value, zygote.ZygoteError), "a refusal, not a lost daemon"
-        text = str(caught.value)
+        text = caught.value.zygote_message  # type: ignore[attr-defined]
         assert "memory.max requested" in text and "memory controller is not delegated" in text
         assert not cgroup.children(), "a refused spawn left a cgroup"
         assert client.run(["true"]).returncode == 0, "the connection carries on"
 
 
 def test_cgroup_options_without_a_subtree_are_refused(client: zygote.Client) -> None:
-    with pytest.raises(OSError, match="no cgroup subtree"):
+    with pytest.raises(OSError) as caught:
         client.run(["true"], cgroup=zygote.Cgroup(pids_max=10))
+    assert "no cgroup subtree" in caught.value.zygote_message  # type: ignore[attr-defined]
     assert client.run(["true"]).returncode == 0
 
 

@@ -15,15 +15,12 @@ import pwd
 import signal
 import subprocess
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from . import _lost, _request
+from . import _lost, _request, _spawn
 from ._conn import Connection, SpawnSlot
 from ._errors import ZygoteError
 from ._popen import kill_tree, returncode_of, tree_of
-
-if TYPE_CHECKING:
-    from ._client import Client
 
 PIPE = subprocess.PIPE
 STDOUT = subprocess.STDOUT
@@ -48,7 +45,7 @@ class Process:
         stdin: Optional[asyncio.StreamWriter],
         stdout: Optional[asyncio.StreamReader],
         stderr: Optional[asyncio.StreamReader],
-        client: "Client",
+        client: _spawn.Endpoint,
         conn: Connection,
         spawn_id: int,
         cgroup: Optional[_request.Cgroup],
@@ -219,7 +216,7 @@ class _NotSentError(Exception):
 
 
 async def create_subprocess_exec(
-    client: "Client", program: Any, *args: Any, **kwargs: Any
+    client: _spawn.Endpoint, program: Any, *args: Any, **kwargs: Any
 ) -> Process:
     """See :meth:`zygote.Client.create_subprocess_exec`."""
     try:
@@ -233,7 +230,7 @@ async def create_subprocess_exec(
 
 
 async def _create_once(
-    client: "Client",
+    client: _spawn.Endpoint,
     program: Any,
     *args: Any,
     stdin: Any = None,
@@ -251,15 +248,14 @@ async def _create_once(
     group: Any = None,
     extra_groups: Any = None,
     umask: int = -1,
-    kill_on_close: Union[None, bool, int] = None,
-    zygote_timeout: Optional[float] = None,
-    zygote_grace: float = _request.DEFAULT_GRACE_SECONDS,
-    rlimits: Optional[Mapping[int, Union[int, Tuple[int, int]]]] = None,
-    cgroup: Optional[_request.Cgroup] = None,
+    **zygote_options: Any,
 ) -> Process:
-    """One try of :func:`create_subprocess_exec`."""
+    """One try of :func:`create_subprocess_exec`; ``zygote_options`` are
+    :class:`zygote._request.ZygoteOptions`' (``kill_on_close``,
+    ``zygote_timeout``, ``zygote_grace``, ``rlimits``, ``cgroup``)."""
+    options = _request.ZygoteOptions(**zygote_options)
     loop = asyncio.get_running_loop()
-    if client._conn.alive:
+    if client.alive:
         conn = client._connection()
     else:
         # Reconnecting sleeps between attempts: not on the loop.
@@ -274,34 +270,31 @@ async def _create_once(
             specs[1] = specs[2] = ("fd", local_pipe[1])
         else:
             specs[2] = specs[1]
-    request_id = conn.next_id()
+    spec = _request.ChildSpec(
+        argv=[program, *args],
+        program=program if executable is None else executable,
+        stdio=specs,
+        close_fds=close_fds,
+        pass_fds=pass_fds,
+        cwd=cwd,
+        env=env,
+        gid=gid,
+        gids=gids,
+        uid=uid,
+        umask=umask,
+        start_new_session=start_new_session,
+        process_group=process_group,
+        options=options,
+    )
     try:
-        message, fds = _request.build_spawn(
-            request_id=request_id,
-            argv=[program, *args],
-            executable=program if executable is None else executable,
-            stdio=specs,
-            close_fds=close_fds,
-            pass_fds=pass_fds,
-            cwd=cwd,
-            env=env,
-            gid=gid,
-            gids=gids,
-            uid=uid,
-            umask=umask,
-            start_new_session=start_new_session,
-            process_group=process_group,
-            kill_on_close=kill_on_close,
-            zygote_timeout=zygote_timeout,
-            zygote_grace=zygote_grace,
-            rlimits=rlimits,
-            max_fds=conn.max_fds,
-            max_frame=conn.max_frame,
-            cgroup=cgroup,
-        )
-        frame = _request.encode_spawn(message, conn.max_frame)
+        request = _spawn.Outgoing(conn, spec, SpawnSlot())
     except _request.UnservableError as error:
         raise ValueError(f"the zygote cannot start this child: {error}") from None
+    except BaseException:
+        if local_pipe is not None:
+            os.close(local_pipe[0])
+            os.close(local_pipe[1])
+        raise
 
     spawned: "asyncio.Future[None]" = loop.create_future()
     exited: "asyncio.Future[None]" = loop.create_future()
@@ -316,21 +309,21 @@ async def _create_once(
         except RuntimeError:
             pass  # the loop is closed; nobody waits any more
 
-    slot = SpawnSlot()
+    slot = request.slot
     slot.on_spawn = lambda: wake(spawned)
     slot.on_exit = lambda: wake(exited)
     sent = False
     try:
         try:
-            conn.register_spawn(request_id, slot)
-            await _send(loop, conn, frame, fds)
+            request.register()
+            await _send(loop, conn, request.frame, request.fds)
             sent = True
         finally:
             if local_pipe is not None:
                 os.close(local_pipe[1])
         await spawned
     except BaseException as error:
-        conn.unregister(request_id, sent)
+        request.abandon(sent)
         if local_pipe is not None:
             os.close(local_pipe[0])
         if (
@@ -376,8 +369,8 @@ async def _create_once(
         reader_err,
         client,
         conn,
-        request_id,
-        cgroup,
+        request.request_id,
+        options.cgroup,
     )
 
 

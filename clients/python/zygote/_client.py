@@ -12,6 +12,7 @@ import time
 import weakref
 from typing import Any, Dict, List, Optional
 
+from . import _asyncio, _spawn
 from ._conn import Connection
 from ._errors import ZygoteError
 from ._popen import Popen, run_with
@@ -107,6 +108,17 @@ class Client:
         # Dropping the last reference closes the connection (the current
         # one, after a reconnect), as close() does.
         weakref.finalize(self, _close_current, self._box)
+        _clients.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: the connection is the parent's, and this
+        process must never read or write it (its requests would go out
+        under the parent's ids, and the replies to the parent). It is
+        given up here; the next request dials a connection of this
+        process's own."""
+        # Another thread of the parent may have held it at the fork.
+        self._redial = threading.Lock()
+        self._conn.forsake_after_fork()
 
     @property
     def _conn(self) -> Connection:
@@ -178,7 +190,10 @@ class Client:
         """The connection for a new request: the current one, or a new one
         to the same path when it was lost."""
         conn = self._conn
-        if conn.lost is None or conn.pid != os.getpid():
+        if conn.pid != os.getpid() and conn.lost is None:
+            # Forked by a call that ran no at-fork handlers.
+            self._after_fork_in_child()
+        if conn.lost is None:
             conn.check()
             return conn
         if self._private is not None:
@@ -239,18 +254,16 @@ class Client:
         lost with it (:class:`ZygoteError`)."""
         return run_with(self.Popen, args, **kwargs)
 
-    async def create_subprocess_exec(self, program: Any, *args: Any, **kwargs: Any) -> Any:
+    async def create_subprocess_exec(
+        self, program: Any, *args: Any, **kwargs: Any
+    ) -> _asyncio.Process:
         """:func:`asyncio.create_subprocess_exec` through this zygote; see
         :class:`zygote.Process`. Never blocks the event loop on the daemon."""
-        from ._asyncio import create_subprocess_exec
+        return await _asyncio.create_subprocess_exec(self, program, *args, **kwargs)
 
-        return await create_subprocess_exec(self, program, *args, **kwargs)
-
-    async def create_subprocess_shell(self, cmd: Any, **kwargs: Any) -> Any:
+    async def create_subprocess_shell(self, cmd: Any, **kwargs: Any) -> _asyncio.Process:
         """:func:`asyncio.create_subprocess_shell` through this zygote."""
-        from ._asyncio import create_subprocess_exec
-
-        return await create_subprocess_exec(self, "/bin/sh", "-c", cmd, **kwargs)
+        return await _asyncio.create_subprocess_exec(self, "/bin/sh", "-c", cmd, **kwargs)
 
     def status(self) -> Dict[str, Any]:
         """The daemon's counters (``zygote status``), as a dict."""
@@ -278,22 +291,26 @@ class Client:
         return f"<zygote.Client {self.path} {'connected' if self.alive else 'closed'}>"
 
 
-_default: Optional[Client] = None
-_default_lock = threading.Lock()
+#: Every client of this process, for the at-fork handler.
+_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_clients):
+        client._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+_spawn.set_default_factory(Client)
 
 
 def default_client() -> Client:
     """The module's client, connected on first use (``$ZYGOTE_SOCKET`` or
     the default path) and again after its connection was lost or this
     process forked."""
-    global _default
-    client = _default
-    if client is not None and client.alive:
-        return client
-    with _default_lock:
-        if _default is None or not _default.alive:
-            _default = Client()
-        return _default
+    client = _spawn.default()
+    assert isinstance(client, Client)
+    return client
 
 
 def run(args: Any, **kwargs: Any) -> "subprocess.CompletedProcess[Any]":

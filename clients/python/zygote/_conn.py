@@ -307,6 +307,32 @@ class Connection:
             event.set()
         self._signals.clear()
 
+    def forsake_after_fork(self) -> None:
+        """In a forked child: this process's copy of the parent's
+        connection is closed, never shut down (that would end the
+        parent's), and every request the parent had in flight on it counts
+        as lost here, so that nothing in this process waits for a reply
+        the parent's reader gets. No callbacks run: the child has no
+        reader thread, and its event loop may be a copy of the parent's."""
+        if self.pid == os.getpid() or self._closing:
+            return
+        reason = ZygoteError(
+            errno.ECHILD,
+            f"the connection to the zygote at {self.where} belongs to the process "
+            "that forked this one",
+        )
+        self._lost = reason
+        for slot in list(self._slots.values()):
+            slot.error = reason
+            slot.spawned.set()
+            slot.exited.set()
+        self._slots.clear()
+        for event in list(self._signals.values()):
+            event.set()
+        self._signals.clear()
+        self._abandoned.clear()
+        self._sock.close()
+
     # --- requests ---------------------------------------------------------
 
     @property
@@ -331,6 +357,10 @@ class Connection:
     def try_send(self, frame: bytes, fds: Sequence[int]) -> bool:
         """Sends without blocking; False when the socket buffer is full."""
         self.check()
+        if os.getpid() != self.pid:
+            # Never on the parent's connection from a forked child.
+            self.forsake_after_fork()
+            self.check()
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         try:
             self._sock.sendmsg([frame], ancillary, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
@@ -386,6 +416,8 @@ class Connection:
     def unregister(self, request_id: int, sent: bool) -> None:
         """Forgets a spawn whose caller gave up; if the request was sent,
         its child is killed as soon as it is reported."""
+        if os.getpid() != self.pid:
+            return  # the parent's request, and the parent's child
         with self._lock:
             slot = self._slots.pop(request_id, None)
             if slot is None:

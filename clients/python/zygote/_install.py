@@ -41,6 +41,11 @@ class InstalledPopen(Popen):
         super().__init__(args, *posargs, **kwargs)
 
 
+# It stands in for subprocess.Popen: its name (and so the stdlib's repr,
+# "<Popen: returncode: ... args: ...>") is that one's.
+InstalledPopen.__name__ = InstalledPopen.__qualname__ = "Popen"
+
+
 def install(client: Optional[Client] = None) -> None:
     """Routes ``subprocess.Popen`` (and so ``subprocess.run``, ``call``,
     ``check_call``, ``check_output``, ``getoutput``, and libraries that use

@@ -10,22 +10,22 @@ fork/exec), waiting for it (the daemon's ``Exited`` notice instead of
 
 from __future__ import annotations
 
+import builtins
 import errno
+import locale
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from . import _lost, _request, _wire
+from . import _lost, _request, _spawn, _wire
 from ._conn import Connection, SpawnSlot
 from ._errors import ZygoteError
-
-if TYPE_CHECKING:
-    from ._client import Client
 
 _HAS_PROCESS_GROUP = sys.version_info >= (3, 11)
 #: The returncode a deferred run() takes once it raised its spawn's failure
@@ -56,6 +56,57 @@ def _signals_match_zygote(restore_signals: bool) -> bool:
         except (ValueError, OSError):
             continue
     return True
+
+
+#: This package's directory: its frames are skipped when a warning names
+#: the caller's line.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+#: ``universal_newlines``' place among :class:`subprocess.Popen`'s
+#: positional arguments after ``args``.
+_UNIVERSAL_NEWLINES_POSITION = 10
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` for :func:`warnings.warn` called by this module's
+    caller that names the first frame outside zygote and :mod:`subprocess`,
+    the line the stdlib's own warning would name."""
+    skipped = (_PACKAGE_DIR + os.sep, subprocess.__file__)
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(skipped):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def _warn_default_encoding(posargs: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+    """Text mode without an ``encoding`` under ``-X warn_default_encoding``:
+    the stdlib's ``EncodingWarning`` (Python 3.11+, where subprocess warns),
+    pointing at the caller's line, not at this package's call into
+    :mod:`subprocess`; the encoding the stdlib would pick is then passed
+    on, so that it does not warn again from here."""
+    if sys.version_info < (3, 11) or not sys.flags.warn_default_encoding:
+        return
+    if kwargs.get("encoding") is not None:
+        return
+    universal_newlines = kwargs.get("universal_newlines")
+    if len(posargs) > _UNIVERSAL_NEWLINES_POSITION:
+        universal_newlines = posargs[_UNIVERSAL_NEWLINES_POSITION]
+    text = kwargs.get("text")
+    if (
+        text is not None
+        and universal_newlines is not None
+        and bool(text) != bool(universal_newlines)
+    ):
+        return  # subprocess raises for it first
+    if not (kwargs.get("errors") or text or universal_newlines):
+        return
+    warnings.warn(
+        "'encoding' argument not specified.",
+        getattr(builtins, "EncodingWarning"),  # noqa: B009 - Python 3.10+
+        _caller_stacklevel(),
+    )
+    kwargs["encoding"] = "utf-8" if sys.flags.utf8_mode else locale.getencoding()
 
 
 def returncode_of(exit_notice: Mapping[str, Any]) -> int:
@@ -158,7 +209,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         self,
         args: Any,
         *posargs: Any,
-        client: Optional["Client"] = None,
+        client: Optional[_spawn.Endpoint] = None,
         kill_on_close: Union[None, bool, int] = None,
         zygote_timeout: Optional[float] = None,
         zygote_grace: float = _request.DEFAULT_GRACE_SECONDS,
@@ -169,17 +220,18 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     ) -> None:
         self._zygote_client = client
         self._zygote_defer = _zygote_defer
-        self._zygote_options: Dict[str, Any] = {
-            "kill_on_close": kill_on_close,
-            "zygote_timeout": zygote_timeout,
-            "zygote_grace": zygote_grace,
-            "rlimits": rlimits,
-            "cgroup": cgroup,
-        }
+        self._zygote_options = _request.ZygoteOptions(
+            kill_on_close=kill_on_close,
+            zygote_timeout=zygote_timeout,
+            zygote_grace=zygote_grace,
+            rlimits=rlimits,
+            cgroup=cgroup,
+        )
         self._zygote_process_group: Optional[int] = None
         if not _HAS_PROCESS_GROUP and "process_group" in kwargs:
             self._zygote_process_group = kwargs.pop("process_group")
         self._zygote_exit_lock = threading.Lock()
+        _warn_default_encoding(posargs, kwargs)
         super().__init__(args, *posargs, **kwargs)
 
     # --- starting ---------------------------------------------------------
@@ -235,60 +287,30 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
 
         argv, program = _request.normalize_args(args, shell, executable)
         sys.audit("subprocess.Popen", program, argv, cwd, env)
+        spec = _request.ChildSpec(
+            argv=argv,
+            program=program,
+            stdio=[
+                ("inherit",) if p2cread == -1 else ("fd", p2cread),
+                ("inherit",) if c2pwrite == -1 else ("fd", c2pwrite),
+                ("inherit",) if errwrite == -1 else ("fd", errwrite),
+            ],
+            close_fds=close_fds,
+            pass_fds=pass_fds,
+            cwd=cwd,
+            env=env,
+            gid=gid,
+            gids=gids,
+            uid=uid,
+            umask=umask,
+            start_new_session=start_new_session,
+            process_group=process_group,
+            options=self._zygote_options,
+            defer=self._zygote_defer,
+        )
         try:
             client = self._zygote_client
-            if client is None:
-                from ._client import default_client
-
-                client = default_client()
-            for attempt in range(2):
-                conn = client._connection()
-                request_id = conn.next_id()
-                message, fds = _request.build_spawn(
-                    request_id=request_id,
-                    argv=argv,
-                    executable=program,
-                    stdio=[
-                        ("inherit",) if p2cread == -1 else ("fd", p2cread),
-                        ("inherit",) if c2pwrite == -1 else ("fd", c2pwrite),
-                        ("inherit",) if errwrite == -1 else ("fd", errwrite),
-                    ],
-                    close_fds=close_fds,
-                    pass_fds=pass_fds,
-                    cwd=cwd,
-                    env=env,
-                    gid=gid,
-                    gids=gids,
-                    uid=uid,
-                    umask=umask,
-                    start_new_session=start_new_session,
-                    process_group=process_group,
-                    max_fds=conn.max_fds,
-                    max_frame=conn.max_frame,
-                    **self._zygote_options,
-                )
-                # Only for a caller that never sees this object (run, call):
-                # no Spawned for a child that ends at once (PROTOCOL.md
-                # section 2). The pipes are ours, so the daemon allows it.
-                message["Spawn"]["defer_spawned"] = self._zygote_defer
-                frame = _request.encode_spawn(message, conn.max_frame)
-                slot = SpawnSlot()
-                try:
-                    conn.register_spawn(request_id, slot)
-                    conn.send(frame, fds)
-                except ZygoteError as error:
-                    conn.unregister(request_id, sent=False)
-                    # Lost at the instant of sending: the request never
-                    # left, so one more try reconnects and sends it again.
-                    if attempt == 0 and conn.ended_by_send(error):
-                        continue
-                    raise
-                except BaseException:
-                    # An interrupt may come after the frame left: a child
-                    # reported for this id is killed.
-                    conn.unregister(request_id, sent=True)
-                    raise
-                break
+            request = _spawn.send(client if client is not None else _spawn.default(), spec)
         except _request.UnservableError as error:
             if self._zygote_installed:
                 return fall_back(str(error))
@@ -297,6 +319,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             if self._zygote_installed:
                 return fall_back(f"no zygote: {error}")
             raise
+        slot, conn, request_id = request.slot, request.conn, request.request_id
         try:
             # The daemon holds its own copies now; ours of the child's ends go.
             self._close_pipe_fds(  # type: ignore[attr-defined]
@@ -474,7 +497,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             pass
         if self.returncode is not None or self.pidfd is None:
             return
-        cgroup = self._zygote_options.get("cgroup")
+        cgroup = self._zygote_options.cgroup
         if (
             sig == signal.SIGKILL
             and cgroup is not None

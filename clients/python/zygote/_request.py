@@ -11,14 +11,13 @@ import fcntl
 import os
 import resource
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _wire
+from . import _check, _wire
 
-U64_MAX = (1 << 64) - 1
-#: Every resource ``getrlimit(2)`` knows on Linux (``RLIM_NLIMITS``).
-RLIMIT_COUNT = 16
+U64_MAX = _check.U64_MAX
+RLIMIT_COUNT = _check.RLIMIT_COUNT
 #: The daemon's default argv + env budget (PROTOCOL.md 5.4), counted as it
 #: counts: each string's length + 1 + 8.
 ARGV_ENV_BUDGET = 196608
@@ -61,31 +60,31 @@ class Cgroup:
 
     def to_wire(self) -> Dict[str, Any]:
         """The request's ``CgroupSpec``; :class:`ValueError` for values out
-        of range."""
-        for name in ("memory_max", "memory_swap_max", "pids_max", "cpu_weight", "io_weight"):
+        of range, :class:`OverflowError` for ones over their wire type."""
+        widths = {"memory_max": 64, "memory_swap_max": 64, "pids_max": 64}
+        widths.update(cpu_weight=32, io_weight=32)
+        values = {}
+        for name, bits in widths.items():
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"cgroup {name} must be a non-negative int, not {value!r}")
+            values[name] = _check.unsigned(f"cgroup {name}", value, bits)
         cpu = None
         if self.cpu_max is not None:
             quota, period = self.cpu_max
-            if quota <= 0 or period <= 0:
+            if not quota > 0 or not period > 0:
                 raise ValueError(
                     f"cgroup cpu_max needs a positive quota and period, not {quota, period}"
                 )
             cpu = {
-                "quota_micros": max(1, int(quota * 1_000_000)),
-                "period_micros": max(1, int(period * 1_000_000)),
+                "quota_micros": max(1, _check.millis("cgroup cpu_max quota", quota * 1000, 0)),
+                "period_micros": max(1, _check.millis("cgroup cpu_max period", period * 1000, 0)),
             }
         return {
             "kill_tree": bool(self.kill_tree),
             "wait_tree": bool(self.wait_tree),
-            "memory_max": self.memory_max,
-            "memory_swap_max": self.memory_swap_max,
-            "pids_max": self.pids_max,
+            **values,
             "cpu_max": cpu,
-            "cpu_weight": self.cpu_weight,
-            "io_weight": self.io_weight,
         }
 
 
@@ -223,168 +222,230 @@ def normalize_args(
     return argv, executable if executable is not None else argv[0]
 
 
-def build_spawn(
-    *,
-    request_id: int,
-    argv: Sequence[Any],
-    executable: Any,
-    stdio: Sequence[Stdio],
-    close_fds: bool,
-    pass_fds: Sequence[int],
-    cwd: Optional[StrOrBytesPath],
-    env: Optional[Mapping[Any, Any]],
-    gid: Optional[int],
-    gids: Optional[Sequence[int]],
-    uid: Optional[int],
-    umask: int,
-    start_new_session: bool,
-    process_group: Optional[int],
-    kill_on_close: Union[None, bool, int],
-    zygote_timeout: Optional[float],
-    zygote_grace: float,
-    rlimits: Optional[Mapping[int, Union[int, Tuple[int, int]]]],
-    max_fds: int,
-    max_frame: int,
-    cgroup: Optional[Cgroup] = None,
-) -> Tuple[Dict[str, Any], List[int]]:
-    """The ``Spawn`` message and the fds to attach to its frame.
+@dataclass(frozen=True)
+class ZygoteOptions:
+    """zygote's own keywords of :class:`zygote.Popen` and
+    ``create_subprocess_exec``."""
 
-    Raises :class:`ValueError`/:class:`TypeError` for arguments
-    ``subprocess`` would also refuse, and :class:`UnservableError` for a request
-    the zygote cannot carry (too many fds, argv + env over its budget).
-    """
-    if cgroup is not None and not isinstance(cgroup, Cgroup):
-        raise TypeError(f"cgroup must be a zygote.Cgroup, not {type(cgroup).__name__}")
-    cgroup_spec = cgroup.to_wire() if cgroup is not None else None
-    program = _bytes("program", executable)
-    args = [_bytes("argument", arg) for arg in argv]
-    argv0 = args[0] if args[0] != program else None
+    kill_on_close: Union[None, bool, int] = None
+    zygote_timeout: Optional[float] = None
+    zygote_grace: float = DEFAULT_GRACE_SECONDS
+    rlimits: Optional[Mapping[int, Union[int, Tuple[int, int]]]] = None
+    cgroup: Optional[Cgroup] = None
 
-    # An empty key is sent as is: os.environ reads an inherited "=A=B" as
-    # key "" and value "A=B", and the child gets "=A=B" back (PROTOCOL.md
-    # 4.7). A key with "=" is refused, as subprocess refuses it.
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """Everything the caller says about one child, as ``subprocess`` has
+    parsed it (``stdio``: see :data:`Stdio`; ``umask`` below 0 and
+    ``process_group`` ``None`` mean "as this process")."""
+
+    argv: Sequence[Any]
+    program: Any
+    stdio: Sequence[Stdio]
+    close_fds: bool = True
+    pass_fds: Sequence[int] = ()
+    cwd: Optional[StrOrBytesPath] = None
+    env: Optional[Mapping[Any, Any]] = None
+    gid: Optional[int] = None
+    gids: Optional[Sequence[int]] = None
+    uid: Optional[int] = None
+    umask: int = -1
+    start_new_session: bool = False
+    process_group: Optional[int] = None
+    options: ZygoteOptions = field(default_factory=ZygoteOptions)
+    #: ``defer_spawned``: only for a caller that never sees the child's
+    #: object (run, call), whose pipes are its own (PROTOCOL.md section 2).
+    defer: bool = False
+
+
+def _env_pairs(env: Optional[Mapping[Any, Any]]) -> List[Tuple[bytes, bytes]]:
+    """The child's environment. An empty key is sent as is: os.environ
+    reads an inherited "=A=B" as key "" and value "A=B", and the child gets
+    "=A=B" back (PROTOCOL.md 4.7). A key with "=" is refused, as subprocess
+    refuses it."""
     if env is None:
-        env_pairs = list(os.environb.items())
-    else:
-        env_pairs = []
-        for key, value in env.items():
-            key_bytes = _bytes("environment variable name", key)
-            if b"=" in key_bytes:
-                raise ValueError("illegal environment variable name")
-            env_pairs.append((key_bytes, _bytes("environment value", value)))
+        return list(os.environb.items())
+    pairs = []
+    for key, value in env.items():
+        key_bytes = _bytes("environment variable name", key)
+        if b"=" in key_bytes:
+            raise ValueError("illegal environment variable name")
+        pairs.append((key_bytes, _bytes("environment value", value)))
+    return pairs
+
+
+def _check_budget(args: Sequence[bytes], env_pairs: Sequence[Tuple[bytes, bytes]]) -> None:
     budget = sum(len(arg) + 9 for arg in args) + sum(len(k) + len(v) + 10 for k, v in env_pairs)
     if budget > ARGV_ENV_BUDGET:
         raise UnservableError(
             f"argv + environment need {budget} bytes, over the zygote's budget of {ARGV_ENV_BUDGET}"
         )
 
-    # The child starts in ours unless told otherwise, always as an absolute path.
-    if cwd is None:
-        try:
-            cwd_bytes: Optional[bytes] = os.getcwdb()
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                errno.ENOENT, "the current directory no longer exists (the child would start there)"
-            ) from None
-    else:
-        cwd_bytes = os.path.join(os.getcwdb(), _bytes("working directory", cwd))
 
-    attached: List[int] = []
-    index_of: Dict[int, int] = {}
+def _cwd_bytes(cwd: Optional[StrOrBytesPath]) -> bytes:
+    """The child starts in ours unless told otherwise, always as an
+    absolute path."""
+    if cwd is not None:
+        return os.path.join(os.getcwdb(), _bytes("working directory", cwd))
+    try:
+        return os.getcwdb()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            errno.ENOENT, "the current directory no longer exists (the child would start there)"
+        ) from None
 
-    def attach(fd: int) -> int:
-        if fd not in index_of:
-            index_of[fd] = len(attached)
-            attached.append(fd)
-        return index_of[fd]
 
-    specs: List[Any] = []
-    for number, how in enumerate(stdio):
+class _Attachments:
+    """The fds attached to the frame, each once, by their index."""
+
+    def __init__(self) -> None:
+        self.fds: List[int] = []
+        self._index_of: Dict[int, int] = {}
+
+    def add(self, fd: int) -> int:
+        if fd not in self._index_of:
+            self._index_of[fd] = len(self.fds)
+            self.fds.append(fd)
+        return self._index_of[fd]
+
+    def stdio(self, number: int, how: Stdio) -> Any:
         if how[0] == "inherit":
-            specs.append({"Fd": attach(number)} if _fd_open(number) else "Null")
-        elif how[0] == "null":
-            specs.append("Null")
-        elif how[0] == "pipe":
-            specs.append("Pipe")
-        else:
-            specs.append({"Fd": attach(int(how[1]))})
+            return {"Fd": self.add(number)} if _fd_open(number) else "Null"
+        if how[0] == "null":
+            return "Null"
+        if how[0] == "pipe":
+            return "Pipe"
+        fd = _check.c_int("fd", how[1])
+        if not _fd_open(fd):
+            # What the stdlib's child reports when its dup2 fails.
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return {"Fd": self.add(fd)}
 
-    mapped: Dict[int, int] = {}
-    if not close_fds and not pass_fds:
-        for fd in inheritable_fds():
+    def mappings(self, close_fds: bool, pass_fds: Sequence[Any]) -> List[Dict[str, int]]:
+        mapped: Dict[int, int] = {}
+        if not close_fds and not pass_fds:
+            for fd in inheritable_fds():
+                mapped[fd] = fd
+        for fd in (_check.pass_fd(fd) for fd in pass_fds):
+            if fd <= 2:
+                continue
+            if not _fd_open(fd):
+                raise OSError(errno.EBADF, os.strerror(errno.EBADF))
             mapped[fd] = fd
-    for fd in pass_fds:
-        fd = int(fd)
-        if fd > 2:
-            mapped[fd] = fd
-    fd_mappings = [
-        {"attached_index": attach(fd), "child_fd": child_fd}
-        for child_fd, fd in sorted(mapped.items())
-    ]
-    if len(attached) > max_fds:
-        raise UnservableError(
-            f"the child needs {len(attached)} fds passed, "
-            f"over the zygote's limit of {max_fds} per spawn"
-        )
+        return [
+            {"attached_index": self.add(fd), "child_fd": child_fd}
+            for child_fd, fd in sorted(mapped.items())
+        ]
 
+
+def _merged_rlimits(rlimits: Optional[Mapping[Any, Any]]) -> List[Dict[str, int]]:
+    """This process's limits, with ``rlimits`` on top."""
     limits = own_rlimits()
     for number, value in (rlimits or {}).items():
-        soft, hard = (value, value) if isinstance(value, int) else value
-        limits[int(number)] = (_rlim(soft), _rlim(hard))
+        resource_number, soft, hard = _check.rlimit(number, value)
+        limits[resource_number] = (soft, hard)
+    return [
+        {"resource": number, "soft": soft, "hard": hard}
+        for number, (soft, hard) in sorted(limits.items())
+    ]
 
-    user = None
-    if uid is not None or gid is not None or gids is not None:
-        # As subprocess: unset parts stay ours, and the supplementary groups
-        # are kept unless extra_groups replaces them.
-        user = {
-            "uid": os.geteuid() if uid is None else uid,
-            "gid": os.getegid() if gid is None else gid,
-            "groups": list(os.getgroups() if gids is None else gids),
-        }
 
-    leads_group = start_new_session or process_group == 0
-    kill = None
-    if kill_on_close is not None and kill_on_close is not False:
-        number = int(signal.SIGKILL) if kill_on_close is True else int(kill_on_close)
-        kill = {"signal": number, "process_group": leads_group}
+def _user(spec: ChildSpec) -> Optional[Dict[str, Any]]:
+    """As subprocess: unset parts stay ours, and the supplementary groups
+    are kept unless extra_groups replaces them."""
+    if spec.uid is None and spec.gid is None and spec.gids is None:
+        return None
+    return {
+        "uid": os.geteuid() if spec.uid is None else _check.user_id("uid", spec.uid),
+        "gid": os.getegid() if spec.gid is None else _check.user_id("gid", spec.gid),
+        "groups": _check.group_ids(os.getgroups() if spec.gids is None else spec.gids),
+    }
 
-    timeout = None
-    if zygote_timeout is not None:
-        timeout = {
-            "millis": max(1, int(zygote_timeout * 1000)),
-            "grace_millis": max(0, int(zygote_grace * 1000)),
-        }
 
+def _kill_on_close(spec: ChildSpec, process_group: Optional[int]) -> Optional[Dict[str, Any]]:
+    kill_on_close = spec.options.kill_on_close
+    if kill_on_close is None or kill_on_close is False:
+        return None
+    number = int(signal.SIGKILL) if kill_on_close is True else kill_on_close
+    leads_group = spec.start_new_session or process_group == 0
+    return {"signal": _check.signal_number(number), "process_group": bool(leads_group)}
+
+
+def _timeout(options: ZygoteOptions) -> Optional[Dict[str, int]]:
+    if options.zygote_timeout is None:
+        return None
+    return {
+        "millis": _check.millis("zygote_timeout", options.zygote_timeout, 1),
+        "grace_millis": _check.millis("zygote_grace", options.zygote_grace, 0),
+    }
+
+
+def _umask(umask: int) -> Optional[int]:
+    """A negative umask is ours; umask(2) keeps only the permission bits."""
+    value = _check.c_int("umask", umask)
+    return own_umask() if value < 0 else value & 0o777
+
+
+def _process_group(process_group: Optional[int]) -> Optional[int]:
+    if process_group is None:
+        return None
+    value = _check.c_int("process_group", process_group)
+    return None if value < 0 else value
+
+
+def build_spawn(spec: ChildSpec, request_id: int, max_fds: int) -> Tuple[Dict[str, Any], List[int]]:
+    """The ``Spawn`` message and the fds to attach to its frame.
+
+    Every value is checked against its wire type first. Raises what
+    ``subprocess`` raises for arguments it would also refuse
+    (:class:`ValueError`, :class:`OverflowError`, :class:`TypeError`,
+    ``OSError(EBADF)``), and :class:`UnservableError` for a request the
+    zygote cannot carry (too many fds, argv + env over its budget).
+    """
+    cgroup = spec.options.cgroup
+    if cgroup is not None and not isinstance(cgroup, Cgroup):
+        raise TypeError(f"cgroup must be a zygote.Cgroup, not {type(cgroup).__name__}")
+    program = _bytes("program", spec.program)
+    args = [_bytes("argument", arg) for arg in spec.argv]
+    env_pairs = _env_pairs(spec.env)
+    _check_budget(args, env_pairs)
+    process_group = _process_group(spec.process_group)
+    attachments = _Attachments()
+    stdio = [attachments.stdio(number, how) for number, how in enumerate(spec.stdio)]
+    fd_mappings = attachments.mappings(spec.close_fds, spec.pass_fds)
+    if len(attachments.fds) > max_fds:
+        raise UnservableError(
+            f"the child needs {len(attachments.fds)} fds passed, "
+            f"over the zygote's limit of {max_fds} per spawn"
+        )
     message = {
         "Spawn": {
             "id": request_id,
             "program": program,
-            "argv0": argv0,
+            "argv0": args[0] if args[0] != program else None,
             "args": args[1:],
             "env": [{"key": key, "value": value} for key, value in env_pairs],
-            "cwd": cwd_bytes,
-            "stdin": specs[0],
-            "stdout": specs[1],
-            "stderr": specs[2],
+            "cwd": _cwd_bytes(spec.cwd),
+            "stdin": stdio[0],
+            "stdout": stdio[1],
+            "stderr": stdio[2],
             "fd_mappings": fd_mappings,
-            "new_session": bool(start_new_session),
+            "new_session": bool(spec.start_new_session),
             "process_group": process_group,
-            "umask": own_umask() if umask < 0 else umask,
-            "rlimits": [
-                {"resource": number, "soft": soft, "hard": hard}
-                for number, (soft, hard) in sorted(limits.items())
-            ],
-            "user": user,
-            "kill_on_close": kill,
-            "timeout": timeout,
+            "umask": _umask(spec.umask),
+            "rlimits": _merged_rlimits(spec.options.rlimits),
+            "user": _user(spec),
+            "kill_on_close": _kill_on_close(spec, process_group),
+            "timeout": _timeout(spec.options),
             "pty": None,
             "report_stops": False,
-            "cgroup": cgroup_spec,
+            "cgroup": cgroup.to_wire() if cgroup is not None else None,
             **own_attributes(),
-            "defer_spawned": False,
+            "defer_spawned": bool(spec.defer),
         }
     }
-    return message, attached
+    return message, attachments.fds
 
 
 def encode_spawn(message: Dict[str, Any], max_frame: int) -> bytes:
@@ -400,15 +461,23 @@ def encode_spawn(message: Dict[str, Any], max_frame: int) -> bytes:
 def spawn_error(failure: Dict[str, Any], executable: Any, cwd: Any) -> OSError:
     """The exception ``subprocess`` would raise for a ``SpawnFailed``.
 
-    ``OSError(errno, ...)`` is the errno's own subclass
-    (``FileNotFoundError``, ``PermissionError``, ...). The message names the
-    setup step the zygote reported.
+    ``OSError(errno, os.strerror(errno)[, filename])`` is the errno's own
+    subclass (``FileNotFoundError``, ``PermissionError``, ...), with the
+    filename the stdlib sets: the program when exec failed, the working
+    directory when chdir did, none otherwise. The step the zygote reported
+    and its message are in ``zygote_stage`` and ``zygote_message`` (and in
+    ``__notes__`` on Python 3.11+).
     """
     code = int(failure["errno"])
     stage = failure["stage"]
-    text = f"{os.strerror(code)} (zygote: {stage} step failed: {failure['message']})"
     if stage == "Exec":
-        return OSError(code, text, executable)
-    if stage == "Chdir" and cwd is not None:
-        return OSError(code, text, cwd)
-    return OSError(code, text)
+        error = OSError(code, os.strerror(code), executable)
+    elif stage == "Chdir" and cwd is not None:
+        error = OSError(code, os.strerror(code), cwd)
+    else:
+        error = OSError(code, os.strerror(code))
+    error.zygote_stage = stage  # type: ignore[attr-defined]
+    error.zygote_message = failure["message"]  # type: ignore[attr-defined]
+    if hasattr(error, "add_note"):
+        error.add_note(f"zygote: the {stage} step failed: {failure['message']}")
+    return error

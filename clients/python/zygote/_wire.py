@@ -372,10 +372,18 @@ def _decode(reader: _Reader, schema: Schema) -> Any:
     return {name: _decode(reader, inner)}
 
 
-def _uvar(n: int) -> bytes:
-    if n < 0x80:
+def _uvar(n: int, bits: int = 64) -> bytes:
+    """An unsigned varint of a value that must fit ``bits`` bits: a value
+    out of range raises instead of becoming a frame the daemon rejects."""
+    if 0 <= n < 0x80:
         return _SMALL[n]
+    if n < 0 or n >> bits:
+        raise ValueError(f"{n} is out of range for u{bits}")
     return _uvar_large(n)
+
+
+def _u32(n: int) -> bytes:
+    return _uvar(n, 32)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -390,6 +398,8 @@ _SMALL = [bytes((n,)) for n in range(0x80)]
 
 
 def _zig(n: int) -> bytes:
+    if not -(1 << 31) <= n < 1 << 31:
+        raise ValueError(f"{n} is out of range for i32")
     return _uvar(((n << 1) ^ (n >> 31)) & 0xFFFFFFFF)
 
 
@@ -398,15 +408,16 @@ def _stdio(spec: Any) -> bytes:
         return b"\x00"
     if spec == "Pipe":
         return b"\x01"
-    return b"\x02" + _uvar(spec["Fd"])
+    return b"\x02" + _u32(spec["Fd"])
 
 
 def encode_spawn(body: Dict[str, Any]) -> bytes:
     """``ClientMessage::Spawn`` by hand: the generic encoder walks the
     schema for every environment byte string, which showed in the
     per-spawn cost. The vectors test checks both give the same bytes.
-    The caller validates ranges (ids, fds and limits come from this
-    process)."""
+    A value out of its field's range raises :class:`ValueError` (the
+    caller checks them first, with the stdlib's exceptions); no input
+    gives a frame the daemon cannot decode."""
     parts: List[bytes] = [b"\x01", _uvar(body["id"])]
     add = parts.append
     program = bytes(body["program"])
@@ -447,22 +458,22 @@ def encode_spawn(body: Dict[str, Any]) -> bytes:
     mappings = body["fd_mappings"]
     add(_uvar(len(mappings)))
     for mapping in mappings:
-        add(_uvar(mapping["attached_index"]) + _zig(mapping["child_fd"]))
+        add(_u32(mapping["attached_index"]) + _zig(mapping["child_fd"]))
     add(b"\x01" if body["new_session"] else b"\x00")
     group = body["process_group"]
     add(b"\x00" if group is None else b"\x01" + _zig(group))
     umask = body["umask"]
-    add(b"\x00" if umask is None else b"\x01" + _uvar(umask))
+    add(b"\x00" if umask is None else b"\x01" + _u32(umask))
     limits = body["rlimits"]
     add(_uvar(len(limits)))
     for limit in limits:
-        add(_uvar(limit["resource"]) + _uvar(limit["soft"]) + _uvar(limit["hard"]))
+        add(_u32(limit["resource"]) + _uvar(limit["soft"]) + _uvar(limit["hard"]))
     user = body["user"]
     if user is None:
         add(b"\x00")
     else:
-        add(b"\x01" + _uvar(user["uid"]) + _uvar(user["gid"]) + _uvar(len(user["groups"])))
-        parts.extend(_uvar(gid) for gid in user["groups"])
+        add(b"\x01" + _u32(user["uid"]) + _u32(user["gid"]) + _uvar(len(user["groups"])))
+        parts.extend(_u32(gid) for gid in user["groups"])
     kill = body["kill_on_close"]
     if kill is None:
         add(b"\x00")
@@ -477,7 +488,7 @@ def encode_spawn(body: Dict[str, Any]) -> bytes:
     if pty is None:
         add(b"\x00")
     else:
-        add(b"\x01" + _uvar(pty["window"]["rows"]) + _uvar(pty["window"]["cols"]))
+        add(b"\x01" + _uvar(pty["window"]["rows"], 16) + _uvar(pty["window"]["cols"], 16))
     add(b"\x01" if body.get("report_stops") else b"\x00")
     cgroup = body.get("cgroup")
     if cgroup is None:
@@ -489,11 +500,11 @@ def encode_spawn(body: Dict[str, Any]) -> bytes:
     add(b"\x00" if nice is None else b"\x01" + _zig(nice))
     cpus = body.get("cpu_affinity", [])
     add(_uvar(len(cpus)))
-    parts.extend(_uvar(cpu) for cpu in cpus)
+    parts.extend(_u32(cpu) for cpu in cpus)
     adj = body.get("oom_score_adj")
     add(b"\x00" if adj is None else b"\x01" + _zig(adj))
     large = body.get("large_args")
-    add(b"\x00" if large is None else b"\x01" + _uvar(large))
+    add(b"\x00" if large is None else b"\x01" + _u32(large))
     add(b"\x01" if body.get("defer_spawned") else b"\x00")
     return b"".join(parts)
 
@@ -501,8 +512,8 @@ def encode_spawn(body: Dict[str, Any]) -> bytes:
 def _encode_cgroup(cgroup: Dict[str, Any]) -> bytes:
     """``option<CgroupSpec>`` present: PROTOCOL.md section 4.6d."""
 
-    def opt(value: Optional[int]) -> bytes:
-        return b"\x00" if value is None else b"\x01" + _uvar(value)
+    def opt(value: Optional[int], bits: int = 64) -> bytes:
+        return b"\x00" if value is None else b"\x01" + _uvar(value, bits)
 
     cpu = cgroup["cpu_max"]
     return b"".join(
@@ -516,8 +527,8 @@ def _encode_cgroup(cgroup: Dict[str, Any]) -> bytes:
             b"\x00"
             if cpu is None
             else b"\x01" + _uvar(cpu["quota_micros"]) + _uvar(cpu["period_micros"]),
-            opt(cgroup["cpu_weight"]),
-            opt(cgroup["io_weight"]),
+            opt(cgroup["cpu_weight"], 32),
+            opt(cgroup["io_weight"], 32),
         ]
     )
 
