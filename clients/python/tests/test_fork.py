@@ -117,6 +117,8 @@ def test_forked_workers_of_an_installed_default_client(default_socket: str) -> N
         _prefork_exercise(lambda: subprocess.run(["true"]).returncode)
     finally:
         zygote.uninstall()
+        # The next test's default client reads $ZYGOTE_SOCKET afresh.
+        zygote.default_client().close()
 
 
 @pytest.fixture

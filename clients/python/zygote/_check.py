@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import signal
+import sys
 from typing import Any, Optional, Tuple
 
 U32_MAX = (1 << 32) - 1
@@ -35,11 +36,13 @@ def c_int(what: str, value: Any) -> int:
     """A value the stdlib hands to C as an ``int`` (umask, process_group,
     fd numbers of ``stdin``/``stdout``/``stderr``)."""
     number = _int(what, value)
-    if number > INT_MAX:
+    if -INT_MAX - 1 <= number <= INT_MAX:
+        return number
+    # CPython's own texts, which changed in 3.12.
+    if sys.version_info >= (3, 12):
         raise OverflowError("Python int too large to convert to C int")
-    if number < -INT_MAX - 1:
-        raise OverflowError("Python int too small to convert to C int")
-    return number
+    side = "greater than maximum" if number > 0 else "less than minimum"
+    raise OverflowError(f"signed integer is {side}")
 
 
 def user_id(kind: str, value: Any) -> int:
