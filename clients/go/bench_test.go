@@ -81,11 +81,11 @@ func BenchmarkBuildRequest(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		cmd := c.Command("/bin/true")
-		req, _, _, _, err := cmd.build(true)
+		p, err := cmd.build(true)
 		if err != nil {
 			b.Fatal(err)
 		}
-		frame, err := encodeClientTo(getFrameBuf(), &clientMessage{Spawn: req})
+		frame, err := encodeClientTo(getFrameBuf(), &clientMessage{Spawn: p.req})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -107,12 +107,14 @@ type Client struct {
 
 // ReconnectAttempts bounds how often a Client of Dial dials its socket
 // again once the daemon is gone, pausing ReconnectBackoff, then twice
-// that, and so on, between attempts: about 1.3 s in all by default, and
-// at most a second more per attempt for a daemon that accepts but does
-// not answer. Set them before any Client is in use.
+// that, and so on up to ReconnectMaxPause, between attempts: 10 attempts
+// over about 4.6 s by default, the schedule of the Rust and Python
+// clients, and at most a second more per attempt for a daemon that
+// accepts but does not answer. Set them before any Client is in use.
 var (
-	ReconnectAttempts = 6
-	ReconnectBackoff  = 40 * time.Millisecond
+	ReconnectAttempts = 10
+	ReconnectBackoff  = 25 * time.Millisecond
+	ReconnectMaxPause = time.Second
 )
 
 // connection is one connected socket and its in-flight requests. A Client
@@ -205,6 +207,33 @@ func DialDefault() (*Client, error) {
 		return Dial(path)
 	}
 	return Dial(DefaultSocketPath())
+}
+
+// defaultClient is the package's own Client, dialled on first use.
+var defaultClient struct {
+	mu     sync.Mutex
+	client *Client
+}
+
+// DefaultClient is the Client of the package-level Command and
+// CommandContext, and of Cmd literals (&Cmd{Path: ...}): dialled on first
+// use as DialDefault does ($ZYGOTE_SOCKET, else DefaultSocketPath), as
+// Python's default client is. A dial that fails is tried again on the
+// next use; once connected, the Client reconnects on its own after the
+// daemon is lost, as every Client of Dial does. Closing it is allowed:
+// the next use dials a new one.
+func DefaultClient() (*Client, error) {
+	defaultClient.mu.Lock()
+	defer defaultClient.mu.Unlock()
+	if c := defaultClient.client; c != nil && !c.closed.Load() {
+		return c, nil
+	}
+	c, err := DialDefault()
+	if err != nil {
+		return nil, err
+	}
+	defaultClient.client = c
+	return c, nil
 }
 
 // Dial connects to the zygote listening at path and completes the handshake.
@@ -313,11 +342,12 @@ func (c *Client) reconnect(lost *connection) (*connection, error) {
 		return nil, c.lastFailErr
 	}
 	pause := ReconnectBackoff
+	began := time.Now()
 	var err error
 	for attempt := 0; attempt < max(ReconnectAttempts, 1); attempt++ {
 		if attempt > 0 {
 			time.Sleep(pause)
-			pause *= 2
+			pause = min(pause*2, max(ReconnectMaxPause, ReconnectBackoff))
 		}
 		if c.closed.Load() {
 			return nil, ErrClosed
@@ -335,8 +365,9 @@ func (c *Client) reconnect(lost *connection) (*connection, error) {
 	}
 	c.lastFail = time.Now()
 	c.lastFailErr = &ConnectionError{
-		Reason: fmt.Sprintf("%s; reconnecting to %s failed %d times", lostReason(lost.connErr()), c.path, max(ReconnectAttempts, 1)),
-		Err:    err,
+		Reason: fmt.Sprintf("%s; reconnecting to %s failed %d times over %.1f s", lostReason(lost.connErr()), c.path,
+			max(ReconnectAttempts, 1), time.Since(began).Seconds()),
+		Err: err,
 	}
 	return nil, c.lastFailErr
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -201,7 +202,27 @@ type ctxResult struct {
 // exec.ErrNotFound) and errors.Is(Err, syscall.ENOENT) hold, and Start
 // returns it.
 func (c *Client) Command(name string, arg ...string) *Cmd {
-	cmd := &Cmd{Path: name, Args: append([]string{name}, arg...), client: c}
+	cmd := Command(name, arg...)
+	cmd.client = c
+	return cmd
+}
+
+// CommandContext is Command with a context: when ctx is done before the
+// child exits, Cancel is called (by default it kills the child), and then
+// WaitDelay applies. A nil Cancel, as in os/exec, leaves the child alone:
+// Wait then only stops waiting for its I/O once WaitDelay has passed
+// (killing it then), or, with no WaitDelay, the context has no effect.
+func (c *Client) CommandContext(ctx context.Context, name string, arg ...string) *Cmd {
+	cmd := CommandContext(ctx, name, arg...)
+	cmd.client = c
+	return cmd
+}
+
+// Command is Client.Command through the default client (see
+// DefaultClient), dialled when the Cmd starts. A Cmd literal, such as
+// &Cmd{Path: "/bin/true"}, uses the default client too.
+func Command(name string, arg ...string) *Cmd {
+	cmd := &Cmd{Path: name, Args: append([]string{name}, arg...)}
 	if name != "" && !containsSlash(name) {
 		lp, err := exec.LookPath(name)
 		if lp != "" {
@@ -218,14 +239,12 @@ func (c *Client) Command(name string, arg ...string) *Cmd {
 	return cmd
 }
 
-// CommandContext is Command with a context: when ctx is done before the
-// child exits, Cancel is called (by default it kills the child), and then
-// WaitDelay applies.
-func (c *Client) CommandContext(ctx context.Context, name string, arg ...string) *Cmd {
+// CommandContext is Client.CommandContext through the default client.
+func CommandContext(ctx context.Context, name string, arg ...string) *Cmd {
 	if ctx == nil {
-		panic("zygote: nil Context")
+		panic("nil Context")
 	}
-	cmd := c.Command(name, arg...)
+	cmd := Command(name, arg...)
 	cmd.ctx = ctx
 	cmd.Cancel = func() error { return cmd.Process.Kill() }
 	return cmd
@@ -281,7 +300,7 @@ func (c *Cmd) environFrom(own []string) ([]string, error) {
 	for i := len(env) - 1; i >= 0; i-- {
 		kv := env[i]
 		if strings.IndexByte(kv, 0) >= 0 {
-			return nil, fmt.Errorf("zygote: environment variable %q contains a NUL byte", kv)
+			return nil, errors.New("exec: environment variable contains NUL")
 		}
 		i := envKeyEnd(kv)
 		if i < 0 {
@@ -373,10 +392,10 @@ func noNUL(what, s string) error {
 // child exits; close it earlier to send end of file.
 func (c *Cmd) StdinPipe() (io.WriteCloser, error) {
 	if c.Stdin != nil {
-		return nil, errors.New("zygote: Stdin already set")
+		return nil, errors.New("exec: Stdin already set")
 	}
 	if c.started {
-		return nil, errors.New("zygote: StdinPipe after process started")
+		return nil, errors.New("exec: StdinPipe after process started")
 	}
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -393,22 +412,22 @@ func (c *Cmd) StdinPipe() (io.WriteCloser, error) {
 // the child exits, so read everything before calling Wait.
 func (c *Cmd) StdoutPipe() (io.ReadCloser, error) {
 	if c.Stdout != nil {
-		return nil, errors.New("zygote: Stdout already set")
+		return nil, errors.New("exec: Stdout already set")
 	}
-	return c.outPipe(&c.Stdout)
+	return c.outPipe(&c.Stdout, "StdoutPipe")
 }
 
 // StderrPipe returns a pipe from the child's stderr, as StdoutPipe.
 func (c *Cmd) StderrPipe() (io.ReadCloser, error) {
 	if c.Stderr != nil {
-		return nil, errors.New("zygote: Stderr already set")
+		return nil, errors.New("exec: Stderr already set")
 	}
-	return c.outPipe(&c.Stderr)
+	return c.outPipe(&c.Stderr, "StderrPipe")
 }
 
-func (c *Cmd) outPipe(field *io.Writer) (io.ReadCloser, error) {
+func (c *Cmd) outPipe(field *io.Writer, name string) (io.ReadCloser, error) {
 	if c.started {
-		return nil, errors.New("zygote: pipe requested after process started")
+		return nil, errors.New("exec: " + name + " after process started")
 	}
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -481,7 +500,7 @@ func (c *Cmd) Run() error {
 // the child's stderr when Stderr was not set.
 func (c *Cmd) Output() ([]byte, error) {
 	if c.Stdout != nil {
-		return nil, errors.New("zygote: Stdout already set")
+		return nil, errors.New("exec: Stdout already set")
 	}
 	var stdout bytes.Buffer
 	c.Stdout = &stdout
@@ -504,10 +523,10 @@ func (c *Cmd) Output() ([]byte, error) {
 // interleaved through one pipe.
 func (c *Cmd) CombinedOutput() ([]byte, error) {
 	if c.Stdout != nil {
-		return nil, errors.New("zygote: Stdout already set")
+		return nil, errors.New("exec: Stdout already set")
 	}
 	if c.Stderr != nil {
-		return nil, errors.New("zygote: Stderr already set")
+		return nil, errors.New("exec: Stderr already set")
 	}
 	var b syncBuffer
 	c.Stdout = &b
@@ -583,28 +602,67 @@ func (c *Cmd) Start() error {
 // first reply (see Process.adopt). Deferral forbids pipes made by the
 // daemon, so build makes them here.
 func (c *Cmd) start(deferred bool) (err error) {
-	if c.client == nil {
-		return errors.New("zygote: Cmd was not made by a Client")
-	}
+	// As os/exec: a second Start fails before anything of the first is
+	// touched.
 	if c.started {
-		return errors.New("zygote: already started")
+		return errors.New("exec: already started")
 	}
 	c.started = true
-	if c.Err != nil {
-		closeFiles(c.childFiles)
-		c.childFiles = nil
-		closeAll(c.parentIO)
-		c.parentIO = nil
-		return c.Err
-	}
 	defer func() {
 		if err != nil {
-			closeFiles(c.childFiles)
-			c.childFiles = nil
-			closeAll(c.parentIO)
-			c.parentIO = nil
+			c.releaseIO()
 		}
 	}()
+	if err := c.startable(); err != nil {
+		return err
+	}
+	p, err := c.build(deferred)
+	if err != nil {
+		return err
+	}
+	p.req.DeferSpawned = deferred
+	cl := c.client
+	conn, pending, err := cl.request(true, deferred, func(id uint64) *clientMessage {
+		p.req.ID = id
+		return &clientMessage{Spawn: p.req}
+	}, p.att.fds)
+	// The frame holds its own references to the fds now.
+	runtime.KeepAlive(p.att.files)
+	if err != nil {
+		return err
+	}
+	proc := &Process{client: cl, conn: conn, spawnID: p.req.ID, pending: pending, pidfd: -1,
+		program: c.Path, killTree: c.Zygote.Cgroup != nil && c.Zygote.Cgroup.KillTree}
+	if deferred {
+		// The frame in flight holds the daemon's copies of the fds.
+		c.closeChildFiles()
+		proc.deferred = true
+		c.Process = proc
+		c.startIO(p, nil)
+		return nil
+	}
+	ends, err := c.awaitSpawned(proc, p)
+	if err != nil {
+		return err
+	}
+	c.Process = proc
+	c.startIO(p, ends)
+	return nil
+}
+
+// startable checks what os/exec checks before starting, in its order, and
+// finds the client: this Cmd's, or the default one for Command and Cmd
+// literals.
+func (c *Cmd) startable() error {
+	if c.Path == "" && c.Err == nil {
+		c.Err = errors.New("exec: no command")
+	}
+	if c.Err != nil {
+		return c.Err
+	}
+	if c.Cancel != nil && c.ctx == nil {
+		return errors.New("exec: command with a non-nil Cancel was not created with CommandContext")
+	}
 	if c.ctx != nil {
 		select {
 		case <-c.ctx.Done():
@@ -612,98 +670,70 @@ func (c *Cmd) start(deferred bool) (err error) {
 		default:
 		}
 	}
-	if c.Path == "" {
-		return errors.New("zygote: no program to run (Path is empty)")
+	if c.client == nil {
+		cl, err := DefaultClient()
+		if err != nil {
+			return err
+		}
+		c.client = cl
 	}
-	req, att, streams, localPipe, err := c.build(deferred)
-	if err != nil {
-		return err
-	}
-	req.DeferSpawned = deferred
-	if localPipe != nil {
-		c.childFiles = append(c.childFiles, localPipe[1])
-	}
+	return nil
+}
 
-	cl := c.client
-	conn, p, err := cl.request(true, deferred, func(id uint64) *clientMessage {
-		req.ID = id
-		return &clientMessage{Spawn: req}
-	}, att.fds)
-	// The frame holds its own references to the fds now.
-	runtime.KeepAlive(att.files)
-	if err != nil {
-		if localPipe != nil {
-			localPipe[0].Close()
-		}
-		return err
-	}
-	id := req.ID
-	killTree := c.Zygote.Cgroup != nil && c.Zygote.Cgroup.KillTree
-	if deferred {
-		// The frame in flight holds the daemon's copies of the fds.
-		closeFiles(c.childFiles)
-		c.childFiles = nil
-		c.Process = &Process{client: cl, conn: conn, spawnID: id, pending: p, pidfd: -1,
-			deferred: true, program: c.Path, killTree: killTree}
-		if localPipe != nil {
-			c.parentIO = append(c.parentIO, localPipe[0])
-			c.goroutines = append(c.goroutines, copyOut(c.Stdout, localPipe[0]))
-		}
-		c.startIO(streams, nil)
-		return nil
-	}
-	r, err := conn.await(p)
-	// The daemon has its copies (or is done with them): ours can go.
+// releaseIO closes every pipe end a start that failed made or was given.
+func (c *Cmd) releaseIO() {
+	c.closeChildFiles()
+	closeAll(c.parentIO)
+	c.parentIO = nil
+}
+
+// closeChildFiles closes our copies of the ends given to the child.
+func (c *Cmd) closeChildFiles() {
 	closeFiles(c.childFiles)
 	c.childFiles = nil
+}
+
+// awaitSpawned waits for the first reply of a spawn that was not deferred
+// and fills in proc from it; it returns the pipe ends the daemon made.
+func (c *Cmd) awaitSpawned(proc *Process, p *plan) ([]int, error) {
+	r, err := proc.conn.await(proc.pending)
+	// The daemon has its copies (or is done with them): ours can go.
+	c.closeChildFiles()
 	if err != nil {
-		if localPipe != nil {
-			localPipe[0].Close()
-		}
-		return fmt.Errorf("zygote: starting %q: %w", c.Path, err)
+		return nil, fmt.Errorf("zygote: starting %q: %w", c.Path, err)
 	}
 	m := r.msg
-	if m.SpawnFailed != nil {
+	if f := m.SpawnFailed; f != nil {
 		closeFds(r.fds)
-		if localPipe != nil {
-			localPipe[0].Close()
-		}
-		f := m.SpawnFailed
-		return &StartError{Program: c.Path, Stage: f.Stage.String(), Errno: syscall.Errno(f.Errno), Message: f.Message}
+		return nil, &StartError{Program: c.Path, Stage: f.Stage.String(), Errno: syscall.Errno(f.Errno), Message: f.Message}
 	}
 	npiped := 0
-	for _, s := range streams {
+	for _, s := range p.streams {
 		if s.piped {
 			npiped++
 		}
 	}
 	if m.Spawned == nil || len(r.fds) != 1+npiped {
 		closeFds(r.fds)
-		if localPipe != nil {
-			localPipe[0].Close()
-		}
 		got := m.name()
 		if m.Spawned != nil {
 			got = fmt.Sprintf("Spawned with %d fds", len(r.fds))
 		}
-		return &ProtocolError{Expected: fmt.Sprintf("Spawned with %d fds or SpawnFailed", 1+npiped), Got: got}
+		return nil, &ProtocolError{Expected: fmt.Sprintf("Spawned with %d fds or SpawnFailed", 1+npiped), Got: got}
 	}
-
-	c.Process = &Process{Pid: int(m.Spawned.Pid), client: cl, conn: conn, spawnID: id, pending: p, pidfd: r.fds[0],
-		program: c.Path, killTree: killTree}
-	if localPipe != nil {
-		c.parentIO = append(c.parentIO, localPipe[0])
-		c.goroutines = append(c.goroutines, copyOut(c.Stdout, localPipe[0]))
-	}
-	c.startIO(streams, r.fds[1:])
-	return nil
+	proc.Pid = int(m.Spawned.Pid)
+	proc.pidfd = r.fds[0]
+	return r.fds[1:], nil
 }
 
 // startIO starts the copying goroutines, on the pipe ends the daemon
 // returned (ends, in stream order) or that build made, and the context's
 // watcher.
-func (c *Cmd) startIO(streams [3]stream, ends []int) {
-	for _, s := range streams {
+func (c *Cmd) startIO(p *plan, ends []int) {
+	if p.sharedOut != nil {
+		c.goroutines = append(c.goroutines, copyOut(c.Stdout, p.sharedOut))
+	}
+	for _, s := range p.streams {
 		switch {
 		case s.piped:
 			end := pipeEnd(ends[0])
@@ -733,7 +763,9 @@ func (c *Cmd) startIO(streams [3]stream, ends []int) {
 			c.goErr <- firstErr(errs)
 		}()
 	}
-	if c.ctx != nil && c.ctx.Done() != nil {
+	// As os/exec: with neither Cancel nor WaitDelay, the context is not
+	// watched at all.
+	if (c.Cancel != nil || c.WaitDelay != 0) && c.ctx != nil && c.ctx.Done() != nil {
 		c.waitDone = make(chan struct{})
 		c.ctxResult = make(chan ctxResult, 1)
 		go c.watchCtx()
@@ -755,39 +787,72 @@ func closeAll(cs []io.Closer) {
 	}
 }
 
-// build turns the Cmd into a request, the fds to attach and the stdio plan.
-func (c *Cmd) build(deferred bool) (*spawnRequest, *attachment, [3]stream, *[2]*os.File, error) {
-	var streams [3]stream
-	att := &attachment{}
-	// The pipe stdout and stderr share, once made; nobody else closes it
-	// when building fails after that.
-	var localPipe *[2]*os.File
-	fail := func(err error) (*spawnRequest, *attachment, [3]stream, *[2]*os.File, error) {
-		if localPipe != nil {
-			localPipe[0].Close()
-			localPipe[1].Close()
-		}
-		return nil, nil, streams, nil, err
+// plan is a spawn request being built: the request, the fds its frame
+// carries, and how each of stdin, stdout and stderr is served.
+type plan struct {
+	req     *spawnRequest
+	att     attachment
+	streams [3]stream
+	// sharedOut is our end of the pipe that stdout and stderr share when
+	// they are one writer, made here; Wait closes it.
+	sharedOut *os.File
+}
+
+// build turns the Cmd into a request: each step checks its values
+// against their wire types and fails with a clear error rather than
+// send something the daemon would misread. The pipe ends it makes are in
+// c.childFiles and c.parentIO, which a failed start closes.
+func (c *Cmd) build(deferred bool) (*plan, error) {
+	p := &plan{}
+	var err error
+	if p.req, err = c.buildProgram(); err != nil {
+		return nil, err
 	}
+	if err := c.buildStdin(p, deferred); err != nil {
+		return nil, err
+	}
+	if err := c.buildOutputs(p, deferred); err != nil {
+		return nil, err
+	}
+	p.req.Stdin, p.req.Stdout, p.req.Stderr = p.streams[0].spec, p.streams[1].spec, p.streams[2].spec
+	for i, f := range c.ExtraFiles {
+		if f == nil {
+			continue
+		}
+		idx, err := p.att.add(f)
+		if err != nil {
+			return nil, err
+		}
+		p.req.FdMappings = append(p.req.FdMappings, fdMapping{AttachedIndex: idx, ChildFd: int32(3 + i)})
+	}
+	if err := c.buildOptions(p.req); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// buildProgram is the request's program, arguments, environment and
+// working directory.
+func (c *Cmd) buildProgram() (*spawnRequest, error) {
 	argv := c.argv()
 	if err := noNUL("argument", c.Path); err != nil {
-		return fail(err)
+		return nil, err
 	}
 	for _, a := range argv {
 		if err := noNUL("argument", a); err != nil {
-			return fail(err)
+			return nil, err
 		}
 	}
 	env, envEncoded, err := c.envVars()
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
 	cwd, err := c.cwd()
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
 	if err := noNUL("directory", cwd); err != nil {
-		return fail(err)
+		return nil, err
 	}
 	req := &spawnRequest{
 		Program: strBytes(c.Path),
@@ -803,86 +868,101 @@ func (c *Cmd) build(deferred bool) (*spawnRequest, *attachment, [3]stream, *[2]*
 	for _, a := range argv[1:] {
 		req.Args = append(req.Args, strBytes(a))
 	}
+	return req, nil
+}
 
-	// Stdin.
+// buildStdin: nil is /dev/null, a file is passed as it is, anything else
+// is fed through a pipe.
+func (c *Cmd) buildStdin(p *plan, deferred bool) error {
 	switch in := c.Stdin.(type) {
 	case nil:
 	case *os.File:
-		i, err := att.add(in)
+		i, err := p.att.add(in)
 		if err != nil {
-			return fail(err)
+			return err
 		}
-		streams[0].spec = stdioSpec{Kind: stdioFd, Fd: i}
+		p.streams[0].spec = stdioSpec{Kind: stdioFd, Fd: i}
 	default:
-		streams[0] = stream{spec: stdioSpec{Kind: stdioPipe}, piped: true, bridge: func(end *os.File) func() error {
+		p.streams[0] = stream{spec: stdioSpec{Kind: stdioPipe}, piped: true, bridge: func(end *os.File) func() error {
 			return copyIn(end, in)
 		}}
 		if deferred {
-			if err := c.localPipe(&streams[0], att, true); err != nil {
-				return fail(err)
-			}
+			return c.localPipe(&p.streams[0], &p.att, true)
 		}
 	}
-	// Stdout and stderr; one writer for both shares one pipe, as in os/exec.
+	return nil
+}
+
+// buildOutputs serves stdout and stderr; one writer for both shares one
+// pipe, as in os/exec.
+func (c *Cmd) buildOutputs(p *plan, deferred bool) error {
+	shared := interfaceEqual(c.Stderr, c.Stdout)
 	for i, w := range []io.Writer{c.Stdout, c.Stderr} {
-		s := &streams[i+1]
+		s := &p.streams[i+1]
 		switch out := w.(type) {
 		case nil:
 		case *os.File:
-			idx, err := att.add(out)
+			idx, err := p.att.add(out)
 			if err != nil {
-				return fail(err)
+				return err
 			}
 			s.spec = stdioSpec{Kind: stdioFd, Fd: idx}
 		default:
-			if i == 1 && interfaceEqual(c.Stderr, c.Stdout) {
-				r, pw, err := os.Pipe()
-				if err != nil {
-					return fail(err)
-				}
-				localPipe = &[2]*os.File{r, pw}
-				idx, err := att.add(pw)
-				if err != nil {
-					return fail(err)
-				}
-				streams[1] = stream{spec: stdioSpec{Kind: stdioFd, Fd: idx}}
-				s.spec = stdioSpec{Kind: stdioFd, Fd: idx}
-				continue
+			if i == 1 && shared {
+				return c.sharedOutputPipe(p)
 			}
 			*s = stream{spec: stdioSpec{Kind: stdioPipe}, piped: true, bridge: func(end *os.File) func() error {
 				return copyOut(out, end)
 			}}
 			// (For stdout shared with stderr, the next turn makes one pipe.)
-			if deferred && !(i == 0 && interfaceEqual(c.Stderr, c.Stdout)) {
-				if err := c.localPipe(s, att, false); err != nil {
-					return fail(err)
+			if deferred && !(i == 0 && shared) {
+				if err := c.localPipe(s, &p.att, false); err != nil {
+					return err
 				}
 			}
 		}
 	}
-	req.Stdin, req.Stdout, req.Stderr = streams[0].spec, streams[1].spec, streams[2].spec
+	return nil
+}
 
-	for i, f := range c.ExtraFiles {
-		if f == nil {
-			continue
-		}
-		idx, err := att.add(f)
-		if err != nil {
-			return fail(err)
-		}
-		req.FdMappings = append(req.FdMappings, fdMapping{AttachedIndex: idx, ChildFd: int32(3 + i)})
+// sharedOutputPipe makes the one pipe stdout and stderr share.
+func (c *Cmd) sharedOutputPipe(p *plan) error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
 	}
+	c.childFiles = append(c.childFiles, w)
+	c.parentIO = append(c.parentIO, r)
+	idx, err := p.att.add(w)
+	if err != nil {
+		return err
+	}
+	p.sharedOut = r
+	p.streams[1] = stream{spec: stdioSpec{Kind: stdioFd, Fd: idx}}
+	p.streams[2] = stream{spec: stdioSpec{Kind: stdioFd, Fd: idx}}
+	return nil
+}
 
+// buildOptions copies this process's settings and the zygote's options
+// into the request, each checked against what the child's setup call
+// accepts (EINVAL, as that call would fail) and against its wire type.
+func (c *Cmd) buildOptions(req *spawnRequest) error {
 	o := &c.Zygote
 	settings := c.client.processSettings()
 	req.Umask = settings.umask
 	if o.Umask != nil {
-		req.Umask = o.Umask
+		// umask(2) keeps the permission bits only.
+		umask := *o.Umask & 0o777
+		req.Umask = &umask
 	}
 	if len(o.Rlimits) == 0 {
 		req.Rlimits, req.rlimitsEncoded = settings.rlimits, settings.rlimitsEncoded
 	} else {
-		req.Rlimits = mergeRlimits(settings.rlimits, o.Rlimits)
+		limits, err := mergeRlimits(settings.rlimits, o.Rlimits)
+		if err != nil {
+			return err
+		}
+		req.Rlimits = limits
 	}
 	req.IgnoredSignals = settings.ignoredSignals
 	req.Nice = settings.nice
@@ -890,6 +970,9 @@ func (c *Cmd) build(deferred bool) (*spawnRequest, *attachment, [3]stream, *[2]*
 	req.OomScoreAdj = settings.oomScoreAdj
 	req.NewSession = o.Setsid
 	if o.Setpgid {
+		if o.Pgid < 0 || o.Pgid > math.MaxInt32 {
+			return invalid("Pgid %d is not a process group id (0 to %d)", o.Pgid, math.MaxInt32)
+		}
 		pg := int32(o.Pgid)
 		req.ProcessGroup = &pg
 	}
@@ -897,19 +980,45 @@ func (c *Cmd) build(deferred bool) (*spawnRequest, *attachment, [3]stream, *[2]*
 		req.User = &userSpec{UID: o.Credential.Uid, GID: o.Credential.Gid, Groups: append([]uint32{}, o.Credential.Groups...)}
 	}
 	if o.KillOnClose != 0 {
+		if o.KillOnClose < 1 || o.KillOnClose > maxSignal {
+			return invalid("KillOnClose %d is not a signal (1 to %d)", int(o.KillOnClose), int(maxSignal))
+		}
 		req.KillOnClose = &killOnClose{Signal: int32(o.KillOnClose), ProcessGroup: o.KillProcessGroup}
 	}
-	if o.Timeout > 0 {
-		grace := o.TimeoutGrace
-		if grace == 0 {
-			grace = defaultTimeoutGrace
-		}
-		req.Timeout = &timeoutSpec{Millis: uint64(max(o.Timeout.Milliseconds(), 1)), GraceMillis: uint64(grace.Milliseconds())}
+	timeout, err := o.timeoutSpec()
+	if err != nil {
+		return err
 	}
+	req.Timeout = timeout
 	if o.Cgroup != nil {
 		req.Cgroup = o.Cgroup.spec()
 	}
-	return req, att, streams, localPipe, nil
+	return nil
+}
+
+// maxSignal is SIGRTMAX on Linux.
+const maxSignal = syscall.Signal(64)
+
+// invalid is an option refused before sending, as the call it stands for
+// would refuse it: errors.Is(err, syscall.EINVAL) holds.
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("zygote: "+format+": %w", append(args, syscall.EINVAL)...)
+}
+
+// timeoutSpec is the request's timeout: none for a zero (or negative)
+// Timeout; a negative TimeoutGrace is refused.
+func (o *Options) timeoutSpec() (*timeoutSpec, error) {
+	if o.Timeout <= 0 {
+		return nil, nil
+	}
+	if o.TimeoutGrace < 0 {
+		return nil, invalid("TimeoutGrace %v is negative", o.TimeoutGrace)
+	}
+	grace := o.TimeoutGrace
+	if grace == 0 {
+		grace = defaultTimeoutGrace
+	}
+	return &timeoutSpec{Millis: uint64(max(o.Timeout.Milliseconds(), 1)), GraceMillis: uint64(grace.Milliseconds())}, nil
 }
 
 // localPipe turns a piped stream into a pipe made here, for a request
@@ -946,7 +1055,17 @@ func interfaceEqual(a, b any) (eq bool) {
 	return a == b
 }
 
-func mergeRlimits(own []resourceLimit, set []Rlimit) []resourceLimit {
+// mergeRlimits is this process's limits with set on top, each checked
+// as setrlimit(2) checks it (a known resource, soft at most hard).
+func mergeRlimits(own []resourceLimit, set []Rlimit) ([]resourceLimit, error) {
+	for _, s := range set {
+		if s.Resource < 0 || s.Resource >= rlimitCount {
+			return nil, invalid("Rlimit resource %d is not an RLIMIT_* number (0 to %d)", s.Resource, rlimitCount-1)
+		}
+		if s.Cur > s.Max {
+			return nil, invalid("Rlimit resource %d: Cur %d is over Max %d", s.Resource, s.Cur, s.Max)
+		}
+	}
 	out := make([]resourceLimit, 0, len(own)+len(set))
 	for _, l := range own {
 		overridden := false
@@ -962,7 +1081,7 @@ func mergeRlimits(own []resourceLimit, set []Rlimit) []resourceLimit {
 	for _, s := range set {
 		out = append(out, resourceLimit{Resource: uint32(s.Resource), Soft: s.Cur, Hard: s.Max})
 	}
-	return out
+	return out, nil
 }
 
 // cwd is the child's working directory, always absolute.
@@ -1024,7 +1143,7 @@ func (c *Cmd) Wait() error {
 		return errNotStarted
 	}
 	if c.waited {
-		return errors.New("zygote: Wait was already called")
+		return errors.New("exec: Wait was already called")
 	}
 	c.waited = true
 
@@ -1105,11 +1224,13 @@ func (c *Cmd) watchCtx() {
 	case <-c.ctx.Done():
 	}
 	var err error
-	if cancelErr := c.Cancel(); cancelErr == nil {
-		// From here on the child's behaviour may be the context's doing.
-		err = c.ctx.Err()
-	} else if !errors.Is(cancelErr, os.ErrProcessDone) {
-		err = fmt.Errorf("zygote: canceling Cmd: %w", cancelErr)
+	if c.Cancel != nil {
+		if cancelErr := c.Cancel(); cancelErr == nil {
+			// From here on the child's behaviour may be the context's doing.
+			err = c.ctx.Err()
+		} else if !errors.Is(cancelErr, os.ErrProcessDone) {
+			err = fmt.Errorf("exec: canceling Cmd: %w", cancelErr)
+		}
 	}
 	if c.WaitDelay == 0 {
 		c.ctxResult <- ctxResult{err: err}
@@ -1123,7 +1244,7 @@ func (c *Cmd) watchCtx() {
 	case <-timer.C:
 	}
 	if killErr := c.Process.Kill(); killErr != nil && !errors.Is(killErr, os.ErrProcessDone) && err == nil {
-		err = fmt.Errorf("zygote: killing Cmd: %w", killErr)
+		err = fmt.Errorf("exec: killing Cmd: %w", killErr)
 	}
 	<-c.waitDone
 	// The delay is used up: Wait closes the pipes if I/O is still going.

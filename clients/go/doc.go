@@ -11,7 +11,10 @@
 //
 //	cmd := client.Command("git", "log")
 //
-// where client comes from Dial, DialDefault or LaunchPrivate. Cmd has
+// where client comes from Dial, DialDefault or LaunchPrivate, or keep
+// the package-level form, zygote.Command("git", "log"), which (as a Cmd
+// literal such as &zygote.Cmd{Path: "/bin/true"} does) uses
+// DefaultClient, dialled on first use. Cmd has
 // os/exec's fields and methods (Run, Start, Wait, Output, CombinedOutput,
 // the pipes, Cancel and WaitDelay), Cmd.Process can be signalled and
 // carries the child's pidfd, and Cmd.ProcessState has the exit status and
@@ -66,9 +69,20 @@
 //     never gets more privilege than this program.
 //   - Process has Wait and Release as os.Process does; Wait returns the
 //     status without treating a non-zero exit as an error.
+//   - Where the condition is os/exec's (a second Start, no command, a
+//     pipe asked for twice or too late, Wait twice or before Start,
+//     Cancel without a context), the error text is os/exec's, "exec:
+//     already started" and so on. A nil Cancel means what it means in
+//     os/exec: the context does not interrupt the child, and only
+//     WaitDelay (then a kill) ends the wait.
+//   - Options that the child's setup call would refuse (a resource that
+//     is not an RLIMIT_* number, Cur over Max, a Pgid or KillOnClose out
+//     of range, a negative TimeoutGrace) fail Start with an error that
+//     satisfies errors.Is(err, syscall.EINVAL), before anything is sent.
 //   - If the connection to the daemon is lost, pending calls fail at once
 //     with a *ConnectionError, and the next call of a Client made by Dial
-//     reconnects (a few attempts with backoff, about 1.3 s in all). Wait
+//     reconnects (10 attempts with backoff, about 4.6 s in all, as the
+//     Rust and Python clients do). Wait
 //     on a child of the lost daemon reads the exit status from the
 //     child's pidfd on Linux 6.15 and later (without resource usage:
 //     ProcessState.UsageAvailable is false), once its new parent has

@@ -65,7 +65,7 @@ func (p *Process) Pidfd() int {
 func (p *Process) Signal(sig os.Signal) error {
 	s, ok := sig.(syscall.Signal)
 	if !ok {
-		return fmt.Errorf("zygote: unsupported signal type %T", sig)
+		return errors.New("os: unsupported signal type")
 	}
 	if err, done := p.signalDeferred(s); done {
 		return err
@@ -291,7 +291,7 @@ func fcntlDupCloexec(fd int) (int, error) {
 	return int(r), nil
 }
 
-var errReleased = errors.New("zygote: process already released")
+var errReleased = errors.New("os: process already released")
 
 // ProcessState is how a child ended, as the daemon reported it.
 type ProcessState struct {
@@ -500,4 +500,4 @@ func containsSlash(s string) bool {
 // not finish within WaitDelay; it is os/exec's own error value.
 var ErrWaitDelay = exec.ErrWaitDelay
 
-var errNotStarted = errors.New("zygote: not started")
+var errNotStarted = errors.New("exec: not started")

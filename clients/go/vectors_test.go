@@ -155,10 +155,11 @@ func TestCachedEncodingMatches(t *testing.T) {
 	c := &Client{}
 	encode := func(cmd *Cmd) (*spawnRequest, []byte, []byte) {
 		t.Helper()
-		req, _, _, _, err := cmd.build(true)
+		p, err := cmd.build(true)
 		if err != nil {
 			t.Fatal(err)
 		}
+		req := p.req
 		cached, err := encodeClient(&clientMessage{Spawn: req})
 		if err != nil {
 			t.Fatal(err)
