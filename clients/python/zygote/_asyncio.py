@@ -288,14 +288,46 @@ async def _create_once(
     )
     try:
         request = _spawn.Outgoing(conn, spec, SpawnSlot())
-    except _request.UnservableError as error:
-        raise ValueError(f"the zygote cannot start this child: {error}") from None
-    except BaseException:
+    except BaseException as error:
         if local_pipe is not None:
             os.close(local_pipe[0])
             os.close(local_pipe[1])
+        if isinstance(error, _request.UnservableError):
+            raise ValueError(f"the zygote cannot start this child: {error}") from None
         raise
+    exited = await _submit(loop, request, local_pipe)
+    slot = request.slot
+    if slot.reply is None or "SpawnFailed" in slot.reply:
+        if local_pipe is not None:
+            os.close(local_pipe[0])
+        if slot.reply is None:
+            assert slot.error is not None
+            raise ZygoteError(slot.error.errno, slot.error.strerror)
+        raise _request.spawn_error(slot.reply["SpawnFailed"], program, cwd)
+    streams = await _streams(loop, slot, specs, local_pipe, limit)
+    return Process(
+        slot.reply["Spawned"]["pid"],
+        slot.fds[0],
+        exited,
+        slot,
+        *streams,
+        client,
+        conn,
+        request.request_id,
+        options.cgroup,
+    )
 
+
+async def _submit(
+    loop: asyncio.AbstractEventLoop,
+    request: _spawn.Outgoing,
+    local_pipe: Optional[Tuple[int, int]],
+) -> "asyncio.Future[None]":
+    """Registers and sends the request, closes our copy of the child's end
+    of ``local_pipe``, and waits for the first reply; returns the future
+    of the exit notice. Raises :class:`_NotSentError` when the request
+    never left because the connection was found gone."""
+    conn = request.conn
     spawned: "asyncio.Future[None]" = loop.create_future()
     exited: "asyncio.Future[None]" = loop.create_future()
 
@@ -333,17 +365,21 @@ async def _create_once(
         ):
             raise _NotSentError(error) from None
         raise
-    if slot.reply is None:
-        if local_pipe is not None:
-            os.close(local_pipe[0])
-        assert slot.error is not None
-        raise ZygoteError(slot.error.errno, slot.error.strerror)
-    if "SpawnFailed" in slot.reply:
-        if local_pipe is not None:
-            os.close(local_pipe[0])
-        raise _request.spawn_error(slot.reply["SpawnFailed"], program, cwd)
-    pidfd, *pipes = slot.fds
-    pipe_iter = iter(pipes)
+    return exited
+
+
+async def _streams(
+    loop: asyncio.AbstractEventLoop,
+    slot: SpawnSlot,
+    specs: List[Tuple[Any, ...]],
+    local_pipe: Optional[Tuple[int, int]],
+    limit: int,
+) -> Tuple[
+    Optional[asyncio.StreamWriter], Optional[asyncio.StreamReader], Optional[asyncio.StreamReader]
+]:
+    """The asyncio streams on the pipe ends the daemon returned (after the
+    pidfd, in stream order) or on ``local_pipe``."""
+    pipe_iter = iter(slot.fds[1:])
     writer = reader_out = reader_err = None
     if specs[0][0] == "pipe":
         write_pipe = open(next(pipe_iter), "wb", buffering=0)
@@ -359,19 +395,7 @@ async def _create_once(
         reader_out = await _reader(loop, out_fd, limit)
     if specs[2][0] == "pipe":
         reader_err = await _reader(loop, next(pipe_iter), limit)
-    return Process(
-        slot.reply["Spawned"]["pid"],
-        pidfd,
-        exited,
-        slot,
-        writer,
-        reader_out,
-        reader_err,
-        client,
-        conn,
-        request.request_id,
-        options.cgroup,
-    )
+    return writer, reader_out, reader_err
 
 
 async def _reader(loop: asyncio.AbstractEventLoop, fd: int, limit: int) -> asyncio.StreamReader:

@@ -319,12 +319,19 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             if self._zygote_installed:
                 return fall_back(f"no zygote: {error}")
             raise
+        # The daemon holds its own copies now; ours of the child's ends go.
+        pipes = (p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+        self._zygote_take(request, pipes, program, cwd)
+
+    def _zygote_take(
+        self, request: _spawn.Outgoing, pipes: Tuple[int, ...], program: Any, cwd: Any
+    ) -> None:
+        """After the request left: our copies of the child's pipe ends
+        close, and the child is waited for (or, deferred, left to wait())."""
         slot, conn, request_id = request.slot, request.conn, request.request_id
+        p2cwrite, c2pread, errread = pipes[1], pipes[2], pipes[4]
         try:
-            # The daemon holds its own copies now; ours of the child's ends go.
-            self._close_pipe_fds(  # type: ignore[attr-defined]
-                p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite
-            )
+            self._close_pipe_fds(*pipes)  # type: ignore[attr-defined]
             self._zygote_slot = slot
             self._zygote_conn = conn
             self._zygote_spawn_id = request_id
