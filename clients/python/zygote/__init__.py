@@ -41,8 +41,17 @@ What differs from :mod:`subprocess`:
   drop-in falls back to the stdlib for it).
 - **Errors:** a spawn failure raises what :mod:`subprocess` raises
   (:class:`FileNotFoundError`, :class:`PermissionError`, :class:`OSError`
-  with the errno), with the failed setup step in the message; a missing
-  or lost daemon raises :class:`ZygoteError`, an :class:`OSError`.
+  with the errno), with the stdlib's ``strerror`` (``os.strerror(errno)``)
+  and ``filename``; the failed setup step and zygote's message are in
+  ``zygote_stage`` and ``zygote_message`` (and ``__notes__`` on 3.11+). A
+  value out of range (``user=2**64``, a negative id, a closed fd) raises
+  the stdlib's exception before anything is sent. A missing or lost
+  daemon raises :class:`ZygoteError`, an :class:`OSError`.
+- **os.fork():** a forked child never uses its parent's connection: its
+  clients (and the default client) dial a connection of their own at the
+  child's first request. A client of a private zygote cannot, and says
+  so. Python 3.12+ warns (``DeprecationWarning``) about forking a process
+  with threads: the client's reader thread is one.
 - **Extra keywords:** ``kill_on_close``, ``zygote_timeout``,
   ``zygote_grace``, ``rlimits`` and ``cgroup`` (a :class:`Cgroup`: limits
   and whole-tree kill and wait; see :class:`Popen`).
