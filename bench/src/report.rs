@@ -22,7 +22,7 @@ pub struct Report {
     pub resident: Vec<Resident>,
     /// The cost of a cgroup per child.
     pub cgroup: CgroupCost,
-    /// The targets, evaluated.
+    /// The targets, evaluated.
     pub targets: Vec<Target>,
 }
 
@@ -89,7 +89,7 @@ pub struct Resident {
     pub rss_kib: u64,
 }
 
-/// One of the targets.
+/// One of the targets.
 #[derive(Debug, Serialize)]
 pub struct Target {
     /// What is compared.

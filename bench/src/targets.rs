@@ -1,4 +1,4 @@
-//! The issue's targets, evaluated from one run's cells.
+//! The targets, evaluated from one run's cells.
 
 use crate::Args;
 use crate::methods::Method;
@@ -11,8 +11,8 @@ const FIRST_ZYGOTES: [Method; 3] = [
     Method::ZygoteTemplate,
 ];
 
-/// Daemon + client CPU per spawn of the minimal C zygote in
-/// `shared/reference/minizyg`, µs (issue 13).
+/// Daemon + client CPU per spawn of a minimal zygote written in C (blocking
+/// calls, one reply per spawn), measured on the same 2-CPU machine, µs.
 pub const C_ZYGOTE_CPU_US: f64 = 84.0;
 
 /// p50 over the floor's, at concurrency 1.
@@ -20,7 +20,7 @@ const LATENCY_RATIO: f64 = 1.10;
 /// spawns/s over the floor's, at the highest concurrency.
 const THROUGHPUT_RATIO: f64 = 0.90;
 
-/// The issue's targets: latency at the smallest and largest parent and
+/// The targets: latency at the smallest and largest parent and
 /// with the most fds, throughput at the largest parent, CPU, and the
 /// earlier targets that must not regress.
 pub fn evaluate(cells: &[Cell], cow: &[Cow], resident: &[Resident], args: &Args) -> Vec<Target> {
