@@ -18,8 +18,7 @@ use zygote_client::Client;
 use crate::Bench;
 use crate::error::Result;
 use crate::methods::{self, Budget, CellRun};
-use crate::report::Target;
-use crate::stats::Summary;
+use crate::stats::{Summary, Target};
 
 /// The budget for placement, in ratio-to-floor points.
 const BUDGET: f64 = 0.05;

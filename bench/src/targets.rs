@@ -2,7 +2,8 @@
 
 use crate::Args;
 use crate::methods::Method;
-use crate::report::{Cell, Cow, Resident, Target};
+use crate::report::{C_ZYGOTE_CPU_US, Cell, Cow, Resident};
+use crate::stats::Target;
 
 /// The modes the older targets (fork ratio, fd ratio) were set for.
 const FIRST_ZYGOTES: [Method; 3] = [
@@ -10,10 +11,6 @@ const FIRST_ZYGOTES: [Method; 3] = [
     Method::ZygotePrivate,
     Method::ZygoteTemplate,
 ];
-
-/// Daemon + client CPU per spawn of a minimal zygote written in C (blocking
-/// calls, one reply per spawn), measured on the same 2-CPU machine, µs.
-pub const C_ZYGOTE_CPU_US: f64 = 84.0;
 
 /// p50 over the floor's, at concurrency 1.
 const LATENCY_RATIO: f64 = 1.10;
