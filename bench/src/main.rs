@@ -3,7 +3,7 @@
 //! parent's own cost (calling-thread block, copy-on-write tax) and the
 //! zygote's size. Prints markdown, writes JSON with `--json`.
 //!
-//! See the README's "Benchmark" section for how to read it.
+//! BENCHMARKS.md says how to read it.
 //!
 //! # Layout
 //!
