@@ -1,4 +1,4 @@
-//! A cgroup per child (issue 11), against a real daemon with a cgroup
+//! A cgroup per child, against a real daemon with a cgroup
 //! subtree of its own: whole-tree kill, tree-wide accounting, no cgroup
 //! left behind, and limits refused where the kernel cannot enforce them.
 

@@ -1,4 +1,4 @@
-//! `defer_spawned` (issue 13): a child that ends within the deferral window
+//! `defer_spawned`: a child that ends within the deferral window
 //! gets `Exited` alone, one that runs longer gets `Spawned` (with a working
 //! pidfd) then `Exited`; pipes and ptys are refused; a signal by spawn id
 //! works inside the window; the client APIs' `status()` use it.

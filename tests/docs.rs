@@ -49,50 +49,160 @@ fn run_help_documents_exit_codes_signals_and_fds() {
     }
 }
 
-#[test]
-fn man_pages_generate_and_render() {
-    let page = stdout(&["man"]);
-    assert!(page.contains(".TH zygote 1"), "not a roff page:\n{page}");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let dir_arg = dir.path().to_str().expect("UTF-8 temp path");
-    zygote(&["man", "--out-dir", dir_arg]);
-    for name in ["zygote", "zygote-serve", "zygote-run", "zygote-status"] {
-        let path = dir.path().join(format!("{name}.1"));
-        assert!(path.exists(), "zygote man --out-dir wrote no {name}.1");
-    }
-    if !have_tool("man", "man-db") {
-        return;
-    }
+/// `man -l PAGE` at 80 columns: the text, after asserting that groff
+/// rendered it without a warning.
+fn render_man(page: &std::path::Path) -> String {
     let rendered = Command::new("man")
         .arg("-l")
-        .arg(dir.path().join("zygote-run.1"))
+        .arg(page)
         .env("MANWIDTH", "80")
         .env("MAN_KEEP_FORMATTING", "")
         .stderr(Stdio::piped())
         .output()
         .expect("run man -l");
-    let text = String::from_utf8_lossy(&rendered.stdout);
     assert!(
         rendered.status.success(),
-        "man -l zygote-run.1: {}\n{}",
+        "man -l {}: {}\n{}",
+        page.display(),
         rendered.status,
         String::from_utf8_lossy(&rendered.stderr)
     );
-    for needle in [
-        "zygote-run",
-        "SYNOPSIS",
-        "--close-fds",
-        "Exit status:",
-        "File descriptors:",
-    ] {
-        assert!(
-            text.contains(needle),
-            "man -l zygote-run.1 lacks {needle:?}:\n{text}"
-        );
-    }
     // groff warns on stderr about roff it cannot place.
     let warnings = String::from_utf8_lossy(&rendered.stderr);
-    assert!(warnings.trim().is_empty(), "man -l warned:\n{warnings}");
+    assert!(
+        warnings.trim().is_empty(),
+        "man -l {} warned:\n{warnings}",
+        page.display()
+    );
+    String::from_utf8_lossy(&rendered.stdout).into_owned()
+}
+
+fn assert_contains_all(text: &str, what: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{what} lacks {needle:?}:\n{text}");
+    }
+}
+
+#[test]
+fn man_pages_generate_and_render() {
+    let page = stdout(&["man"]);
+    assert!(page.contains(".TH zygote 1"), "not a roff page:\n{page}");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // A directory that does not exist yet, two levels deep: created, as
+    // `install -d` would.
+    let dir = tmp.path().join("share/man");
+    let dir_arg = dir.to_str().expect("UTF-8 temp path");
+    zygote(&["man", "--out-dir", dir_arg]);
+    for name in [
+        "zygote.1",
+        "zygote-serve.1",
+        "zygote-run.1",
+        "zygote-status.1",
+        "zygote-policy.5",
+    ] {
+        assert!(
+            dir.join(name).exists(),
+            "zygote man --out-dir wrote no {name}"
+        );
+    }
+    // Written twice into the same directory, the serve page gains its
+    // sections once.
+    zygote(&["man", "--out-dir", dir_arg]);
+    let serve = std::fs::read_to_string(dir.join("zygote-serve.1")).expect("read serve page");
+    assert_eq!(serve.matches(".SH ENVIRONMENT").count(), 1, "{serve}");
+    if !have_tool("man", "man-db") {
+        return;
+    }
+    let run = render_man(&dir.join("zygote-run.1"));
+    assert_contains_all(
+        &run,
+        "man -l zygote-run.1",
+        &[
+            "zygote-run",
+            "SYNOPSIS",
+            "--close-fds",
+            "Exit status:",
+            "File descriptors:",
+        ],
+    );
+    let serve = render_man(&dir.join("zygote-serve.1"));
+    assert_contains_all(
+        &serve,
+        "man -l zygote-serve.1",
+        &[
+            "ENVIRONMENT",
+            "ZYGOTE_SOCKET",
+            "ZYGOTE_LOG",
+            "LISTEN_FDS",
+            "FILES",
+            "/run/zygote/zygote.sock",
+            "EXIT STATUS",
+            "125",
+            // Hyphenation may break the name itself.
+            "policy(5)",
+        ],
+    );
+    let policy = render_man(&dir.join("zygote-policy.5"));
+    assert_contains_all(
+        &policy,
+        "man -l zygote-policy.5",
+        &[
+            "zygote-policy(5)",
+            "[connect]",
+            "[limits]",
+            "[[peer]]",
+            "EXAMPLE",
+        ],
+    );
+}
+
+/// Every key the policy file accepts is in zygote-policy(5): each one the
+/// page names is accepted by `zygote serve --policy` (an unknown key
+/// stops the daemon), and the page names as many keys as the parser
+/// knows.
+#[test]
+fn policy_page_documents_every_policy_key() {
+    let page = zygote::cli::docs::POLICY_PAGE;
+    let mut keys: Vec<(String, String)> = Vec::new();
+    let mut table = String::new();
+    let mut previous = "";
+    for line in page.lines() {
+        if let Some(name) = line
+            .strip_prefix(".SH \"")
+            .and_then(|l| l.strip_suffix('"'))
+        {
+            table = name.to_owned();
+        }
+        // A key's entry is the tag line of a `.TP` paragraph.
+        let tag = previous == ".TP";
+        previous = line;
+        if !tag || !table.starts_with('[') {
+            continue;
+        }
+        for part in line.split("\\fB").skip(1) {
+            let key = part.split("\\fR").next().unwrap_or_default();
+            if key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                keys.push((table.clone(), key.to_owned()));
+            }
+        }
+    }
+    let mut policy = String::new();
+    for section in ["[connect]", "[limits]", "[[peer]]"] {
+        policy.push_str(section);
+        policy.push('\n');
+        for (_, key) in keys.iter().filter(|(table, _)| table == section) {
+            let value = match key.as_str() {
+                "any" | "run_as_any" | "raise_rlimits" => "false",
+                "uids" | "gids" | "run_as_uids" | "run_as_gids" => "[1000]",
+                _ => "100000",
+            };
+            policy.push_str(&format!("{key} = {value}\n"));
+        }
+    }
+    // 3 + 7 + 11 keys: the fields of the parser's three tables.
+    assert_eq!(keys.len(), 21, "keys named in zygote-policy(5): {keys:?}");
+    let parsed = zygote::daemon::policy::Policy::parse(&policy, 0);
+    assert!(parsed.is_ok(), "{policy}\n{:?}", parsed.err());
 }
 
 #[test]

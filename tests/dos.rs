@@ -1,4 +1,4 @@
-//! Denial of service against a shared root daemon (issue 9): each attack
+//! Denial of service against a shared root daemon: each attack
 //! runs as an unprivileged peer (uid 65534) against a real root daemon
 //! whose socket is mode 0666, while a well-behaved root client keeps
 //! spawning. The test asserts that its spawns keep succeeding with bounded
@@ -299,7 +299,7 @@ fn stopped_count(finding: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// Hole 1: a peer SIGSTOPs its children between their switch to its uid
+/// A peer SIGSTOPs its children between their switch to its uid
 /// and their exec (a 6,000-entry PATH makes that window milliseconds
 /// wide). Each stop used to hold a daemon runtime thread in vfork; two
 /// hung every client, and SIGTERM. Now each stalls only its own spawn;
@@ -359,7 +359,7 @@ fn a_peer_stopping_its_children_before_exec_stalls_only_itself() {
     attack.end();
 }
 
-/// Hole 2: 1,030 connections that never say hello used to lock every
+/// 1,030 connections that never say hello used to lock every
 /// other client out with `Busy`. Now one uid gets at most
 /// `max_connections_per_peer`, root keeps a reserve, and a silent
 /// connection is closed after 5 s.

@@ -194,7 +194,7 @@ fn prometheus_scrapes_the_spawn_count() {
         Some(SPAWNS.to_string().as_str()),
         "Prometheus never saw the spawn count"
     );
-    // The README's queries are valid PromQL that Prometheus evaluates;
+    // docs/service.md's queries are valid PromQL that Prometheus evaluates;
     // rate() needs two scrapes in its window, so poll until it has them.
     let children = query(web, "zygote_children_running");
     assert_eq!(children.as_deref(), Some("0"));

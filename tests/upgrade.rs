@@ -1,4 +1,4 @@
-//! Live upgrade in place (issue 12): the daemon re-executes a newer binary
+//! Live upgrade in place: the daemon re-executes a newer binary
 //! installed at its path, keeping its pid, its clients' connections and
 //! its children; and what happens to children when the daemon is killed.
 //!

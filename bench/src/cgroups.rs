@@ -1,6 +1,6 @@
 //! What a cgroup per child costs: the shared daemon without a cgroup
 //! subtree, against a second shared daemon given one (`--cgroup`), at
-//! concurrency 1 and in interleaved rounds with the floor. Issue 11's
+//! concurrency 1 and in interleaved rounds with the floor. The
 //! budget: placement raises the ratio to the floor by at most 0.05.
 //!
 //! Two kinds of spawn go through the daemon with a subtree: a plain one,
@@ -18,10 +18,9 @@ use zygote_client::Client;
 use crate::Bench;
 use crate::error::Result;
 use crate::methods::{self, Budget, CellRun};
-use crate::report::Target;
-use crate::stats::Summary;
+use crate::stats::{Summary, Target};
 
-/// Issue 11's budget for placement, in ratio-to-floor points.
+/// The budget for placement, in ratio-to-floor points.
 const BUDGET: f64 = 0.05;
 
 /// A shared daemon with a cgroup subtree of its own, removed on drop.
@@ -144,7 +143,7 @@ impl CgroupCost {
         }
     }
 
-    /// The issue's target, per child: placement adds at most 0.05 to the
+    /// The target, per child: placement adds at most 0.05 to the
     /// ratio to the floor.
     pub fn targets(&self) -> Vec<Target> {
         ["dynamic", "static"]

@@ -3,7 +3,7 @@
 //! parent's own cost (calling-thread block, copy-on-write tax) and the
 //! zygote's size. Prints markdown, writes JSON with `--json`.
 //!
-//! See the README's "Benchmark" section for how to read it.
+//! BENCHMARKS.md says how to read it.
 //!
 //! # Layout
 //!
@@ -13,7 +13,7 @@
 //! - `cgroups`: the cost of a cgroup per child (a second shared daemon);
 //! - `methods`: the six ways to spawn + wait, each timed the same way;
 //! - `ballast`: growing the parent (memory, fds);
-//! - `stats`, `report`, `targets`: summaries, markdown/JSON, the issue's
+//! - `stats`, `report`, `targets`: summaries, markdown/JSON, the
 //!   targets;
 //! - `sys`: the one `unsafe` (std's fork path).
 

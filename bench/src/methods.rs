@@ -335,7 +335,7 @@ pub async fn run_zygote(
                 let mut command = client.command(&program);
                 configure(&mut command);
                 // status(), as a caller that only wants the exit status
-                // would: the zygote may then skip `Spawned` (issue 13).
+                // would: the zygote may then skip `Spawned`.
                 Timed::new(command.status(), &mut blocked).await?;
                 samples.push(Sample {
                     latency: start.elapsed(),

@@ -32,6 +32,19 @@ pub struct Summary {
     pub zygote_cpu_per_spawn_us: Option<f64>,
 }
 
+/// One of the targets.
+#[derive(Debug, Serialize)]
+pub struct Target {
+    /// What is compared.
+    pub name: String,
+    /// The measured value.
+    pub value: f64,
+    /// The target, as text (e.g. "<= 1.25").
+    pub target: String,
+    /// Whether it is met.
+    pub met: bool,
+}
+
 /// The nearest-rank percentile `p` (0..=1) of sorted `values`.
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {

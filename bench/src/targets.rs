@@ -1,8 +1,9 @@
-//! The issue's targets, evaluated from one run's cells.
+//! The targets, evaluated from one run's cells.
 
 use crate::Args;
 use crate::methods::Method;
-use crate::report::{Cell, Cow, Resident, Target};
+use crate::report::{C_ZYGOTE_CPU_US, Cell, Cow, Resident};
+use crate::stats::Target;
 
 /// The modes the older targets (fork ratio, fd ratio) were set for.
 const FIRST_ZYGOTES: [Method; 3] = [
@@ -11,16 +12,12 @@ const FIRST_ZYGOTES: [Method; 3] = [
     Method::ZygoteTemplate,
 ];
 
-/// Daemon + client CPU per spawn of the minimal C zygote in
-/// `shared/reference/minizyg`, µs (issue 13).
-pub const C_ZYGOTE_CPU_US: f64 = 84.0;
-
 /// p50 over the floor's, at concurrency 1.
 const LATENCY_RATIO: f64 = 1.10;
 /// spawns/s over the floor's, at the highest concurrency.
 const THROUGHPUT_RATIO: f64 = 0.90;
 
-/// The issue's targets: latency at the smallest and largest parent and
+/// The targets: latency at the smallest and largest parent and
 /// with the most fds, throughput at the largest parent, CPU, and the
 /// earlier targets that must not regress.
 pub fn evaluate(cells: &[Cell], cow: &[Cow], resident: &[Resident], args: &Args) -> Vec<Target> {

@@ -125,8 +125,8 @@ pub(crate) fn parse_ignored(status: &str) -> Option<u64> {
 /// and rarely change: the umask and the resource limits. A client reads
 /// them once and reuses them (see `Client::refresh_process_state`):
 /// reading them costs ~35 µs per spawn on the calling thread (~20 µs for
-/// `/proc/self/status`, ~13 µs for 16 `getrlimit`), measured on the 2-core
-/// test VM, which was most of the async API's per-spawn block.
+/// `/proc/self/status`, ~13 µs for 16 `getrlimit`), measured on 2 CPUs,
+/// which was most of the async API's per-spawn block.
 #[derive(Debug, Clone)]
 pub(crate) struct ProcessSettings {
     /// `None` when `/proc` does not say.

@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Issue 11 for the Go client, against a daemon with a cgroup subtree of
+// A cgroup per child for the Go client, against a daemon with a cgroup subtree of
 // its own (zygote serve --cgroup): whole-tree kill, tree-wide accounting,
 // and limits refused where the kernel cannot enforce them.
 

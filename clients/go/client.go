@@ -126,7 +126,7 @@ var (
 // reader role), and hands the frames that answer other requests to their
 // goroutines: the netpoller wakes the goroutine that waits, and a reply
 // to it needs no hand-off between goroutines, which costs a wake-up and,
-// with an idle P, a futex wake of another thread (see the README's Go
+// with an idle P, a futex wake of another thread (see BENCHMARKS.md's Go
 // benchmark). Frames nobody waits for (the exit of a child not yet
 // waited for, the daemon's end) are read by a sweep that runs when
 // requests are outstanding and nobody reads, at most sweepMax apart.

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Issue 12 for the Go client: a child outlives its daemon's crash with
+// A lost daemon for the Go client: a child outlives its daemon's crash with
 // its exit status intact, and a Client reconnects to a restarted daemon.
 
 // exitInfoKernel reports whether this kernel keeps a reaped child's exit

@@ -13,7 +13,7 @@ import (
 // runtime's poller. The poller watches every fd for EPOLLOUT too, and a
 // Unix socket signals EPOLLOUT each time the daemon reads one of our
 // frames: that woke a thread here at every spawn, for nothing, and often
-// preempted the daemon at its work (see the README's Go benchmark). So
+// preempted the daemon at its work (see BENCHMARKS.md's Go benchmark). So
 // the socket stays in blocking mode (every call passes MSG_DONTWAIT) and
 // the poller watches two epoll instances instead: rd, watching the socket
 // for EPOLLIN, and wr, for EPOLLOUT only while a send waits for space.

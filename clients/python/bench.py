@@ -13,7 +13,7 @@ Conditions: the process holds each ``--rss-gib`` of touched memory and each
 back). ``--capture`` runs every method with ``capture_output=True``. Reports
 p50 and p99 per method, this process's CPU time per spawn (all its threads,
 the zygote client's reader included; not the child's, not the daemon's),
-and the ratios the issue asks about, all within one condition.
+and the target ratios, all within one condition.
 
     ZYGOTE_BIN=target/release/zygote python clients/python/bench.py
 """

@@ -55,38 +55,3 @@ pub(crate) fn strerror(errno: i32) -> String {
         None => text,
     }
 }
-
-/// The README's Rust examples, compiled by `cargo test --doc` so that they
-/// cannot rot. They are complete as shown: no hidden `# ` lines, which
-/// rustdoc would hide but a README viewer shows.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;
-
-#[cfg(test)]
-mod readme_tests {
-    /// Rustdoc hides lines starting with `# ` in Rust blocks; the rendered
-    /// README would show them.
-    #[test]
-    fn readme_rust_blocks_have_no_hidden_lines() {
-        let readme = include_str!("../../README.md");
-        let mut in_rust = false;
-        let mut rust_blocks = 0;
-        for (number, line) in readme.lines().enumerate() {
-            if let Some(info) = line.strip_prefix("```") {
-                in_rust = !in_rust && info.split([' ', ',']).next() == Some("rust");
-                rust_blocks += usize::from(in_rust);
-                continue;
-            }
-            assert!(
-                !(in_rust && (line == "#" || line.starts_with("# "))),
-                "README.md line {}: a hidden doctest line shows in the README: {line}",
-                number + 1
-            );
-        }
-        assert!(
-            rust_blocks >= 5,
-            "found {rust_blocks} Rust blocks in README.md"
-        );
-    }
-}

@@ -3,7 +3,7 @@
 //! drift from it; and the long help of `zygote run`.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, CommandFactory};
 use clap_complete::Shell;
@@ -47,11 +47,19 @@ File descriptors:
   environment, working directory, umask and resource limits
   are zygote run's own. Its parent is the zygote.";
 
+/// What zygote-serve(1) adds after its options: ENVIRONMENT, FILES, EXIT
+/// STATUS and SEE ALSO, in roff.
+const SERVE_SECTIONS: &str = include_str!("zygote-serve.sections.roff");
+
+/// zygote-policy(5): the policy file, in roff.
+pub const POLICY_PAGE: &str = include_str!("zygote-policy.5");
+
 /// Arguments of `zygote man`.
 #[derive(Debug, Args)]
 pub struct ManArgs {
     /// Write one page per command (zygote.1, zygote-serve.1,
-    /// zygote-run.1, ...) into DIR, instead of zygote(1) to stdout.
+    /// zygote-run.1, ...) and zygote-policy.5 into DIR, created if missing,
+    /// instead of zygote(1) to stdout.
     #[arg(long, value_name = "DIR")]
     pub out_dir: Option<PathBuf>,
 }
@@ -68,7 +76,7 @@ pub struct CompletionsArgs {
 pub fn man(args: &ManArgs) -> u8 {
     let command = Cli::command();
     let result = match &args.out_dir {
-        Some(dir) => clap_mangen::generate_to(command, dir).map_err(|error| {
+        Some(dir) => write_pages(command, dir).map_err(|error| {
             format!(
                 "cannot write the manual pages into {}: {error}",
                 dir.display()
@@ -83,6 +91,19 @@ pub fn man(args: &ManArgs) -> u8 {
         }
     };
     report(result)
+}
+
+/// Every page into `dir` (created with its parents, as `install -d`
+/// does): one per command, the serve page with its extra sections, and
+/// the policy file's.
+fn write_pages(command: clap::Command, dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    clap_mangen::generate_to(command, dir)?;
+    let mut serve = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join("zygote-serve.1"))?;
+    serve.write_all(SERVE_SECTIONS.as_bytes())?;
+    std::fs::write(dir.join("zygote-policy.5"), POLICY_PAGE)
 }
 
 /// `zygote completions SHELL`: a completion script on stdout, e.g.

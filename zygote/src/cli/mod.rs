@@ -92,8 +92,7 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
     /// Policy file (TOML): who may connect, as whom they may run children,
-    /// and limits [default: built-in policy; see the README's "Security
-    /// model"].
+    /// and limits [default: built-in policy; see zygote-policy(5)].
     #[arg(long, value_name = "PATH")]
     pub policy: Option<PathBuf>,
     /// Permission bits of the socket, in octal: who may connect at all

@@ -7,8 +7,8 @@
 //! meanwhile, and the daemon falls into a lockstep at concurrency 50
 //! (read ~40 requests, clone them one by one, then see ~40 exits at once).
 //! Here the workers queue the spawn and stay free; these threads take the
-//! queue first come, first served. Measured on the 2-CPU VM (Go bench
-//! driver, 50 goroutines, 3 A/B pairs under load): 17 to 44% more spawns/s
+//! queue first come, first served. Measured on 2 CPUs (Go bench
+//! driver, 50 goroutines, 3 A/B pairs): 17 to 44% more spawns/s
 //! and a p99 19 to 36% lower; completions per 5 ms steady (standard
 //! deviation 7 to 10 instead of 13 to 15 around a mean of 9 to 13).
 //!

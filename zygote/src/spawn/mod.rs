@@ -23,7 +23,7 @@
 //! run our own setup between clone and exec (which `posix_spawn` cannot).
 //! p50 in µs, 1000 runs each, release build, kernel 6.18, 2 vCPUs; the C
 //! column is glibc `posix_spawn` + `waitpid` from a tiny C program (the
-//! floor of DESIGN.md §6):
+//! floor that zygote-bench measures against):
 //!
 //! | child | this module | std `Command::status` | C posix_spawn |
 //! |---|---|---|---|

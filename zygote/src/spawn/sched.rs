@@ -2,7 +2,7 @@
 //!
 //! A daemon thread woken by its client's `sendmsg` on the client's CPU
 //! preempts the client inside that call, so the daemon's work counts as
-//! the client's blocked time (issue 13: 0.41 involuntary context switches
+//! the client's blocked time (measured: 0.41 involuntary context switches
 //! of the client's thread per spawn, blocked 34 to 36 µs p50; 0.01 and 27
 //! to 29 under `SCHED_BATCH`). The kernel never lets a `SCHED_BATCH` task
 //! preempt on wake-up (Linux 2.6.16 and later), so the daemon's threads run

@@ -478,7 +478,7 @@ func main() {
 	shared.Close()
 	private.Close()
 
-	// The targets, from the largest heap with the fewest fds.
+	// The targets, from the largest heap with the fewest fds.
 	heap, nfds := slices.Max(ints(*heaps)), slices.Min(ints(*fdsFlag))
 	cMax := slices.Max(ints(*concFlag))
 	fmt.Printf("\nTargets (from %d GiB, %d extra fds); run time %v\n\n", heap, nfds, time.Since(began).Round(time.Second))
