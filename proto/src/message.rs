@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::env::Env;
+pub use crate::env::EnvVar;
 
 /// Everything a client may send.
 // One message lives per frame, briefly; boxing the spawn request would
@@ -115,18 +116,6 @@ pub struct ResourceLimit {
     pub soft: u64,
     /// Hard limit; `u64::MAX` is `RLIM_INFINITY`.
     pub hard: u64,
-}
-
-/// One environment variable, as raw bytes: the wire form of each of
-/// [`Env`]'s variables.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EnvVar {
-    /// Non-empty, without `=` or NUL.
-    #[serde(with = "crate::bytes::one")]
-    pub key: Vec<u8>,
-    /// Without NUL.
-    #[serde(with = "crate::bytes::one")]
-    pub value: Vec<u8>,
 }
 
 /// Everything needed to start one child, computed by the client.
