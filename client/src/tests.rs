@@ -55,6 +55,7 @@ impl FakeDaemon {
                 protocol_version: PROTOCOL_VERSION,
                 server_version: "fake/1".into(),
                 limits: LIMITS,
+                features: vec!["pty".into(), "teleport".into()],
             }),
             &[],
         );

@@ -2,7 +2,8 @@
 //!
 //! Field order is wire order: postcard encodes struct fields in declaration
 //! order and enum variants by their index, so reordering anything here is a
-//! protocol change and must bump [`PROTOCOL_VERSION`](crate::PROTOCOL_VERSION).
+//! protocol change and must bump [`PROTOCOL_VERSION`](crate::PROTOCOL_VERSION),
+//! with the previous layout kept for the clients that speak it.
 
 use serde::{Deserialize, Serialize};
 
@@ -61,21 +62,32 @@ pub enum ServerMessage {
 /// Opens the conversation and states the protocol version the client speaks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
-    /// Must equal the daemon's [`PROTOCOL_VERSION`](crate::PROTOCOL_VERSION).
+    /// The newest protocol version the client speaks; the daemon answers
+    /// in the newest version both know. This layout is the same in every
+    /// version, so that any daemon can read it.
     pub protocol_version: u32,
     /// Free-form client name and version, for the daemon's logs.
     pub client: String,
 }
 
 /// The daemon's side of the handshake.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Its layout is that of the version in its first field (`PROTOCOL.md`
+/// §4.4): version 1 ends after `limits`, as released; version 2 adds
+/// `features`. A client reads the version, then the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HelloAck {
-    /// The protocol version both sides now speak.
+    /// The protocol version both sides now speak: the newest both know.
     pub protocol_version: u32,
     /// The daemon's package version, for diagnostics.
     pub server_version: String,
     /// Limits the daemon enforces on this connection.
     pub limits: Limits,
+    /// The names of the optional features the daemon offers (see
+    /// [`Feature`](crate::Feature)); always empty in version 1, whose
+    /// layout has no room for them. A client ignores names it does not
+    /// know.
+    pub features: Vec<String>,
 }
 
 /// Limits a client must respect, announced in [`HelloAck`].
