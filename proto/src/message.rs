@@ -577,7 +577,8 @@ pub enum ProtocolErrorKind {
     /// The frame was larger than [`Limits::max_frame_bytes`], or carried
     /// more fds than [`Limits::max_fds_per_frame`].
     TooLarge,
-    /// The client's protocol version is not the daemon's.
+    /// The client's newest protocol version is older than every version
+    /// the daemon serves; the message names both sides' versions.
     UnsupportedVersion,
     /// A message arrived that is not valid in this state (e.g. a request
     /// before [`Hello`], or a second [`Hello`]).
