@@ -414,7 +414,10 @@ impl SpawnTask {
                 Some(Arc::new(cgroup))
             }
             (None, Some(_)) => {
-                let message = format!("cgroup options requested, but {}", self.daemon.no_cgroups);
+                let message = format!(
+                    "this zygote does not offer the feature cgroups: cgroup options requested, but {}",
+                    self.daemon.no_cgroups
+                );
                 return Err(refused(SpawnStage::Cgroup, libc::EOPNOTSUPP, message));
             }
             (None, None) => None,
