@@ -2,7 +2,7 @@
 //! version keeps being served, in its own layout, by this daemon.
 //!
 //! The old client is a fixture: the frames it sent, recorded in
-//! `proto/vectors/v1/session.json` by the encoder of protocol version 1,
+//! `proto/vectors/v1/conversation.json` by the encoder of protocol version 1,
 //! and [`v1`], a decoder of version-1 replies written from that version's
 //! `PROTOCOL.md` and frozen with it. Neither follows later changes to
 //! `zygote-proto`: that is the point.
@@ -19,9 +19,9 @@ use zygote_proto::{
 
 use crate::util::{runtime, start_daemon, start_daemon_custom, zygote_bin};
 
-const SESSION: &str = concat!(
+const CONVERSATION: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../proto/vectors/v1/session.json"
+    "/../proto/vectors/v1/conversation.json"
 );
 const VECTORS_V1: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -59,11 +59,11 @@ fn recorded(path: &str) -> Vec<(String, Vec<u8>)> {
 }
 
 /// The recorded client frame called `name`.
-fn frame<'a>(session: &'a [(String, Vec<u8>)], name: &str) -> &'a [u8] {
-    &session
+fn frame<'a>(recorded: &'a [(String, Vec<u8>)], name: &str) -> &'a [u8] {
+    &recorded
         .iter()
         .find(|(found, _)| found == name)
-        .unwrap_or_else(|| panic!("the session has no frame {name}"))
+        .unwrap_or_else(|| panic!("no recorded frame {name}"))
         .1
 }
 
@@ -88,17 +88,17 @@ fn receive_v1(fd: &OwnedFd) -> (v1::Reply, Vec<OwnedFd>) {
     (reply, frame.fds)
 }
 
-/// Replays the recorded session of a version-1 client: its hello, a spawn
+/// Replays the recorded conversation of a version-1 client: its hello, a spawn
 /// it then signals, a spawn with a pipe, a spawn that fails, a status
 /// request and a signal to an unknown child. Every reply must decode, in
 /// full, in the version-1 layout.
 #[test]
-fn version_1_session_is_served_in_the_version_1_layout() {
-    let session = recorded(SESSION);
-    assert_eq!(session.len(), 7, "{SESSION}: frames");
-    let daemon = start_daemon("compat-v1-session");
+fn version_1_conversation_is_served_in_the_version_1_layout() {
+    let conversation = recorded(CONVERSATION);
+    assert_eq!(conversation.len(), 7, "{CONVERSATION}: frames");
+    let daemon = start_daemon("compat-v1-conversation");
     let fd = socket::connect_to(daemon.socket(), false).expect("connect");
-    let send = |name: &str| send_frame(fd.as_fd(), frame(&session, name), &[]).expect("send");
+    let send = |name: &str| send_frame(fd.as_fd(), frame(&conversation, name), &[]).expect("send");
 
     send("hello");
     match receive_v1(&fd).0 {
