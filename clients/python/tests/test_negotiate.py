@@ -15,6 +15,7 @@ from conftest import Daemon
 
 import zygote
 from zygote import _wire
+from zygote._conn import CLIENT_NAME
 
 LIMITS = {"max_frame_bytes": 262144, "max_fds_per_frame": 64}
 
@@ -64,7 +65,7 @@ def test_version_2_ack_gives_features(scripted: List[object]) -> None:
         assert client.protocol_version == 2
         assert client.features == ("pty", "teleport")
     assert scripted[2] == {
-        "Hello": {"protocol_version": _wire.PROTOCOL_VERSION, "client": "zygote-py/0.1.0"}
+        "Hello": {"protocol_version": _wire.PROTOCOL_VERSION, "client": CLIENT_NAME}
     }
 
 
