@@ -184,11 +184,12 @@ fn protocol_errors_close_only_that_connection() {
     }
     assert!(receive(&fd).is_none(), "connection closed after the error");
 
-    // A wrong protocol version.
+    // A protocol version older than any released (a newer one is answered
+    // in the newest both know).
     let fd = socket::connect_to(daemon.socket(), false).expect("connect");
     let hello = ClientMessage::Hello(Hello {
-        protocol_version: PROTOCOL_VERSION + 1,
-        client: "future".into(),
+        protocol_version: 0,
+        client: "ancient".into(),
     });
     send_frame(fd.as_fd(), &encode(&hello).unwrap(), &[]).unwrap();
     match receive(&fd) {

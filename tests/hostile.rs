@@ -221,8 +221,8 @@ fn wrong_protocol_version() {
     survives("version", |daemon| {
         let fd = connect(daemon);
         let hello = ClientMessage::Hello(Hello {
-            protocol_version: u32::MAX,
-            client: "from the future".into(),
+            protocol_version: 0,
+            client: "from before version 1".into(),
         });
         send(&fd, &encode(&hello).unwrap());
         expect_closed_with(&fd, ProtocolErrorKind::UnsupportedVersion);

@@ -65,6 +65,10 @@ mod private;
 // Hostile and broken input on the raw protocol; the daemon keeps serving.
 mod hostile;
 
+// Protocol versions: a recorded version-1 client replayed against this
+// daemon, version negotiation, and a client against fewer features.
+mod compat;
+
 // The security invariant, policy and admission limits.
 mod security;
 

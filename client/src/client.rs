@@ -318,6 +318,30 @@ impl Client {
         self.current().server_version().to_owned()
     }
 
+    /// The protocol version spoken on the current connection: the newest
+    /// that both this crate and the zygote know.
+    pub fn protocol_version(&self) -> u32 {
+        self.current().protocol_version()
+    }
+
+    /// The names of the optional features the zygote offers on the current
+    /// connection (see [`Feature`](crate::Feature)), as it announced them;
+    /// names this crate does not know are kept.
+    pub fn features(&self) -> Vec<String> {
+        self.current().features().to_vec()
+    }
+
+    /// Whether the zygote offers `feature` on the current connection. A
+    /// request using a feature it does not offer fails with `EOPNOTSUPP`
+    /// and a message naming the feature.
+    pub fn offers(&self, feature: crate::Feature) -> bool {
+        let connection = self.current();
+        connection
+            .features()
+            .iter()
+            .any(|name| name == feature.name())
+    }
+
     /// The limits in force on the current connection (the tighter of the
     /// zygote's and this crate's).
     pub fn limits(&self) -> Limits {

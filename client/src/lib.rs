@@ -129,4 +129,4 @@ pub use daemon_status::DaemonStatus;
 pub use error::{Error, Result};
 pub use status::{ExitStatus, Output, ResourceUsage};
 pub use stdio::Stdio;
-pub use zygote_proto::{Limits, ProtocolErrorKind, SpawnStage};
+pub use zygote_proto::{Feature, Limits, PROTOCOL_VERSION, ProtocolErrorKind, SpawnStage};

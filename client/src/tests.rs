@@ -55,6 +55,7 @@ impl FakeDaemon {
                 protocol_version: PROTOCOL_VERSION,
                 server_version: "fake/1".into(),
                 limits: LIMITS,
+                features: vec!["pty".into(), "teleport".into()],
             }),
             &[],
         );
@@ -493,6 +494,55 @@ async fn spawn_failure_carries_stage_and_errno() {
     // A failed spawn does not end the connection.
     assert!(client.is_connected());
     drop(client);
+    join(daemon).await;
+}
+
+/// The zygote answers in the newest version both know: the client reads
+/// the `HelloAck` in that version's layout, keeps the features it names
+/// (unknown ones too), and refuses a version it did not offer.
+#[tokio::test]
+async fn handshake_reads_the_version_the_zygote_picked() {
+    let (client_end, daemon) = fake_daemon(|mut daemon| daemon.accept_hello());
+    let client = Client::from_fd(client_end).await.unwrap();
+    assert_eq!(client.protocol_version(), PROTOCOL_VERSION);
+    assert!(client.offers(crate::Feature::Pty));
+    assert!(!client.offers(crate::Feature::Cgroups));
+    assert_eq!(client.features(), ["pty", "teleport"]);
+    drop(client);
+    join(daemon).await;
+
+    let answer_in = |protocol_version| {
+        fake_daemon(move |mut daemon| {
+            assert!(matches!(daemon.recv(), Some((ClientMessage::Hello(_), _))));
+            daemon.send(
+                ServerMessage::HelloAck(HelloAck {
+                    protocol_version,
+                    server_version: "fake/1".into(),
+                    limits: LIMITS,
+                    features: Vec::new(),
+                }),
+                &[],
+            );
+            // Until the client closes.
+            daemon.recv().map(|_| ())
+        })
+    };
+    let (client_end, daemon) = answer_in(1);
+    let client = Client::from_fd(client_end).await.unwrap();
+    assert_eq!(client.protocol_version(), 1);
+    assert!(client.features().is_empty());
+    drop(client);
+    join(daemon).await;
+
+    let (client_end, daemon) = answer_in(PROTOCOL_VERSION + 1);
+    let error = Client::from_fd(client_end).await.unwrap_err();
+    assert!(matches!(error, Error::Handshake { .. }), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("answered in version {}", PROTOCOL_VERSION + 1)),
+        "{error}"
+    );
     join(daemon).await;
 }
 

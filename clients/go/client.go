@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -134,6 +135,10 @@ type connection struct {
 	sock   *socket
 	limits limits
 	server string
+	// protocol is the version the daemon answered in; features names the
+	// optional features it offers (none in version 1).
+	protocol uint32
+	features []string
 
 	mu      sync.Mutex
 	pending map[uint64]*pending // nil once the connection is finished
@@ -293,15 +298,19 @@ func (c *connection) handshake(timeout time.Duration) error {
 	}
 	switch {
 	case m.HelloAck != nil:
-		if m.HelloAck.ProtocolVersion != protocolVersion {
-			return &ProtocolError{Expected: fmt.Sprintf("HelloAck for protocol version %d", protocolVersion),
-				Got: fmt.Sprintf("HelloAck for version %d", m.HelloAck.ProtocolVersion)}
+		// The daemon answers in the newest version both know: ours or
+		// older, never one we did not offer.
+		if v := m.HelloAck.ProtocolVersion; v < oldestProtocolVersion || v > protocolVersion {
+			return &ProtocolError{Expected: fmt.Sprintf("HelloAck for protocol version %d to %d", oldestProtocolVersion, protocolVersion),
+				Got: fmt.Sprintf("HelloAck for version %d", v)}
 		}
 		if len(fds) != 0 {
 			return &ProtocolError{Expected: "HelloAck without fds", Got: fmt.Sprintf("%d fds", len(fds))}
 		}
 		c.limits = m.HelloAck.Limits
 		c.server = m.HelloAck.ServerVersion
+		c.protocol = m.HelloAck.ProtocolVersion
+		c.features = m.HelloAck.Features
 		return nil
 	case m.ProtocolError != nil:
 		return fmt.Errorf("the daemon refused the connection: %s: %s", m.ProtocolError.Kind, m.ProtocolError.Message)
@@ -312,6 +321,19 @@ func (c *connection) handshake(timeout time.Duration) error {
 
 // ServerVersion is the daemon's version, from the latest handshake.
 func (c *Client) ServerVersion() string { return c.cur.Load().server }
+
+// ProtocolVersion is the protocol version spoken with the daemon since the
+// latest handshake: the newest that both this package and the daemon know.
+func (c *Client) ProtocolVersion() uint32 { return c.cur.Load().protocol }
+
+// Features names the optional features the daemon offers ("cgroups",
+// "pty", "large_args", ...), from the latest handshake. A request using a
+// feature the daemon does not offer fails with EOPNOTSUPP and a message
+// naming it.
+func (c *Client) Features() []string { return slices.Clone(c.cur.Load().features) }
+
+// Offers reports whether the daemon offers the optional feature name.
+func (c *Client) Offers(name string) bool { return slices.Contains(c.cur.Load().features, name) }
 
 // connection returns the live connection, reconnecting first when the
 // daemon went away and this Client may redial.

@@ -13,8 +13,18 @@ import (
 	"unsafe"
 )
 
-// protocolVersion is the version of proto/PROTOCOL.md this package speaks.
-const protocolVersion = 1
+// protocolVersion is the newest version of proto/PROTOCOL.md this package
+// speaks, sent in Hello; the daemon answers in the newest version both know.
+const protocolVersion = 2
+
+// oldestProtocolVersion is the oldest version this package reads a HelloAck
+// in; a daemon answers no older than the client's own version unless it
+// is older itself.
+const oldestProtocolVersion = 1
+
+// featuresSince is the first version whose HelloAck lists the daemon's
+// optional features.
+const featuresSince = 2
 
 // bstr is a byte string: postcard bytes, JSON an array of integers.
 type bstr []byte
@@ -107,10 +117,13 @@ type limits struct {
 	MaxFdsPerFrame uint32 `json:"max_fds_per_frame"`
 }
 
+// helloAck's layout follows its version: version 1 ends after Limits,
+// version 2 adds Features.
 type helloAck struct {
-	ProtocolVersion uint32 `json:"protocol_version"`
-	ServerVersion   string `json:"server_version"`
-	Limits          limits `json:"limits"`
+	ProtocolVersion uint32   `json:"protocol_version"`
+	ServerVersion   string   `json:"server_version"`
+	Limits          limits   `json:"limits"`
+	Features        []string `json:"features,omitempty"`
 }
 
 // stdioKind is StdioSpec's variant.
@@ -785,6 +798,20 @@ func (d *decoder) stdio(what string) stdioSpec {
 	return s
 }
 
+// helloAck reads a HelloAck in the layout of the version it starts with.
+func (d *decoder) helloAck() *helloAck {
+	a := &helloAck{ProtocolVersion: d.u32("protocol_version"), ServerVersion: d.str("server_version"),
+		Limits: limits{d.u32("max_frame_bytes"), d.u32("max_fds_per_frame")}}
+	if a.ProtocolVersion >= featuresSince {
+		n := d.count("features")
+		a.Features = make([]string, 0, n)
+		for i := 0; i < n && d.err == nil; i++ {
+			a.Features = append(a.Features, d.str("feature"))
+		}
+	}
+	return a
+}
+
 func (d *decoder) finish() error {
 	if d.err == nil && d.off != len(d.b) {
 		d.fail("%d bytes left over after the message", len(d.b)-d.off)
@@ -798,8 +825,7 @@ func decodeServer(b []byte) (*serverMessage, error) {
 	m := &serverMessage{}
 	switch d.variant("ServerMessage", 10) {
 	case 0:
-		m.HelloAck = &helloAck{d.u32("protocol_version"), d.str("server_version"),
-			limits{d.u32("max_frame_bytes"), d.u32("max_fds_per_frame")}}
+		m.HelloAck = d.helloAck()
 	case 1:
 		m.Spawned = &spawned{d.u64("id"), d.i32("pid")}
 	case 2:

@@ -16,6 +16,12 @@ func encodeServer(m *serverMessage) ([]byte, error) {
 		e.bytes([]byte(m.HelloAck.ServerVersion))
 		e.varint(uint64(m.HelloAck.Limits.MaxFrameBytes))
 		e.varint(uint64(m.HelloAck.Limits.MaxFdsPerFrame))
+		if m.HelloAck.ProtocolVersion >= featuresSince {
+			e.varint(uint64(len(m.HelloAck.Features)))
+			for _, name := range m.HelloAck.Features {
+				e.bytes([]byte(name))
+			}
+		}
 	case m.Spawned != nil:
 		e.varint(1)
 		e.varint(m.Spawned.ID)

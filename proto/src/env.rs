@@ -15,7 +15,17 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde::ser::{SerializeSeq, SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 
-use crate::message::EnvVar;
+/// One environment variable, as raw bytes: the wire form of each of
+/// [`Env`]'s variables.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvVar {
+    /// Non-empty, without `=` or NUL.
+    #[serde(with = "crate::bytes::one")]
+    pub key: Vec<u8>,
+    /// Without NUL.
+    #[serde(with = "crate::bytes::one")]
+    pub value: Vec<u8>,
+}
 
 /// Variables preallocated from a length prefix: a hostile prefix must not
 /// reserve memory the frame cannot hold.

@@ -16,6 +16,8 @@
 //! - `env`: [`Env`], an environment packed in one buffer.
 //! - [`fdpass`]: one frame in or out with its fds (`sendmsg`/`recvmsg`).
 //! - [`socket`]: creating close-on-exec SEQPACKET sockets.
+//! - [`version`]: protocol versions, features and their negotiation.
+//! - `hello_ack`: [`HelloAck`]'s layout, which follows its version.
 //! - `asyncio` (feature `tokio`): the same on tokio's reactor.
 
 mod bytes;
@@ -23,8 +25,10 @@ pub mod codec;
 mod env;
 mod error;
 pub mod fdpass;
+mod hello_ack;
 pub mod message;
 pub mod socket;
+pub mod version;
 
 #[cfg(feature = "tokio")]
 mod asyncio;
@@ -37,10 +41,9 @@ pub use error::ProtoError;
 pub use fdpass::{Frame, RECV_BUFFER_BYTES, Received, recv_frame, recv_frame_in, send_frame};
 pub use message::*;
 pub use rustix::net::UCred;
-
-/// The protocol version this crate speaks. Version 1 is unstable until the
-/// project's 1.0: it may change without a version bump before then.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub use version::{
+    FEATURES_SINCE, Feature, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, VersionMismatch, negotiate,
+};
 
 /// Largest frame either side sends or accepts, in bytes. A spawn request's
 /// argv and environment must fit in one frame.

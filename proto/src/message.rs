@@ -2,11 +2,13 @@
 //!
 //! Field order is wire order: postcard encodes struct fields in declaration
 //! order and enum variants by their index, so reordering anything here is a
-//! protocol change and must bump [`PROTOCOL_VERSION`](crate::PROTOCOL_VERSION).
+//! protocol change and must bump [`PROTOCOL_VERSION`](crate::PROTOCOL_VERSION),
+//! with the previous layout kept for the clients that speak it.
 
 use serde::{Deserialize, Serialize};
 
 use crate::env::Env;
+pub use crate::env::EnvVar;
 
 /// Everything a client may send.
 // One message lives per frame, briefly; boxing the spawn request would
@@ -60,21 +62,32 @@ pub enum ServerMessage {
 /// Opens the conversation and states the protocol version the client speaks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
-    /// Must equal the daemon's [`PROTOCOL_VERSION`](crate::PROTOCOL_VERSION).
+    /// The newest protocol version the client speaks; the daemon answers
+    /// in the newest version both know. This layout is the same in every
+    /// version, so that any daemon can read it.
     pub protocol_version: u32,
     /// Free-form client name and version, for the daemon's logs.
     pub client: String,
 }
 
 /// The daemon's side of the handshake.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Its layout is that of the version in its first field (`PROTOCOL.md`
+/// §4.4): version 1 ends after `limits`, as released; version 2 adds
+/// `features`. A client reads the version, then the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HelloAck {
-    /// The protocol version both sides now speak.
+    /// The protocol version both sides now speak: the newest both know.
     pub protocol_version: u32,
     /// The daemon's package version, for diagnostics.
     pub server_version: String,
     /// Limits the daemon enforces on this connection.
     pub limits: Limits,
+    /// The names of the optional features the daemon offers (see
+    /// [`Feature`](crate::Feature)); always empty in version 1, whose
+    /// layout has no room for them. A client ignores names it does not
+    /// know.
+    pub features: Vec<String>,
 }
 
 /// Limits a client must respect, announced in [`HelloAck`].
@@ -115,18 +128,6 @@ pub struct ResourceLimit {
     pub soft: u64,
     /// Hard limit; `u64::MAX` is `RLIM_INFINITY`.
     pub hard: u64,
-}
-
-/// One environment variable, as raw bytes: the wire form of each of
-/// [`Env`]'s variables.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EnvVar {
-    /// Non-empty, without `=` or NUL.
-    #[serde(with = "crate::bytes::one")]
-    pub key: Vec<u8>,
-    /// Without NUL.
-    #[serde(with = "crate::bytes::one")]
-    pub value: Vec<u8>,
 }
 
 /// Everything needed to start one child, computed by the client.
@@ -576,7 +577,8 @@ pub enum ProtocolErrorKind {
     /// The frame was larger than [`Limits::max_frame_bytes`], or carried
     /// more fds than [`Limits::max_fds_per_frame`].
     TooLarge,
-    /// The client's protocol version is not the daemon's.
+    /// The client's newest protocol version is older than every version
+    /// the daemon serves; the message names both sides' versions.
     UnsupportedVersion,
     /// A message arrived that is not valid in this state (e.g. a request
     /// before [`Hello`], or a second [`Hello`]).

@@ -8,11 +8,11 @@ use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 
 use zygote_proto::{
-    ClientMessage, ContinueNotice, Env, EnvVar, ExitNotice, ExitStatus, FdMapping, Hello, HelloAck,
-    KillOnClose, Limits, ProtoError, ProtocolError, ProtocolErrorKind, PtySpec, RequestFailed,
-    ResourceLimit, ResourceUsage, ServerMessage, SignalRequest, SignalSent, SpawnFailed,
-    SpawnRequest, SpawnStage, Spawned, StatusReply, StatusRequest, StdioSpec, StopNotice, Timeout,
-    UserSpec, WindowSize, decode, encode,
+    ClientMessage, ContinueNotice, Env, EnvVar, ExitNotice, ExitStatus, FEATURES_SINCE, FdMapping,
+    Hello, HelloAck, KillOnClose, Limits, ProtoError, ProtocolError, ProtocolErrorKind, PtySpec,
+    RequestFailed, ResourceLimit, ResourceUsage, ServerMessage, SignalRequest, SignalSent,
+    SpawnFailed, SpawnRequest, SpawnStage, Spawned, StatusReply, StatusRequest, StdioSpec,
+    StopNotice, Timeout, UserSpec, WindowSize, decode, encode,
 };
 
 fn bytes() -> impl Strategy<Value = Vec<u8>> {
@@ -186,18 +186,32 @@ fn client_message() -> impl Strategy<Value = ClientMessage> {
 
 fn server_message() -> impl Strategy<Value = ServerMessage> {
     prop_oneof![
-        (any::<u32>(), text(), any::<u32>(), any::<u32>()).prop_map(
-            |(protocol_version, server_version, max_frame_bytes, max_fds_per_frame)| {
-                ServerMessage::HelloAck(HelloAck {
-                    protocol_version,
-                    server_version,
-                    limits: Limits {
-                        max_frame_bytes,
-                        max_fds_per_frame,
-                    },
-                })
-            }
-        ),
+        (
+            any::<u32>(),
+            text(),
+            any::<u32>(),
+            any::<u32>(),
+            proptest::collection::vec(text(), 0..4)
+        )
+            .prop_map(
+                |(protocol_version, server_version, max_frame_bytes, max_fds_per_frame, names)| {
+                    // Version 1's layout has no room for features.
+                    let features = if protocol_version >= FEATURES_SINCE {
+                        names
+                    } else {
+                        Vec::new()
+                    };
+                    ServerMessage::HelloAck(HelloAck {
+                        protocol_version,
+                        server_version,
+                        limits: Limits {
+                            max_frame_bytes,
+                            max_fds_per_frame,
+                        },
+                        features,
+                    })
+                }
+            ),
         (any::<u64>(), any::<i32>())
             .prop_map(|(id, pid)| ServerMessage::Spawned(Spawned { id, pid })),
         (any::<u64>(), stage(), any::<i32>(), text()).prop_map(|(id, stage, errno, message)| {

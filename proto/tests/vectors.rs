@@ -51,6 +51,8 @@ impl Frame {
 const NAMES: &[&str] = &[
     "hello",
     "hello_ack",
+    "hello_v1",
+    "hello_ack_v1",
     "spawn_full",
     "spawn_minimal",
     "signal",
@@ -85,6 +87,8 @@ const NAMES: &[&str] = &[
 const DOCUMENTED: &[&str] = &[
     "hello",
     "hello_ack",
+    "hello_v1",
+    "hello_ack_v1",
     "spawn_full",
     "spawn_minimal",
     "signal",
@@ -115,16 +119,30 @@ fn env(key: &str, value: &str) -> EnvVar {
 fn value(name: &str) -> Option<Frame> {
     Some(match name {
         "hello" => Frame::Client(ClientMessage::Hello(Hello {
-            protocol_version: 1,
+            protocol_version: 2,
             client: "py/0.1".to_owned(),
         })),
         "hello_ack" => Frame::Server(ServerMessage::HelloAck(HelloAck {
+            protocol_version: 2,
+            server_version: "0.1.0".to_owned(),
+            limits: Limits {
+                max_frame_bytes: 262_144,
+                max_fds_per_frame: 64,
+            },
+            features: vec!["pty".to_owned(), "large_args".to_owned()],
+        })),
+        "hello_v1" => Frame::Client(ClientMessage::Hello(Hello {
+            protocol_version: 1,
+            client: "py/0.1".to_owned(),
+        })),
+        "hello_ack_v1" => Frame::Server(ServerMessage::HelloAck(HelloAck {
             protocol_version: 1,
             server_version: "0.1.0".to_owned(),
             limits: Limits {
                 max_frame_bytes: 262_144,
                 max_fds_per_frame: 64,
             },
+            features: Vec::new(),
         })),
         "spawn_full" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
             id: 7,
@@ -255,7 +273,7 @@ fn value(name: &str) -> Option<Frame> {
         })),
         "protocol_error" => Frame::Server(ServerMessage::ProtocolError(ProtocolError {
             kind: ProtocolErrorKind::UnsupportedVersion,
-            message: "version 2 is not 1".to_owned(),
+            message: "client 0, zygote 1 to 2".to_owned(),
         })),
         "spawn_empty_arg_fd" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
             args: vec![Vec::new(), b"x".to_vec(), b"\xc3\x28".to_vec()],
@@ -702,6 +720,49 @@ fn variant_indices_match_the_tables() {
         [1, 0, 1]
     );
     assert!(decode::<ExitStatus>(&[2, 0]).is_err());
+}
+
+/// Where the frames of each released protocol version are kept.
+const RELEASED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/vectors/v1/frames.json");
+
+/// Every frame recorded in the layout of protocol version 1 still decodes,
+/// to the value its JSON names, and encodes back to the same bytes: the
+/// layout of version 1 has not moved. (When a later version changes a
+/// message, this test decodes that message with the daemon's frozen
+/// version-1 decoder instead.)
+#[test]
+fn released_version_1_frames_still_decode() {
+    let text = std::fs::read_to_string(RELEASED)
+        .unwrap_or_else(|error| panic!("reading {RELEASED}: {error}"));
+    let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(json["protocol_version"], 1);
+    let vectors = json["vectors"].as_array().expect("a vectors array");
+    assert!(vectors.len() >= 30, "{RELEASED} lost vectors");
+    for vector in vectors {
+        let name = vector["name"].as_str().expect("name");
+        let bytes = unhex(vector["hex"].as_str().expect("hex"));
+        let (decoded, json, encoded) = match vector["direction"].as_str() {
+            Some("client") => {
+                let message: ClientMessage = decode(&bytes)
+                    .unwrap_or_else(|error| panic!("version-1 frame {name}: {error}"));
+                let json = serde_json::to_value(&message).expect("JSON");
+                (format!("{message:?}"), json, encode(&message))
+            }
+            Some("server") => {
+                let message: ServerMessage = decode(&bytes)
+                    .unwrap_or_else(|error| panic!("version-1 frame {name}: {error}"));
+                let json = serde_json::to_value(&message).expect("JSON");
+                (format!("{message:?}"), json, encode(&message))
+            }
+            other => panic!("version-1 frame {name}: direction {other:?}"),
+        };
+        assert_eq!(json, vector["message"], "version-1 frame {name}: {decoded}");
+        assert_eq!(
+            hex(&encoded.expect("encodes")),
+            hex(&bytes),
+            "version-1 frame {name} encodes differently now"
+        );
+    }
 }
 
 /// Writes `frames.json` from the values above.

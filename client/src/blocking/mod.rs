@@ -221,6 +221,21 @@ impl Client {
         self.inner.server_version()
     }
 
+    /// The protocol version spoken on this connection.
+    pub fn protocol_version(&self) -> u32 {
+        self.inner.protocol_version()
+    }
+
+    /// The names of the optional features the zygote offers.
+    pub fn features(&self) -> Vec<String> {
+        self.inner.features()
+    }
+
+    /// Whether the zygote offers `feature`.
+    pub fn offers(&self, feature: crate::Feature) -> bool {
+        self.inner.offers(feature)
+    }
+
     /// The limits in force on this connection.
     pub fn limits(&self) -> Limits {
         self.inner.limits()

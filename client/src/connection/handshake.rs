@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 
 use zygote_proto::{
     AsyncSeqpacket, ClientMessage, Hello, Limits, MAX_FDS_PER_FRAME, MAX_FRAME_BYTES,
-    PROTOCOL_VERSION, RECV_BUFFER_BYTES, ServerMessage, decode,
+    OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, RECV_BUFFER_BYTES, ServerMessage, decode,
 };
 
 use super::{CLIENT_NAME, Connection, message_name};
@@ -76,9 +76,12 @@ impl Connection {
                 )));
             }
         };
-        if ack.protocol_version != PROTOCOL_VERSION {
+        // The zygote answers in the newest version both know: ours or
+        // older, never one we did not offer.
+        if !(OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&ack.protocol_version) {
             return Err(handshake_error(format!(
-                "expected protocol version {PROTOCOL_VERSION}, the zygote answered with {}",
+                "this client speaks protocol versions {OLDEST_PROTOCOL_VERSION} to \
+                 {PROTOCOL_VERSION}, the zygote answered in version {}",
                 ack.protocol_version
             )));
         }
@@ -91,6 +94,8 @@ impl Connection {
             socket,
             endpoint,
             server_version: ack.server_version,
+            protocol_version: ack.protocol_version,
+            features: ack.features,
             limits,
             next_id: AtomicU64::new(1),
             state: Mutex::default(),

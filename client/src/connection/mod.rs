@@ -34,6 +34,10 @@ pub(crate) struct Connection {
     /// Where we connected, for error messages.
     endpoint: String,
     server_version: String,
+    /// The protocol version the zygote answered in.
+    protocol_version: u32,
+    /// The features the zygote offers, as its `HelloAck` named them.
+    features: Vec<String>,
     limits: Limits,
     next_id: AtomicU64,
     state: Mutex<State>,
@@ -246,6 +250,14 @@ impl Drop for Unregister<'_> {
 impl Connection {
     pub(crate) fn server_version(&self) -> &str {
         &self.server_version
+    }
+
+    pub(crate) fn protocol_version(&self) -> u32 {
+        self.protocol_version
+    }
+
+    pub(crate) fn features(&self) -> &[String] {
+        &self.features
     }
 
     pub(crate) fn limits(&self) -> Limits {

@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _asyncio, _spawn
 from ._conn import Connection
@@ -232,6 +232,19 @@ class Client:
         """Whether the connection is up; after a loss, False until the next
         request reconnects."""
         return self._conn.alive and self._conn.pid == os.getpid()
+
+    @property
+    def protocol_version(self) -> int:
+        """The protocol version spoken with the zygote: the newest that both
+        this package and the zygote know."""
+        return self._conn.protocol_version
+
+    @property
+    def features(self) -> Tuple[str, ...]:
+        """The names of the optional features the zygote offers
+        (``"cgroups"``, ``"pty"``, ``"large_args"``, ...). A request using one
+        it does not offer fails with ``EOPNOTSUPP`` and a message naming it."""
+        return self._conn.features
 
     @property
     def private_pid(self) -> Optional[int]:

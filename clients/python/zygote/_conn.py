@@ -17,7 +17,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _wire
 from ._errors import ZygoteError
@@ -124,7 +124,12 @@ class Connection:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF_BYTES)
         except OSError:
             pass  # capped by net.core.wmem_max; that is fine
-        self.limits = self._handshake()
+        ack = self._handshake()
+        self.limits: Dict[str, Any] = dict(ack["limits"])
+        #: The protocol version the daemon answered in, and the optional
+        #: features it offers (none in version 1).
+        self.protocol_version = int(ack["protocol_version"])
+        self.features: Tuple[str, ...] = tuple(ack.get("features", ()))
         self.max_frame = int(self.limits["max_frame_bytes"])
         self.max_fds = int(self.limits["max_fds_per_frame"])
         self._reader = threading.Thread(
@@ -163,7 +168,18 @@ class Connection:
                 errno.EPROTO, f"zygote at {self.where} sent a bad HelloAck: {error}"
             ) from None
         if isinstance(message, dict) and "HelloAck" in message:
-            return dict(message["HelloAck"]["limits"])
+            ack: Dict[str, Any] = message["HelloAck"]
+            # The daemon answers in the newest version both know: ours or
+            # older, never one we did not offer.
+            version = ack["protocol_version"]
+            if not _wire.OLDEST_PROTOCOL_VERSION <= version <= _wire.PROTOCOL_VERSION:
+                raise ZygoteError(
+                    errno.EPROTO,
+                    f"zygote at {self.where} answered in protocol version {version}; "
+                    f"this client speaks versions {_wire.OLDEST_PROTOCOL_VERSION} "
+                    f"to {_wire.PROTOCOL_VERSION}",
+                )
+            return ack
         if isinstance(message, dict) and "ProtocolError" in message:
             error_body = message["ProtocolError"]
             code = errno.EACCES if error_body["kind"] == "PermissionDenied" else errno.EPROTO

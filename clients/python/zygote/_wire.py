@@ -1,5 +1,5 @@
-"""The wire format of proto/PROTOCOL.md version 1: postcard encoding of the
-client and server messages, driven by a schema.
+"""The wire format of proto/PROTOCOL.md: postcard encoding of the client and
+server messages, driven by a schema.
 
 A message is a value in serde_json's externally tagged form (the shape of the
 shared test vectors): an enum variant with contents is ``{"Variant":
@@ -14,7 +14,13 @@ from __future__ import annotations
 import functools
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-PROTOCOL_VERSION = 1
+#: The newest protocol version this package speaks, sent in ``Hello``; the
+#: daemon answers in the newest version both know.
+PROTOCOL_VERSION = 2
+#: The oldest version this package reads a ``HelloAck`` in.
+OLDEST_PROTOCOL_VERSION = 1
+#: The first version whose ``HelloAck`` lists the daemon's features.
+FEATURES_SINCE = 2
 #: The limits of PROTOCOL.md section 1, used until ``HelloAck`` gives the
 #: daemon's own.
 MAX_FRAME_BYTES = 262144
@@ -43,6 +49,14 @@ def _opt(inner: Schema) -> Schema:
 
 def _list(inner: Schema) -> Schema:
     return ("list", inner)
+
+
+def _by_version(
+    fields: Tuple[Tuple[str, Schema], ...], since: int, *extra: Tuple[str, Schema]
+) -> Schema:
+    """A struct whose layout follows its ``protocol_version`` field: the
+    ``extra`` fields follow ``fields`` from version ``since`` on."""
+    return ("by_version", fields, since, extra)
 
 
 _STDIO = _enum(("Null", None), ("Pipe", None), ("Fd", "u32"))
@@ -129,10 +143,14 @@ SPAWN_STAGES = (
 SERVER_MESSAGE: Schema = _enum(
     (
         "HelloAck",
-        _struct(
-            ("protocol_version", "u32"),
-            ("server_version", "string"),
-            ("limits", _struct(("max_frame_bytes", "u32"), ("max_fds_per_frame", "u32"))),
+        _by_version(
+            (
+                ("protocol_version", "u32"),
+                ("server_version", "string"),
+                ("limits", _struct(("max_frame_bytes", "u32"), ("max_fds_per_frame", "u32"))),
+            ),
+            FEATURES_SINCE,
+            ("features", _list("string")),
         ),
     ),
     ("Spawned", _struct(("id", "u64"), ("pid", "i32"))),
@@ -274,6 +292,10 @@ def _encode(out: bytearray, schema: Schema, value: Any) -> None:
     elif kind == "struct":
         for name, field in schema[1]:
             _encode(out, field, value[name])
+    elif kind == "by_version":
+        _, fields, since, extra = schema
+        for name, field in fields + (extra if value["protocol_version"] >= since else ()):
+            _encode(out, field, value[name])
     else:
         if isinstance(value, str):
             name, contents = value, None
@@ -362,6 +384,12 @@ def _decode(reader: _Reader, schema: Schema) -> Any:
         return [_decode(reader, schema[1]) for _ in range(count)]
     if kind == "struct":
         return {name: _decode(reader, field) for name, field in schema[1]}
+    if kind == "by_version":
+        _, fields, since, extra = schema
+        value = {name: _decode(reader, field) for name, field in fields}
+        if value["protocol_version"] >= since:
+            value.update((name, _decode(reader, field)) for name, field in extra)
+        return value
     index = reader.varint(32)
     variants = schema[1]
     if index >= len(variants):

@@ -25,12 +25,20 @@ use crate::service::logging::LogFormat;
 
 /// A spawn server: large processes start children without forking.
 #[derive(Debug, Parser)]
-#[command(name = "zygote", version, about, long_about = LONG_ABOUT)]
+#[command(name = "zygote", version = VERSION, about, long_about = LONG_ABOUT)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
+
+/// `zygote --version`: the package version and the protocol versions
+/// served, which move independently (`tests` below keeps the numbers in
+/// step with zygote-proto's).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (protocol 2; serves protocol versions 1 to 2)"
+);
 
 /// `zygote --help` and the DESCRIPTION of zygote(1).
 const LONG_ABOUT: &str = "\
@@ -242,6 +250,18 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn version_names_the_protocol_versions_served() {
+        let expected = format!(
+            "{} (protocol {}; serves protocol versions {} to {})",
+            env!("CARGO_PKG_VERSION"),
+            zygote_proto::PROTOCOL_VERSION,
+            zygote_proto::OLDEST_PROTOCOL_VERSION,
+            zygote_proto::PROTOCOL_VERSION
+        );
+        assert_eq!(VERSION, expected);
+    }
 
     #[test]
     fn durations_parse_like_timeout() {

@@ -19,15 +19,26 @@ pub fn status(args: &StatusArgs) -> u8 {
     };
     let asked = runtime.block_on(async {
         let client = Client::connect(&path).await?;
-        client.status().await
+        let status = client.status().await?;
+        let protocol = Protocol {
+            version: client.protocol_version(),
+            features: client.features(),
+        };
+        Ok::<_, zygote_client::Error>((status, protocol))
     });
     match asked {
-        Ok(status) if args.json => {
-            println!("{}", render_json(&path.display().to_string(), &status));
+        Ok((status, protocol)) if args.json => {
+            println!(
+                "{}",
+                render_json(&path.display().to_string(), &status, &protocol)
+            );
             0
         }
-        Ok(status) => {
-            print!("{}", render(&path.display().to_string(), &status));
+        Ok((status, protocol)) => {
+            print!(
+                "{}",
+                render(&path.display().to_string(), &status, &protocol)
+            );
             0
         }
         Err(error) => {
@@ -37,16 +48,45 @@ pub fn status(args: &StatusArgs) -> u8 {
     }
 }
 
-fn render(socket: &str, status: &DaemonStatus) -> String {
+/// What the handshake told: the protocol version spoken and the zygote's
+/// optional features.
+struct Protocol {
+    version: u32,
+    features: Vec<String>,
+}
+
+impl Protocol {
+    /// The `protocol:` and `features:` lines.
+    fn lines(&self) -> String {
+        let features = if self.features.is_empty() {
+            "none".to_owned()
+        } else {
+            self.features.join(", ")
+        };
+        format!(
+            "protocol:          {}\n\
+             features:          {features}\n",
+            self.version
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({ "protocol_version": self.version, "features": self.features })
+    }
+}
+
+fn render(socket: &str, status: &DaemonStatus, protocol: &Protocol) -> String {
     format!(
         "socket:            {socket}\n\
          version:           {}\n\
+         {}\
          pid:               {}\n\
          uptime:            {}\n\
          connections:       {} open, {} accepted\n\
          children running:  {}\n\
          spawns:            {} succeeded, {} failed\n",
         status.server_version,
+        protocol.lines(),
         status.pid,
         human_duration(status.uptime),
         status.connections_open,
@@ -58,10 +98,12 @@ fn render(socket: &str, status: &DaemonStatus) -> String {
 }
 
 /// One JSON object with the same facts; durations in milliseconds.
-fn render_json(socket: &str, status: &DaemonStatus) -> String {
+fn render_json(socket: &str, status: &DaemonStatus, protocol: &Protocol) -> String {
     serde_json::json!({
         "socket": socket,
         "version": status.server_version,
+        "protocol_version": protocol.json()["protocol_version"],
+        "features": protocol.json()["features"],
         "pid": status.pid,
         "uptime_ms": u64::try_from(status.uptime.as_millis()).unwrap_or(u64::MAX),
         "connections_open": status.connections_open,
@@ -99,5 +141,26 @@ mod tests {
         assert_eq!(human_duration(Duration::from_millis(900)), "0s");
         assert_eq!(human_duration(Duration::from_secs(61)), "1m 1s");
         assert_eq!(human_duration(Duration::from_secs(90_061)), "1d 1h 1m 1s");
+    }
+
+    #[test]
+    fn status_names_the_protocol_and_features() {
+        let protocol = Protocol {
+            version: 2,
+            features: vec!["pty".to_owned(), "large_args".to_owned()],
+        };
+        assert_eq!(
+            protocol.lines(),
+            "protocol:          2\nfeatures:          pty, large_args\n"
+        );
+        assert_eq!(
+            protocol.json(),
+            serde_json::json!({ "protocol_version": 2, "features": ["pty", "large_args"] })
+        );
+        let none = Protocol {
+            version: 1,
+            features: Vec::new(),
+        };
+        assert!(none.lines().ends_with("features:          none\n"));
     }
 }

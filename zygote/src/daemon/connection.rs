@@ -18,9 +18,9 @@ use std::time::Instant;
 use tokio::sync::{Notify, Semaphore, watch};
 use tracing::{debug, warn};
 use zygote_proto::{
-    AsyncSeqpacket, ClientMessage, Frame, HelloAck, LIMITS, PROTOCOL_VERSION, ProtoError,
+    AsyncSeqpacket, ClientMessage, FEATURES_SINCE, Frame, HelloAck, LIMITS, ProtoError,
     ProtocolError, ProtocolErrorKind, RECV_BUFFER_BYTES, RequestFailed, ServerMessage,
-    SignalRequest, SignalSent, SpawnFailed, SpawnStage, StatusReply, UCred, decode,
+    SignalRequest, SignalSent, SpawnFailed, SpawnStage, StatusReply, UCred, decode, negotiate,
 };
 
 use crate::daemon::admission;
@@ -217,7 +217,7 @@ async fn serve_counted(
         }
     };
     // Once the hello is read, it is answered before any park.
-    let handshaken = handshake(&socket, hello).await;
+    let handshaken = handshake(&socket, daemon, hello).await;
     match handshaken {
         Ok(()) => {}
         // A probe (connect, then close) is not a protocol error.
@@ -380,6 +380,7 @@ type Fatal = (ProtocolErrorKind, String);
 /// client left before saying hello.
 async fn handshake(
     socket: &AsyncSeqpacket,
+    daemon: &Daemon,
     received: Result<Option<Frame>, ProtoError>,
 ) -> Result<(), Option<Fatal>> {
     let frame = match received {
@@ -388,10 +389,16 @@ async fn handshake(
         Err(error) if error.is_disconnect() => return Err(None),
         Err(error) => return Err(Some((ProtocolErrorKind::Malformed, error.to_string()))),
     };
-    answer_hello(socket, &frame).await.map_err(Some)
+    answer_hello(socket, daemon, &frame).await.map_err(Some)
 }
 
-async fn answer_hello(socket: &AsyncSeqpacket, frame: &Frame) -> Result<(), Fatal> {
+/// Answers a hello in the newest protocol version both sides know, in that
+/// version's layout; the features are those this daemon offers.
+async fn answer_hello(
+    socket: &AsyncSeqpacket,
+    daemon: &Daemon,
+    frame: &Frame,
+) -> Result<(), Fatal> {
     let hello = match decode_client(&frame.bytes)? {
         ClientMessage::Hello(hello) => hello,
         other => {
@@ -404,19 +411,19 @@ async fn answer_hello(socket: &AsyncSeqpacket, frame: &Frame) -> Result<(), Fata
     if !frame.fds.is_empty() {
         return Err(unexpected_fds("Hello", frame.fds.len()));
     }
-    if hello.protocol_version != PROTOCOL_VERSION {
-        return Err((
-            ProtocolErrorKind::UnsupportedVersion,
-            format!(
-                "client speaks protocol version {}, this zygote speaks {PROTOCOL_VERSION}",
-                hello.protocol_version
-            ),
-        ));
-    }
+    let version = negotiate(hello.protocol_version)
+        .map_err(|mismatch| (ProtocolErrorKind::UnsupportedVersion, mismatch.to_string()))?;
+    debug!(client = hello.client, protocol_version = version, "hello");
+    let features = if version >= FEATURES_SINCE {
+        daemon.offered_features()
+    } else {
+        Vec::new()
+    };
     let ack = ServerMessage::HelloAck(HelloAck {
-        protocol_version: PROTOCOL_VERSION,
+        protocol_version: version,
         server_version: crate::version(),
         limits: LIMITS,
+        features,
     });
     socket
         .send_message(&ack, &[])

@@ -22,6 +22,7 @@ use zygote_proto::{
 
 use crate::daemon::admission;
 use crate::daemon::cgroup::ChildCgroup;
+use crate::daemon::features;
 use crate::daemon::handover::{
     Active, SavedChild, SavedClient, SavedConnection, SavedExit, SavedPeer, Timer,
 };
@@ -354,6 +355,12 @@ impl SpawnTask {
             errno,
             message,
         };
+        // A feature this daemon withholds is refused by its name.
+        let withheld = |feature: &_| self.daemon.masked_features.contains(feature);
+        if let Some(feature) = features::used_by(&request).find(withheld) {
+            let (stage, errno, message) = features::refusal(feature);
+            return Err(refused(stage, errno, message));
+        }
         // Policy before capacity, capacity before any work: both fail fast.
         let credentials = self
             .connection
@@ -407,7 +414,10 @@ impl SpawnTask {
                 Some(Arc::new(cgroup))
             }
             (None, Some(_)) => {
-                let message = format!("cgroup options requested, but {}", self.daemon.no_cgroups);
+                let message = format!(
+                    "this zygote does not offer the feature cgroups: cgroup options requested, but {}",
+                    self.daemon.no_cgroups
+                );
                 return Err(refused(SpawnStage::Cgroup, libc::EOPNOTSUPP, message));
             }
             (None, None) => None,

@@ -9,6 +9,8 @@
 //! - [`policy`], `peer`, `shutdown`, `reply`: who may ask for what, who
 //!   the peer is (`SO_PEERCRED`, `SO_PEERPIDFD`, `/proc`), the stop notice,
 //!   sending a reply.
+//! - [`features`]: the optional features offered, and the refusal of
+//!   a request that uses one that is not.
 //! - `spawners`: the threads a busy shared daemon clones on, first come
 //!   first served.
 //! - [`state`]: what every connection shares: the [`state::Daemon`].
@@ -30,6 +32,7 @@ mod admission;
 pub mod cgroup;
 mod connection;
 pub(crate) mod deferral;
+pub mod features;
 pub mod handover;
 mod lifetime;
 pub(crate) mod peer;

@@ -17,7 +17,7 @@ use crate::daemon::policy::Policy;
 use crate::daemon::spawners::SpawnerPool;
 use crate::service::metrics::Metrics;
 use crate::spawn::{self, Credentials, SpawnError, SpawnPlan, SpawnedChild, Spawner, StartedChild};
-use zygote_proto::AsyncSeqpacket;
+use zygote_proto::{AsyncSeqpacket, Feature};
 
 /// An open connection, as the daemon's shutdown sees it.
 pub(crate) trait Closable: Send + Sync {
@@ -96,6 +96,9 @@ pub struct Daemon {
     pub cgroups: Option<Subtree>,
     /// Why there is no subtree, for refusals of cgroup requests.
     pub(crate) no_cgroups: String,
+    /// Features withheld although the daemon has them (see
+    /// [`features`](crate::daemon::features)): neither announced nor served.
+    pub masked_features: Vec<Feature>,
     /// Signal dispositions read at the first spawn (see [`Daemon::spawn`]),
     /// shared with the spawner threads.
     spawner: Arc<OnceLock<Option<Spawner>>>,
@@ -148,6 +151,7 @@ impl Daemon {
             metrics: Metrics::new(),
             cgroups: None,
             no_cgroups: "the daemon was started without a cgroup subtree".to_owned(),
+            masked_features: crate::daemon::features::mask_from_env(),
             spawner: Arc::default(),
             pool: None,
             pause: Pause::default(),
@@ -160,6 +164,28 @@ impl Daemon {
 }
 
 impl Daemon {
+    /// Whether this daemon offers `feature`: it has it and does not
+    /// withhold it.
+    pub fn offers(&self, feature: Feature) -> bool {
+        if self.masked_features.contains(&feature) {
+            return false;
+        }
+        match feature {
+            Feature::Cgroups => self.cgroups.is_some(),
+            Feature::Pty | Feature::LargeArgs => true,
+            Feature::Sandbox | Feature::Templates => false,
+        }
+    }
+
+    /// The names of the features offered, as `HelloAck` lists them.
+    pub fn offered_features(&self) -> Vec<String> {
+        Feature::ALL
+            .into_iter()
+            .filter(|feature| self.offers(*feature))
+            .map(|feature| feature.name().to_owned())
+            .collect()
+    }
+
     /// Remembers an open connection; forgets closed ones on the way.
     pub(crate) fn register(&self, connection: &Arc<impl Closable + 'static>) {
         let mut connections = self.connections.0.lock().expect("connections poisoned");

@@ -1,0 +1,103 @@
+package zygote
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// helloAckIn is a HelloAck frame in the layout of protocol version v.
+func helloAckIn(v uint32, features ...string) []byte {
+	b, _ := encodeServer(&serverMessage{HelloAck: &helloAck{ProtocolVersion: v, ServerVersion: "test",
+		Limits: limits{MaxFrameBytes: 262144, MaxFdsPerFrame: 64}, Features: features}})
+	return b
+}
+
+// TestHandshakeNegotiates checks that the client says its newest version,
+// reads a HelloAck in the layout of the version the daemon picked, and
+// refuses a version it did not offer.
+func TestHandshakeNegotiates(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		ack      []byte
+		version  uint32
+		features []string
+		refused  string
+	}{
+		{"version 2 with features", helloAckIn(2, "pty", "teleport"), 2, []string{"pty", "teleport"}, ""},
+		{"version 1, no features", helloAckIn(1), 1, nil, ""},
+		{"a version the client did not offer", helloAckIn(protocolVersion + 1), 0, nil, "HelloAck for version 3"},
+		{"version 0", helloAckIn(0), 0, nil, "HelloAck for version 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sent := make(chan uint32, 1)
+			path := scriptedPeer(t, func(_ *net.UnixConn, frame []byte) [][]byte {
+				m, err := decodeClient(frame)
+				if err == nil && m.Hello != nil {
+					sent <- m.Hello.ProtocolVersion
+				}
+				return [][]byte{tc.ack}
+			})
+			c, err := Dial(path)
+			if got := <-sent; got != protocolVersion {
+				t.Errorf("Hello says version %d, want %d", got, protocolVersion)
+			}
+			if tc.refused != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.refused) {
+					t.Fatalf("Dial: %v, want an error containing %q", err, tc.refused)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Dial: %v", err)
+			}
+			defer c.Close()
+			if c.ProtocolVersion() != tc.version {
+				t.Errorf("ProtocolVersion() = %d, want %d", c.ProtocolVersion(), tc.version)
+			}
+			if strings.Join(c.Features(), ",") != strings.Join(tc.features, ",") {
+				t.Errorf("Features() = %q, want %q", c.Features(), tc.features)
+			}
+			if c.Offers("pty") != (tc.version == 2) {
+				t.Errorf("Offers(pty) = %v", c.Offers("pty"))
+			}
+		})
+	}
+}
+
+// TestDaemonWithFewerFeatures runs against a real daemon that withholds
+// cgroups and pty: the client speaks version 2, sees the features offered,
+// still spawns, and a cgroup request is refused naming the feature.
+func TestDaemonWithFewerFeatures(t *testing.T) {
+	t.Setenv("ZYGOTE_MASK_FEATURES", "cgroups,pty")
+	d := ownDaemon(t)
+	c, err := Dial(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.ProtocolVersion() != protocolVersion {
+		t.Errorf("ProtocolVersion() = %d, want %d", c.ProtocolVersion(), protocolVersion)
+	}
+	if c.Offers("cgroups") || c.Offers("pty") || c.Offers("sandbox") || c.Offers("templates") {
+		t.Errorf("Features() = %q: withheld or unimplemented features offered", c.Features())
+	}
+	if !c.Offers("large_args") {
+		t.Errorf("Features() = %q: large_args missing", c.Features())
+	}
+	if err := c.Command("true").Run(); err != nil {
+		t.Fatalf("a plain spawn: %v", err)
+	}
+	cmd := c.Command("true")
+	cmd.Zygote.Cgroup = &CgroupOptions{KillTree: true}
+	err = cmd.Run()
+	var start *StartError
+	if !errors.As(err, &start) || start.Errno != syscall.EOPNOTSUPP || !strings.Contains(start.Message, "feature cgroups") {
+		t.Fatalf("a cgroup spawn: %v, want EOPNOTSUPP naming the feature cgroups", err)
+	}
+	if err := c.Command("true").Run(); err != nil {
+		t.Fatalf("a spawn after the refusal: %v", err)
+	}
+}
