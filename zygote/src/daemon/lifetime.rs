@@ -347,25 +347,118 @@ impl SpawnTask {
         active: &mut Active,
     ) -> Result<(), SpawnFailed> {
         let id = request.id;
-        let peer = &self.connection.peer;
-        let refused = |stage, errno, message| SpawnFailed {
-            id,
-            stage,
-            errno,
-            message,
+        let (credentials, slot) = self.admit(&request)?;
+        let mut prepared = self.plan(&mut request, attached, credentials)?;
+        // A queued request holds no more than its reply from here on.
+        let report_stops = request.report_stops;
+        let defer_spawned = request.defer_spawned;
+        let cgroup_spec = request.cgroup.take();
+        let cwd = request.cwd.take();
+        drop(request);
+        // Checked: from here the child slot bounds this spawn and its
+        // replies. A child its peer stops before exec must not keep the
+        // connection from being read (its client could not cancel it by
+        // closing).
+        self.release_answer_slot();
+        self.daemon.drop_inherited_settings(&mut prepared.plan);
+        let cgroup = self.place_in_cgroup(id, cgroup_spec.as_ref(), &mut prepared.plan)?;
+        let plan::Prepared {
+            plan,
+            client_ends,
+            on_close,
+            timeout,
+            leads_own_group,
+        } = prepared;
+        let Some((pid, pidfd)) = self
+            .launch(id, plan, cgroup.as_deref(), cwd.as_deref(), program)
+            .await?
+        else {
+            return Ok(());
         };
-        // Policy before capacity, capacity before any work: both fail fast.
+        self.daemon.metrics.child_started();
+        let timer = timeout.map(|timeout| {
+            Arc::new(Mutex::new(Timer {
+                term_at: Instant::now() + Duration::from_millis(timeout.millis),
+                grace: Duration::from_millis(timeout.grace_millis),
+                kill_at: None,
+            }))
+        });
+        self.track(
+            id,
+            Tracked {
+                pidfd: Some(Arc::clone(&pidfd)),
+                pid,
+                on_close,
+                cgroup: cgroup.clone(),
+                report_stops,
+                leads_own_group,
+                timer: timer.clone(),
+                exited: None,
+            },
+        );
+        // Deferred: `watch` sends it if the child outlives the delay.
+        let deferred = defer_spawned.then(|| {
+            self.daemon
+                .deferrals
+                .deadline(DEFERRED_SPAWNED_AFTER)
+                .into_std()
+        });
+        if deferred.is_none() {
+            self.send_spawned(id, pid, &pidfd, &client_ends).await;
+        }
+        self.spawned(program, pid);
+        drop(client_ends);
+        let watched = Watched {
+            id,
+            pid,
+            pidfd: Some(pidfd),
+            cgroup,
+            timer,
+            report_stops,
+            leads_own_group,
+            exited: None,
+            deferred,
+        };
+        self.watch(watched, Some(slot), active).await;
+        Ok(())
+    }
+
+    /// Policy before capacity, capacity before any work: both fail fast.
+    /// The credentials the child switches to, and its child slot.
+    fn admit(
+        &self,
+        request: &SpawnRequest,
+    ) -> Result<(Option<spawn::Credentials>, admission::Slot), SpawnFailed> {
+        let peer = &self.connection.peer;
         let credentials = self
             .connection
             .grant
-            .check(peer, &request, &self.daemon.credentials)
-            .map_err(|denied| refused(SpawnStage::Admission, libc::EPERM, denied.0))?;
-        let slot = admission::reserve(&self.daemon, peer.uid, self.connection.grant.max_children)
-            .map_err(|busy| refused(SpawnStage::Admission, libc::EAGAIN, busy))?;
+            .check(peer, request, &self.daemon.credentials)
+            .map_err(|denied| refused(request.id, SpawnStage::Admission, libc::EPERM, denied.0))?;
+        let slot =
+            admission::reserve(&self.daemon, peer.uid, self.connection.grant.max_children)
+                .map_err(|busy| refused(request.id, SpawnStage::Admission, libc::EAGAIN, busy))?;
+        Ok((credentials, slot))
+    }
+
+    /// The checked plan: the request's, with the peer's floor and the
+    /// resource limits it leaves unset.
+    fn plan(
+        &self,
+        request: &mut SpawnRequest,
+        attached: Vec<OwnedFd>,
+        credentials: Option<spawn::Credentials>,
+    ) -> Result<plan::Prepared, SpawnFailed> {
+        let peer = &self.connection.peer;
         let limit = self.connection.grant.max_argv_env_bytes;
-        let mut prepared = plan::prepare(&mut request, attached, limit, &self.connection.dev_null)
+        let mut prepared = plan::prepare(request, attached, limit, &self.connection.dev_null)
             .map_err(|refusal| {
-                refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
+                refused(
+                    request.id,
+                    refusal.stage,
+                    refusal.errno.raw_os_error(),
+                    refusal.message,
+                )
             })?;
         prepared.plan.credentials = credentials;
         plan::apply_peer_floor(&mut prepared.plan, peer);
@@ -386,65 +479,72 @@ impl SpawnTask {
                 prepared.plan.rlimits.push(nofile);
             }
         }
-        // A queued request holds no more than its reply from here on.
-        let report_stops = request.report_stops;
-        let defer_spawned = request.defer_spawned;
-        let cgroup_spec = request.cgroup.take();
-        let cwd = request.cwd.take();
-        drop(request);
-        // Checked: from here the child slot bounds this spawn and its
-        // replies. A child its peer stops before exec must not keep the
-        // connection from being read (its client could not cancel it by
-        // closing).
-        self.release_answer_slot();
-        self.daemon.drop_inherited_settings(&mut prepared.plan);
-        let cgroup = match (&self.daemon.cgroups, cgroup_spec.as_ref()) {
+        Ok(prepared)
+    }
+
+    /// The child's own cgroup, made and named in `plan`, when the daemon
+    /// has a subtree.
+    fn place_in_cgroup(
+        &self,
+        id: u64,
+        spec: Option<&zygote_proto::CgroupSpec>,
+        plan: &mut spawn::SpawnPlan,
+    ) -> Result<Option<Arc<ChildCgroup>>, SpawnFailed> {
+        match (&self.daemon.cgroups, spec) {
             (Some(subtree), spec) => {
                 let (cgroup, dir) = subtree
-                    .create(peer.uid, self.connection.grant.caps, spec)
-                    .map_err(|(message, errno)| refused(SpawnStage::Cgroup, errno, message))?;
-                prepared.plan.cgroup = Some(dir);
-                Some(Arc::new(cgroup))
+                    .create(self.connection.peer.uid, self.connection.grant.caps, spec)
+                    .map_err(|(message, errno)| refused(id, SpawnStage::Cgroup, errno, message))?;
+                plan.cgroup = Some(dir);
+                Ok(Some(Arc::new(cgroup)))
             }
             (None, Some(_)) => {
                 let message = format!("cgroup options requested, but {}", self.daemon.no_cgroups);
-                return Err(refused(SpawnStage::Cgroup, libc::EOPNOTSUPP, message));
+                Err(refused(id, SpawnStage::Cgroup, libc::EOPNOTSUPP, message))
             }
-            (None, None) => None,
-        };
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Starts the child and waits for its exec: its pid and watched
+    /// pidfd, or `None` when it cannot be watched (logged).
+    async fn launch(
+        &self,
+        id: u64,
+        plan: spawn::SpawnPlan,
+        cgroup: Option<&ChildCgroup>,
+        cwd: Option<&[u8]>,
+        program: &str,
+    ) -> Result<Option<(i32, Arc<AsyncFd<OwnedFd>>)>, SpawnFailed> {
         // No child is left in a cgroup made for a spawn that failed.
         let remove_cgroup = || {
-            if let Some(cgroup) = &cgroup {
+            if let Some(cgroup) = cgroup {
                 let _ = cgroup.remove();
             }
         };
         let failed = |error: spawn::SpawnError| {
             remove_cgroup();
             let reason = strerror(error.errno);
-            let message = match (error.stage, &cwd) {
+            let message = match (error.stage, cwd) {
                 // The directory is what is missing, not the program.
                 (SpawnStage::Chdir, Some(cwd)) => {
                     format!("chdir {}: {reason}", String::from_utf8_lossy(cwd))
                 }
                 _ => format!("{program}: {reason}"),
             };
-            refused(error.stage, error.errno, message)
+            refused(id, error.stage, error.errno, message)
         };
         // A child that keeps the daemon's ids cannot be stopped by its
         // peer: vfork, the fastest. One that switches to the peer's ids
         // could be, between the switch and exec: fork, and wait for the
         // exec here, asynchronously, so that only this spawn waits.
-        let (pid, pidfd, status) = if prepared.plan.credentials.is_none() {
+        let (pid, pidfd, status) = if plan.credentials.is_none() {
             // The daemon's copies of the child's fds go with the plan.
-            let child = self
-                .daemon
-                .spawn_plan(prepared.plan)
-                .await
-                .map_err(failed)?;
+            let child = self.daemon.spawn_plan(plan).await.map_err(failed)?;
             (child.pid, child.pidfd, None)
         } else {
-            let started = self.daemon.start(&prepared.plan);
-            drop(prepared.plan);
+            let started = self.daemon.start(&plan);
+            drop(plan);
             let child = started.map_err(failed)?;
             (child.pid, child.pidfd, Some(child.status))
         };
@@ -455,7 +555,7 @@ impl SpawnTask {
                 // neither watched nor reported, so say so loudly.
                 warn!(pid, %error, "failed to watch a child's pidfd; it will not be reaped");
                 self.connection.lock().ids.remove(&id);
-                return Ok(());
+                return Ok(None);
             }
         };
         if let Some(status) = status {
@@ -466,6 +566,7 @@ impl SpawnTask {
                     None => {
                         remove_cgroup();
                         refused(
+                            id,
                             SpawnStage::Exec,
                             libc::ECANCELED,
                             format!(
@@ -476,58 +577,49 @@ impl SpawnTask {
                     }
                 })?;
         }
-        self.daemon.metrics.child_started();
-        let timer = prepared.timeout.map(|timeout| {
-            Arc::new(Mutex::new(Timer {
-                term_at: Instant::now() + Duration::from_millis(timeout.millis),
-                grace: Duration::from_millis(timeout.grace_millis),
-                kill_at: None,
-            }))
-        });
-        {
-            let tracked = Tracked {
-                pidfd: Some(Arc::clone(&pidfd)),
-                pid,
-                on_close: prepared.on_close,
-                cgroup: cgroup.clone(),
-                report_stops,
-                leads_own_group: prepared.leads_own_group,
-                timer: timer.clone(),
-                exited: None,
-            };
-            let mut state = self.connection.lock();
-            // The client may have left while we spawned.
-            if let (true, Some(on_close)) = (state.closed, tracked.on_close) {
-                signal_on_close(&tracked, on_close, peer.uid);
-            }
-            state.children.insert(id, tracked);
+        Ok(Some((pid, pidfd)))
+    }
+
+    /// Tracks a started child on its connection; one started after its
+    /// client left gets its kill-on-close signal at once.
+    fn track(&self, id: u64, tracked: Tracked) {
+        let mut state = self.connection.lock();
+        // The client may have left while we spawned.
+        if let (true, Some(on_close)) = (state.closed, tracked.on_close) {
+            signal_on_close(&tracked, on_close, self.connection.peer.uid);
         }
+        state.children.insert(id, tracked);
+    }
+
+    /// Sends `Spawned` with the pidfd and the client's ends of the pipes.
+    async fn send_spawned(
+        &self,
+        id: u64,
+        pid: i32,
+        pidfd: &AsyncFd<OwnedFd>,
+        client_ends: &[OwnedFd],
+    ) {
         // The pidfd, then at most three pipe ends or a pty's master: on
         // the stack, not in a vector per spawn.
         let mut all = [pidfd.get_ref().as_fd(); 4];
-        debug_assert!(prepared.client_ends.len() < all.len());
+        debug_assert!(client_ends.len() < all.len());
         let mut count = 1;
-        for (slot, end) in all[1..].iter_mut().zip(&prepared.client_ends) {
+        for (slot, end) in all[1..].iter_mut().zip(client_ends) {
             *slot = end.as_fd();
             count += 1;
         }
         let fds = &all[..count];
-        // Deferred: `watch` sends it if the child outlives the delay.
-        let deferred = defer_spawned.then(|| {
-            self.daemon
-                .deferrals
-                .deadline(DEFERRED_SPAWNED_AFTER)
-                .into_std()
-        });
-        if deferred.is_none() {
-            self.reply(&ServerMessage::Spawned(Spawned { id, pid }), fds)
-                .await;
-        }
+        self.reply(&ServerMessage::Spawned(Spawned { id, pid }), fds)
+            .await;
+    }
+
+    /// Counts and logs a spawn whose child exec'd.
+    fn spawned(&self, program: &str, pid: i32) {
+        let peer = &self.connection.peer;
         let latency = self.received_at.elapsed();
         self.daemon
             .metrics
             .spawn_done(SpawnResult::Ok, latency, peer.uid);
-        drop(prepared.client_ends);
         debug!(
             peer_pid = peer.pid,
             peer_uid = peer.uid,
@@ -537,20 +629,6 @@ impl SpawnTask {
             latency_us = latency.as_micros() as u64,
             "spawned"
         );
-
-        let watched = Watched {
-            id,
-            pid,
-            pidfd: Some(pidfd),
-            cgroup,
-            timer,
-            report_stops,
-            leads_own_group: prepared.leads_own_group,
-            exited: None,
-            deferred,
-        };
-        self.watch(watched, Some(slot), active).await;
-        Ok(())
     }
 
     /// Waits for a started child's exit (timeouts, stops) and sends its
@@ -819,6 +897,16 @@ impl SpawnTask {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
+    }
+}
+
+/// A refusal of spawn `id`.
+fn refused(id: u64, stage: SpawnStage, errno: i32, message: String) -> SpawnFailed {
+    SpawnFailed {
+        id,
+        stage,
+        errno,
+        message,
     }
 }
 
