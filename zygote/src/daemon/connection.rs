@@ -26,6 +26,7 @@ use zygote_proto::{
 use crate::daemon::admission;
 use crate::daemon::handover::{Active, SavedConnection};
 use crate::daemon::lifetime::{self, Connection, SpawnTask};
+use crate::daemon::outbox::{Bounds, Outbox, Wait};
 use crate::daemon::peer::Peer;
 use crate::daemon::plan::DevNull;
 use crate::daemon::policy::Grant;
@@ -39,12 +40,18 @@ use crate::spawn;
 /// refusals being sent, and final replies a slow client has not read.
 const IN_FLIGHT_HEADROOM: usize = 256;
 
-/// Spawns of one connection not yet answered and not yet holding a child
-/// slot: being checked, or their refusal not yet taken by the client. At
-/// the cap the connection stops reading, so a client that never reads its
-/// replies makes the daemon hold at most this many refusals (and as many
-/// other replies as it has child slots).
+/// What a client may leave unanswered or unread on one connection (see
+/// `outbox`): spawns read and not yet answered, plus replies not yet read.
+/// At the bound the connection stops reading requests, and the client's
+/// socket buffer pushes back on it; so a client that never reads its
+/// replies starts at most this many children per connection.
 const MAX_UNANSWERED: usize = 64;
+
+/// The fds of replies a client has not read on one connection (queued in
+/// the daemon, or in flight towards it), counting the most each spawn not
+/// yet answered may bring: at the bound the connection stops reading
+/// requests.
+const MAX_UNREAD_FDS: usize = 128;
 
 /// Connections being refused at once, beyond the connection table.
 const REFUSING_AT_ONCE: usize = 64;
@@ -109,6 +116,14 @@ fn new_connection(
     // Running children are capped by admission; the headroom is for
     // requests being refused or replies the client has not read yet.
     let max_in_flight = grant.max_children.saturating_add(IN_FLIGHT_HEADROOM);
+    let outbox = Outbox::new(Bounds {
+        replies: MAX_UNANSWERED,
+        fds: MAX_UNREAD_FDS,
+    });
+    if left {
+        // Nobody to send to: replies are dropped as they come.
+        outbox.close(false);
+    }
     let (left, _) = watch::channel(left);
     Arc::new(Connection {
         socket,
@@ -119,7 +134,7 @@ fn new_connection(
         max_in_flight,
         changed: Notify::new(),
         left,
-        unanswered: Arc::new(Semaphore::new(MAX_UNANSWERED)),
+        outbox,
         dev_null: DevNull::default(),
     })
 }
@@ -285,8 +300,11 @@ async fn serve_requests(
     mut active: Active,
     mut scratch: Vec<u8>,
 ) {
+    let outbox = &connection.outbox;
+    tokio::spawn(Arc::clone(outbox).write(Arc::clone(socket), shutdown.clone()));
     let mut stopping = false;
-    loop {
+    // Whether the replies still queued go out once the loop ends.
+    let drain = loop {
         if stopping && connection.is_idle() {
             debug!(
                 peer_pid = connection.peer.pid,
@@ -294,10 +312,16 @@ async fn serve_requests(
                 peer_gid = connection.peer.gid,
                 "closing an idle connection: stopping"
             );
-            break;
+            break true;
         }
+        let room = outbox.room_for_request(socket);
         let received = tokio::select! {
-            received = socket.recv_in(&mut scratch) => received,
+            received = socket.recv_in(&mut scratch), if room => received,
+            // Held back: the client has too much unanswered or unread.
+            wait = outbox.wait_for_room(socket), if !room => match wait {
+                Wait::Room => continue,
+                Wait::Left => break false,
+            },
             () = shutdown.stopping(), if !stopping => {
                 stopping = true;
                 continue;
@@ -312,8 +336,8 @@ async fn serve_requests(
         let received_at = Instant::now();
         let received = match received {
             Ok(Some(received)) => received,
-            Ok(None) => break,
-            Err(error) if error.is_disconnect() => break,
+            Ok(None) => break false,
+            Err(error) if error.is_disconnect() => break false,
             Err(error) => {
                 let kind = match error {
                     ProtoError::FrameTooLarge { .. } | ProtoError::TooManyFds { .. } => {
@@ -328,8 +352,8 @@ async fn serve_requests(
                     %error,
                     "closing connection"
                 );
-                close_with(socket, daemon, kind, error.to_string()).await;
-                break;
+                fail_connection(connection, daemon, kind, error.to_string());
+                break true;
             }
         };
         // Decoded where it was received: no copy per request.
@@ -349,10 +373,11 @@ async fn serve_requests(
                 reason = %message,
                 "closing connection"
             );
-            close_with(socket, daemon, kind, message).await;
-            break;
+            fail_connection(connection, daemon, kind, message);
+            break true;
         }
-    }
+    };
+    outbox.close(drain);
     lifetime::connection_closed(connection);
     debug!(
         peer_pid = connection.peer.pid,
@@ -360,6 +385,18 @@ async fn serve_requests(
         peer_gid = connection.peer.gid,
         "client left"
     );
+}
+
+/// Queues a `ProtocolError` as the connection's last reply.
+fn fail_connection(
+    connection: &Connection,
+    daemon: &Daemon,
+    kind: ProtocolErrorKind,
+    message: String,
+) {
+    daemon.metrics.protocol_error(kind);
+    let reply = ServerMessage::ProtocolError(ProtocolError { kind, message });
+    connection.reply(daemon, reply);
 }
 
 /// One frame from the client, as received.
@@ -472,7 +509,7 @@ async fn dispatch(
                 errno: libc::ESHUTDOWN,
                 message: "the zygote is shutting down".into(),
             };
-            send_reply(socket, &ServerMessage::SpawnFailed(refused), &[]).await;
+            connection.reply(daemon, ServerMessage::SpawnFailed(refused));
             daemon.metrics.spawn_done(
                 SpawnResult::Refused,
                 received_at.elapsed(),
@@ -493,7 +530,7 @@ async fn dispatch(
                         request.id
                     ),
                 };
-                send_reply(socket, &ServerMessage::SpawnFailed(failed), &[]).await;
+                connection.reply(daemon, ServerMessage::SpawnFailed(failed));
                 daemon.metrics.spawn_done(
                     SpawnResult::Refused,
                     received_at.elapsed(),
@@ -506,9 +543,7 @@ async fn dispatch(
             let Ok(permit) = Arc::clone(&connection.in_flight).acquire_owned().await else {
                 return Ok(());
             };
-            let Ok(answer_slot) = Arc::clone(&connection.unanswered).acquire_owned().await else {
-                return Ok(());
-            };
+            let answer_slot = connection.outbox.owe();
             let task = SpawnTask {
                 connection: Arc::clone(connection),
                 daemon: Arc::clone(daemon),
@@ -530,7 +565,7 @@ async fn dispatch(
                 return Err(unexpected_fds("Signal", fds.len()));
             }
             let reply = signal(&request, connection);
-            send_reply(socket, &reply, &[]).await;
+            connection.reply(daemon, reply);
             Ok(())
         }
         ClientMessage::Status(request) => {
@@ -542,7 +577,7 @@ async fn dispatch(
             } else {
                 ServerMessage::Status(daemon.status(request.id))
             };
-            send_reply(socket, &reply, &[]).await;
+            connection.reply(daemon, reply);
             Ok(())
         }
         ClientMessage::Upgrade(request) => {
@@ -550,7 +585,7 @@ async fn dispatch(
                 return Err(unexpected_fds("Upgrade", fds.len()));
             }
             if let Err(reply) = ask_upgrade(request.id, socket, connection, daemon) {
-                send_reply(socket, &reply, &[]).await;
+                connection.reply(daemon, reply);
             }
             Ok(())
         }

@@ -25,11 +25,12 @@ use crate::daemon::cgroup::ChildCgroup;
 use crate::daemon::handover::{
     Active, SavedChild, SavedClient, SavedConnection, SavedExit, SavedPeer, Timer,
 };
+use crate::daemon::outbox::{self, Outbox, Owed, ReplyFd};
 use crate::daemon::peer::Peer;
 use crate::daemon::plan::{self, Group, OnClose};
 use crate::daemon::policy::Grant;
 use crate::daemon::reaper;
-use crate::daemon::reply::{clip, send_reply};
+use crate::daemon::reply::clip;
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::state::{Closable, Daemon};
 use crate::service::metrics::{SpawnResult, errno_name};
@@ -56,11 +57,10 @@ pub struct Connection {
     pub changed: Notify,
     /// Set when the client has left (or the daemon closed the connection).
     pub left: watch::Sender<bool>,
-    /// Caps the spawns of this connection not yet answered that hold no
-    /// child slot (being checked, or their refusal waiting for the client
-    /// to read): at the cap the connection stops reading requests, and the
-    /// client's socket buffer pushes back on it.
-    pub unanswered: Arc<tokio::sync::Semaphore>,
+    /// Its replies on their way to the client, and what the client has
+    /// left unanswered or unread: at the bounds the connection stops
+    /// reading requests.
+    pub outbox: Arc<Outbox>,
     /// The `/dev/null` of its children's `Null` streams.
     pub dev_null: plan::DevNull,
 }
@@ -147,6 +147,12 @@ impl Connection {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("connection state poisoned")
+    }
+
+    /// Queues a reply without fds; only from a task that holds a share of
+    /// the daemon's pause.
+    pub fn reply(&self, daemon: &Daemon, message: ServerMessage) {
+        self.outbox.push(message, Vec::new(), daemon.pause.hold());
     }
 
     /// A connection as an earlier image of this daemon saved it: its ids
@@ -272,9 +278,9 @@ pub struct SpawnTask {
     pub received_at: Instant,
     /// This task's share of [`Connection::in_flight`].
     pub _permit: tokio::sync::OwnedSemaphorePermit,
-    /// This task's share of [`Connection::unanswered`], given back once
-    /// its first reply is sent.
-    pub answer_slot: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
+    /// Counts this spawn as not yet answered (see [`Connection::outbox`])
+    /// until its first reply is queued.
+    pub answer_slot: Mutex<Option<Owed>>,
 }
 
 impl Drop for SpawnTask {
@@ -333,7 +339,7 @@ impl SpawnTask {
                     }
                     _ => SpawnResult::Failed,
                 };
-                self.finish(id, &ServerMessage::SpawnFailed(failed)).await;
+                self.finish(id, ServerMessage::SpawnFailed(failed));
                 metrics.spawn_done(result, self.received_at.elapsed(), self.connection.peer.uid);
             }
         }
@@ -355,11 +361,6 @@ impl SpawnTask {
         let cgroup_spec = request.cgroup.take();
         let cwd = request.cwd.take();
         drop(request);
-        // Checked: from here the child slot bounds this spawn and its
-        // replies. A child its peer stops before exec must not keep the
-        // connection from being read (its client could not cancel it by
-        // closing).
-        self.release_answer_slot();
         self.daemon.drop_inherited_settings(&mut prepared.plan);
         let cgroup = self.place_in_cgroup(id, cgroup_spec.as_ref(), &mut prepared.plan)?;
         let plan::Prepared {
@@ -404,10 +405,11 @@ impl SpawnTask {
                 .into_std()
         });
         if deferred.is_none() {
-            self.send_spawned(id, pid, &pidfd, &client_ends).await;
+            self.send_spawned(id, pid, &pidfd, client_ends);
+        } else {
+            drop(client_ends);
         }
         self.spawned(program, pid);
-        drop(client_ends);
         let watched = Watched {
             id,
             pid,
@@ -591,26 +593,19 @@ impl SpawnTask {
         state.children.insert(id, tracked);
     }
 
-    /// Sends `Spawned` with the pidfd and the client's ends of the pipes.
-    async fn send_spawned(
+    /// Queues `Spawned` with the pidfd and the client's ends of the pipes.
+    fn send_spawned(
         &self,
         id: u64,
         pid: i32,
-        pidfd: &AsyncFd<OwnedFd>,
-        client_ends: &[OwnedFd],
+        pidfd: &Arc<AsyncFd<OwnedFd>>,
+        client_ends: Vec<OwnedFd>,
     ) {
-        // The pidfd, then at most three pipe ends or a pty's master: on
-        // the stack, not in a vector per spawn.
-        let mut all = [pidfd.get_ref().as_fd(); 4];
-        debug_assert!(client_ends.len() < all.len());
-        let mut count = 1;
-        for (slot, end) in all[1..].iter_mut().zip(client_ends) {
-            *slot = end.as_fd();
-            count += 1;
-        }
-        let fds = &all[..count];
-        self.reply(&ServerMessage::Spawned(Spawned { id, pid }), fds)
-            .await;
+        debug_assert!(client_ends.len() < outbox::MAX_FDS_PER_REPLY);
+        let mut fds = Vec::with_capacity(1 + client_ends.len());
+        fds.push(ReplyFd::Pidfd(Arc::clone(pidfd)));
+        fds.extend(client_ends.into_iter().map(ReplyFd::Owned));
+        self.reply(ServerMessage::Spawned(Spawned { id, pid }), fds);
     }
 
     /// Counts and logs a spawn whose child exec'd.
@@ -657,7 +652,7 @@ impl SpawnTask {
                 let due = async {
                     if let Some(at) = deferred.filter(|_| pending.load(Ordering::Relaxed)) {
                         tokio::time::sleep_until(at.into()).await;
-                        self.send_deferred(&pending, id, pid, &pidfd).await;
+                        self.send_deferred(&pending, id, pid, &pidfd);
                     }
                 };
                 let stops = async {
@@ -676,8 +671,9 @@ impl SpawnTask {
                         };
                         async move {
                             // `Spawned` comes before any stop notice.
-                            self.send_deferred(pending_ref, id, pid, pidfd_ref).await;
-                            self.reply(&message, &[]).await;
+                            self.send_deferred(pending_ref, id, pid, pidfd_ref);
+                            let hold = self.daemon.pause.hold();
+                            self.connection.outbox.push_notice(message, hold).await;
                         }
                     })
                     .await;
@@ -699,7 +695,7 @@ impl SpawnTask {
                     // the saved state is exact. A deferred `Spawned` goes
                     // out first: the saved state has no room for it.
                     () = active.requested() => {
-                        self.send_deferred(&pending, id, pid, &pidfd).await;
+                        self.send_deferred(&pending, id, pid, &pidfd);
                         active.park().await;
                     }
                 }
@@ -735,7 +731,7 @@ impl SpawnTask {
                     tree,
                     pid,
                 };
-                self.finish(id, &ServerMessage::Exited(notice)).await;
+                self.finish(id, ServerMessage::Exited(notice));
                 if let Some(cgroup) = cgroup {
                     remove_when_empty(&self.daemon, cgroup);
                 }
@@ -860,35 +856,35 @@ impl SpawnTask {
         let _ = left.wait_for(|left| *left).await;
     }
 
-    /// Frees the id, then sends the spawn's last reply: a client that
+    /// Frees the id, then queues the spawn's last reply: a client that
     /// reuses the id as soon as it sees the reply is not refused.
-    async fn finish(&self, id: u64, message: &ServerMessage) {
+    fn finish(&self, id: u64, message: ServerMessage) {
         self.connection.lock().ids.remove(&id);
-        self.reply(message, &[]).await;
+        self.reply(message, Vec::new());
     }
 
-    async fn reply(&self, message: &ServerMessage, fds: &[BorrowedFd<'_>]) {
-        if let Some(socket) = self.connection.socket.upgrade() {
-            send_reply(&socket, message, fds).await;
-        }
+    /// Queues a reply; the spawn is answered.
+    fn reply(&self, message: ServerMessage, fds: Vec<ReplyFd>) {
+        self.connection
+            .outbox
+            .push(message, fds, self.daemon.pause.hold());
         // Answered: the connection may read another request.
         self.release_answer_slot();
     }
 
-    /// Sends the `Spawned` of a deferred spawn, unless it was sent already
-    /// or the spawn was not deferred.
-    async fn send_deferred(
+    /// Queues the `Spawned` of a deferred spawn, unless it was queued
+    /// already or the spawn was not deferred.
+    fn send_deferred(
         &self,
         pending: &AtomicBool,
         id: u64,
         pid: i32,
-        pidfd: &AsyncFd<OwnedFd>,
+        pidfd: &Arc<AsyncFd<OwnedFd>>,
     ) {
         if pending.swap(false, Ordering::Relaxed) {
             debug!(pid, "child still running: sending its deferred Spawned");
-            let fds = [pidfd.get_ref().as_fd()];
-            self.reply(&ServerMessage::Spawned(Spawned { id, pid }), &fds)
-                .await;
+            let fds = vec![ReplyFd::Pidfd(Arc::clone(pidfd))];
+            self.reply(ServerMessage::Spawned(Spawned { id, pid }), fds);
         }
     }
 
