@@ -29,7 +29,7 @@ use crate::daemon::lifetime::{self, Connection, SpawnTask};
 use crate::daemon::outbox::{Bounds, Outbox, Wait};
 use crate::daemon::peer::Peer;
 use crate::daemon::plan::DevNull;
-use crate::daemon::policy::Grant;
+use crate::daemon::policy::{Grant, MAX_UNREAD_FDS};
 use crate::daemon::reply::send_reply;
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::state::{Closable, Daemon, UpgradeAsk};
@@ -46,12 +46,6 @@ const IN_FLIGHT_HEADROOM: usize = 256;
 /// socket buffer pushes back on it; so a client that never reads its
 /// replies starts at most this many children per connection.
 const MAX_UNANSWERED: usize = 64;
-
-/// The fds of replies a client has not read on one connection (queued in
-/// the daemon, or in flight towards it), counting the most each spawn not
-/// yet answered may bring: at the bound the connection stops reading
-/// requests.
-const MAX_UNREAD_FDS: usize = 128;
 
 /// Connections being refused at once, beyond the connection table.
 const REFUSING_AT_ONCE: usize = 64;
@@ -150,13 +144,16 @@ async fn serve_counted(
     let peer = match Peer::identify(socket.as_fd(), cred, Path::new("/proc")) {
         Ok(peer) => peer,
         Err(error) => {
-            warn!(
-                peer_pid = cred.pid.as_raw_nonzero(),
-                peer_uid = cred.uid.as_raw(),
-                peer_gid = cred.gid.as_raw(),
-                %error,
-                "refusing a peer that cannot be identified"
-            );
+            if let Some(suppressed) = daemon.log_limit.allow(cred.uid.as_raw()) {
+                warn!(
+                    peer_pid = cred.pid.as_raw_nonzero(),
+                    peer_uid = cred.uid.as_raw(),
+                    peer_gid = cred.gid.as_raw(),
+                    %error,
+                    suppressed,
+                    "refusing a peer that cannot be identified"
+                );
+            }
             let message = format!("cannot identify this peer: {error}");
             refuse(
                 &socket,
@@ -171,13 +168,16 @@ async fn serve_counted(
     let grant = match daemon.policy.admit(&peer, daemon.uid) {
         Ok(grant) => grant,
         Err(denied) => {
-            warn!(
-                peer_pid = peer.pid,
-                peer_uid = peer.uid,
-                peer_gid = peer.gid,
-                reason = %denied.0,
-                "refusing a peer by policy"
-            );
+            if let Some(suppressed) = daemon.log_limit.allow(peer.uid) {
+                warn!(
+                    peer_pid = peer.pid,
+                    peer_uid = peer.uid,
+                    peer_gid = peer.gid,
+                    reason = %denied.0,
+                    suppressed,
+                    "refusing a peer by policy"
+                );
+            }
             refuse(
                 &socket,
                 daemon,
@@ -345,13 +345,16 @@ async fn serve_requests(
                     }
                     _ => ProtocolErrorKind::Malformed,
                 };
-                warn!(
-                    peer_pid = connection.peer.pid,
-                    peer_uid = connection.peer.uid,
-                    peer_gid = connection.peer.gid,
-                    %error,
-                    "closing connection"
-                );
+                if let Some(suppressed) = daemon.log_limit.allow(connection.peer.uid) {
+                    warn!(
+                        peer_pid = connection.peer.pid,
+                        peer_uid = connection.peer.uid,
+                        peer_gid = connection.peer.gid,
+                        %error,
+                        suppressed,
+                        "closing connection"
+                    );
+                }
                 fail_connection(connection, daemon, kind, error.to_string());
                 break true;
             }
@@ -366,13 +369,16 @@ async fn serve_requests(
         if let Err((kind, message)) =
             dispatch(request, socket, connection, daemon, &shutdown, &active).await
         {
-            warn!(
-                peer_pid = connection.peer.pid,
-                peer_uid = connection.peer.uid,
-                peer_gid = connection.peer.gid,
-                reason = %message,
-                "closing connection"
-            );
+            if let Some(suppressed) = daemon.log_limit.allow(connection.peer.uid) {
+                warn!(
+                    peer_pid = connection.peer.pid,
+                    peer_uid = connection.peer.uid,
+                    peer_gid = connection.peer.gid,
+                    reason = %message,
+                    suppressed,
+                    "closing connection"
+                );
+            }
             fail_connection(connection, daemon, kind, message);
             break true;
         }

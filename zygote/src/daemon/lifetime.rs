@@ -306,7 +306,12 @@ impl SpawnTask {
                 // policy: an operator's concern. Any other failure, and a
                 // refusal because the daemon is stopping, is the client's,
                 // which gets it in the reply: one line per spawn, DEBUG.
-                if failed.stage == SpawnStage::Admission && failed.errno != libc::ESHUTDOWN {
+                // At most a few lines per uid and window: a peer must not
+                // flood the log with its own refusals.
+                let refused =
+                    failed.stage == SpawnStage::Admission && failed.errno != libc::ESHUTDOWN;
+                let allowed = refused.then(|| self.daemon.log_limit.allow(peer.uid));
+                if let Some(Some(suppressed)) = allowed {
                     warn!(
                         peer_pid = peer.pid,
                         peer_uid = peer.uid,
@@ -315,9 +320,10 @@ impl SpawnTask {
                         stage = failed.stage.name(),
                         errno,
                         reason = %failed.message,
+                        suppressed,
                         "spawn refused"
                     );
-                } else {
+                } else if !refused {
                     debug!(
                         peer_pid = peer.pid,
                         peer_uid = peer.uid,

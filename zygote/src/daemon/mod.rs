@@ -32,6 +32,7 @@ mod connection;
 pub(crate) mod deferral;
 pub mod handover;
 mod lifetime;
+mod loglimit;
 mod outbox;
 pub(crate) mod peer;
 pub(crate) mod plan;

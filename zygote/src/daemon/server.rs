@@ -301,6 +301,7 @@ fn fitted_policy(policy: Option<Policy>) -> (Policy, FdLimit) {
         max_connections = limits.max_connections,
         max_connections_per_peer = limits.max_connections_per_peer,
         root_reserve = limits.root_reserve(),
+        child_reserve = limits.child_reserve(),
         max_children = limits.max_children,
         max_children_per_peer = limits.max_children_per_peer,
         "limits"

@@ -12,6 +12,7 @@ use zygote_proto::ResourceLimit;
 
 use crate::daemon::deferral::DeferralClock;
 use crate::daemon::handover::{Pause, SavedConnection};
+use crate::daemon::loglimit::LogLimit;
 use crate::daemon::peer;
 use crate::daemon::policy::Policy;
 use crate::daemon::spawners::SpawnerPool;
@@ -114,6 +115,8 @@ pub struct Daemon {
     pub(crate) upgrades: Mutex<Option<tokio::sync::mpsc::Sender<UpgradeAsk>>>,
     /// Deadlines of deferred `Spawned` replies.
     pub(crate) deferrals: Arc<DeferralClock>,
+    /// How many lines each peer uid may still make the daemon log.
+    pub(crate) log_limit: LogLimit,
 }
 
 impl Daemon {
@@ -155,6 +158,7 @@ impl Daemon {
             parked_sockets: Mutex::default(),
             upgrades: Mutex::default(),
             deferrals: Arc::default(),
+            log_limit: LogLimit::default(),
         }
     }
 }
