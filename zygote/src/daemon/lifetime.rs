@@ -360,6 +360,9 @@ impl SpawnTask {
     ) -> Result<(), SpawnFailed> {
         let id = request.id;
         let (credentials, slot) = self.admit(&request)?;
+        // One peer's burst waits here, behind its own spawns only, before
+        // it holds any fd.
+        let turn = self.daemon.launch_turn(self.connection.peer.uid).await;
         let mut prepared = self.plan(&mut request, attached, credentials)?;
         // A queued request holds no more than its reply from here on.
         let report_stops = request.report_stops;
@@ -376,10 +379,11 @@ impl SpawnTask {
             timeout,
             leads_own_group,
         } = prepared;
-        let Some((pid, pidfd)) = self
+        let launched = self
             .launch(id, plan, cgroup.as_deref(), cwd.as_deref(), program)
-            .await?
-        else {
+            .await;
+        drop(turn);
+        let Some((pid, pidfd)) = launched? else {
             return Ok(());
         };
         self.daemon.metrics.child_started();
