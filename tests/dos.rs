@@ -633,6 +633,40 @@ fn a_client_that_never_reads_on_16_connections_leaves_no_zombies() {
     never_reader_of_spawns(16);
 }
 
+/// A client that reads none of its replies, its children all finished,
+/// is closed after 30 s held back: its unread replies and their fds are
+/// dropped, its place in the table freed.
+#[test]
+fn a_client_that_never_reads_is_closed_once_its_children_are_done() {
+    if skip_unless_root() {
+        return;
+    }
+    let daemon = shared_daemon("dos-stuck", None);
+    let fds_before = daemon.settled_fd_count();
+    let mut attack = attacker("never-read:1:1300:true", &daemon, ATTACKER);
+    let sent = sent_counts(&attack.finding());
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    assert!(
+        daemon.fd_count() > fds_before,
+        "the connection was closed before its deadline"
+    );
+    let closed = eventually(Duration::from_secs(40), || daemon.fd_count() <= fds_before);
+    eprintln!("sent {sent:?}; closed after {:?}", started.elapsed());
+    assert!(
+        closed,
+        "a connection that reads nothing stayed open: {} fds (before: {fds_before})",
+        daemon.fd_count()
+    );
+    let logged = eventually(Duration::from_secs(5), || {
+        daemon
+            .log()
+            .contains("closing a connection that reads none of its replies")
+    });
+    assert!(logged, "the closure was not logged");
+    attack.end();
+}
+
 /// A child table of 64, as the defaults are shaped: each unprivileged
 /// uid may run a quarter of it, and root keeps a reserve.
 const SMALL_TABLE: &str = "[limits]\nmax_children = 64\n";

@@ -47,6 +47,11 @@ const IN_FLIGHT_HEADROOM: usize = 256;
 /// replies starts at most this many children per connection.
 const MAX_UNANSWERED: usize = 64;
 
+/// How long a connection may stay held back by its unread replies, its
+/// children all finished, before it is closed (its replies dropped): a
+/// client that reads nothing for this long has left in all but name.
+const STUCK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Connections being refused at once, beyond the connection table.
 const REFUSING_AT_ONCE: usize = 64;
 
@@ -303,6 +308,8 @@ async fn serve_requests(
     let outbox = &connection.outbox;
     tokio::spawn(Arc::clone(outbox).write(Arc::clone(socket), shutdown.clone()));
     let mut stopping = false;
+    // Since when the client's unread replies hold the connection back.
+    let mut held_since = None;
     // Whether the replies still queued go out once the loop ends.
     let drain = loop {
         if stopping && connection.is_idle() {
@@ -315,6 +322,9 @@ async fn serve_requests(
             break true;
         }
         let room = outbox.room_for_request(socket);
+        let now = tokio::time::Instant::now();
+        held_since = if room { None } else { held_since.or(Some(now)) };
+        let stuck_at = held_since.map_or(now, |since| since + STUCK_DEADLINE);
         let received = tokio::select! {
             received = socket.recv_in(&mut scratch), if room => received,
             // Held back: the client has too much unanswered or unread.
@@ -322,6 +332,24 @@ async fn serve_requests(
                 Wait::Room => continue,
                 Wait::Left => break false,
             },
+            () = tokio::time::sleep_until(stuck_at), if !room => {
+                if connection.is_idle() {
+                    if let Some(suppressed) = daemon.log_limit.allow(connection.peer.uid) {
+                        warn!(
+                            peer_pid = connection.peer.pid,
+                            peer_uid = connection.peer.uid,
+                            peer_gid = connection.peer.gid,
+                            suppressed,
+                            "closing a connection that reads none of its replies"
+                        );
+                    }
+                    break false;
+                }
+                // Its children still run: look again in a second.
+                let again = STUCK_DEADLINE - std::time::Duration::from_secs(1);
+                held_since = Some(now.checked_sub(again).unwrap_or(now));
+                continue;
+            }
             () = shutdown.stopping(), if !stopping => {
                 stopping = true;
                 continue;

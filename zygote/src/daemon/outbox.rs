@@ -344,3 +344,80 @@ fn hung_up(socket: &AsyncSeqpacket) -> bool {
                 .intersects(PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::handover::Pause;
+    use crate::daemon::shutdown::Coordinator;
+    use zygote_proto::{RECV_BUFFER_BYTES, SignalSent, recv_frame, socket};
+
+    fn reply(id: u64) -> ServerMessage {
+        ServerMessage::SignalSent(SignalSent { id })
+    }
+
+    /// Replies the client has not read hold the connection back at the
+    /// bound; once it has read them all, it has room again. A client that
+    /// left gets nothing more queued.
+    #[test]
+    fn unread_replies_hold_back_requests_until_read() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let (ours, theirs) = socket::pair(false).expect("socketpair");
+            let socket = Arc::new(AsyncSeqpacket::new(ours).expect("register"));
+            let outbox = Outbox::new(Bounds { replies: 4, fds: 8 });
+            let pause = Pause::default();
+            let active = pause.enter().await;
+            let coordinator = Coordinator::new();
+            let writer =
+                tokio::spawn(Arc::clone(&outbox).write(Arc::clone(&socket), coordinator.handle()));
+            assert!(outbox.room_for_request(&socket));
+            let owed = outbox.owe();
+            for id in 0..3 {
+                outbox.push(reply(id), Vec::new(), pause.hold());
+            }
+            assert!(!outbox.room_for_request(&socket), "3 replies and 1 owed");
+            drop(owed);
+            assert!(outbox.room_for_request(&socket), "answered");
+            outbox.push(reply(3), Vec::new(), pause.hold());
+            // Sent, but not read.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(!outbox.room_for_request(&socket), "sent is not read");
+            let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+            for _ in 0..4 {
+                recv_frame(theirs.as_fd(), &mut scratch)
+                    .expect("receive")
+                    .expect("a reply");
+            }
+            let room = tokio::time::timeout(Duration::from_secs(5), outbox.wait_for_room(&socket))
+                .await
+                .expect("room once read");
+            assert_eq!(room, Wait::Room);
+            // Four owed spawns may bring 16 fds: over the fd bound of 8.
+            let owed: Vec<Owed> = (0..2).map(|_| outbox.owe()).collect();
+            assert!(!outbox.room_for_request(&socket), "owed fds count");
+            drop(owed);
+            drop(theirs);
+            assert_eq!(
+                tokio::time::timeout(Duration::from_secs(5), outbox.wait_for_room(&socket))
+                    .await
+                    .expect("a hang-up is seen"),
+                Wait::Room
+            );
+            outbox.close(false);
+            outbox.push(reply(4), Vec::new(), pause.hold());
+            assert!(outbox.lock().queue.is_empty(), "nothing queued once closed");
+            tokio::time::timeout(Duration::from_secs(5), writer)
+                .await
+                .expect("the writer ends once closed")
+                .expect("writer");
+            drop(active);
+            tokio::time::timeout(Duration::from_secs(5), pause.pause())
+                .await
+                .expect("every reply's hold is given back");
+        });
+    }
+}
