@@ -633,6 +633,14 @@ fn never_reader_of_spawns(connections: usize) {
         daemon.zombies().is_empty(),
         "zombies stayed after the attack"
     );
+    let settled = eventually(Duration::from_secs(10), || {
+        daemon.rss_kib() < rss_before + 8 * 1024
+    });
+    assert!(
+        settled,
+        "RSS stayed at {} KiB after the attack (before: {rss_before})",
+        daemon.rss_kib()
+    );
 }
 
 #[test]

@@ -2,9 +2,11 @@
 //! requests until it leaves.
 //!
 //! Each spawn runs in a task of its own (`lifetime`), which after replying
-//! stays to reap the child and send its exit notice. That task holds the
-//! socket only weakly: a client that leaves closes its connection at once,
-//! and its children are still reaped.
+//! stays to reap the child and send its exit notice. Replies go through the
+//! connection's `outbox`, which one writer sends: no task waits for the
+//! client to read, and the connection stops reading requests while the
+//! client leaves too many unread. A client that leaves closes its
+//! connection at once, and its children are still reaped.
 //!
 //! When the daemon stops, a connection refuses new spawns, keeps answering
 //! signal and status requests and delivering exit notices, and closes once
