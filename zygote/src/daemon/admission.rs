@@ -14,25 +14,39 @@ pub struct Slot {
     uid: u32,
 }
 
+/// Whether `uid` may use the places kept in reserve: root's, and the
+/// daemon's own.
+fn privileged(daemon: &Daemon, uid: u32) -> bool {
+    uid == 0 || uid == daemon.uid
+}
+
 /// Reserves a slot for a child of a peer of `uid`, allowed `per_peer`
-/// children at once.
+/// children at once. Peers other than root and the daemon's own uid may
+/// not take the last [`Limits::child_reserve`](crate::daemon::policy::Limits::child_reserve)
+/// slots.
 ///
 /// # Errors
 ///
 /// A sentence naming the limit that was hit.
 pub fn reserve(daemon: &Arc<Daemon>, uid: u32, per_peer: usize) -> Result<Slot, String> {
-    let total_limit = daemon.policy.limits.max_children;
+    let limits = &daemon.policy.limits;
+    let total_limit = if privileged(daemon, uid) {
+        limits.max_children
+    } else {
+        limits.max_children - limits.child_reserve()
+    };
     let mut counts = daemon.child_counts.lock().expect("child counts poisoned");
     if counts.total >= total_limit {
         return Err(format!(
-            "busy: the zygote runs {} children, its limit (limits.max_children)",
+            "busy: the zygote runs {} children, its limit for uid {uid} (limits.max_children)",
             counts.total
         ));
     }
     let own = counts.by_uid.entry(uid).or_insert(0);
     if *own >= per_peer {
         return Err(format!(
-            "busy: uid {uid} already runs {own} children through this zygote, its limit"
+            "busy: uid {uid} already runs {own} children through this zygote, its limit \
+             (limits.max_children_per_peer)"
         ));
     }
     *own += 1;
@@ -69,8 +83,8 @@ pub struct ConnectionSlot {
 }
 
 /// Reserves a place in the connection table for a peer of `uid`, allowed
-/// `per_peer` connections at once. Peers other than root may not take
-/// the last [`Limits::root_reserve`](crate::daemon::policy::Limits::root_reserve)
+/// `per_peer` connections at once. Peers other than root and the
+/// daemon's own uid may not take the last [`Limits::root_reserve`](crate::daemon::policy::Limits::root_reserve)
 /// places.
 ///
 /// # Errors
@@ -82,7 +96,7 @@ pub fn reserve_connection(
     per_peer: usize,
 ) -> Result<ConnectionSlot, String> {
     let limits = &daemon.policy.limits;
-    let limit = if uid == 0 {
+    let limit = if privileged(daemon, uid) {
         limits.max_connections
     } else {
         limits.max_connections - limits.root_reserve()

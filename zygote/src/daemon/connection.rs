@@ -2,9 +2,11 @@
 //! requests until it leaves.
 //!
 //! Each spawn runs in a task of its own (`lifetime`), which after replying
-//! stays to reap the child and send its exit notice. That task holds the
-//! socket only weakly: a client that leaves closes its connection at once,
-//! and its children are still reaped.
+//! stays to reap the child and send its exit notice. Replies go through the
+//! connection's `outbox`, which one writer sends: no task waits for the
+//! client to read, and the connection stops reading requests while the
+//! client leaves too many unread. A client that leaves closes its
+//! connection at once, and its children are still reaped.
 //!
 //! When the daemon stops, a connection refuses new spawns, keeps answering
 //! signal and status requests and delivering exit notices, and closes once
@@ -26,9 +28,10 @@ use zygote_proto::{
 use crate::daemon::admission;
 use crate::daemon::handover::{Active, SavedConnection};
 use crate::daemon::lifetime::{self, Connection, SpawnTask};
+use crate::daemon::outbox::{Bounds, Outbox, Wait};
 use crate::daemon::peer::Peer;
 use crate::daemon::plan::DevNull;
-use crate::daemon::policy::Grant;
+use crate::daemon::policy::{Grant, MAX_UNREAD_FDS};
 use crate::daemon::reply::send_reply;
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::state::{Closable, Daemon, UpgradeAsk};
@@ -39,12 +42,17 @@ use crate::spawn;
 /// refusals being sent, and final replies a slow client has not read.
 const IN_FLIGHT_HEADROOM: usize = 256;
 
-/// Spawns of one connection not yet answered and not yet holding a child
-/// slot: being checked, or their refusal not yet taken by the client. At
-/// the cap the connection stops reading, so a client that never reads its
-/// replies makes the daemon hold at most this many refusals (and as many
-/// other replies as it has child slots).
+/// What a client may leave unanswered or unread on one connection (see
+/// `outbox`): spawns read and not yet answered, plus replies not yet read.
+/// At the bound the connection stops reading requests, and the client's
+/// socket buffer pushes back on it; so a client that never reads its
+/// replies starts at most this many children per connection.
 const MAX_UNANSWERED: usize = 64;
+
+/// How long a connection may stay held back by its unread replies, its
+/// children all finished, before it is closed (its replies dropped): a
+/// client that reads nothing for this long has left in all but name.
+const STUCK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Connections being refused at once, beyond the connection table.
 const REFUSING_AT_ONCE: usize = 64;
@@ -109,6 +117,14 @@ fn new_connection(
     // Running children are capped by admission; the headroom is for
     // requests being refused or replies the client has not read yet.
     let max_in_flight = grant.max_children.saturating_add(IN_FLIGHT_HEADROOM);
+    let outbox = Outbox::new(Bounds {
+        replies: MAX_UNANSWERED,
+        fds: MAX_UNREAD_FDS,
+    });
+    if left {
+        // Nobody to send to: replies are dropped as they come.
+        outbox.close(false);
+    }
     let (left, _) = watch::channel(left);
     Arc::new(Connection {
         socket,
@@ -119,7 +135,7 @@ fn new_connection(
         max_in_flight,
         changed: Notify::new(),
         left,
-        unanswered: Arc::new(Semaphore::new(MAX_UNANSWERED)),
+        outbox,
         dev_null: DevNull::default(),
     })
 }
@@ -135,13 +151,16 @@ async fn serve_counted(
     let peer = match Peer::identify(socket.as_fd(), cred, Path::new("/proc")) {
         Ok(peer) => peer,
         Err(error) => {
-            warn!(
-                peer_pid = cred.pid.as_raw_nonzero(),
-                peer_uid = cred.uid.as_raw(),
-                peer_gid = cred.gid.as_raw(),
-                %error,
-                "refusing a peer that cannot be identified"
-            );
+            if let Some(suppressed) = daemon.log_limit.allow(cred.uid.as_raw()) {
+                warn!(
+                    peer_pid = cred.pid.as_raw_nonzero(),
+                    peer_uid = cred.uid.as_raw(),
+                    peer_gid = cred.gid.as_raw(),
+                    %error,
+                    suppressed,
+                    "refusing a peer that cannot be identified"
+                );
+            }
             let message = format!("cannot identify this peer: {error}");
             refuse(
                 &socket,
@@ -156,13 +175,16 @@ async fn serve_counted(
     let grant = match daemon.policy.admit(&peer, daemon.uid) {
         Ok(grant) => grant,
         Err(denied) => {
-            warn!(
-                peer_pid = peer.pid,
-                peer_uid = peer.uid,
-                peer_gid = peer.gid,
-                reason = %denied.0,
-                "refusing a peer by policy"
-            );
+            if let Some(suppressed) = daemon.log_limit.allow(peer.uid) {
+                warn!(
+                    peer_pid = peer.pid,
+                    peer_uid = peer.uid,
+                    peer_gid = peer.gid,
+                    reason = %denied.0,
+                    suppressed,
+                    "refusing a peer by policy"
+                );
+            }
             refuse(
                 &socket,
                 daemon,
@@ -285,8 +307,13 @@ async fn serve_requests(
     mut active: Active,
     mut scratch: Vec<u8>,
 ) {
+    let outbox = &connection.outbox;
+    tokio::spawn(Arc::clone(outbox).write(Arc::clone(socket), shutdown.clone()));
     let mut stopping = false;
-    loop {
+    // Since when the client's unread replies hold the connection back.
+    let mut held_since = None;
+    // Whether the replies still queued go out once the loop ends.
+    let drain = loop {
         if stopping && connection.is_idle() {
             debug!(
                 peer_pid = connection.peer.pid,
@@ -294,10 +321,37 @@ async fn serve_requests(
                 peer_gid = connection.peer.gid,
                 "closing an idle connection: stopping"
             );
-            break;
+            break true;
         }
+        let room = outbox.room_for_request(socket);
+        let now = tokio::time::Instant::now();
+        held_since = if room { None } else { held_since.or(Some(now)) };
+        let stuck_at = held_since.map_or(now, |since| since + STUCK_DEADLINE);
         let received = tokio::select! {
-            received = socket.recv_in(&mut scratch) => received,
+            received = socket.recv_in(&mut scratch), if room => received,
+            // Held back: the client has too much unanswered or unread.
+            wait = outbox.wait_for_room(socket), if !room => match wait {
+                Wait::Room => continue,
+                Wait::Left => break false,
+            },
+            () = tokio::time::sleep_until(stuck_at), if !room => {
+                if connection.is_idle() {
+                    if let Some(suppressed) = daemon.log_limit.allow(connection.peer.uid) {
+                        warn!(
+                            peer_pid = connection.peer.pid,
+                            peer_uid = connection.peer.uid,
+                            peer_gid = connection.peer.gid,
+                            suppressed,
+                            "closing a connection that reads none of its replies"
+                        );
+                    }
+                    break false;
+                }
+                // Its children still run: look again in a second.
+                let again = STUCK_DEADLINE - std::time::Duration::from_secs(1);
+                held_since = Some(now.checked_sub(again).unwrap_or(now));
+                continue;
+            }
             () = shutdown.stopping(), if !stopping => {
                 stopping = true;
                 continue;
@@ -312,8 +366,8 @@ async fn serve_requests(
         let received_at = Instant::now();
         let received = match received {
             Ok(Some(received)) => received,
-            Ok(None) => break,
-            Err(error) if error.is_disconnect() => break,
+            Ok(None) => break false,
+            Err(error) if error.is_disconnect() => break false,
             Err(error) => {
                 let kind = match error {
                     ProtoError::FrameTooLarge { .. } | ProtoError::TooManyFds { .. } => {
@@ -321,15 +375,18 @@ async fn serve_requests(
                     }
                     _ => ProtocolErrorKind::Malformed,
                 };
-                warn!(
-                    peer_pid = connection.peer.pid,
-                    peer_uid = connection.peer.uid,
-                    peer_gid = connection.peer.gid,
-                    %error,
-                    "closing connection"
-                );
-                close_with(socket, daemon, kind, error.to_string()).await;
-                break;
+                if let Some(suppressed) = daemon.log_limit.allow(connection.peer.uid) {
+                    warn!(
+                        peer_pid = connection.peer.pid,
+                        peer_uid = connection.peer.uid,
+                        peer_gid = connection.peer.gid,
+                        %error,
+                        suppressed,
+                        "closing connection"
+                    );
+                }
+                fail_connection(connection, daemon, kind, error.to_string());
+                break true;
             }
         };
         // Decoded where it was received: no copy per request.
@@ -342,17 +399,21 @@ async fn serve_requests(
         if let Err((kind, message)) =
             dispatch(request, socket, connection, daemon, &shutdown, &active).await
         {
-            warn!(
-                peer_pid = connection.peer.pid,
-                peer_uid = connection.peer.uid,
-                peer_gid = connection.peer.gid,
-                reason = %message,
-                "closing connection"
-            );
-            close_with(socket, daemon, kind, message).await;
-            break;
+            if let Some(suppressed) = daemon.log_limit.allow(connection.peer.uid) {
+                warn!(
+                    peer_pid = connection.peer.pid,
+                    peer_uid = connection.peer.uid,
+                    peer_gid = connection.peer.gid,
+                    reason = %message,
+                    suppressed,
+                    "closing connection"
+                );
+            }
+            fail_connection(connection, daemon, kind, message);
+            break true;
         }
-    }
+    };
+    outbox.close(drain);
     lifetime::connection_closed(connection);
     debug!(
         peer_pid = connection.peer.pid,
@@ -360,6 +421,18 @@ async fn serve_requests(
         peer_gid = connection.peer.gid,
         "client left"
     );
+}
+
+/// Queues a `ProtocolError` as the connection's last reply.
+fn fail_connection(
+    connection: &Connection,
+    daemon: &Daemon,
+    kind: ProtocolErrorKind,
+    message: String,
+) {
+    daemon.metrics.protocol_error(kind);
+    let reply = ServerMessage::ProtocolError(ProtocolError { kind, message });
+    connection.reply(daemon, reply);
 }
 
 /// One frame from the client, as received.
@@ -479,7 +552,7 @@ async fn dispatch(
                 errno: libc::ESHUTDOWN,
                 message: "the zygote is shutting down".into(),
             };
-            send_reply(socket, &ServerMessage::SpawnFailed(refused), &[]).await;
+            connection.reply(daemon, ServerMessage::SpawnFailed(refused));
             daemon.metrics.spawn_done(
                 SpawnResult::Refused,
                 received_at.elapsed(),
@@ -500,7 +573,7 @@ async fn dispatch(
                         request.id
                     ),
                 };
-                send_reply(socket, &ServerMessage::SpawnFailed(failed), &[]).await;
+                connection.reply(daemon, ServerMessage::SpawnFailed(failed));
                 daemon.metrics.spawn_done(
                     SpawnResult::Refused,
                     received_at.elapsed(),
@@ -513,9 +586,7 @@ async fn dispatch(
             let Ok(permit) = Arc::clone(&connection.in_flight).acquire_owned().await else {
                 return Ok(());
             };
-            let Ok(answer_slot) = Arc::clone(&connection.unanswered).acquire_owned().await else {
-                return Ok(());
-            };
+            let answer_slot = connection.outbox.owe();
             let task = SpawnTask {
                 connection: Arc::clone(connection),
                 daemon: Arc::clone(daemon),
@@ -537,7 +608,7 @@ async fn dispatch(
                 return Err(unexpected_fds("Signal", fds.len()));
             }
             let reply = signal(&request, connection);
-            send_reply(socket, &reply, &[]).await;
+            connection.reply(daemon, reply);
             Ok(())
         }
         ClientMessage::Status(request) => {
@@ -549,7 +620,7 @@ async fn dispatch(
             } else {
                 ServerMessage::Status(daemon.status(request.id))
             };
-            send_reply(socket, &reply, &[]).await;
+            connection.reply(daemon, reply);
             Ok(())
         }
         ClientMessage::Upgrade(request) => {
@@ -557,7 +628,7 @@ async fn dispatch(
                 return Err(unexpected_fds("Upgrade", fds.len()));
             }
             if let Err(reply) = ask_upgrade(request.id, socket, connection, daemon) {
-                send_reply(socket, &reply, &[]).await;
+                connection.reply(daemon, reply);
             }
             Ok(())
         }

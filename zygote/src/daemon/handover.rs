@@ -482,6 +482,19 @@ impl Pause {
         }
     }
 
+    /// A share for work a task hands on, such as a reply it queued for
+    /// sending: taken at once, so only a task that holds a share may take
+    /// one (no upgrade can have paused meanwhile). An upgrade then waits
+    /// for the reply to be sent, as it would for the task sending it.
+    pub fn hold(&self) -> Active {
+        self.inner.busy.fetch_add(1, Ordering::SeqCst);
+        Active {
+            inner: Arc::clone(&self.inner),
+            requested: self.inner.changed.subscribe(),
+            held: true,
+        }
+    }
+
     /// Asks every task to park, and resolves once all have.
     pub async fn pause(&self) -> Paused<'_> {
         let inner = &*self.inner;

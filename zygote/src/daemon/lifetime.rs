@@ -26,11 +26,12 @@ use crate::daemon::features;
 use crate::daemon::handover::{
     Active, SavedChild, SavedClient, SavedConnection, SavedExit, SavedPeer, Timer,
 };
+use crate::daemon::outbox::{self, Outbox, Owed, ReplyFd};
 use crate::daemon::peer::Peer;
 use crate::daemon::plan::{self, Group, OnClose};
 use crate::daemon::policy::Grant;
 use crate::daemon::reaper;
-use crate::daemon::reply::{clip, send_reply};
+use crate::daemon::reply::clip;
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::state::{Closable, Daemon};
 use crate::service::metrics::{SpawnResult, errno_name};
@@ -57,11 +58,10 @@ pub struct Connection {
     pub changed: Notify,
     /// Set when the client has left (or the daemon closed the connection).
     pub left: watch::Sender<bool>,
-    /// Caps the spawns of this connection not yet answered that hold no
-    /// child slot (being checked, or their refusal waiting for the client
-    /// to read): at the cap the connection stops reading requests, and the
-    /// client's socket buffer pushes back on it.
-    pub unanswered: Arc<tokio::sync::Semaphore>,
+    /// Its replies on their way to the client, and what the client has
+    /// left unanswered or unread: at the bounds the connection stops
+    /// reading requests.
+    pub outbox: Arc<Outbox>,
     /// The `/dev/null` of its children's `Null` streams.
     pub dev_null: plan::DevNull,
 }
@@ -148,6 +148,12 @@ impl Connection {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("connection state poisoned")
+    }
+
+    /// Queues a reply without fds; only from a task that holds a share of
+    /// the daemon's pause.
+    pub fn reply(&self, daemon: &Daemon, message: ServerMessage) {
+        self.outbox.push(message, Vec::new(), daemon.pause.hold());
     }
 
     /// A connection as an earlier image of this daemon saved it: its ids
@@ -273,9 +279,9 @@ pub struct SpawnTask {
     pub received_at: Instant,
     /// This task's share of [`Connection::in_flight`].
     pub _permit: tokio::sync::OwnedSemaphorePermit,
-    /// This task's share of [`Connection::unanswered`], given back once
-    /// its first reply is sent.
-    pub answer_slot: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
+    /// Counts this spawn as not yet answered (see [`Connection::outbox`])
+    /// until its first reply is queued.
+    pub answer_slot: Mutex<Option<Owed>>,
 }
 
 impl Drop for SpawnTask {
@@ -301,7 +307,12 @@ impl SpawnTask {
                 // policy: an operator's concern. Any other failure, and a
                 // refusal because the daemon is stopping, is the client's,
                 // which gets it in the reply: one line per spawn, DEBUG.
-                if failed.stage == SpawnStage::Admission && failed.errno != libc::ESHUTDOWN {
+                // At most a few lines per uid and window: a peer must not
+                // flood the log with its own refusals.
+                let refused =
+                    failed.stage == SpawnStage::Admission && failed.errno != libc::ESHUTDOWN;
+                let allowed = refused.then(|| self.daemon.log_limit.allow(peer.uid));
+                if let Some(Some(suppressed)) = allowed {
                     warn!(
                         peer_pid = peer.pid,
                         peer_uid = peer.uid,
@@ -310,9 +321,10 @@ impl SpawnTask {
                         stage = failed.stage.name(),
                         errno,
                         reason = %failed.message,
+                        suppressed,
                         "spawn refused"
                     );
-                } else {
+                } else if !refused {
                     debug!(
                         peer_pid = peer.pid,
                         peer_uid = peer.uid,
@@ -334,7 +346,7 @@ impl SpawnTask {
                     }
                     _ => SpawnResult::Failed,
                 };
-                self.finish(id, &ServerMessage::SpawnFailed(failed)).await;
+                self.finish(id, ServerMessage::SpawnFailed(failed));
                 metrics.spawn_done(result, self.received_at.elapsed(), self.connection.peer.uid);
             }
         }
@@ -348,31 +360,124 @@ impl SpawnTask {
         active: &mut Active,
     ) -> Result<(), SpawnFailed> {
         let id = request.id;
-        let peer = &self.connection.peer;
-        let refused = |stage, errno, message| SpawnFailed {
-            id,
-            stage,
-            errno,
-            message,
+        let (credentials, slot) = self.admit(&request)?;
+        // One peer's burst waits here, behind its own spawns only, before
+        // it holds any fd.
+        let turn = self.daemon.launch_turn(self.connection.peer.uid).await;
+        let mut prepared = self.plan(&mut request, attached, credentials)?;
+        // A queued request holds no more than its reply from here on.
+        let report_stops = request.report_stops;
+        let defer_spawned = request.defer_spawned;
+        let cgroup_spec = request.cgroup.take();
+        let cwd = request.cwd.take();
+        drop(request);
+        self.daemon.drop_inherited_settings(&mut prepared.plan);
+        let cgroup = self.place_in_cgroup(id, cgroup_spec.as_ref(), &mut prepared.plan)?;
+        let plan::Prepared {
+            plan,
+            client_ends,
+            on_close,
+            timeout,
+            leads_own_group,
+        } = prepared;
+        let launched = self
+            .launch(id, plan, cgroup.as_deref(), cwd.as_deref(), program)
+            .await;
+        drop(turn);
+        let Some((pid, pidfd)) = launched? else {
+            return Ok(());
         };
+        self.daemon.metrics.child_started();
+        let timer = timeout.map(|timeout| {
+            Arc::new(Mutex::new(Timer {
+                term_at: Instant::now() + Duration::from_millis(timeout.millis),
+                grace: Duration::from_millis(timeout.grace_millis),
+                kill_at: None,
+            }))
+        });
+        self.track(
+            id,
+            Tracked {
+                pidfd: Some(Arc::clone(&pidfd)),
+                pid,
+                on_close,
+                cgroup: cgroup.clone(),
+                report_stops,
+                leads_own_group,
+                timer: timer.clone(),
+                exited: None,
+            },
+        );
+        // Deferred: `watch` sends it if the child outlives the delay.
+        let deferred = defer_spawned.then(|| {
+            self.daemon
+                .deferrals
+                .deadline(DEFERRED_SPAWNED_AFTER)
+                .into_std()
+        });
+        if deferred.is_none() {
+            self.send_spawned(id, pid, &pidfd, client_ends);
+        } else {
+            drop(client_ends);
+        }
+        self.spawned(program, pid);
+        let watched = Watched {
+            id,
+            pid,
+            pidfd: Some(pidfd),
+            cgroup,
+            timer,
+            report_stops,
+            leads_own_group,
+            exited: None,
+            deferred,
+        };
+        self.watch(watched, Some(slot), active).await;
+        Ok(())
+    }
+
+    /// Policy before capacity, capacity before any work: both fail fast.
+    /// The credentials the child switches to, and its child slot.
+    fn admit(
+        &self,
+        request: &SpawnRequest,
+    ) -> Result<(Option<spawn::Credentials>, admission::Slot), SpawnFailed> {
+        let peer = &self.connection.peer;
         // A feature this daemon withholds is refused by its name.
         let withheld = |feature: &_| self.daemon.masked_features.contains(feature);
-        if let Some(feature) = features::used_by(&request).find(withheld) {
+        if let Some(feature) = features::used_by(request).find(withheld) {
             let (stage, errno, message) = features::refusal(feature);
-            return Err(refused(stage, errno, message));
+            return Err(refused(request.id, stage, errno, message));
         }
-        // Policy before capacity, capacity before any work: both fail fast.
         let credentials = self
             .connection
             .grant
-            .check(peer, &request, &self.daemon.credentials)
-            .map_err(|denied| refused(SpawnStage::Admission, libc::EPERM, denied.0))?;
-        let slot = admission::reserve(&self.daemon, peer.uid, self.connection.grant.max_children)
-            .map_err(|busy| refused(SpawnStage::Admission, libc::EAGAIN, busy))?;
+            .check(peer, request, &self.daemon.credentials)
+            .map_err(|denied| refused(request.id, SpawnStage::Admission, libc::EPERM, denied.0))?;
+        let slot =
+            admission::reserve(&self.daemon, peer.uid, self.connection.grant.max_children)
+                .map_err(|busy| refused(request.id, SpawnStage::Admission, libc::EAGAIN, busy))?;
+        Ok((credentials, slot))
+    }
+
+    /// The checked plan: the request's, with the peer's floor and the
+    /// resource limits it leaves unset.
+    fn plan(
+        &self,
+        request: &mut SpawnRequest,
+        attached: Vec<OwnedFd>,
+        credentials: Option<spawn::Credentials>,
+    ) -> Result<plan::Prepared, SpawnFailed> {
+        let peer = &self.connection.peer;
         let limit = self.connection.grant.max_argv_env_bytes;
-        let mut prepared = plan::prepare(&mut request, attached, limit, &self.connection.dev_null)
+        let mut prepared = plan::prepare(request, attached, limit, &self.connection.dev_null)
             .map_err(|refusal| {
-                refused(refusal.stage, refusal.errno.raw_os_error(), refusal.message)
+                refused(
+                    request.id,
+                    refusal.stage,
+                    refusal.errno.raw_os_error(),
+                    refusal.message,
+                )
             })?;
         prepared.plan.credentials = credentials;
         plan::apply_peer_floor(&mut prepared.plan, peer);
@@ -393,68 +498,75 @@ impl SpawnTask {
                 prepared.plan.rlimits.push(nofile);
             }
         }
-        // A queued request holds no more than its reply from here on.
-        let report_stops = request.report_stops;
-        let defer_spawned = request.defer_spawned;
-        let cgroup_spec = request.cgroup.take();
-        let cwd = request.cwd.take();
-        drop(request);
-        // Checked: from here the child slot bounds this spawn and its
-        // replies. A child its peer stops before exec must not keep the
-        // connection from being read (its client could not cancel it by
-        // closing).
-        self.release_answer_slot();
-        self.daemon.drop_inherited_settings(&mut prepared.plan);
-        let cgroup = match (&self.daemon.cgroups, cgroup_spec.as_ref()) {
+        Ok(prepared)
+    }
+
+    /// The child's own cgroup, made and named in `plan`, when the daemon
+    /// has a subtree.
+    fn place_in_cgroup(
+        &self,
+        id: u64,
+        spec: Option<&zygote_proto::CgroupSpec>,
+        plan: &mut spawn::SpawnPlan,
+    ) -> Result<Option<Arc<ChildCgroup>>, SpawnFailed> {
+        match (&self.daemon.cgroups, spec) {
             (Some(subtree), spec) => {
                 let (cgroup, dir) = subtree
-                    .create(peer.uid, self.connection.grant.caps, spec)
-                    .map_err(|(message, errno)| refused(SpawnStage::Cgroup, errno, message))?;
-                prepared.plan.cgroup = Some(dir);
-                Some(Arc::new(cgroup))
+                    .create(self.connection.peer.uid, self.connection.grant.caps, spec)
+                    .map_err(|(message, errno)| refused(id, SpawnStage::Cgroup, errno, message))?;
+                plan.cgroup = Some(dir);
+                Ok(Some(Arc::new(cgroup)))
             }
             (None, Some(_)) => {
                 let message = format!(
                     "this zygote does not offer the feature cgroups: cgroup options requested, but {}",
                     self.daemon.no_cgroups
                 );
-                return Err(refused(SpawnStage::Cgroup, libc::EOPNOTSUPP, message));
+                Err(refused(id, SpawnStage::Cgroup, libc::EOPNOTSUPP, message))
             }
-            (None, None) => None,
-        };
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Starts the child and waits for its exec: its pid and watched
+    /// pidfd, or `None` when it cannot be watched (logged).
+    async fn launch(
+        &self,
+        id: u64,
+        plan: spawn::SpawnPlan,
+        cgroup: Option<&ChildCgroup>,
+        cwd: Option<&[u8]>,
+        program: &str,
+    ) -> Result<Option<(i32, Arc<AsyncFd<OwnedFd>>)>, SpawnFailed> {
         // No child is left in a cgroup made for a spawn that failed.
         let remove_cgroup = || {
-            if let Some(cgroup) = &cgroup {
+            if let Some(cgroup) = cgroup {
                 let _ = cgroup.remove();
             }
         };
         let failed = |error: spawn::SpawnError| {
             remove_cgroup();
             let reason = strerror(error.errno);
-            let message = match (error.stage, &cwd) {
+            let message = match (error.stage, cwd) {
                 // The directory is what is missing, not the program.
                 (SpawnStage::Chdir, Some(cwd)) => {
                     format!("chdir {}: {reason}", String::from_utf8_lossy(cwd))
                 }
                 _ => format!("{program}: {reason}"),
             };
-            refused(error.stage, error.errno, message)
+            refused(id, error.stage, error.errno, message)
         };
         // A child that keeps the daemon's ids cannot be stopped by its
         // peer: vfork, the fastest. One that switches to the peer's ids
         // could be, between the switch and exec: fork, and wait for the
         // exec here, asynchronously, so that only this spawn waits.
-        let (pid, pidfd, status) = if prepared.plan.credentials.is_none() {
+        let (pid, pidfd, status) = if plan.credentials.is_none() {
             // The daemon's copies of the child's fds go with the plan.
-            let child = self
-                .daemon
-                .spawn_plan(prepared.plan)
-                .await
-                .map_err(failed)?;
+            let child = self.daemon.spawn_plan(plan).await.map_err(failed)?;
             (child.pid, child.pidfd, None)
         } else {
-            let started = self.daemon.start(&prepared.plan);
-            drop(prepared.plan);
+            let started = self.daemon.start(&plan);
+            drop(plan);
             let child = started.map_err(failed)?;
             (child.pid, child.pidfd, Some(child.status))
         };
@@ -465,7 +577,7 @@ impl SpawnTask {
                 // neither watched nor reported, so say so loudly.
                 warn!(pid, %error, "failed to watch a child's pidfd; it will not be reaped");
                 self.connection.lock().ids.remove(&id);
-                return Ok(());
+                return Ok(None);
             }
         };
         if let Some(status) = status {
@@ -476,6 +588,7 @@ impl SpawnTask {
                     None => {
                         remove_cgroup();
                         refused(
+                            id,
                             SpawnStage::Exec,
                             libc::ECANCELED,
                             format!(
@@ -486,58 +599,42 @@ impl SpawnTask {
                     }
                 })?;
         }
-        self.daemon.metrics.child_started();
-        let timer = prepared.timeout.map(|timeout| {
-            Arc::new(Mutex::new(Timer {
-                term_at: Instant::now() + Duration::from_millis(timeout.millis),
-                grace: Duration::from_millis(timeout.grace_millis),
-                kill_at: None,
-            }))
-        });
-        {
-            let tracked = Tracked {
-                pidfd: Some(Arc::clone(&pidfd)),
-                pid,
-                on_close: prepared.on_close,
-                cgroup: cgroup.clone(),
-                report_stops,
-                leads_own_group: prepared.leads_own_group,
-                timer: timer.clone(),
-                exited: None,
-            };
-            let mut state = self.connection.lock();
-            // The client may have left while we spawned.
-            if let (true, Some(on_close)) = (state.closed, tracked.on_close) {
-                signal_on_close(&tracked, on_close, peer.uid);
-            }
-            state.children.insert(id, tracked);
+        Ok(Some((pid, pidfd)))
+    }
+
+    /// Tracks a started child on its connection; one started after its
+    /// client left gets its kill-on-close signal at once.
+    fn track(&self, id: u64, tracked: Tracked) {
+        let mut state = self.connection.lock();
+        // The client may have left while we spawned.
+        if let (true, Some(on_close)) = (state.closed, tracked.on_close) {
+            signal_on_close(&tracked, on_close, self.connection.peer.uid);
         }
-        // The pidfd, then at most three pipe ends or a pty's master: on
-        // the stack, not in a vector per spawn.
-        let mut all = [pidfd.get_ref().as_fd(); 4];
-        debug_assert!(prepared.client_ends.len() < all.len());
-        let mut count = 1;
-        for (slot, end) in all[1..].iter_mut().zip(&prepared.client_ends) {
-            *slot = end.as_fd();
-            count += 1;
-        }
-        let fds = &all[..count];
-        // Deferred: `watch` sends it if the child outlives the delay.
-        let deferred = defer_spawned.then(|| {
-            self.daemon
-                .deferrals
-                .deadline(DEFERRED_SPAWNED_AFTER)
-                .into_std()
-        });
-        if deferred.is_none() {
-            self.reply(&ServerMessage::Spawned(Spawned { id, pid }), fds)
-                .await;
-        }
+        state.children.insert(id, tracked);
+    }
+
+    /// Queues `Spawned` with the pidfd and the client's ends of the pipes.
+    fn send_spawned(
+        &self,
+        id: u64,
+        pid: i32,
+        pidfd: &Arc<AsyncFd<OwnedFd>>,
+        client_ends: Vec<OwnedFd>,
+    ) {
+        debug_assert!(client_ends.len() < outbox::MAX_FDS_PER_REPLY);
+        let mut fds = Vec::with_capacity(1 + client_ends.len());
+        fds.push(ReplyFd::Pidfd(Arc::clone(pidfd)));
+        fds.extend(client_ends.into_iter().map(ReplyFd::Owned));
+        self.reply(ServerMessage::Spawned(Spawned { id, pid }), fds);
+    }
+
+    /// Counts and logs a spawn whose child exec'd.
+    fn spawned(&self, program: &str, pid: i32) {
+        let peer = &self.connection.peer;
         let latency = self.received_at.elapsed();
         self.daemon
             .metrics
             .spawn_done(SpawnResult::Ok, latency, peer.uid);
-        drop(prepared.client_ends);
         debug!(
             peer_pid = peer.pid,
             peer_uid = peer.uid,
@@ -547,20 +644,6 @@ impl SpawnTask {
             latency_us = latency.as_micros() as u64,
             "spawned"
         );
-
-        let watched = Watched {
-            id,
-            pid,
-            pidfd: Some(pidfd),
-            cgroup,
-            timer,
-            report_stops,
-            leads_own_group: prepared.leads_own_group,
-            exited: None,
-            deferred,
-        };
-        self.watch(watched, Some(slot), active).await;
-        Ok(())
     }
 
     /// Waits for a started child's exit (timeouts, stops) and sends its
@@ -589,7 +672,7 @@ impl SpawnTask {
                 let due = async {
                     if let Some(at) = deferred.filter(|_| pending.load(Ordering::Relaxed)) {
                         tokio::time::sleep_until(at.into()).await;
-                        self.send_deferred(&pending, id, pid, &pidfd).await;
+                        self.send_deferred(&pending, id, pid, &pidfd);
                     }
                 };
                 let stops = async {
@@ -608,8 +691,9 @@ impl SpawnTask {
                         };
                         async move {
                             // `Spawned` comes before any stop notice.
-                            self.send_deferred(pending_ref, id, pid, pidfd_ref).await;
-                            self.reply(&message, &[]).await;
+                            self.send_deferred(pending_ref, id, pid, pidfd_ref);
+                            let hold = self.daemon.pause.hold();
+                            self.connection.outbox.push_notice(message, hold).await;
                         }
                     })
                     .await;
@@ -631,7 +715,7 @@ impl SpawnTask {
                     // the saved state is exact. A deferred `Spawned` goes
                     // out first: the saved state has no room for it.
                     () = active.requested() => {
-                        self.send_deferred(&pending, id, pid, &pidfd).await;
+                        self.send_deferred(&pending, id, pid, &pidfd);
                         active.park().await;
                     }
                 }
@@ -667,7 +751,7 @@ impl SpawnTask {
                     tree,
                     pid,
                 };
-                self.finish(id, &ServerMessage::Exited(notice)).await;
+                self.finish(id, ServerMessage::Exited(notice));
                 if let Some(cgroup) = cgroup {
                     remove_when_empty(&self.daemon, cgroup);
                 }
@@ -792,35 +876,35 @@ impl SpawnTask {
         let _ = left.wait_for(|left| *left).await;
     }
 
-    /// Frees the id, then sends the spawn's last reply: a client that
+    /// Frees the id, then queues the spawn's last reply: a client that
     /// reuses the id as soon as it sees the reply is not refused.
-    async fn finish(&self, id: u64, message: &ServerMessage) {
+    fn finish(&self, id: u64, message: ServerMessage) {
         self.connection.lock().ids.remove(&id);
-        self.reply(message, &[]).await;
+        self.reply(message, Vec::new());
     }
 
-    async fn reply(&self, message: &ServerMessage, fds: &[BorrowedFd<'_>]) {
-        if let Some(socket) = self.connection.socket.upgrade() {
-            send_reply(&socket, message, fds).await;
-        }
+    /// Queues a reply; the spawn is answered.
+    fn reply(&self, message: ServerMessage, fds: Vec<ReplyFd>) {
+        self.connection
+            .outbox
+            .push(message, fds, self.daemon.pause.hold());
         // Answered: the connection may read another request.
         self.release_answer_slot();
     }
 
-    /// Sends the `Spawned` of a deferred spawn, unless it was sent already
-    /// or the spawn was not deferred.
-    async fn send_deferred(
+    /// Queues the `Spawned` of a deferred spawn, unless it was queued
+    /// already or the spawn was not deferred.
+    fn send_deferred(
         &self,
         pending: &AtomicBool,
         id: u64,
         pid: i32,
-        pidfd: &AsyncFd<OwnedFd>,
+        pidfd: &Arc<AsyncFd<OwnedFd>>,
     ) {
         if pending.swap(false, Ordering::Relaxed) {
             debug!(pid, "child still running: sending its deferred Spawned");
-            let fds = [pidfd.get_ref().as_fd()];
-            self.reply(&ServerMessage::Spawned(Spawned { id, pid }), &fds)
-                .await;
+            let fds = vec![ReplyFd::Pidfd(Arc::clone(pidfd))];
+            self.reply(ServerMessage::Spawned(Spawned { id, pid }), fds);
         }
     }
 
@@ -829,6 +913,16 @@ impl SpawnTask {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
+    }
+}
+
+/// A refusal of spawn `id`.
+fn refused(id: u64, stage: SpawnStage, errno: i32, message: String) -> SpawnFailed {
+    SpawnFailed {
+        id,
+        stage,
+        errno,
+        message,
     }
 }
 

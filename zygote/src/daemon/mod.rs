@@ -35,6 +35,8 @@ pub(crate) mod deferral;
 pub mod features;
 pub mod handover;
 mod lifetime;
+mod loglimit;
+mod outbox;
 pub(crate) mod peer;
 pub(crate) mod plan;
 pub mod policy;

@@ -17,16 +17,27 @@ use crate::spawn::Credentials;
 
 /// Default cap on open connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
-/// Default cap on open connections from the peers of one uid.
-pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 128;
-/// Connections kept for root peers only (at most a quarter of
-/// `max_connections`): an admin can run `zygote status` however many
+/// Default cap on open connections from the peers of one uid: an eighth
+/// of `max_connections` (see [`CONNECTION_SHARE`]).
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = DEFAULT_MAX_CONNECTIONS / CONNECTION_SHARE;
+/// The peers of one uid get `1 / CONNECTION_SHARE` of the connection
+/// table unless the policy says otherwise.
+pub const CONNECTION_SHARE: usize = 8;
+/// Connections kept for root and the daemon's own uid (at most a quarter
+/// of `max_connections`): an admin can run `zygote status` however many
 /// connections other peers hold.
 pub const ROOT_RESERVED_CONNECTIONS: usize = 16;
 /// Default cap on children running at once, over all peers.
 pub const DEFAULT_MAX_CHILDREN: usize = 4096;
-/// Default cap on children running at once for the peers of one uid.
-pub const DEFAULT_MAX_CHILDREN_PER_PEER: usize = 1024;
+/// The peers of one uid get `1 / CHILD_SHARE` of the child table unless
+/// the policy says otherwise: no one peer can take it all.
+pub const CHILD_SHARE: usize = 4;
+/// Default cap on children running at once for the peers of one uid: a
+/// quarter of `max_children`.
+pub const DEFAULT_MAX_CHILDREN_PER_PEER: usize = DEFAULT_MAX_CHILDREN / CHILD_SHARE;
+/// Children kept for root and the daemon's own uid (at most a quarter of
+/// `max_children`): however many other peers run, they can spawn.
+pub const ROOT_RESERVED_CHILDREN: usize = 64;
 /// Default cap on argv plus environment, counted as the kernel counts them
 /// (each string with its NUL, plus one pointer each): the kernel's own
 /// `ARG_MAX` with the default 8 MiB stack limit (a quarter of it). Larger
@@ -73,7 +84,8 @@ struct LimitsFile {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
     /// Connections open at once; one more gets `ProtocolError::Busy`.
-    /// Peers other than root get all but [`Limits::root_reserve`] of them.
+    /// Peers other than root and the daemon's own uid get all but
+    /// [`Limits::root_reserve`] of them.
     pub max_connections: usize,
     /// Connections open at once from the peers of one uid, unless a rule
     /// says otherwise.
@@ -96,12 +108,59 @@ impl Limits {
     pub fn root_reserve(&self) -> usize {
         ROOT_RESERVED_CONNECTIONS.min(self.max_connections / 4)
     }
+
+    /// Children only root and the daemon's own uid may start:
+    /// [`ROOT_RESERVED_CHILDREN`], or a quarter of `max_children` when
+    /// that is smaller.
+    pub fn child_reserve(&self) -> usize {
+        ROOT_RESERVED_CHILDREN.min(self.max_children / 4)
+    }
 }
 
+impl Limits {
+    /// The children the peers of one uid may run at once, unless a rule
+    /// says otherwise. Root and the daemon's own uid (`privileged`) are
+    /// held to the default share only when the policy set it: theirs is
+    /// the whole table, whose reserve they alone may use.
+    pub fn children_per_peer(&self, privileged: bool) -> usize {
+        let is_share = self.max_children_per_peer == share_of(self.max_children, CHILD_SHARE);
+        if privileged && is_share {
+            self.max_children
+        } else {
+            self.max_children_per_peer
+        }
+    }
+
+    /// As [`Limits::children_per_peer`], for connections.
+    pub fn connections_per_peer(&self, privileged: bool) -> usize {
+        let is_share =
+            self.max_connections_per_peer == share_of(self.max_connections, CONNECTION_SHARE);
+        if privileged && is_share {
+            self.max_connections
+        } else {
+            self.max_connections_per_peer
+        }
+    }
+}
+
+/// `total / share`, at least one.
+fn share_of(total: usize, share: usize) -> usize {
+    (total / share).max(1)
+}
+
+/// The fds of replies a client has not read on one connection, queued in
+/// the daemon or in flight towards it, counting the most each spawn not
+/// yet answered may bring: at this bound the connection stops reading
+/// requests.
+pub const MAX_UNREAD_FDS: usize = 64;
+
 /// Fds one connection may hold at once: its socket, the registration of
-/// a send waiting for room, its children's `/dev/null`, and the fds of one
-/// received frame (64).
-pub const FDS_PER_CONNECTION: usize = 67;
+/// a send waiting for room, its children's `/dev/null`, the fds of one
+/// received frame (64), and those of its unread replies
+/// ([`MAX_UNREAD_FDS`]). Counting the last keeps the fds in flight
+/// towards all clients under the fd limit too, which is the kernel's
+/// limit on fds in flight for the daemon's uid.
+pub const FDS_PER_CONNECTION: usize = 67 + MAX_UNREAD_FDS;
 /// Fds one child holds: its pidfd, and while its spawn is answered the
 /// status pipe and the client's ends of its stdio pipes.
 pub const FDS_PER_CHILD: usize = 5;
@@ -139,13 +198,26 @@ impl Limits {
             let scaled = value as u128 * room as u128 / scalable as u128;
             usize::try_from(scaled).unwrap_or(usize::MAX).max(1)
         };
+        // A per-peer limit that was its table's default share stays that
+        // share of the lowered table; one the policy set is only capped.
         if defaulted.connections {
+            let was_share =
+                self.max_connections_per_peer == share_of(self.max_connections, CONNECTION_SHARE);
             self.max_connections = scale(self.max_connections);
-            self.max_connections_per_peer = self.max_connections_per_peer.min(self.max_connections);
+            self.max_connections_per_peer = if was_share {
+                share_of(self.max_connections, CONNECTION_SHARE)
+            } else {
+                self.max_connections_per_peer.min(self.max_connections)
+            };
         }
         if defaulted.children {
+            let was_share = self.max_children_per_peer == share_of(self.max_children, CHILD_SHARE);
             self.max_children = scale(self.max_children);
-            self.max_children_per_peer = self.max_children_per_peer.min(self.max_children);
+            self.max_children_per_peer = if was_share {
+                share_of(self.max_children, CHILD_SHARE)
+            } else {
+                self.max_children_per_peer.min(self.max_children)
+            };
         }
         true
     }
@@ -299,20 +371,23 @@ impl Policy {
 
     fn from_file(file: PolicyFile, daemon_uid: u32) -> Self {
         let defaults = Limits::default();
+        let max_connections = file
+            .limits
+            .max_connections
+            .unwrap_or(defaults.max_connections);
+        let max_children = file.limits.max_children.unwrap_or(defaults.max_children);
         let limits = Limits {
-            max_connections: file
-                .limits
-                .max_connections
-                .unwrap_or(defaults.max_connections),
+            max_connections,
+            // Unset, a share of the table as set.
             max_connections_per_peer: file
                 .limits
                 .max_connections_per_peer
-                .unwrap_or(defaults.max_connections_per_peer),
-            max_children: file.limits.max_children.unwrap_or(defaults.max_children),
+                .unwrap_or_else(|| share_of(max_connections, CONNECTION_SHARE)),
+            max_children,
             max_children_per_peer: file
                 .limits
                 .max_children_per_peer
-                .unwrap_or(defaults.max_children_per_peer),
+                .unwrap_or_else(|| share_of(max_children, CHILD_SHARE)),
             max_argv_env_bytes: file
                 .limits
                 .max_argv_env_bytes
@@ -379,6 +454,7 @@ impl Policy {
             )));
         }
         let mut rule = rule.cloned().unwrap_or_default();
+        let privileged = peer.uid == 0 || peer.uid == daemon_uid;
         // Root with the capabilities to switch ids or raise limits could
         // do it itself; a root without them (a capability-dropped service)
         // gets no more than anyone else.
@@ -395,10 +471,10 @@ impl Policy {
             },
             max_children: rule
                 .max_children
-                .unwrap_or(self.limits.max_children_per_peer),
+                .unwrap_or_else(|| self.limits.children_per_peer(privileged)),
             max_connections: rule
                 .max_connections
-                .unwrap_or(self.limits.max_connections_per_peer),
+                .unwrap_or_else(|| self.limits.connections_per_peer(privileged)),
             max_argv_env_bytes: rule
                 .max_argv_env_bytes
                 .unwrap_or(self.limits.max_argv_env_bytes),
@@ -548,14 +624,49 @@ mod tests {
         let used = tight.max_connections * FDS_PER_CONNECTION + tight.max_children * FDS_PER_CHILD;
         assert!(used + FDS_RESERVED <= 1024, "{tight:?} uses {used} fds");
         assert!(tight.max_connections >= 1 && tight.max_children >= 1);
-        assert!(tight.max_connections_per_peer <= tight.max_connections);
-        assert!(tight.max_children_per_peer <= tight.max_children);
+        assert_eq!(
+            tight.max_connections_per_peer,
+            share_of(tight.max_connections, CONNECTION_SHARE),
+            "the per-peer share is kept: {tight:?}"
+        );
+        assert_eq!(
+            tight.max_children_per_peer,
+            share_of(tight.max_children, CHILD_SHARE),
+            "the per-peer share is kept: {tight:?}"
+        );
+        assert!(tight.max_children_per_peer < tight.max_children);
+        assert!(tight.child_reserve() >= 1);
 
         // What the file sets is kept; only the defaults make room.
         let mut set = Policy::parse("[limits]\nmax_connections = 2\n", 0).unwrap();
         assert!(set.fit_fds(1024));
         assert_eq!(set.limits.max_connections, 2);
         assert!(set.limits.max_children * FDS_PER_CHILD + 2 * FDS_PER_CONNECTION <= 1024);
+
+        // A per-peer limit the file sets is only capped by the lowered
+        // table; an unset one is a share of the table the file sets.
+        let mut own = Policy::parse("[limits]\nmax_children_per_peer = 3000\n", 0).unwrap();
+        assert!(own.fit_fds(1024));
+        assert_eq!(own.limits.max_children_per_peer, own.limits.max_children);
+        let small = Policy::parse("[limits]\nmax_children = 64\n", 0).unwrap();
+        assert_eq!(small.limits.max_children_per_peer, 16);
+        assert_eq!(small.limits.child_reserve(), 16);
+
+        // Root and the daemon's own uid are held to the table, not the
+        // share; anyone else to the share.
+        let daemon_uid = 1000;
+        let grant = |uid| small.admit(&peer(uid, uid, &[]), daemon_uid).unwrap();
+        assert_eq!(grant(0).max_children, 64);
+        assert_eq!(grant(daemon_uid).max_children, 64);
+        let small =
+            Policy::parse("[limits]\nmax_children = 64\n[connect]\nany = true\n", 1000).unwrap();
+        assert_eq!(
+            small
+                .admit(&peer(1901, 1901, &[]), 1000)
+                .unwrap()
+                .max_children,
+            16
+        );
     }
 
     use super::*;

@@ -26,6 +26,21 @@ pub(crate) async fn send_reply(
     }
 }
 
+/// Sends a reply; `Err` when it could not be sent (the client left, or
+/// another error, logged).
+pub(crate) async fn send_reply_checked(
+    socket: &AsyncSeqpacket,
+    message: &ServerMessage,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), ()> {
+    let message = clipped(message);
+    socket.send_message(&*message, fds).await.map_err(|error| {
+        if !error.is_disconnect() {
+            warn!(%error, "failed to send a reply");
+        }
+    })
+}
+
 /// `message` with its error text cut to [`MAX_REPLY_TEXT`].
 pub(crate) fn clipped(message: &ServerMessage) -> Cow<'_, ServerMessage> {
     let text = match message {

@@ -215,9 +215,81 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let listener = AsyncSeqpacketListener::new(listener).map_err(Error::Accept)?;
-    let mut policy = options
-        .policy
-        .unwrap_or_else(|| Policy::default_for(rustix::process::geteuid().as_raw()));
+    let Options {
+        bound,
+        metrics_listener,
+        notifier,
+        watchdog,
+        policy,
+        cgroups,
+        no_cgroups,
+        upgrades,
+        restored,
+    } = options;
+    let (policy, nofile) = fitted_policy(policy);
+    let daemon = Arc::new(new_daemon(
+        policy,
+        &nofile,
+        cgroups,
+        no_cgroups,
+        restored.as_ref(),
+    ));
+    let coordinator = Coordinator::new();
+    let (upgrade_tx, upgrade_rx) = tokio::sync::mpsc::channel::<UpgradeAsk>(1);
+    let mut hangups = None;
+    if upgrades {
+        *daemon.upgrades.lock().expect("upgrades poisoned") = Some(upgrade_tx);
+        hangups = Some(signal(SignalKind::hangup()).map_err(Error::Runtime)?);
+    }
+    // Signals held pending across an upgrade's exec get their handlers now.
+    crate::spawn::release_held_signals();
+    if let Some(restored) = restored {
+        restore(&daemon, restored, &coordinator).await;
+    }
+    adopt_orphans();
+    // However the serving ends (a finished stop, or this future dropped by
+    // a second signal), every connection still open ends as if its client
+    // had left, so kill-on-close children get their signal.
+    let _close_all = CloseAllOnDrop(Arc::clone(&daemon));
+    let upgrade_context = upgrade::Context {
+        listener: listener.as_fd().as_raw_fd(),
+        bound_path: bound.as_ref().map(|bound| bound.path.clone()),
+        metrics_listener: metrics_listener.as_ref().map(AsRawFd::as_raw_fd),
+        notify_socket: notifier.as_ref().map(Notifier::as_raw_fd),
+        watchdog,
+    };
+    let exporter = serve_metrics(metrics_listener, &daemon)?;
+    let mut serving = Serving {
+        daemon: &daemon,
+        notifier: notifier.as_ref(),
+        // WATCHDOG=1 at half the service manager's interval, as
+        // sd_watchdog_enabled(3) advises, from this loop: a stuck loop is
+        // what the watchdog must catch.
+        watchdog: Ticker::every(watchdog.map(|interval| interval / 2)),
+    };
+    serving
+        .accept_until(
+            &coordinator,
+            listener,
+            upgrade_rx,
+            hangups,
+            &upgrade_context,
+            shutdown,
+        )
+        .await;
+    // The socket file goes with the listener: new clients fail fast.
+    drop(bound);
+    serving.drain(coordinator).await;
+    drop(exporter);
+    info!("stopped");
+    Ok(())
+}
+
+/// The policy given, or the default one for the daemon's uid, with its
+/// defaulted limits lowered to fit the fd limit (raised first); logged.
+fn fitted_policy(policy: Option<Policy>) -> (Policy, FdLimit) {
+    let mut policy =
+        policy.unwrap_or_else(|| Policy::default_for(rustix::process::geteuid().as_raw()));
     let nofile = raise_fd_limit();
     // Defaults the fd limit cannot hold are lowered; raise LimitNOFILE=
     // to serve more. One line: the journal's queue is short at start.
@@ -229,10 +301,22 @@ pub async fn run_with(
         max_connections = limits.max_connections,
         max_connections_per_peer = limits.max_connections_per_peer,
         root_reserve = limits.root_reserve(),
+        child_reserve = limits.child_reserve(),
         max_children = limits.max_children,
         max_children_per_peer = limits.max_children_per_peer,
         "limits"
     );
+    (policy, nofile)
+}
+
+/// The daemon's shared state, with what an earlier image handed over.
+fn new_daemon(
+    policy: Policy,
+    nofile: &FdLimit,
+    cgroups: Option<Subtree>,
+    no_cgroups: Option<String>,
+    restored: Option<&Restored>,
+) -> Daemon {
     let mut daemon = Daemon::with_policy(policy);
     daemon.use_spawner_threads();
     // Children keep the fd limit the daemon started with, not its raised
@@ -242,12 +326,11 @@ pub async fn run_with(
         soft: nofile.original,
         hard: nofile.hard,
     });
-    daemon.cgroups = options.cgroups;
-    if let Some(reason) = options.no_cgroups {
+    daemon.cgroups = cgroups;
+    if let Some(reason) = no_cgroups {
         daemon.no_cgroups = reason;
     }
-    let restored = options.restored;
-    if let Some(restored) = &restored {
+    if let Some(restored) = restored {
         daemon.started = restored.started;
         daemon.child_nofile = restored.child_nofile;
         let counters: Vec<_> = restored
@@ -257,141 +340,154 @@ pub async fn run_with(
             .collect();
         daemon.metrics.restore_counters(&counters);
     }
-    let daemon = Arc::new(daemon);
-    let coordinator = Coordinator::new();
-    let (upgrade_tx, mut upgrade_rx) = tokio::sync::mpsc::channel::<UpgradeAsk>(1);
-    let mut hangups = None;
-    if options.upgrades {
-        *daemon.upgrades.lock().expect("upgrades poisoned") = Some(upgrade_tx);
-        hangups = Some(signal(SignalKind::hangup()).map_err(Error::Runtime)?);
-    }
-    // Signals held pending across an upgrade's exec get their handlers now.
-    crate::spawn::release_held_signals();
-    if let Some(restored) = restored {
-        info!(from = restored.written_by, to = %crate::version(), "upgraded in place: restoring");
-        upgrade::restore_connections(
-            &daemon,
-            restored.connections,
-            restored.leftover_cgroups,
-            restored.reply_to,
-            &coordinator,
-        )
-        .await;
-    }
-    adopt_orphans();
-    // However the serving ends (a finished stop, or this future dropped by
-    // a second signal), every connection still open ends as if its client
-    // had left, so kill-on-close children get their signal.
-    let _close_all = CloseAllOnDrop(Arc::clone(&daemon));
-    let upgrade_context = upgrade::Context {
-        listener: listener.as_fd().as_raw_fd(),
-        bound_path: options.bound.as_ref().map(|bound| bound.path.clone()),
-        metrics_listener: options.metrics_listener.as_ref().map(AsRawFd::as_raw_fd),
-        notify_socket: options.notifier.as_ref().map(Notifier::as_raw_fd),
-        watchdog: options.watchdog,
+    daemon
+}
+
+/// Takes over the connections and children an earlier image handed over.
+async fn restore(daemon: &Arc<Daemon>, restored: Restored, coordinator: &Coordinator) {
+    info!(from = restored.written_by, to = %crate::version(), "upgraded in place: restoring");
+    upgrade::restore_connections(
+        daemon,
+        restored.connections,
+        restored.leftover_cgroups,
+        restored.reply_to,
+        coordinator,
+    )
+    .await;
+}
+
+/// Serves `/metrics` on `listener`, if any, until the returned guard drops.
+fn serve_metrics(
+    listener: Option<std::net::TcpListener>,
+    daemon: &Daemon,
+) -> Result<Option<AbortOnDrop>, Error> {
+    let Some(metrics) = listener else {
+        return Ok(None);
     };
-    let exporter = match options.metrics_listener {
-        Some(metrics) => {
-            let address = metrics.local_addr().ok();
-            let metrics = metrics
-                .set_nonblocking(true)
-                .and_then(|()| tokio::net::TcpListener::from_std(metrics))
-                .map_err(|source| Error::MetricsListen {
-                    address: address.map_or_else(|| "(unknown)".into(), |a| a.to_string()),
-                    source,
-                })?;
-            if let Some(address) = address {
-                info!(%address, "serving /metrics");
-            }
-            Some(AbortOnDrop(tokio::spawn(exporter::serve(
-                metrics,
-                daemon.metrics.clone(),
-            ))))
-        }
-        None => None,
-    };
-    let notifier = options.notifier;
-    let notify = |states: &[NotifyState<'_>]| {
-        if let Some(notifier) = &notifier {
+    let address = metrics.local_addr().ok();
+    let metrics = metrics
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::TcpListener::from_std(metrics))
+        .map_err(|source| Error::MetricsListen {
+            address: address.map_or_else(|| "(unknown)".into(), |a| a.to_string()),
+            source,
+        })?;
+    if let Some(address) = address {
+        info!(%address, "serving /metrics");
+    }
+    Ok(Some(AbortOnDrop(tokio::spawn(exporter::serve(
+        metrics,
+        daemon.metrics.clone(),
+    )))))
+}
+
+/// What the accept loop and the stop share: the daemon, and the
+/// service manager's notify socket with its watchdog.
+struct Serving<'a> {
+    daemon: &'a Arc<Daemon>,
+    notifier: Option<&'a Notifier>,
+    watchdog: Ticker,
+}
+
+impl Serving<'_> {
+    fn notify(&self, states: &[NotifyState<'_>]) {
+        if let Some(notifier) = self.notifier {
             notifier.notify(states);
         }
-    };
-    // WATCHDOG=1 at half the service manager's interval, as
-    // sd_watchdog_enabled(3) advises, from this loop: a stuck loop is
-    // what the watchdog must catch.
-    let mut watchdog = Ticker::every(options.watchdog.map(|interval| interval / 2));
-    info!("serving");
-    notify(&[NotifyState::Ready, NotifyState::Status("serving")]);
-    // `systemctl status` shows the last STATUS= line; keep it current.
-    let mut status_every = Ticker::every(notifier.as_ref().map(|_| STATUS_EVERY));
-    let serving = || {
-        let metrics = &daemon.metrics;
-        format!(
-            "serving: {} connections, {} children running, {} spawns ok, {} failed",
-            metrics.connections_open(),
-            metrics.children_running(),
-            metrics.spawns(SpawnResult::Ok),
-            metrics.spawns(SpawnResult::Failed) + metrics.spawns(SpawnResult::Refused),
-        )
-    };
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            () = watchdog.tick() => notify(&[NotifyState::Watchdog]),
-            () = status_every.tick() => notify(&[NotifyState::Status(&serving())]),
-            Some(ask) = upgrade_rx.recv() => {
-                if upgrade::perform(ask, &daemon, &upgrade_context, &notify, shutdown.as_mut()).await {
-                    break;
-                }
+    }
+
+    /// Accepts connections, and performs upgrades, until `shutdown`
+    /// resolves (or an upgrade gave way to it); then stops accepting.
+    async fn accept_until(
+        &mut self,
+        coordinator: &Coordinator,
+        listener: AsyncSeqpacketListener,
+        mut upgrade_rx: tokio::sync::mpsc::Receiver<UpgradeAsk>,
+        mut hangups: Option<tokio::signal::unix::Signal>,
+        upgrade_context: &upgrade::Context,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        let daemon = self.daemon;
+        info!("serving");
+        self.notify(&[NotifyState::Ready, NotifyState::Status("serving")]);
+        // `systemctl status` shows the last STATUS= line; keep it current.
+        let mut status_every = Ticker::every(self.notifier.map(|_| STATUS_EVERY));
+        let serving = || {
+            let metrics = &daemon.metrics;
+            format!(
+                "serving: {} connections, {} children running, {} spawns ok, {} failed",
+                metrics.connections_open(),
+                metrics.children_running(),
+                metrics.spawns(SpawnResult::Ok),
+                metrics.spawns(SpawnResult::Failed) + metrics.spawns(SpawnResult::Refused),
+            )
+        };
+        let notify = |states: &[NotifyState<'_>]| {
+            if let Some(notifier) = self.notifier {
+                notifier.notify(states);
             }
-            Some(()) = next_hangup(&mut hangups) => {
-                info!(signal = "SIGHUP", "upgrade requested");
-                let ask = UpgradeAsk { from: None };
-                if upgrade::perform(ask, &daemon, &upgrade_context, &notify, shutdown.as_mut()).await {
-                    break;
+        };
+        let watchdog = &mut self.watchdog;
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                () = watchdog.tick() => notify(&[NotifyState::Watchdog]),
+                () = status_every.tick() => notify(&[NotifyState::Status(&serving())]),
+                Some(ask) = upgrade_rx.recv() => {
+                    if upgrade::perform(ask, daemon, upgrade_context, &notify, shutdown.as_mut()).await {
+                        break;
+                    }
                 }
+                Some(()) = next_hangup(&mut hangups) => {
+                    info!(signal = "SIGHUP", "upgrade requested");
+                    let ask = UpgradeAsk { from: None };
+                    if upgrade::perform(ask, daemon, upgrade_context, &notify, shutdown.as_mut()).await {
+                        break;
+                    }
+                }
+                accepted = listener.accept() => match accepted {
+                    Ok((socket, peer)) => {
+                        // No upgrade is under way while this loop runs: at once.
+                        let active = daemon.pause.enter().await;
+                        let task = connection::serve(socket, peer, Arc::clone(daemon), coordinator.handle(), active);
+                        tokio::spawn(task);
+                    }
+                    Err(error) => back_off(&error).await,
+                },
             }
-            accepted = listener.accept() => match accepted {
-                Ok((socket, peer)) => {
-                    // No upgrade is under way while this loop runs: at once.
-                    let active = daemon.pause.enter().await;
-                    let task = connection::serve(socket, peer, Arc::clone(&daemon), coordinator.handle(), active);
-                    tokio::spawn(task);
-                }
-                Err(error) => back_off(&error).await,
-            },
+        }
+        // Upgrade requests from now on are refused: the daemon is stopping.
+        drop(upgrade_rx);
+        drop(listener);
+    }
+
+    /// The stop: waits for every connection to finish, keeping the
+    /// watchdog fed.
+    async fn drain(&mut self, coordinator: Coordinator) {
+        let metrics = &self.daemon.metrics;
+        let draining = || {
+            format!(
+                "stopping: {} connections, {} children running",
+                metrics.connections_open(),
+                metrics.children_running()
+            )
+        };
+        info!(
+            connections = metrics.connections_open(),
+            children = metrics.children_running(),
+            "stopping: no longer accepting; finishing spawns in flight"
+        );
+        self.notify(&[NotifyState::Stopping, NotifyState::Status(&draining())]);
+        let stopped = coordinator.stop();
+        tokio::pin!(stopped);
+        loop {
+            tokio::select! {
+                () = &mut stopped => break,
+                () = self.watchdog.tick() => self.notify(&[NotifyState::Watchdog, NotifyState::Status(&draining())]),
+            }
         }
     }
-    // Upgrade requests from now on are refused: the daemon is stopping.
-    drop(upgrade_rx);
-    drop(listener);
-    drop(options.bound);
-    let metrics = &daemon.metrics;
-    let draining = || {
-        format!(
-            "stopping: {} connections, {} children running",
-            metrics.connections_open(),
-            metrics.children_running()
-        )
-    };
-    info!(
-        connections = metrics.connections_open(),
-        children = metrics.children_running(),
-        "stopping: no longer accepting; finishing spawns in flight"
-    );
-    notify(&[NotifyState::Stopping, NotifyState::Status(&draining())]);
-    let stopped = coordinator.stop();
-    tokio::pin!(stopped);
-    loop {
-        tokio::select! {
-            () = &mut stopped => break,
-            () = watchdog.tick() => notify(&[NotifyState::Watchdog, NotifyState::Status(&draining())]),
-        }
-    }
-    drop(exporter);
-    info!("stopped");
-    Ok(())
 }
 
 /// The daemon's soft `RLIMIT_NOFILE` before and after [`raise_fd_limit`].

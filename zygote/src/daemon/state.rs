@@ -12,6 +12,7 @@ use zygote_proto::ResourceLimit;
 
 use crate::daemon::deferral::DeferralClock;
 use crate::daemon::handover::{Pause, SavedConnection};
+use crate::daemon::loglimit::LogLimit;
 use crate::daemon::peer;
 use crate::daemon::policy::Policy;
 use crate::daemon::spawners::SpawnerPool;
@@ -117,6 +118,10 @@ pub struct Daemon {
     pub(crate) upgrades: Mutex<Option<tokio::sync::mpsc::Sender<UpgradeAsk>>>,
     /// Deadlines of deferred `Spawned` replies.
     pub(crate) deferrals: Arc<DeferralClock>,
+    /// How many lines each peer uid may still make the daemon log.
+    pub(crate) log_limit: LogLimit,
+    /// Spawns of each peer uid between admission and exec.
+    launches: Mutex<HashMap<u32, Arc<tokio::sync::Semaphore>>>,
 }
 
 impl Daemon {
@@ -159,6 +164,8 @@ impl Daemon {
             parked_sockets: Mutex::default(),
             upgrades: Mutex::default(),
             deferrals: Arc::default(),
+            log_limit: LogLimit::default(),
+            launches: Mutex::default(),
         }
     }
 }
@@ -229,6 +236,28 @@ impl Daemon {
         child
     }
 
+    /// Waits for a turn to start a child of a peer of `uid`: each uid has
+    /// [`launches_per_uid`] at once, so that one peer's burst of spawns
+    /// queues behind itself, not in front of every other peer's.
+    pub(crate) async fn launch_turn(&self, uid: u32) -> tokio::sync::OwnedSemaphorePermit {
+        let turns = {
+            let mut launches = self.launches.lock().expect("launches poisoned");
+            if launches.len() > 1024 {
+                // Forget uids with no spawn under way.
+                launches.retain(|_, turns| Arc::strong_count(turns) > 1);
+            }
+            Arc::clone(
+                launches
+                    .entry(uid)
+                    .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(launches_per_uid()))),
+            )
+        };
+        turns
+            .acquire_owned()
+            .await
+            .expect("the launch semaphore is never closed")
+    }
+
     /// Starts a child on the fork path, without waiting for its exec (see
     /// [`Spawner::start`]).
     pub(crate) fn start(&self, plan: &SpawnPlan) -> Result<StartedChild, SpawnError> {
@@ -292,6 +321,13 @@ impl Daemon {
             connection.close();
         }
     }
+}
+
+/// Spawns of one peer uid between admission and exec at once: two per CPU
+/// the daemon may use, and two more, so that clones on every CPU and exec
+/// waits overlap.
+fn launches_per_uid() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get) * 2 + 2
 }
 
 /// Children running from which a private zygote's spawner is raised, and

@@ -685,6 +685,19 @@ pub(super) fn pidfd_send_group_signal_as(
 const SO_PEERPIDFD: c_int = 77;
 
 /// `getsockopt(SOL_SOCKET, SO_PEERPIDFD)`; `None` before Linux 6.5.
+/// `SIOCOUTQ` of a Unix socket: the bytes it sent that its peer has not
+/// read yet (as the kernel charges them, headers included).
+pub(super) fn unread_bytes(socket: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut bytes: c_int = 0;
+    // SAFETY: SIOCOUTQ (the same number as TIOCOUTQ) writes one int
+    // through the pointer, which points at `bytes`.
+    let ret = unsafe { libc::ioctl(socket.as_raw_fd(), libc::TIOCOUTQ, &raw mut bytes) };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(bytes).unwrap_or(0))
+}
+
 pub(super) fn peer_pidfd(socket: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
     let mut fd: c_int = -1;
     let mut len = libc::socklen_t::try_from(std::mem::size_of::<c_int>()).unwrap_or(4);

@@ -589,6 +589,16 @@ pub fn peer_pidfd(socket: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
     clone::peer_pidfd(socket)
 }
 
+/// The bytes a Unix socket sent that its peer has not read yet
+/// (`SIOCOUTQ`); zero once the peer has read everything, or left.
+///
+/// # Errors
+///
+/// The `ioctl` error.
+pub fn unread_bytes(socket: BorrowedFd<'_>) -> io::Result<usize> {
+    clone::unread_bytes(socket)
+}
+
 /// `pidfd_open(2)` of any process (Linux 5.3): the fallback for kernels
 /// without `SO_PEERPIDFD`.
 ///
