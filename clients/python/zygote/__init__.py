@@ -3,8 +3,9 @@
 A zygote is a small daemon that starts children on request over a Unix
 socket (see the project README), so that a large process, one with many
 threads or fds, or one that would fork (``preexec_fn``, ``user=``) never
-forks. This package speaks its protocol (proto/PROTOCOL.md, version 1)
-directly; it is pure Python with no dependencies.
+forks. This package speaks its protocol (proto/PROTOCOL.md, versions 1
+and 2, negotiated at connect) directly; it is pure Python with no
+dependencies.
 
 The API is :mod:`subprocess`'s, with the same names and the stdlib's own
 exception and result classes::
@@ -29,8 +30,9 @@ What differs from :mod:`subprocess`:
   never anything else, whatever this process holds.
 - **Copied state.** Environment, working directory, umask and every
   resource limit are copied into each request, so the child sees this
-  process's values. Signal dispositions are all default and the mask
-  empty. CPU affinity, nice value, cgroup and namespaces are the daemon's.
+  process's values, and so are the nice value, CPU affinity, OOM score
+  adjustment and ignored signals. Other dispositions are default and the
+  mask empty. The cgroup and namespaces are the daemon's.
   The environment is :data:`os.environ`'s: an ``environ`` entry that it
   skips (one without ``=``, or a later one with the same name up to its
   first ``=``) does not reach the child, where :mod:`subprocess` passes

@@ -76,8 +76,8 @@ def install(client: Optional[Client] = None) -> None:
     ``pass_fds``, ``cwd``, ``env``, ``start_new_session`` and
     ``process_group``, goes through the zygote. What still differs for
     those: the child's parent is the zygote (its ``getppid()``), and any
-    process state the protocol does not carry (CPU affinity, nice value,
-    cgroup, namespaces, capabilities) is the zygote's, not this process's.
+    process state the protocol does not carry (cgroup, namespaces,
+    capabilities) is the zygote's, not this process's.
     """
     with _lock:
         InstalledPopen._installed_client = client
