@@ -49,6 +49,11 @@ mod logs;
 // SIGHUP: ignored by private zygotes.
 mod hangup;
 
+// Signals with no meaning to a zygote (a child's `kill(getppid(),
+// SIGUSR1)`): logged and ignored by the daemon, private zygotes and
+// templates; children still see them at their default.
+mod signals;
+
 // Live upgrade in place, and children of a killed daemon.
 mod upgrade;
 

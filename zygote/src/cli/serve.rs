@@ -225,6 +225,7 @@ fn run(args: &ServeArgs, listener: std::os::fd::OwnedFd, options: Options) -> Re
                 tracing::warn!("second signal: exiting without waiting for the stop to finish");
                 Ok(())
             }
+            never = crate::daemon::stray::log_stray_signals() => match never {},
             () = deadline => {
                 tracing::warn!(
                     stop_timeout_secs = args.stop_timeout,

@@ -9,6 +9,8 @@
 //! - [`policy`], `peer`, `shutdown`, `reply`: who may ask for what, who
 //!   the peer is (`SO_PEERCRED`, `SO_PEERPIDFD`, `/proc`), the stop notice,
 //!   sending a reply.
+//! - `stray`: the signals that mean nothing to a zygote, logged and
+//!   otherwise ignored.
 //! - `spawners`: the threads a busy shared daemon clones on, first come
 //!   first served.
 //! - [`state`]: what every connection shares: the [`state::Daemon`].
@@ -42,5 +44,6 @@ pub mod server;
 mod shutdown;
 mod spawners;
 pub mod state;
+pub(crate) mod stray;
 pub mod template;
 pub mod upgrade;
