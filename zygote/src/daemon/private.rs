@@ -22,7 +22,7 @@
 //! reaches the whole process group, does not kill the zygote under an
 //! owner that handles it; the owner's exit still ends the zygote.
 //! Signals with no meaning to it (SIGUSR1 from a child announcing itself,
-//! and the like) are logged and ignored, see [`crate::daemon::stray`];
+//! and the like) are logged and ignored (see `daemon::stray`);
 //! SIGTERM ends it.
 
 use std::os::fd::{AsFd, OwnedFd};

@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::ptr;
 
 /// The fixed-number stray signals. Real-time signals from `SIGRTMIN()`
-/// to `SIGRTMAX()` are stray too (see [`stray_set`]).
+/// to `SIGRTMAX()` are stray too.
 pub const STRAY_SIGNALS: [i32; 12] = [
     libc::SIGUSR1,
     libc::SIGUSR2,
