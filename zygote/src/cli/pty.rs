@@ -38,10 +38,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use zygote_client::{Child, Command, ExitStatus, JobState};
 
+use crate::cli::exit_code::{EXIT_ZYGOTE_FAILED, report_error};
 use crate::spawn;
-
-/// Exit code when zygote itself fails.
-const EXIT_ZYGOTE_FAILED: u8 = 125;
 
 /// The size a terminal reports when it reports none.
 const FALLBACK_SIZE: (u16, u16) = (24, 80);
@@ -81,7 +79,7 @@ pub async fn run(command: &mut Command, program: &Path) -> u8 {
     command.pty(size.ws_row, size.ws_col).report_stops(true);
     let mut child = match command.spawn().await {
         Ok(child) => child,
-        Err(error) => return super::run::report_spawn_error(&error, program),
+        Err(error) => return report_error(&error, program, None),
     };
     let Some(master) = child.pty.take() else {
         eprintln!("zygote: the zygote sent no terminal for the child");
