@@ -75,6 +75,10 @@ pub async fn run(command: &mut Command, program: &Path) -> u8 {
             return EXIT_ZYGOTE_FAILED;
         }
     };
+    if let Err(errno) = wait_for_foreground(stdin, &saved) {
+        eprintln!("zygote: cannot take the terminal: {errno}");
+        return EXIT_ZYGOTE_FAILED;
+    }
     let size = window_size(stdin);
     command.pty(size.ws_row, size.ws_col).report_stops(true);
     let mut child = match command.spawn().await {
@@ -106,6 +110,21 @@ pub async fn run(command: &mut Command, program: &Path) -> u8 {
             EXIT_ZYGOTE_FAILED
         }
     }
+}
+
+/// Returns once this process's group is the terminal's foreground group,
+/// as `stty raw` or Python's `tty.setraw` would: the terminal's own
+/// settings are set again, unchanged, which from a background group gets
+/// `SIGTTOU` and stops the process until `fg` (or fails with `EIO` in an
+/// orphaned group). Nothing is changed on a terminal that another group
+/// holds.
+///
+/// It runs before the child exists and before any signal handler of the
+/// wrapper: a signal that comes meanwhile (`timeout`'s `SIGINT` to a
+/// command it put in a background group) ends the wrapper by its default
+/// action, with no terminal to restore and no child left behind.
+fn wait_for_foreground(terminal: BorrowedFd<'_>, settings: &Termios) -> rustix::io::Result<()> {
+    tcsetattr(terminal, OptionalActions::Now, settings)
 }
 
 /// The child's code, or death by its signal as a shell expects.
