@@ -83,6 +83,10 @@ mod lifetimes;
 // A client that loses its zygote: exit statuses from the pidfd, reconnect.
 mod lost;
 
+// A process that forks after using a client: neither copy disturbs the
+// other's connection or children.
+mod fork;
+
 // 10,000 spawns from several processes; nothing leaks.
 mod load;
 
