@@ -14,6 +14,10 @@ mod spawn;
 // The blocking flavour.
 mod blocking;
 
+// Every value the Rust builder takes makes a frame the daemon decodes; a
+// value it cannot use fails that spawn alone.
+mod builder;
+
 // The daemon under churn and misbehaving clients: fd and zombie leaks,
 // concurrency, clients that leave mid-spawn, raw protocol errors.
 mod daemon;
