@@ -2,6 +2,10 @@
 //! and this wrapper relays between it and the terminal it runs on, as
 //! `ssh -t`, `docker run -t` and `systemd-run --pty` do.
 //!
+//! - Started outside the terminal's foreground process group (`cmd &`, or
+//!   `timeout` in a script), the wrapper first stops as `stty raw` does,
+//!   before it starts the child or installs a handler, until it is in the
+//!   foreground; a signal meanwhile ends it by its default action.
 //! - The wrapper's terminal goes to raw mode, so that every key (Ctrl-C,
 //!   Ctrl-Z, Ctrl-\ included) reaches the child's terminal, whose line
 //!   discipline signals the child's foreground job as a terminal would.
