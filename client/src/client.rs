@@ -61,6 +61,17 @@ fn socket_path_for(is_root: bool, runtime_dir: Option<OsString>) -> PathBuf {
 /// client on a private zygote ([`launch_private`](Client::launch_private))
 /// or an inherited socket ([`from_fd`](Client::from_fd)) has nothing to
 /// reconnect to: its requests fail with `ZygoteLost`, which says so.
+///
+/// # After `fork(2)`
+///
+/// A forked copy of the process never uses the parent's connection. A
+/// client of a socket path connects again in the copy, at its first
+/// request there (run on a tokio runtime the copy builds: the parent's
+/// runtime threads are not copied); a client of a private zygote or an
+/// inherited socket fails there with [`Error::Forked`]. A
+/// [`Child`](crate::Child) copied into the fork cannot be waited for or
+/// signalled through the zygote there (`Error::Forked`), and its
+/// `kill_on_drop` leaves the parent's child alone.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,

@@ -173,6 +173,11 @@ impl Drop for Runtime {
 /// A connection to a zygote, for synchronous code; see [`crate::Client`].
 ///
 /// Cheap to clone, `Send` and `Sync`.
+///
+/// In a forked copy of the process that made it, every call fails at once
+/// with [`Error::Forked`] (its runtime and background thread belong to
+/// the parent, and nothing is sent on the parent's connection): make a new
+/// client in the copy. Dropping the copy's client there is safe.
 #[derive(Debug, Clone)]
 pub struct Client {
     // Declared first so the connection is released before the runtime
