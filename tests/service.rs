@@ -711,3 +711,42 @@ fn threads_of(pid: u32) -> usize {
         })
         .unwrap_or(0)
 }
+
+/// Not root, and no `--socket`, `$ZYGOTE_SOCKET` or `$XDG_RUNTIME_DIR`:
+/// the default socket is root's, which this user cannot create. The error
+/// says so and how to choose another, instead of a bare "Permission
+/// denied".
+#[test]
+fn a_user_without_xdg_runtime_dir_is_told_to_pass_socket() {
+    use std::os::unix::process::CommandExt;
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: running zygote serve as another user needs root");
+        return;
+    }
+    let mut daemon = Command::new(zygote_bin())
+        .arg("serve")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("ZYGOTE_SOCKET")
+        .env("ZYGOTE_LOG", "error")
+        .uid(1901)
+        .gid(1901)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start zygote serve as uid 1901");
+    let exited = eventually(Duration::from_secs(10), || {
+        daemon.try_wait().expect("try_wait").is_some()
+    });
+    if !exited {
+        let _ = daemon.kill();
+    }
+    let output = daemon.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(exited, "zygote serve as uid 1901 kept running: {stderr}");
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("/run/zygote/zygote.sock"), "{stderr}");
+    assert!(stderr.contains("Permission denied"), "{stderr}");
+    assert!(stderr.contains("XDG_RUNTIME_DIR is not set"), "{stderr}");
+    assert!(stderr.contains("--socket PATH"), "{stderr}");
+}

@@ -518,6 +518,75 @@ fn a_signal_to_the_wrapper_restores_the_terminal() {
     assert!(screen.contains("TERMINAL-SAME"), "{screen}");
 }
 
+/// `timeout` puts the command it runs in a process group of its own,
+/// which is in the background when the shell that started `timeout` has no
+/// job control (a script). The wrapper then stops at once, as `stty raw`
+/// does, before it changes the terminal or starts the child, and the
+/// `SIGINT` that `timeout` sends after a second ends it: exit 124, no child
+/// left, the terminal as before. With `--foreground`, it runs in the
+/// shell's group: the child gets the terminal, `SIGINT` is forwarded, and
+/// nothing stray (`^@`) shows on the terminal.
+#[test]
+fn timeout_ends_a_wrapper_started_in_a_background_group() {
+    let daemon = start_daemon("pty-background-group");
+    let Some(tmux) = Tmux::start(&daemon, 100, 30) else {
+        return;
+    };
+    tmux.line("stty -g > before");
+    tmux.clear();
+    let sleep = Sleep("100.6");
+    for flag in ["", "--foreground "] {
+        tmux.line(&format!(
+            "bash -c 'timeout {flag}-s INT 1 \"$ZYGOTE\" run -t -- {}; echo rc=$?'",
+            sleep.command()
+        ));
+        let screen = tmux.wait_line("rc=124");
+        assert!(!screen.contains("^@"), "timeout {flag}: {screen}");
+        wait_until(&tmux, "no sleep left", || sleep.pids().is_empty());
+        tmux.line("stty -g | cmp -s - before && echo TERMINAL-SAME || echo TERMINAL-CHANGED");
+        let screen = tmux.wait_text("TERMINAL-");
+        assert!(screen.contains("TERMINAL-SAME"), "timeout {flag}: {screen}");
+        tmux.clear();
+    }
+}
+
+/// Started in the background by an interactive shell, the wrapper stops
+/// (`Stopped`, as vi or `stty raw` would) before it starts its command,
+/// and runs it once brought to the foreground.
+#[test]
+fn a_wrapper_started_in_the_background_waits_for_the_foreground() {
+    let daemon = start_daemon("pty-background-job");
+    let Some(tmux) = Tmux::start(&daemon, 100, 30) else {
+        return;
+    };
+    let tty = wrapper_terminal(&tmux);
+    let sleep = Sleep("100.7");
+    tmux.line(&format!("\"$ZYGOTE\" run -t -- {} &", sleep.command()));
+    tmux.wait_text("[1] ");
+    let shell = tmux.shell_pid();
+    wait_until(&tmux, "the wrapper to stop", || {
+        children_of(shell)
+            .into_iter()
+            .any(|pid| crate::util::process_state(pid) == Some('T'))
+    });
+    tmux.line("jobs");
+    tmux.wait_text("Stopped");
+    assert!(
+        sleep.pids().is_empty(),
+        "the child started in the background"
+    );
+    tmux.line("fg");
+    sleep.wait_started(&tmux);
+    assert!(
+        eventually_raw(tty),
+        "the terminal never went raw in the foreground"
+    );
+    tmux.key("C-c");
+    tmux.wait_prompt();
+    tmux.line("echo rc=$?");
+    tmux.wait_line("rc=130");
+}
+
 /// The tty of the window, as the shell sees it.
 fn wrapper_terminal(tmux: &Tmux) -> PathBuf {
     let pid = tmux.shell_pid();

@@ -14,6 +14,10 @@ mod spawn;
 // The blocking flavour.
 mod blocking;
 
+// Every value the Rust builder takes makes a frame the daemon decodes; a
+// value it cannot use fails that spawn alone.
+mod builder;
+
 // The daemon under churn and misbehaving clients: fd and zombie leaks,
 // concurrency, clients that leave mid-spawn, raw protocol errors.
 mod daemon;
@@ -49,6 +53,11 @@ mod logs;
 // SIGHUP: ignored by private zygotes.
 mod hangup;
 
+// Signals with no meaning to a zygote (a child's `kill(getppid(),
+// SIGUSR1)`): logged and ignored by the daemon, private zygotes and
+// templates; children still see them at their default.
+mod signals;
+
 // Live upgrade in place, and children of a killed daemon.
 mod upgrade;
 
@@ -81,6 +90,10 @@ mod lifetimes;
 
 // A client that loses its zygote: exit statuses from the pidfd, reconnect.
 mod lost;
+
+// A process that forks after using a client: neither copy disturbs the
+// other's connection or children.
+mod fork;
 
 // 10,000 spawns from several processes; nothing leaks.
 mod load;

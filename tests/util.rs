@@ -393,7 +393,9 @@ pub fn stop_signals(pid: u32) -> StopSignals {
     let stop = signal_bit(libc::SIGHUP) | signal_bit(libc::SIGTERM) | signal_bit(libc::SIGINT);
     let blocked = mask_in(&status, "SigBlk").unwrap_or(0);
     let caught = mask_in(&status, "SigCgt").unwrap_or(0);
-    if blocked & stop == stop && blocked & signal_bit(libc::SIGUSR1) == 0 {
+    // SIGQUIT is never blocked by a zygote (the signals with no meaning
+    // to it, such as SIGUSR1, are, for its whole life).
+    if blocked & stop == stop && blocked & signal_bit(libc::SIGQUIT) == 0 {
         StopSignals::Held
     } else if caught & (signal_bit(libc::SIGTERM) | signal_bit(libc::SIGINT)) != 0 {
         StopSignals::Caught

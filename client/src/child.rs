@@ -126,6 +126,7 @@ impl ChildCore {
         if let Some((status, _)) = self.finished {
             return Ok(Some(status));
         }
+        self.session.owner.check()?;
         match self.exit.poll() {
             Ok(notice) => Ok(notice.map(|notice| self.finish(notice))),
             Err(lost @ Error::ZygoteLost { .. }) => match self.pidfd_exit()? {
@@ -141,6 +142,8 @@ impl ChildCore {
         if let Some((status, _)) = self.finished {
             return Ok(status);
         }
+        // Its exit notice would come to the parent's reader, never here.
+        self.session.owner.check()?;
         match self.exit.wait().await {
             Ok(notice) => Ok(self.finish(notice)),
             // Boxed: this rare path's future (a pidfd registration and a
@@ -242,6 +245,8 @@ impl ChildCore {
     /// Through the zygote, the child's parent; through the pidfd once the
     /// zygote is lost.
     pub(crate) async fn signal(&self, signal: i32) -> Result<()> {
+        // Never a request on the parent's connection.
+        self.session.owner.check()?;
         if !self.session.is_lost() {
             match self.session.signal(self.spawn_id, signal).await {
                 Err(Error::ZygoteLost { .. }) => {}
@@ -286,6 +291,7 @@ impl ChildCore {
     /// Kills the child and waits until it is gone; when the zygote is lost
     /// meanwhile, the pidfd confirms the death instead.
     pub(crate) async fn kill(&mut self) -> Result<()> {
+        self.session.owner.check()?;
         // With kill_tree the zygote's SIGKILL is `cgroup.kill`; when that
         // request fails (the child already gone, the zygote lost), the
         // pidfd still reaches the child.
@@ -316,7 +322,8 @@ impl ChildCore {
 
 impl Drop for ChildCore {
     fn drop(&mut self) {
-        if self.kill_on_drop && self.finished.is_none() {
+        // A forked copy dropping its copy leaves the parent's child alone.
+        if self.kill_on_drop && self.finished.is_none() && self.session.owner.is_current() {
             // Through the pidfd: a reaped child's pid may be reused, its
             // pidfd never is. An exited child makes this ESRCH, ignored.
             let _ = pidfd_send_signal(&self.pidfd, Signal::KILL);

@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 use zygote_proto::{Limits, ProtoError};
 
 use crate::connection::Connection;
+use crate::fork::Owner;
 use crate::transparent::ProcessSettings;
 use crate::{Command, DaemonStatus, Error, Result};
 
@@ -60,6 +61,17 @@ fn socket_path_for(is_root: bool, runtime_dir: Option<OsString>) -> PathBuf {
 /// client on a private zygote ([`launch_private`](Client::launch_private))
 /// or an inherited socket ([`from_fd`](Client::from_fd)) has nothing to
 /// reconnect to: its requests fail with `ZygoteLost`, which says so.
+///
+/// # After `fork(2)`
+///
+/// A forked copy of the process never uses the parent's connection. A
+/// client of a socket path connects again in the copy, at its first
+/// request there (run on a tokio runtime the copy builds: the parent's
+/// runtime threads are not copied); a client of a private zygote or an
+/// inherited socket fails there with [`Error::Forked`]. A
+/// [`Child`](crate::Child) copied into the fork cannot be waited for or
+/// signalled through the zygote there (`Error::Forked`), and its
+/// `kill_on_drop` leaves the parent's child alone.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
@@ -95,6 +107,21 @@ struct Inner {
 pub(crate) struct Session {
     connection: Arc<Connection>,
     _stop_reader: oneshot::Sender<()>,
+    /// The process that connected: a forked copy never uses the
+    /// connection (see `fork`).
+    pub(crate) owner: Owner,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if !self.owner.is_current() {
+            // A forked copy: dropping the socket would deregister it from
+            // the runtime's epoll instance, which is the parent's too (an
+            // epoll fd is shared across fork), and the parent's reader
+            // would never wake again. The copy keeps it instead.
+            std::mem::forget(Arc::clone(&self.connection));
+        }
+    }
 }
 
 impl std::ops::Deref for Session {
@@ -214,6 +241,7 @@ impl Client {
         Ok(Session {
             connection,
             _stop_reader: stop_tx,
+            owner: Owner::current(),
         })
     }
 
@@ -243,12 +271,33 @@ impl Client {
     /// refused the new connection.
     pub(crate) async fn session(&self) -> Result<Arc<Session>> {
         let current = self.current();
+        if !current.owner.is_current() {
+            return Box::pin(self.reconnect_after_fork(&current)).await;
+        }
         if !current.is_lost() {
             return Ok(current);
         }
         // Boxed: this rare path's future is large, and every request's
         // future would otherwise be as large.
         Box::pin(self.reconnect(&current)).await
+    }
+
+    /// In a forked copy of the process that connected: a connection of
+    /// this process's own to the same path, never the parent's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Forked`] when there is no path to connect to; the errors
+    /// of [`Client::connect`].
+    async fn reconnect_after_fork(&self, parents: &Session) -> Result<Arc<Session>> {
+        let Some(path) = &self.inner.path else {
+            return Err(parents.owner.forked());
+        };
+        // No lock that a thread of the parent may have held at the fork:
+        // concurrent first requests may each connect; the last one stays.
+        let session = Arc::new(Self::dial(path).await?);
+        *self.inner.session.write().expect("session lock poisoned") = Arc::clone(&session);
+        Ok(session)
     }
 
     async fn reconnect(&self, lost: &Session) -> Result<Arc<Session>> {

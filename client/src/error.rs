@@ -132,6 +132,22 @@ pub enum Error {
         /// The error from spawning it.
         source: io::Error,
     },
+    /// The client was made by another process, of which this one is a
+    /// forked copy: the connection (and a blocking client's runtime)
+    /// belong to that process, and nothing was sent on it. An async client
+    /// of a socket path connects again on its own instead; a blocking
+    /// client, or a client of a private zygote or an inherited socket,
+    /// cannot: make a new client in this process.
+    #[error(
+        "this zygote client belongs to process {owner}, and this is a forked copy of it (pid \
+         {pid}): make a new client in this process"
+    )]
+    Forked {
+        /// The process that made the client.
+        owner: u32,
+        /// This process.
+        pid: u32,
+    },
     /// The command cannot be expressed (a NUL byte in an argument, a child
     /// fd number below 3, ...). Nothing was sent.
     #[error("invalid command: {reason}")]

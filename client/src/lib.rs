@@ -111,6 +111,7 @@ mod command;
 mod connection;
 mod daemon_status;
 mod error;
+mod fork;
 pub mod private;
 mod request;
 mod status;

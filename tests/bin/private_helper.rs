@@ -10,6 +10,10 @@
 //! process, so it exits when this process dies; the sleeper (`sleep 3`)
 //! outlives it, so the zygote must wait for it.
 //!
+//! With `lines` in place of GIB it reports `zygote <pid>` instead, then
+//! runs each line of its stdin with `sh -c`, writing `exit <code>` (or
+//! `signal <number>`) for each, until its stdin closes.
+//!
 //! Before anything else it opens `/dev/zero` on an inheritable fd: neither
 //! kind of private zygote may keep it open.
 
@@ -41,6 +45,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if std::env::args().nth(2).as_deref() == Some("lines") {
+        return run_lines(&client);
+    }
     let gib: usize = std::env::args()
         .nth(2)
         .and_then(|arg| arg.parse().ok())
@@ -91,6 +98,30 @@ fn main() -> ExitCode {
     std::hint::black_box((&ballast, &leak));
     drop(cat.stdin.take());
     let _ = cat.wait();
+    ExitCode::SUCCESS
+}
+
+/// The `lines` mode: the zygote's pid, then one `sh -c` per stdin line.
+fn run_lines(client: &Client) -> ExitCode {
+    let ppid = Command::new(client, "sh")
+        .args(["-c", "echo $PPID"])
+        .output()
+        .expect("run sh");
+    print!("zygote {}", String::from_utf8_lossy(&ppid.stdout));
+    std::io::stdout().flush().expect("flush");
+    for line in std::io::stdin().lock().lines() {
+        let line = line.expect("read stdin");
+        let report = match Command::new(client, "sh").args(["-c", &line]).status() {
+            Ok(status) => match (status.code(), status.signal()) {
+                (Some(code), _) => format!("exit {code}"),
+                (None, Some(signal)) => format!("signal {signal}"),
+                (None, None) => format!("status {status:?}"),
+            },
+            Err(error) => format!("error {error}"),
+        };
+        println!("{report}");
+        std::io::stdout().flush().expect("flush");
+    }
     ExitCode::SUCCESS
 }
 

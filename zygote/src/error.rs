@@ -31,6 +31,17 @@ pub enum Error {
         #[source]
         source: ProtoError,
     },
+    /// A daemon not run as root, with no `--socket`, `$ZYGOTE_SOCKET` or
+    /// `$XDG_RUNTIME_DIR`, could not create root's default socket.
+    #[error(
+        "{source}; that is root's default socket, used because XDG_RUNTIME_DIR is not set: set \
+         XDG_RUNTIME_DIR, or pass --socket PATH (e.g. --socket $HOME/zygote.sock)"
+    )]
+    NoRuntimeDir {
+        /// The error binding root's default socket.
+        #[source]
+        source: Box<Error>,
+    },
     /// The kernel lacks a feature the daemon needs.
     #[error("this kernel cannot run zygote: {0}")]
     KernelUnsupported(String),

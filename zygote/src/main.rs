@@ -36,6 +36,9 @@ fn main() -> ExitCode {
             // so that every thread inherits it: SIGCHLD is read from a
             // signalfd, never by a handler.
             let blocked = zygote::spawn::block_child_signal();
+            // Likewise: a signal with no meaning here (a child's
+            // `kill(getppid(), SIGUSR1)`) is read and logged, never fatal.
+            let stray_blocked = zygote::spawn::block_stray_signals();
             // Likewise inherited by every thread: the daemon's threads never
             // preempt a client that wakes them (`spawn::run_daemon_as_batch`).
             let policy = zygote::spawn::run_daemon_as_batch();
@@ -48,6 +51,9 @@ fn main() -> ExitCode {
             zygote::spawn::log_daemon_policy(&policy);
             if let Err(error) = blocked {
                 tracing::warn!(%error, "cannot block SIGCHLD; it is handled by a signal handler");
+            }
+            if let Err(error) = stray_blocked {
+                tracing::warn!(%error, "cannot block the signals with no meaning here");
             }
             let served =
                 activation.and_then(|activation| serve::serve(&args, activation, handover));

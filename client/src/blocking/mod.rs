@@ -23,6 +23,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use zygote_proto::Limits;
 
+use crate::fork::Owner;
 use crate::request::StdioDefaults;
 pub use crate::{Error, ExitStatus, Output, ResourceUsage, Result, Stdio};
 
@@ -46,6 +47,9 @@ struct Runtime {
     runtime: Option<Arc<tokio::runtime::Runtime>>,
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The process that started it: in a forked copy the background
+    /// thread does not exist, and the runtime may be held by it forever.
+    owner: Owner,
 }
 
 /// What the callers and the background thread share.
@@ -82,10 +86,18 @@ impl Runtime {
             runtime: Some(runtime),
             shared,
             thread: Some(thread),
+            owner: Owner::current(),
         }))
     }
 
-    fn block_on<F: Future>(&self, future: F) -> F::Output {
+    /// Runs `future` to completion on this thread.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Forked`] at once in a forked copy of the process that
+    /// started the runtime (see `fork`); else `future`'s.
+    fn block_on<T>(&self, future: impl Future<Output = Result<T>>) -> Result<T> {
+        self.owner.check()?;
         let runtime = self.runtime.as_ref().expect("the runtime lives until drop");
         self.shared.calls.fetch_add(1, Ordering::Relaxed);
         self.shared.callers.fetch_add(1, Ordering::AcqRel);
@@ -138,6 +150,13 @@ fn drive_when_idle(runtime: &tokio::runtime::Runtime, shared: &Shared) {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        if !self.owner.is_current() {
+            // A forked copy: the thread to join does not exist here, and
+            // the runtime may be held by it. Both are left as they are.
+            std::mem::forget(self.thread.take());
+            std::mem::forget(self.runtime.take());
+            return;
+        }
         // The background thread drops the runtime, outside any runtime.
         drop(self.runtime.take());
         self.shared.stop.store(true, Ordering::Release);
@@ -154,6 +173,11 @@ impl Drop for Runtime {
 /// A connection to a zygote, for synchronous code; see [`crate::Client`].
 ///
 /// Cheap to clone, `Send` and `Sync`.
+///
+/// In a forked copy of the process that made it, every call fails at once
+/// with [`Error::Forked`] (its runtime and background thread belong to
+/// the parent, and nothing is sent on the parent's connection): make a new
+/// client in the copy. Dropping the copy's client there is safe.
 #[derive(Debug, Clone)]
 pub struct Client {
     // Declared first so the connection is released before the runtime

@@ -8,6 +8,7 @@
 //! - [`docs`]: `zygote man` and `zygote completions`.
 
 pub mod docs;
+mod exit_code;
 pub mod pty;
 pub mod run;
 pub mod serve;

@@ -2,6 +2,10 @@
 //! and this wrapper relays between it and the terminal it runs on, as
 //! `ssh -t`, `docker run -t` and `systemd-run --pty` do.
 //!
+//! - Started outside the terminal's foreground process group (`cmd &`, or
+//!   `timeout` in a script), the wrapper first stops as `stty raw` does,
+//!   before it starts the child or installs a handler, until it is in the
+//!   foreground; a signal meanwhile ends it by its default action.
 //! - The wrapper's terminal goes to raw mode, so that every key (Ctrl-C,
 //!   Ctrl-Z, Ctrl-\ included) reaches the child's terminal, whose line
 //!   discipline signals the child's foreground job as a terminal would.
@@ -38,10 +42,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use zygote_client::{Child, Command, ExitStatus, JobState};
 
+use crate::cli::exit_code::{EXIT_ZYGOTE_FAILED, report_error};
 use crate::spawn;
-
-/// Exit code when zygote itself fails.
-const EXIT_ZYGOTE_FAILED: u8 = 125;
 
 /// The size a terminal reports when it reports none.
 const FALLBACK_SIZE: (u16, u16) = (24, 80);
@@ -77,11 +79,15 @@ pub async fn run(command: &mut Command, program: &Path) -> u8 {
             return EXIT_ZYGOTE_FAILED;
         }
     };
+    if let Err(errno) = wait_for_foreground(stdin, &saved) {
+        eprintln!("zygote: cannot take the terminal: {errno}");
+        return EXIT_ZYGOTE_FAILED;
+    }
     let size = window_size(stdin);
     command.pty(size.ws_row, size.ws_col).report_stops(true);
     let mut child = match command.spawn().await {
         Ok(child) => child,
-        Err(error) => return super::run::report_spawn_error(&error, program),
+        Err(error) => return report_error(&error, program, None),
     };
     let Some(master) = child.pty.take() else {
         eprintln!("zygote: the zygote sent no terminal for the child");
@@ -108,6 +114,21 @@ pub async fn run(command: &mut Command, program: &Path) -> u8 {
             EXIT_ZYGOTE_FAILED
         }
     }
+}
+
+/// Returns once this process's group is the terminal's foreground group,
+/// as `stty raw` or Python's `tty.setraw` would: the terminal's own
+/// settings are set again, unchanged, which from a background group gets
+/// `SIGTTOU` and stops the process until `fg` (or fails with `EIO` in an
+/// orphaned group). Nothing is changed on a terminal that another group
+/// holds.
+///
+/// It runs before the child exists and before any signal handler of the
+/// wrapper: a signal that comes meanwhile (`timeout`'s `SIGINT` to a
+/// command it put in a background group) ends the wrapper by its default
+/// action, with no terminal to restore and no child left behind.
+fn wait_for_foreground(terminal: BorrowedFd<'_>, settings: &Termios) -> rustix::io::Result<()> {
+    tcsetattr(terminal, OptionalActions::Now, settings)
 }
 
 /// The child's code, or death by its signal as a shell expects.

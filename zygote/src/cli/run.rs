@@ -12,20 +12,13 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use zygote_client::{Client, Command, Error};
-use zygote_proto::SpawnStage;
+use zygote_client::{Client, Command};
 
 use crate::cli::{RunArgs, pty};
-use crate::{spawn, strerror};
+use crate::spawn;
 
-/// Exit code when the child's `--timeout` expired, as timeout(1) uses.
-const EXIT_TIMED_OUT: u8 = 124;
-/// Exit code when zygote itself fails (no daemon, protocol error, usage).
-pub const EXIT_ZYGOTE_FAILED: u8 = 125;
-/// Exit code when the program exists but cannot be executed.
-const EXIT_CANNOT_EXECUTE: u8 = 126;
-/// Exit code when the program is not found.
-const EXIT_NOT_FOUND: u8 = 127;
+pub use crate::cli::exit_code::EXIT_ZYGOTE_FAILED;
+use crate::cli::exit_code::{EXIT_TIMED_OUT, report_error};
 
 /// Runs the command and returns the exit code for the wrapper; dies by the
 /// child's signal instead when a signal killed the child.
@@ -196,58 +189,6 @@ fn lookup_id(name: &str, file: &str, what: &str) -> Result<u32, String> {
         })
         .next()
         .ok_or_else(|| format!("no {what} named {name:?} in {file}"))
-}
-
-/// Says why a spawn failed and returns the exit code, as `report_error`
-/// does for a command without `-C`.
-pub(super) fn report_spawn_error(error: &Error, program: &Path) -> u8 {
-    report_error(error, program, None)
-}
-
-fn report_error(error: &Error, program: &Path, chdir: Option<&Path>) -> u8 {
-    match error {
-        Error::Spawn {
-            stage: SpawnStage::Exec,
-            errno,
-            ..
-        } => {
-            let in_dir = chdir.map_or_else(|| program.to_owned(), |dir| dir.join(program));
-            let is_dir = program.as_os_str().as_bytes().contains(&b'/') && in_dir.is_dir();
-            let reason = if is_dir {
-                // execve says EACCES; shells say what is wrong.
-                "Is a directory".to_owned()
-            } else {
-                strerror(*errno)
-            };
-            eprintln!("zygote: {}: {reason}", program.display());
-            if *errno == libc::ENOENT {
-                EXIT_NOT_FOUND
-            } else {
-                EXIT_CANNOT_EXECUTE
-            }
-        }
-        Error::Spawn { errno, .. } | Error::Request { errno, .. } if *errno == libc::E2BIG => {
-            eprintln!("zygote: {}: {}", program.display(), strerror(*errno));
-            EXIT_CANNOT_EXECUTE
-        }
-        Error::RequestTooLarge { .. } => {
-            eprintln!("zygote: {}: {}", program.display(), strerror(libc::E2BIG));
-            EXIT_CANNOT_EXECUTE
-        }
-        Error::Spawn {
-            stage: SpawnStage::Chdir,
-            message,
-            ..
-        } => {
-            // The zygote names the directory ("chdir /x: No such file ...").
-            eprintln!("zygote: {message}");
-            EXIT_ZYGOTE_FAILED
-        }
-        other => {
-            eprintln!("zygote: {other}");
-            EXIT_ZYGOTE_FAILED
-        }
-    }
 }
 
 /// Applies one `-p NAME=VALUE` cgroup property, spelled as in systemd-run.

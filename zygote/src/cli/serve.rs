@@ -114,11 +114,20 @@ pub fn serve(
             fd
         }
         (None, path) => {
-            let path = path
+            let given = path
                 .clone()
-                .or_else(|| std::env::var_os(zygote_client::SOCKET_ENV).map(Into::into))
-                .unwrap_or_else(zygote_client::default_socket_path);
-            let bound = server::bind(&path, args.socket_mode)?;
+                .or_else(|| std::env::var_os(zygote_client::SOCKET_ENV).map(Into::into));
+            let roots_default = given.is_none() && falls_back_to_roots_socket();
+            let path = given.unwrap_or_else(zygote_client::default_socket_path);
+            let bound = server::bind(&path, args.socket_mode).map_err(|error| {
+                if roots_default {
+                    Error::NoRuntimeDir {
+                        source: Box::new(error),
+                    }
+                } else {
+                    error
+                }
+            })?;
             tracing::info!(socket = %path.display(), "listening");
             let fd = bound.fd.try_clone().map_err(Error::Runtime)?;
             options.bound = Some(bound);
@@ -225,6 +234,7 @@ fn run(args: &ServeArgs, listener: std::os::fd::OwnedFd, options: Options) -> Re
                 tracing::warn!("second signal: exiting without waiting for the stop to finish");
                 Ok(())
             }
+            never = crate::daemon::stray::log_stray_signals() => match never {},
             () = deadline => {
                 tracing::warn!(
                     stop_timeout_secs = args.stop_timeout,
@@ -234,6 +244,14 @@ fn run(args: &ServeArgs, listener: std::os::fd::OwnedFd, options: Options) -> Re
             }
         }
     })
+}
+
+/// Whether the default socket of this process is root's
+/// (`/run/zygote/zygote.sock`) although it does not run as root: its
+/// `XDG_RUNTIME_DIR` is unset or empty.
+fn falls_back_to_roots_socket() -> bool {
+    !rustix::process::geteuid().is_root()
+        && std::env::var_os("XDG_RUNTIME_DIR").is_none_or(|dir| dir.is_empty())
 }
 
 /// Counts SIGTERM and SIGINT deliveries. (SIGHUP is a live upgrade, see

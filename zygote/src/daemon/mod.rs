@@ -11,6 +11,8 @@
 //!   sending a reply.
 //! - [`features`]: the optional features offered, and the refusal of
 //!   a request that uses one that is not.
+//! - `stray`: the signals that mean nothing to a zygote, logged and
+//!   otherwise ignored.
 //! - `spawners`: the threads a busy shared daemon clones on, first come
 //!   first served.
 //! - [`state`]: what every connection shares: the [`state::Daemon`].
@@ -47,5 +49,6 @@ pub mod server;
 mod shutdown;
 mod spawners;
 pub mod state;
+pub(crate) mod stray;
 pub mod template;
 pub mod upgrade;

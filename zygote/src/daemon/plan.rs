@@ -122,7 +122,71 @@ pub fn prepare(
     }
     check_deferral(request)?;
     let mut fds = FdTable::new(attached);
-    let (args, env) = match request.large_args {
+    let (args, env) = take_args_and_env(request, &mut fds, max_argv_env_bytes)?;
+    let rlimits = std::mem::take(&mut request.rlimits);
+    let request = &*request;
+    check_size(request, &args, &env, max_argv_env_bytes)?;
+    check_user(request)?;
+    let on_close = check_on_close(request)?;
+    check_timeout(request)?;
+    let program = c_string("program", &request.program)?;
+    let argv = build_argv(request, &program, args)?;
+    let path_var = check_env(&env)?;
+    let exec_candidates = exec_candidates(&request.program, path_var.unwrap_or(DEFAULT_PATH))?;
+    let envp = env;
+    let cwd = request
+        .cwd
+        .as_deref()
+        .map(|cwd| c_string("working directory", cwd))
+        .transpose()?;
+
+    let attributes = check_attributes(request)?;
+    let terminal = match request.pty {
+        Some(pty) => Some(open_terminal(request, pty)?),
+        None => None,
+    };
+    let mut client_ends = place_stdio(request, &mut fds, terminal.as_ref(), dev_null)?;
+    place_mappings(request, &mut fds)?;
+    let fds = fds.finish()?;
+    if let Some(terminal) = terminal {
+        client_ends.push(terminal.master);
+    }
+
+    Ok(Prepared {
+        plan: SpawnPlan {
+            exec_candidates,
+            argv,
+            envp,
+            cwd,
+            fds,
+            new_session: request.new_session || request.pty.is_some(),
+            controlling_terminal: request.pty.is_some(),
+            process_group: request.process_group,
+            umask: request.umask,
+            rlimits,
+            credentials: None,
+            cgroup: None,
+            ignored_signals: request.ignored_signals,
+            nice: request.nice,
+            cpu_affinity: attributes,
+            oom_score_adj: request.oom_score_adj,
+        },
+        client_ends,
+        on_close,
+        timeout: request.timeout,
+        leads_own_group: leads_own_group(request),
+    })
+}
+
+/// The child's `argv[1..]` and environment: read from the request's
+/// [`LargeArgs`] memfd when it names one (taken from `fds`), else moved
+/// out of the request.
+fn take_args_and_env(
+    request: &mut SpawnRequest,
+    fds: &mut FdTable,
+    max_argv_env_bytes: usize,
+) -> Result<(Vec<Vec<u8>>, Env), Refusal> {
+    match request.large_args {
         Some(index) => {
             if !request.args.is_empty() || !request.env.is_empty() {
                 return Err(Refusal::invalid(
@@ -131,17 +195,18 @@ pub fn prepare(
             }
             let memfd = fds.take_attached(index)?;
             let large = read_large_args(&memfd, max_argv_env_bytes)?;
-            (large.args, large.env)
+            Ok((large.args, large.env))
         }
         // Moved: the environment's buffer becomes the child's `envp`.
-        None => (
+        None => Ok((
             std::mem::take(&mut request.args),
             std::mem::take(&mut request.env),
-        ),
-    };
-    let rlimits = std::mem::take(&mut request.rlimits);
-    let request = &*request;
-    check_size(request, &args, &env, max_argv_env_bytes)?;
+        )),
+    }
+}
+
+/// Refuses id -1 as a uid, gid or group.
+fn check_user(request: &SpawnRequest) -> Result<(), Refusal> {
     if let Some(user) = &request.user {
         // -1 tells setresuid/setresgid "leave unchanged": the child would
         // keep the daemon's id.
@@ -154,13 +219,24 @@ pub fn prepare(
             ));
         }
     }
-    let on_close = check_on_close(request)?;
+    Ok(())
+}
+
+fn check_timeout(request: &SpawnRequest) -> Result<(), Refusal> {
     if let Some(timeout) = request.timeout {
         if timeout.millis == 0 {
             return Err(Refusal::invalid("timeout of 0 ms: give at least 1 ms"));
         }
     }
-    let program = c_string("program", &request.program)?;
+    Ok(())
+}
+
+/// `argv`: `argv0` (else the program), then `args`.
+fn build_argv(
+    request: &SpawnRequest,
+    program: &CString,
+    args: Vec<Vec<u8>>,
+) -> Result<Vec<CString>, Refusal> {
     let mut argv = Vec::with_capacity(args.len() + 1);
     argv.push(match &request.argv0 {
         Some(argv0) => c_string("argv0", argv0)?,
@@ -172,12 +248,17 @@ pub fn prepare(
             Refusal::invalid(format!("argument {} contains a NUL byte", index + 1))
         })?);
     }
+    Ok(argv)
+}
 
-    // The environment is used as received: each variable is already
-    // `KEY=VALUE\0` in one buffer, which the child's `envp` points into.
-    // A key may be empty or hold `=` (inherited entries such as `=A=B`):
-    // the child sees the entry as sent. `PATH` is what the child's own
-    // `getenv("PATH")` finds: the first entry that starts with `PATH=`.
+/// Checks the environment for NUL bytes and returns its `PATH`, if any.
+///
+/// The environment is used as received: each variable is already
+/// `KEY=VALUE\0` in one buffer, which the child's `envp` points into. A
+/// key may be empty or hold `=` (inherited entries such as `=A=B`): the
+/// child sees the entry as sent. `PATH` is what the child's own
+/// `getenv("PATH")` finds: the first entry that starts with `PATH=`.
+fn check_env(env: &Env) -> Result<Option<&[u8]>, Refusal> {
     let mut path_var = None;
     for ((key, value), entry) in env.iter().zip(env.entries()) {
         if key.contains(&0) || value.contains(&0) {
@@ -189,26 +270,24 @@ pub fn prepare(
                 .and_then(|rest| rest.strip_suffix(b"\0"));
         }
     }
+    Ok(path_var)
+}
 
-    let exec_candidates = exec_candidates(&request.program, path_var.unwrap_or(DEFAULT_PATH))?;
-    let envp = env;
-    let cwd = request
-        .cwd
-        .as_deref()
-        .map(|cwd| c_string("working directory", cwd))
-        .transpose()?;
-
-    let attributes = check_attributes(request)?;
+/// Places the child's fds 0, 1 and 2: the terminal's slave on all three
+/// when there is one, else each as its [`StdioSpec`] says. Returns the
+/// client's ends of the pipes, in stdin, stdout, stderr order.
+fn place_stdio(
+    request: &SpawnRequest,
+    fds: &mut FdTable,
+    terminal: Option<&Terminal>,
+    dev_null: &DevNull,
+) -> Result<Vec<OwnedFd>, Refusal> {
     let mut client_ends = Vec::new();
-    let terminal = match request.pty {
-        Some(pty) => Some(open_terminal(request, pty)?),
-        None => None,
-    };
     for (child_fd, spec) in [request.stdin, request.stdout, request.stderr]
         .into_iter()
         .enumerate()
     {
-        if let Some(terminal) = &terminal {
+        if let Some(terminal) = terminal {
             let slave = terminal.slave.try_clone().map_err(|error| {
                 Refusal::io(SpawnStage::Dup, "failed to duplicate the terminal", error)
             })?;
@@ -239,7 +318,12 @@ pub fn prepare(
         };
         fds.place(source, child_fd);
     }
+    Ok(client_ends)
+}
 
+/// Places the attached fds the request maps to child fds 3 and up, each
+/// target once.
+fn place_mappings(request: &SpawnRequest, fds: &mut FdTable) -> Result<(), Refusal> {
     let mut targets = HashSet::new();
     for mapping in &request.fd_mappings {
         if !(3..=MAX_CHILD_FD).contains(&mapping.child_fd) {
@@ -256,35 +340,7 @@ pub fn prepare(
         }
         fds.place_attached(mapping.attached_index, mapping.child_fd)?;
     }
-    let fds = fds.finish()?;
-    if let Some(terminal) = terminal {
-        client_ends.push(terminal.master);
-    }
-
-    Ok(Prepared {
-        plan: SpawnPlan {
-            exec_candidates,
-            argv,
-            envp,
-            cwd,
-            fds,
-            new_session: request.new_session || request.pty.is_some(),
-            controlling_terminal: request.pty.is_some(),
-            process_group: request.process_group,
-            umask: request.umask,
-            rlimits,
-            credentials: None,
-            cgroup: None,
-            ignored_signals: request.ignored_signals,
-            nice: request.nice,
-            cpu_affinity: attributes,
-            oom_score_adj: request.oom_score_adj,
-        },
-        client_ends,
-        on_close,
-        timeout: request.timeout,
-        leads_own_group: leads_own_group(request),
-    })
+    Ok(())
 }
 
 fn leads_own_group(request: &SpawnRequest) -> bool {

@@ -21,6 +21,9 @@
 //! SIGINT is caught and ignored, so that Ctrl-C in a terminal, which
 //! reaches the whole process group, does not kill the zygote under an
 //! owner that handles it; the owner's exit still ends the zygote.
+//! Signals with no meaning to it (SIGUSR1 from a child announcing itself,
+//! and the like) are logged and ignored (see `daemon::stray`);
+//! SIGTERM ends it.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -34,6 +37,7 @@ use crate::Error;
 use crate::daemon::connection;
 use crate::daemon::shutdown::Coordinator;
 use crate::daemon::state::Daemon;
+use crate::daemon::stray;
 
 /// How often the exit path checks whether every child has been reaped.
 const REAP_POLL: Duration = Duration::from_millis(10);
@@ -66,6 +70,11 @@ pub fn serve_private(socket: OwnedFd) -> Result<(), Error> {
     // serve` did already, a forked template does it here, while single.
     if let Err(error) = crate::spawn::block_child_signal() {
         tracing::warn!(%error, "cannot block SIGCHLD; it is handled by a signal handler");
+    }
+    // Likewise the signals with no meaning here, read by
+    // `stray::log_stray_signals` (a template blocked them before its fork).
+    if let Err(error) = crate::spawn::block_stray_signals() {
+        tracing::warn!(%error, "cannot block the signals with no meaning here");
     }
     // One thread: the zygote does little besides clone, and a forked
     // template must stay single-threaded anyway.
@@ -112,16 +121,23 @@ async fn serve_owner(socket: OwnedFd, boost: std::io::Result<Option<i32>>) -> Re
     // A private zygote has no stop of its own: the owner leaving is its end.
     let coordinator = Coordinator::new();
     let active = daemon.pause.enter().await;
-    connection::serve(
-        socket,
-        owner,
-        Arc::clone(&daemon),
-        coordinator.handle(),
-        active,
-    )
-    .await;
-    owner_gone(&daemon);
-    reap_remaining(&daemon).await;
+    let serving = async {
+        connection::serve(
+            socket,
+            owner,
+            Arc::clone(&daemon),
+            coordinator.handle(),
+            active,
+        )
+        .await;
+        owner_gone(&daemon);
+        reap_remaining(&daemon).await;
+    };
+    // Inside this future, not a task: `reap_remaining` waits for every task.
+    tokio::select! {
+        () = serving => {}
+        never = stray::log_stray_signals() => match never {},
+    }
     info!("owner gone and every child reaped; exiting");
     Ok(())
 }

@@ -100,6 +100,9 @@ pub fn fork_template() -> Result<Template, Error> {
     // exist (a terminal's ^C at that moment must not kill it); the
     // program gets its own mask back at once.
     let program_mask = spawn::hold_stop_signals();
+    // And the signals with no meaning to it, for its whole life (the
+    // restore below undoes this too in the program).
+    let _ = spawn::block_stray_signals();
     let forked = spawn::fork_single_threaded();
     if !matches!(forked, Ok(Forked::Child)) {
         program_mask.restore();

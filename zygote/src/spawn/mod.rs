@@ -13,6 +13,8 @@
 //!   inherited socket.
 //! - `sigchld`: the daemon's `SIGCHLD`, blocked everywhere and read from
 //!   a signalfd.
+//! - `stray`: the signals that mean nothing to a zygote, blocked
+//!   everywhere and read from a signalfd, so that none can end it.
 //! - `sched`: the daemon's threads under `SCHED_BATCH`, its children back
 //!   under `SCHED_OTHER`.
 //!
@@ -46,6 +48,7 @@ mod handover;
 mod sched;
 mod selfsignal;
 mod sigchld;
+mod stray;
 mod wrapper;
 
 pub use wrapper::{die_by, stop_self_by};
@@ -62,6 +65,10 @@ pub use sched::{DaemonPolicy, NO_BATCH_ENV, log_daemon_policy, run_daemon_as_bat
 pub use selfsignal::{die_of_signal, stop_self};
 pub use sigchld::{
     SIGNALFD_SIGINFO_BYTES, block_child_signal, child_signal_fd, threads_taking_child_signal,
+};
+pub use stray::{
+    STRAY_SIGNALS, StraySignal, block_stray_signals, read_stray_signal, signal_name,
+    stray_signal_fd,
 };
 
 use std::cell::Cell;
