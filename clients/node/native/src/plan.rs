@@ -1,0 +1,188 @@
+//! Turning what JavaScript asked for into a checked plan with its fds
+//! ready, on the JavaScript thread, before anything is sent.
+
+use std::io;
+use std::os::fd::{IntoRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use napi_derive::napi;
+use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
+use zygote_client::{Client, Command, Stdio};
+
+use crate::sys::dup_cloexec;
+
+/// One entry of the `stdio` option, normalised by `lib/options.js`.
+#[napi(object)]
+pub struct StdioSpec {
+    /// `"pipe"`, `"ignore"`, `"inherit"` or `"fd"`.
+    pub kind: String,
+    /// For `"fd"`: the parent's fd to give the child.
+    pub fd: Option<i32>,
+}
+
+/// A spawn call, validated and normalised by `lib/options.js`.
+#[napi(object)]
+pub struct SpawnSpec {
+    /// The program, looked up in `PATH` when it has no slash.
+    pub file: String,
+    /// The whole argv, argv[0] included.
+    pub args: Vec<String>,
+    /// Environment names, in order; the child gets exactly these.
+    pub env_keys: Vec<String>,
+    /// Environment values, matching `env_keys`.
+    pub env_values: Vec<String>,
+    /// The working directory, or this process's.
+    pub cwd: Option<String>,
+    /// One entry per child fd, from 0.
+    pub stdio: Vec<StdioSpec>,
+    /// A new session (`setsid`), as Node's `detached`.
+    pub detached: bool,
+    /// `setuid` in the child.
+    pub uid: Option<u32>,
+    /// `setgid` in the child.
+    pub gid: Option<u32>,
+    /// The signal the zygote sends the child when this process's
+    /// connection closes.
+    pub kill_on_close: Option<i32>,
+    /// The zygote's own timeout, in milliseconds.
+    pub timeout_ms: Option<u32>,
+    /// cgroup `memory.max`, in bytes.
+    pub memory_max: Option<i64>,
+    /// cgroup `pids.max`.
+    pub pids_max: Option<u32>,
+}
+
+/// What the child gets at one fd.
+enum ChildFd {
+    Null,
+    Inherit,
+    Fd(OwnedFd),
+}
+
+/// A spawn with its fds made: what the runtime thread sends.
+pub struct Plan {
+    spec: SpawnSpec,
+    fds: Vec<Option<ChildFd>>,
+}
+
+/// Builds the plan and returns it with the parent's ends of the pipes
+/// (`-1` where a stdio entry has none).
+///
+/// # Errors
+///
+/// When a socketpair cannot be made or an fd given is not open.
+pub fn prepare(mut spec: SpawnSpec) -> io::Result<(Plan, Vec<RawFd>)> {
+    let mut fds = Vec::with_capacity(spec.stdio.len());
+    let mut parents = Vec::with_capacity(spec.stdio.len());
+    for (index, entry) in spec.stdio.iter().enumerate() {
+        let (child, parent) = match entry.kind.as_str() {
+            "pipe" => {
+                let (parent, child) = socketpair(
+                    AddressFamily::UNIX,
+                    SocketType::STREAM,
+                    SocketFlags::CLOEXEC,
+                    None,
+                )?;
+                (Some(ChildFd::Fd(child)), Some(parent))
+            }
+            "ignore" if index < 3 => (Some(ChildFd::Null), None),
+            "ignore" => (None, None),
+            "inherit" if index < 3 => (Some(ChildFd::Inherit), None),
+            "inherit" => (Some(ChildFd::Fd(dup_cloexec(fd_number(index)?)?)), None),
+            "fd" => {
+                let fd = entry.fd.ok_or_else(|| invalid("an fd entry without fd"))?;
+                (Some(ChildFd::Fd(dup_cloexec(fd)?)), None)
+            }
+            other => return Err(invalid(&format!("unknown stdio kind {other}"))),
+        };
+        fds.push(child);
+        parents.push(parent);
+    }
+    spec.stdio.clear();
+    let parents = parents
+        .into_iter()
+        .map(|end| end.map_or(-1, IntoRawFd::into_raw_fd))
+        .collect();
+    Ok((Plan { spec, fds }, parents))
+}
+
+fn fd_number(index: usize) -> io::Result<RawFd> {
+    RawFd::try_from(index).map_err(|_| invalid("stdio index out of range"))
+}
+
+fn invalid(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, what.to_owned())
+}
+
+impl Plan {
+    /// The zygote command for this plan. The command holds the child's
+    /// ends: drop it once spawned, so that the child alone keeps them.
+    pub fn command(self, client: &Client) -> io::Result<Command> {
+        let Plan { spec, fds } = self;
+        let mut command = Command::new(client, &spec.file);
+        if let Some((arg0, rest)) = spec.args.split_first() {
+            command.arg0(arg0).args(rest);
+        }
+        command.env_clear();
+        command.envs(spec.env_keys.iter().zip(&spec.env_values));
+        if let Some(cwd) = &spec.cwd {
+            command.current_dir(cwd);
+        }
+        command.setsid(spec.detached);
+        if let Some(uid) = spec.uid {
+            command.uid(uid);
+        }
+        if let Some(gid) = spec.gid {
+            command.gid(gid);
+        }
+        // libuv drops the supplementary groups whenever it changes a uid or gid.
+        if spec.uid.is_some() || spec.gid.is_some() {
+            command.groups(&[]);
+        }
+        if let Some(signal) = spec.kill_on_close {
+            command.kill_on_close(signal);
+        }
+        if let Some(ms) = spec.timeout_ms {
+            command.timeout(Duration::from_millis(u64::from(ms)));
+        }
+        if let Some(bytes) = spec.memory_max {
+            let bytes = u64::try_from(bytes).map_err(|_| invalid("memoryMax below 0"))?;
+            command.memory_max(bytes);
+        }
+        if let Some(pids) = spec.pids_max {
+            command.pids_max(u64::from(pids));
+        }
+        apply_fds(&mut command, fds)?;
+        Ok(command)
+    }
+}
+
+fn apply_fds(command: &mut Command, fds: Vec<Option<ChildFd>>) -> io::Result<()> {
+    // Node closes a standard stream that the stdio array leaves out; the
+    // zygote's default for one not set would be this process's own.
+    for index in fds.len()..3 {
+        set_std(command, index, Stdio::null());
+    }
+    for (index, child) in fds.into_iter().enumerate() {
+        let Some(child) = child else { continue };
+        let stdio = match child {
+            ChildFd::Null => Stdio::null(),
+            ChildFd::Inherit => Stdio::inherit(),
+            ChildFd::Fd(fd) if index >= 3 => {
+                command.fd(fd_number(index)?, fd);
+                continue;
+            }
+            ChildFd::Fd(fd) => Stdio::from(fd),
+        };
+        set_std(command, index, stdio);
+    }
+    Ok(())
+}
+
+fn set_std(command: &mut Command, index: usize, stdio: Stdio) {
+    match index {
+        0 => command.stdin(stdio),
+        1 => command.stdout(stdio),
+        _ => command.stderr(stdio),
+    };
+}

@@ -1,0 +1,209 @@
+//! The tokio thread that talks to the zygote, the client it shares, and
+//! the events it sends back to JavaScript.
+
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use napi::Env;
+use napi::threadsafe_function::{ErrorStrategy, ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use zygote_client::Client;
+
+use crate::plan::Plan;
+use crate::with_pidfds;
+
+/// What an event is about; JavaScript reads the number.
+#[derive(Clone, Copy)]
+pub enum Kind {
+    /// The child runs: `a` is its pid.
+    Spawned = 0,
+    /// The spawn failed: `a` is the errno (0 if none), `b` is 1 when the
+    /// program itself could not be started (as Node's ENOENT), 0 when the
+    /// zygote could not be reached or refused the request.
+    Failed = 1,
+    /// The child exited: `a` is its code (-1 if signalled), `b` the signal.
+    Exited = 2,
+    /// The exit status was lost with the zygote: `message` says why.
+    Lost = 3,
+    /// The zygote's hello: `message` is JSON.
+    Hello = 4,
+}
+
+/// One message for JavaScript.
+pub struct Event {
+    pub id: u32,
+    pub kind: Kind,
+    pub a: i32,
+    pub b: i32,
+    pub message: String,
+}
+
+struct Shared {
+    runtime: tokio::runtime::Runtime,
+    /// The client, made at the first request; it reconnects on its own.
+    client: tokio::sync::Mutex<Option<Client>>,
+    /// The socket path set by JavaScript, if any.
+    socket: Mutex<Option<String>>,
+    events: Mutex<Option<ThreadsafeFunction<Event, ErrorStrategy::Fatal>>>,
+}
+
+static SHARED: OnceLock<Shared> = OnceLock::new();
+
+fn shared() -> &'static Shared {
+    SHARED.get_or_init(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("zygote-node")
+            .enable_all()
+            .build()
+            .expect("the zygote addon cannot start its thread");
+        Shared {
+            runtime,
+            client: tokio::sync::Mutex::new(None),
+            socket: Mutex::new(None),
+            events: Mutex::new(None),
+        }
+    })
+}
+
+pub fn set_events(events: ThreadsafeFunction<Event, ErrorStrategy::Fatal>) {
+    *shared()
+        .events
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(events);
+}
+
+pub fn set_ref(env: &Env, on: bool) -> napi::Result<()> {
+    let mut guard = shared()
+        .events
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    match guard.as_mut() {
+        Some(events) if on => events.refer(env),
+        Some(events) => events.unref(env),
+        None => Ok(()),
+    }
+}
+
+pub fn set_socket(path: Option<String>) {
+    let shared = shared();
+    *shared.socket.lock().unwrap_or_else(PoisonError::into_inner) = path;
+    // The next request connects to the new path.
+    if let Ok(mut client) = shared.client.try_lock() {
+        *client = None;
+    } else {
+        shared
+            .runtime
+            .spawn(async { *crate::runtime::shared().client.lock().await = None });
+    }
+}
+
+fn send(event: Event) {
+    let events = shared()
+        .events
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(events) = events.as_ref() {
+        events.call(event, ThreadsafeFunctionCallMode::NonBlocking);
+    }
+}
+
+fn event(id: u32, kind: Kind, a: i32, b: i32, message: String) {
+    send(Event {
+        id,
+        kind,
+        a,
+        b,
+        message,
+    });
+}
+
+async fn client(shared: &Shared) -> zygote_client::Result<Client> {
+    let mut slot = shared.client.lock().await;
+    if let Some(client) = slot.as_ref() {
+        return Ok(client.clone());
+    }
+    let path = shared
+        .socket
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let client = match path {
+        Some(path) => Client::connect(path).await?,
+        None => Client::from_env().await?,
+    };
+    *slot = Some(client.clone());
+    Ok(client)
+}
+
+fn failed(id: u32, error: &zygote_client::Error) {
+    let program = matches!(error, zygote_client::Error::Spawn { .. });
+    let errno = error.raw_os_error().unwrap_or(0);
+    event(
+        id,
+        Kind::Failed,
+        errno,
+        i32::from(program),
+        error.to_string(),
+    );
+}
+
+pub fn start_spawn(id: u32, plan: Plan) {
+    shared().runtime.spawn(async move {
+        let client = match client(shared()).await {
+            Ok(client) => client,
+            Err(error) => return failed(id, &error),
+        };
+        let mut command = match plan.command(&client) {
+            Ok(command) => command,
+            Err(error) => {
+                let errno = error.raw_os_error().unwrap_or(libc::EINVAL);
+                return event(id, Kind::Failed, errno, 0, error.to_string());
+            }
+        };
+        let spawned = command.spawn().await;
+        // The command holds the child's ends of the pipes: close them here.
+        drop(command);
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(error) => return failed(id, &error),
+        };
+        if let Ok(pidfd) = child.pidfd().try_clone_to_owned() {
+            with_pidfds(|fds| fds.insert(id, Arc::new(pidfd)));
+        }
+        let pid = i32::try_from(child.id()).unwrap_or(0);
+        event(id, Kind::Spawned, pid, 0, String::new());
+        let status = child.wait().await;
+        with_pidfds(|fds| fds.remove(&id));
+        match status {
+            Ok(status) => event(
+                id,
+                Kind::Exited,
+                status.code().unwrap_or(-1),
+                status.signal().unwrap_or(0),
+                String::new(),
+            ),
+            Err(error) => event(id, Kind::Lost, 0, 0, error.to_string()),
+        }
+    });
+}
+
+pub fn start_hello(id: u32) {
+    shared().runtime.spawn(async move {
+        match client(shared()).await {
+            Ok(client) => {
+                let features: Vec<String> = client
+                    .features()
+                    .iter()
+                    .map(|name| format!("{name:?}"))
+                    .collect();
+                let json = format!(
+                    "{{\"protocolVersion\":{},\"features\":[{}],\"serverVersion\":{:?}}}",
+                    client.protocol_version(),
+                    features.join(","),
+                    client.server_version()
+                );
+                event(id, Kind::Hello, 0, 0, json);
+            }
+            Err(error) => failed(id, &error),
+        }
+    });
+}
