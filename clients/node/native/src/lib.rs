@@ -10,10 +10,12 @@
 //!
 //! # Layout
 //!
+//! - `codec`: the frames to and from JSON, for the shared test vectors.
 //! - `plan`: the validated spawn call and its fds, made on the JS thread.
 //! - `runtime`: the tokio thread, the shared client, the event callback.
 //! - `sys`: the `unsafe` code (duplicating an fd known by number).
 
+mod codec;
 mod plan;
 mod runtime;
 mod sys;
