@@ -98,7 +98,9 @@ class ChildProcess extends EventEmitter {
       if (this.exitCode === null && this.signalCode === null) this.exitCode = a ? -a : -1;
       if (this.stdin) this.stdin.destroy();
       const error = new Error(message);
-      error.code = kind === native.LOST ? 'ERR_ZYGOTE_LOST' : errors.errnoError(a || 71, '').code;
+      if (kind === native.LOST) error.code = 'ERR_ZYGOTE_LOST';
+      else if (b === 0) error.code = 'ERR_ZYGOTE_UNAVAILABLE';
+      else error.code = a ? errors.errnoError(a, '').code : 'ERR_ZYGOTE_REFUSED';
       if (a) error.errno = -a;
       error.syscall = `spawn ${this.spawnfile}`;
       error.path = this.spawnfile;

@@ -85,15 +85,20 @@ class Daemon {
   }
 }
 
-// Starts a daemon for this test file and points the package at it.
-async function sharedDaemon(t) {
+// Starts a daemon for this test file, before its tests, and points the
+// package at it; stops it after them. Returns a holder whose .daemon is set.
+function sharedDaemon() {
+  const { before, after } = require('node:test');
   const zygote = require('..');
-  const daemon = await new Daemon().start();
-  zygote.setSocket(daemon.socket);
-  t.after(async () => {
-    await daemon.stop();
+  const holder = { daemon: null };
+  before(async () => {
+    holder.daemon = await new Daemon().start();
+    zygote.setSocket(holder.daemon.socket);
   });
-  return daemon;
+  after(async () => {
+    if (holder.daemon) await holder.daemon.stop();
+  });
+  return holder;
 }
 
 // Resolves with [code, signal] at 'close', with everything read.

@@ -15,9 +15,10 @@ use crate::with_pidfds;
 pub enum Kind {
     /// The child runs: `a` is its pid.
     Spawned = 0,
-    /// The spawn failed: `a` is the errno (0 if none), `b` is 1 when the
-    /// program itself could not be started (as Node's ENOENT), 0 when the
-    /// zygote could not be reached or refused the request.
+    /// The spawn failed: `a` is the errno (0 if none), `b` says who
+    /// failed: 1 the program itself could not be started (as Node's
+    /// ENOENT), 0 the zygote could not be reached, 2 it refused the
+    /// request (an option it does not offer, a bad value).
     Failed = 1,
     /// The child exited: `a` is its code (-1 if signalled), `b` the signal.
     Exited = 2,
@@ -156,7 +157,7 @@ pub fn start_spawn(id: u32, plan: Plan) {
             Ok(command) => command,
             Err(error) => {
                 let errno = error.raw_os_error().unwrap_or(libc::EINVAL);
-                return event(id, Kind::Failed, errno, 0, error.to_string());
+                return event(id, Kind::Failed, errno, 2, error.to_string());
             }
         };
         let spawned = command.spawn().await;
