@@ -126,13 +126,10 @@ export function hello(): Promise<Hello>;
  * $ZYGOTE_SOCKET, else the default path. */
 export function setSocket(path?: string | null): void;
 
-export interface InstallResult {
-  /** Why the last call went to the original child_process, if it did. */
-  readonly lastFallback: string | null;
-}
-
 /** Routes child_process.spawn, execFile and exec through the zygote when
  * it can reproduce the call exactly; the rest go to the originals. */
-export function install(options?: { onFallback?: (reason: string, api: string) => void }): void;
+export function install(options?: { onFallback?: (reason: string, api: string) => void; socket?: string }): void;
+/** The last call install() sent to the original child_process, and why. */
+export function lastFallback(): { api: string; reason: string } | null;
 /** Puts the original child_process functions back. */
 export function uninstall(): void;

@@ -22,7 +22,7 @@ function hello() {
 // Connects to the zygote at `path` from the next spawn on; with no path,
 // to $ZYGOTE_SOCKET or the default path.
 function setSocket(path) {
-  native.addon.setSocket(path == null ? null : String(path));
+  native.setSocket(path);
 }
 
 module.exports = { spawn, execFile, exec, ChildProcess, hello, setSocket };
@@ -31,3 +31,4 @@ const install = require('./lib/install');
 
 module.exports.install = install.install;
 module.exports.uninstall = install.uninstall;
+module.exports.lastFallback = install.lastFallback;

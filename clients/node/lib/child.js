@@ -226,4 +226,7 @@ function spawn(command, args, options) {
   return child;
 }
 
+// instanceof child_process.ChildProcess holds, for code that checks it.
+Object.setPrototypeOf(ChildProcess.prototype, require('node:child_process').ChildProcess.prototype);
+
 module.exports = { ChildProcess, spawn };

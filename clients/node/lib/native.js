@@ -45,7 +45,16 @@ function unref() {
   if (--refs === 0) addon.setRef(false);
 }
 
+// Connects to the zygote at `path` from the next spawn on.
+function setSocket(path) {
+  module.exports.socket = path == null ? null : String(path);
+  addon.setSocket(module.exports.socket);
+}
+
 module.exports = {
+  // The socket set with setSocket(), if any.
+  socket: null,
+  setSocket,
   addon, register, unregister, ref, unref,
   SPAWNED, FAILED, EXITED, LOST, HELLO,
 };
