@@ -150,6 +150,16 @@ test('stdio ignore, inherit, fd numbers and streams with an fd', async () => {
   }
 });
 
+test('ignore gives the child /dev/null; inherit gives it this process\'s fd', async () => {
+  const child = zygote.spawn('sh', ['-c', 'readlink /proc/self/fd/0; readlink /proc/self/fd/2 >&1'], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  const { stdout } = await finished(child);
+  const [stdin, stderr] = stdout.trim().split('\n');
+  assert.equal(stdin, '/dev/null');
+  assert.equal(stderr, fs.readlinkSync('/proc/self/fd/2'));
+});
+
 test('extra pipes beyond fd 2 reach the child at their index', async () => {
   const child = zygote.spawn('sh', ['-c', 'echo three >&3; read x <&4; echo "four:$x"'], {
     stdio: ['ignore', 'pipe', 'inherit', 'pipe', 'pipe'],
