@@ -29,6 +29,7 @@ use napi::{Env, JsFunction, JsUnknown};
 use napi_derive::napi;
 use rustix::process::{Signal, pidfd_send_signal};
 
+pub use crate::codec::{decode_frame, encode_frame};
 use crate::plan::SpawnSpec;
 use crate::runtime::Event;
 
