@@ -113,6 +113,34 @@ export namespace exec {
     Promise<{ stdout: string; stderr: string }> & { child: ChildProcess };
 }
 
+export interface SpawnSyncOptions extends ExecFileOptions {
+  input?: string | NodeJS.ArrayBufferView;
+}
+
+export interface SpawnSyncReturns<T> {
+  pid: number;
+  output: Array<T | null>;
+  stdout: T;
+  stderr: T;
+  status: number | null;
+  signal: NodeJS.Signals | null;
+  error?: Error;
+}
+
+export function spawnSync(command: string, options: SpawnSyncOptions & { encoding: BufferEncoding }):
+  SpawnSyncReturns<string>;
+export function spawnSync(command: string, args: readonly string[], options: SpawnSyncOptions & { encoding: BufferEncoding }):
+  SpawnSyncReturns<string>;
+export function spawnSync(command: string, args?: readonly string[], options?: SpawnSyncOptions): SpawnSyncReturns<Buffer>;
+
+export function execFileSync(file: string, options: SpawnSyncOptions & { encoding: BufferEncoding }): string;
+export function execFileSync(file: string, args: readonly string[], options: SpawnSyncOptions & { encoding: BufferEncoding }):
+  string;
+export function execFileSync(file: string, args?: readonly string[], options?: SpawnSyncOptions): Buffer;
+
+export function execSync(command: string, options: SpawnSyncOptions & { encoding: BufferEncoding }): string;
+export function execSync(command: string, options?: SpawnSyncOptions): Buffer;
+
 export interface Hello {
   protocolVersion: number;
   features: string[];

@@ -5,6 +5,7 @@
 const native = require('./lib/native');
 const { ChildProcess, spawn } = require('./lib/child');
 const { execFile, exec } = require('./lib/exec');
+const { spawnSync, execFileSync, execSync } = require('./lib/sync');
 
 // The zygote's hello: { protocolVersion, features, serverVersion }.
 function hello() {
@@ -25,7 +26,9 @@ function setSocket(path) {
   native.setSocket(path);
 }
 
-module.exports = { spawn, execFile, exec, ChildProcess, hello, setSocket };
+module.exports = {
+  spawn, execFile, exec, spawnSync, execFileSync, execSync, ChildProcess, hello, setSocket,
+};
 
 const install = require('./lib/install');
 

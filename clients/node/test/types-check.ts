@@ -21,5 +21,9 @@ async function promised(): Promise<string> {
 }
 void promised;
 
+const text: string = zygote.execFileSync('echo', ['hi'], { encoding: 'utf8' });
+const bytes: Buffer = zygote.spawnSync('echo').stdout;
+void [text, bytes];
+
 // @ts-expect-error: the command must be a string
 zygote.spawn(42);

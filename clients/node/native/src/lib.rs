@@ -13,15 +13,17 @@
 //! - `codec`: the frames to and from JSON, for the shared test vectors.
 //! - `plan`: the validated spawn call and its fds, made on the JS thread.
 //! - `runtime`: the tokio thread, the shared client, the event callback.
+//! - `sync`: `spawnSync`, which blocks the JS thread by its nature.
 //! - `sys`: the `unsafe` code (duplicating an fd known by number).
 
 mod codec;
 mod plan;
 mod runtime;
+mod sync;
 mod sys;
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{IntoRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use napi::threadsafe_function::{ErrorStrategy, ThreadSafeCallContext, ThreadsafeFunction};
@@ -32,6 +34,7 @@ use rustix::process::{Signal, pidfd_send_signal};
 pub use crate::codec::{decode_frame, encode_frame};
 use crate::plan::SpawnSpec;
 use crate::runtime::Event;
+pub use crate::sync::spawn_sync;
 
 /// The pidfds of the children that have not been reported exited, by the
 /// id JavaScript gave them: `kill` signals through these, never by pid.
@@ -95,7 +98,10 @@ pub fn set_socket(path: Option<String>) {
 pub fn spawn(id: u32, spec: SpawnSpec) -> napi::Result<Vec<i32>> {
     let (plan, parents) = plan::prepare(spec).map_err(errno_error)?;
     runtime::start_spawn(id, plan);
-    Ok(parents)
+    Ok(parents
+        .into_iter()
+        .map(|end| end.map_or(-1, IntoRawFd::into_raw_fd))
+        .collect())
 }
 
 /// Asks the zygote for its hello: a `hello` event whose message is JSON
@@ -125,7 +131,7 @@ pub fn kill(id: u32, signal: i32) -> i32 {
     }
 }
 
-fn errno_error(error: std::io::Error) -> napi::Error {
+pub(crate) fn errno_error(error: std::io::Error) -> napi::Error {
     let errno = error.raw_os_error().unwrap_or(libc::EINVAL);
     napi::Error::new(napi::Status::GenericFailure, format!("{errno}:{error}"))
 }

@@ -2,7 +2,7 @@
 //! ready, on the JavaScript thread, before anything is sent.
 
 use std::io;
-use std::os::fd::{IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 use std::time::Duration;
 
 use napi_derive::napi;
@@ -66,12 +66,12 @@ pub struct Plan {
 }
 
 /// Builds the plan and returns it with the parent's ends of the pipes
-/// (`-1` where a stdio entry has none).
+/// (`None` where a stdio entry has none).
 ///
 /// # Errors
 ///
 /// When a socketpair cannot be made or an fd given is not open.
-pub fn prepare(mut spec: SpawnSpec) -> io::Result<(Plan, Vec<RawFd>)> {
+pub fn prepare(mut spec: SpawnSpec) -> io::Result<(Plan, Vec<Option<OwnedFd>>)> {
     let mut fds = Vec::with_capacity(spec.stdio.len());
     let mut parents = Vec::with_capacity(spec.stdio.len());
     for (index, entry) in spec.stdio.iter().enumerate() {
@@ -99,10 +99,6 @@ pub fn prepare(mut spec: SpawnSpec) -> io::Result<(Plan, Vec<RawFd>)> {
         parents.push(parent);
     }
     spec.stdio.clear();
-    let parents = parents
-        .into_iter()
-        .map(|end| end.map_or(-1, IntoRawFd::into_raw_fd))
-        .collect();
     Ok((Plan { spec, fds }, parents))
 }
 

@@ -37,8 +37,8 @@ pub struct Event {
     pub message: String,
 }
 
-struct Shared {
-    runtime: tokio::runtime::Runtime,
+pub struct Shared {
+    pub runtime: tokio::runtime::Runtime,
     /// The client, made at the first request; it reconnects on its own.
     client: tokio::sync::Mutex<Option<Client>>,
     /// The socket path set by JavaScript, if any.
@@ -48,7 +48,7 @@ struct Shared {
 
 static SHARED: OnceLock<Shared> = OnceLock::new();
 
-fn shared() -> &'static Shared {
+pub fn shared() -> &'static Shared {
     SHARED.get_or_init(|| {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -117,7 +117,7 @@ fn event(id: u32, kind: Kind, a: i32, b: i32, message: String) {
     });
 }
 
-async fn client(shared: &Shared) -> zygote_client::Result<Client> {
+pub async fn client(shared: &Shared) -> zygote_client::Result<Client> {
     let mut slot = shared.client.lock().await;
     if let Some(client) = slot.as_ref() {
         return Ok(client.clone());
