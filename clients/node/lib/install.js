@@ -1,5 +1,6 @@
 'use strict';
-// install(): child_process.spawn, execFile and exec go through the zygote
+// install(): child_process.spawn, execFile and exec (and their Sync
+// forms) go through the zygote
 // when it can reproduce the call exactly, and to the originals otherwise,
 // with a reason the caller can read. uninstall() puts the originals back.
 
@@ -10,11 +11,15 @@ const util = require('node:util');
 const native = require('./native');
 const { spawn } = require('./child');
 const { execFile, exec } = require('./exec');
+const sync = require('./sync');
 
 const originals = {
   spawn: childProcess.spawn,
   execFile: childProcess.execFile,
   exec: childProcess.exec,
+  spawnSync: childProcess.spawnSync,
+  execFileSync: childProcess.execFileSync,
+  execSync: childProcess.execSync,
 };
 let installed = null;
 let lastFallback = null;
@@ -72,6 +77,9 @@ function install(options = {}) {
     spawn: route('spawn', spawn),
     execFile: route('execFile', execFile),
     exec: route('exec', exec),
+    spawnSync: route('spawnSync', sync.spawnSync),
+    execFileSync: route('execFileSync', sync.execFileSync),
+    execSync: route('execSync', sync.execSync),
   };
   for (const name of ['execFile', 'exec']) {
     const custom = routed[name];

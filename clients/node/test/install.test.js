@@ -31,6 +31,8 @@ test('an unchanged child_process program runs under -r zygote/register', () => {
   assert.equal(routed.execFile.out, daemonPid, 'execFile went through the zygote');
   assert.equal(routed.execFile.code, 3);
   assert.equal(routed.exec.out, daemonPid, 'promisified exec went through the zygote');
+  assert.equal(routed.execSync.out, daemonPid, 'execSync went through the zygote');
+  assert.equal(plain.execSync.out, String(plain.self));
   assert.equal(routed.ipc.out, String(routed.self), "an 'ipc' child went to the original");
 });
 
