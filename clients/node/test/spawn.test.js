@@ -236,3 +236,36 @@ test('the event loop keeps running while spawns are in flight', async () => {
   assert.ok(ticks > 10, `the loop ran ${ticks} timers while 20 children ran`);
   await sleep(1);
 });
+
+test('a request the zygote refuses is an error with the errno\'s code', async () => {
+  const hello = await within(zygote.hello(), 20000, 'hello');
+  if (hello.features.includes('cgroups')) {
+    assert.ok(true, 'this zygote has cgroups: nothing to refuse');
+    return;
+  }
+  const child = zygote.spawn('true', [], { zygote: { memoryMax: 1 << 30 } });
+  const error = await within(new Promise((resolve) => child.once('error', resolve)), 20000, 'error');
+  assert.match(error.code, /^(EOPNOTSUPP|ENOTSUP)$/, 'errno 95, by either of its names');
+  assert.match(error.message, /cgroups/);
+});
+
+test('spawns from a worker thread report to that worker', async () => {
+  const { Worker } = require('node:worker_threads');
+  const worker = new Worker(`
+    const { parentPort, workerData } = require('node:worker_threads');
+    const zygote = require(workerData.pkg);
+    zygote.setSocket(workerData.socket);
+    const child = zygote.spawn('echo', ['from-worker']);
+    let out = '';
+    child.stdout.on('data', (chunk) => { out += chunk; });
+    child.on('close', (code) => parentPort.postMessage({ out, code }));
+  `, { eval: true, workerData: { pkg: path.join(__dirname, '..'), socket: shared.daemon.socket } });
+  const main = finished(zygote.spawn('echo', ['from-main']));
+  const fromWorker = await within(new Promise((resolve, reject) => {
+    worker.once('message', resolve);
+    worker.once('error', reject);
+  }), 20000, 'the worker');
+  assert.deepEqual(fromWorker, { out: 'from-worker\n', code: 0 });
+  assert.equal((await main).stdout, 'from-main\n');
+  await worker.terminate();
+});

@@ -33,7 +33,7 @@ use rustix::process::{Signal, pidfd_send_signal};
 
 pub use crate::codec::{decode_frame, encode_frame};
 use crate::plan::SpawnSpec;
-use crate::runtime::Event;
+use crate::runtime::{Event, Events};
 pub use crate::sync::spawn_sync;
 
 /// The pidfds of the children that have not been reported exited, by the
@@ -69,19 +69,36 @@ pub fn init(env: Env, callback: JsFunction) -> napi::Result<()> {
         })?;
     // Only children that are ref'd keep the loop alive: see `set_ref`.
     events.unref(&env)?;
-    runtime::set_events(events);
+    env.set_instance_data(Instance { events }, 0, |_| {})?;
     Ok(())
+}
+
+/// What one JavaScript environment (the main thread, each worker) keeps:
+/// its events go to its own function.
+struct Instance {
+    events: Events,
+}
+
+fn instance(env: &Env) -> napi::Result<&'static mut Instance> {
+    env.get_instance_data::<Instance>()?
+        .ok_or_else(|| napi::Error::from_reason("the zygote addon was not initialised"))
 }
 
 /// Keeps the event loop alive (`true`) while any ref'd child runs, or lets
 /// it exit (`false`). JavaScript counts the children.
 #[napi]
 pub fn set_ref(env: Env, on: bool) -> napi::Result<()> {
-    runtime::set_ref(&env, on)
+    let events = &mut instance(&env)?.events;
+    if on {
+        events.refer(&env)
+    } else {
+        events.unref(&env)
+    }
 }
 
 /// Connects to the zygote at `path` from the next spawn on (`None`:
-/// `ZYGOTE_SOCKET`, else the default path).
+/// `ZYGOTE_SOCKET`, else the default path). One connection serves the
+/// whole process, workers included.
 #[napi]
 pub fn set_socket(path: Option<String>) {
     runtime::set_socket(path);
@@ -95,9 +112,10 @@ pub fn set_socket(path: Option<String>) {
 ///
 /// When a pipe cannot be made or an fd given is not open (`EBADF`).
 #[napi]
-pub fn spawn(id: u32, spec: SpawnSpec) -> napi::Result<Vec<i32>> {
+pub fn spawn(env: Env, id: u32, spec: SpawnSpec) -> napi::Result<Vec<i32>> {
+    let events = instance(&env)?.events.clone();
     let (plan, parents) = plan::prepare(spec).map_err(errno_error)?;
-    runtime::start_spawn(id, plan);
+    runtime::start_spawn(id, plan, events);
     Ok(parents
         .into_iter()
         .map(|end| end.map_or(-1, IntoRawFd::into_raw_fd))
@@ -107,8 +125,9 @@ pub fn spawn(id: u32, spec: SpawnSpec) -> napi::Result<Vec<i32>> {
 /// Asks the zygote for its hello: a `hello` event whose message is JSON
 /// with the protocol version, features and server version.
 #[napi]
-pub fn hello(id: u32) {
-    runtime::start_hello(id);
+pub fn hello(env: Env, id: u32) -> napi::Result<()> {
+    runtime::start_hello(id, instance(&env)?.events.clone());
+    Ok(())
 }
 
 /// Sends `signal` to the child through its pidfd. Returns 0 or the errno

@@ -3,7 +3,6 @@
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use napi::Env;
 use napi::threadsafe_function::{ErrorStrategy, ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use zygote_client::Client;
 
@@ -28,6 +27,10 @@ pub enum Kind {
     Hello = 4,
 }
 
+/// The function of one JavaScript environment (the main thread or a
+/// worker) that receives the events of the spawns it started.
+pub type Events = ThreadsafeFunction<Event, ErrorStrategy::Fatal>;
+
 /// One message for JavaScript.
 pub struct Event {
     pub id: u32,
@@ -43,7 +46,6 @@ pub struct Shared {
     client: tokio::sync::Mutex<Option<Client>>,
     /// The socket path set by JavaScript, if any.
     socket: Mutex<Option<String>>,
-    events: Mutex<Option<ThreadsafeFunction<Event, ErrorStrategy::Fatal>>>,
 }
 
 static SHARED: OnceLock<Shared> = OnceLock::new();
@@ -60,28 +62,8 @@ pub fn shared() -> &'static Shared {
             runtime,
             client: tokio::sync::Mutex::new(None),
             socket: Mutex::new(None),
-            events: Mutex::new(None),
         }
     })
-}
-
-pub fn set_events(events: ThreadsafeFunction<Event, ErrorStrategy::Fatal>) {
-    *shared()
-        .events
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner) = Some(events);
-}
-
-pub fn set_ref(env: &Env, on: bool) -> napi::Result<()> {
-    let mut guard = shared()
-        .events
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    match guard.as_mut() {
-        Some(events) if on => events.refer(env),
-        Some(events) => events.unref(env),
-        None => Ok(()),
-    }
 }
 
 pub fn set_socket(path: Option<String>) {
@@ -97,24 +79,15 @@ pub fn set_socket(path: Option<String>) {
     }
 }
 
-fn send(event: Event) {
-    let events = shared()
-        .events
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    if let Some(events) = events.as_ref() {
-        events.call(event, ThreadsafeFunctionCallMode::NonBlocking);
-    }
-}
-
-fn event(id: u32, kind: Kind, a: i32, b: i32, message: String) {
-    send(Event {
+fn event(events: &Events, id: u32, kind: Kind, a: i32, b: i32, message: String) {
+    let event = Event {
         id,
         kind,
         a,
         b,
         message,
-    });
+    };
+    events.call(event, ThreadsafeFunctionCallMode::NonBlocking);
 }
 
 pub async fn client(shared: &Shared) -> zygote_client::Result<Client> {
@@ -135,29 +108,39 @@ pub async fn client(shared: &Shared) -> zygote_client::Result<Client> {
     Ok(client)
 }
 
-fn failed(id: u32, error: &zygote_client::Error) {
-    let program = matches!(error, zygote_client::Error::Spawn { .. });
+/// Who failed, as [`Kind::Failed`] numbers it.
+pub fn who_failed(error: &zygote_client::Error) -> i32 {
+    use zygote_client::Error;
+    match error {
+        Error::Spawn { .. } => 1,
+        Error::Connect { .. } | Error::Handshake { .. } | Error::ZygoteLost { .. } => 0,
+        _ => 2,
+    }
+}
+
+fn failed(events: &Events, id: u32, error: &zygote_client::Error) {
     let errno = error.raw_os_error().unwrap_or(0);
     event(
+        events,
         id,
         Kind::Failed,
         errno,
-        i32::from(program),
+        who_failed(error),
         error.to_string(),
     );
 }
 
-pub fn start_spawn(id: u32, plan: Plan) {
+pub fn start_spawn(id: u32, plan: Plan, events: Events) {
     shared().runtime.spawn(async move {
         let client = match client(shared()).await {
             Ok(client) => client,
-            Err(error) => return failed(id, &error),
+            Err(error) => return failed(&events, id, &error),
         };
         let mut command = match plan.command(&client) {
             Ok(command) => command,
             Err(error) => {
                 let errno = error.raw_os_error().unwrap_or(libc::EINVAL);
-                return event(id, Kind::Failed, errno, 2, error.to_string());
+                return event(&events, id, Kind::Failed, errno, 2, error.to_string());
             }
         };
         let spawned = command.spawn().await;
@@ -165,29 +148,30 @@ pub fn start_spawn(id: u32, plan: Plan) {
         drop(command);
         let mut child = match spawned {
             Ok(child) => child,
-            Err(error) => return failed(id, &error),
+            Err(error) => return failed(&events, id, &error),
         };
         if let Ok(pidfd) = child.pidfd().try_clone_to_owned() {
             with_pidfds(|fds| fds.insert(id, Arc::new(pidfd)));
         }
         let pid = i32::try_from(child.id()).unwrap_or(0);
-        event(id, Kind::Spawned, pid, 0, String::new());
+        event(&events, id, Kind::Spawned, pid, 0, String::new());
         let status = child.wait().await;
         with_pidfds(|fds| fds.remove(&id));
         match status {
             Ok(status) => event(
+                &events,
                 id,
                 Kind::Exited,
                 status.code().unwrap_or(-1),
                 status.signal().unwrap_or(0),
                 String::new(),
             ),
-            Err(error) => event(id, Kind::Lost, 0, 0, error.to_string()),
+            Err(error) => event(&events, id, Kind::Lost, 0, 0, error.to_string()),
         }
     });
 }
 
-pub fn start_hello(id: u32) {
+pub fn start_hello(id: u32, events: Events) {
     shared().runtime.spawn(async move {
         match client(shared()).await {
             Ok(client) => {
@@ -202,9 +186,9 @@ pub fn start_hello(id: u32) {
                     features.join(","),
                     client.server_version()
                 );
-                event(id, Kind::Hello, 0, 0, json);
+                event(&events, id, Kind::Hello, 0, 0, json);
             }
-            Err(error) => failed(id, &error),
+            Err(error) => failed(&events, id, &error),
         }
     });
 }

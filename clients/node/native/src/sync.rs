@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::plan::{self, SpawnSpec};
-use crate::runtime::{client, shared};
+use crate::runtime::{client, shared, who_failed};
 
 /// What `spawnSync` returns to `lib/sync.js`.
 #[napi(object)]
@@ -120,7 +120,7 @@ pub fn spawn_sync(
         let mut child = match spawned {
             Ok(child) => child,
             Err(error) => {
-                let who = i32::from(matches!(error, zygote_client::Error::Spawn { .. }));
+                let who = who_failed(&error);
                 return result(error.raw_os_error().unwrap_or(0), who, error.to_string());
             }
         };
