@@ -8,6 +8,8 @@ const errors = require('./errors');
 const { normalize } = require('./options');
 
 const kId = Symbol('id');
+// EACCES, EAGAIN, EMFILE, ENFILE, ENOENT: the errors Node emits from spawn.
+const NODE_SPAWN_ERRNOS = new Set([13, 11, 24, 23, 2]);
 const kState = Symbol('state');
 
 function makeSocket(fd, index) {
@@ -88,7 +90,9 @@ class ChildProcess extends EventEmitter {
       // The program could not be started: as Node, an 'error' and no 'exit'.
       this.exitCode = -a;
       if (this.stdin) this.stdin.destroy();
-      const error = errors.errnoError(a, `spawn ${this.spawnfile}`);
+      // Node's message for the errors libuv reports itself; the zygote's
+      // explanation for the others (a cgroup it cannot make, a uid refused).
+      const error = errors.errnoError(a, `spawn ${this.spawnfile}`, NODE_SPAWN_ERRNOS.has(a) ? '' : `(${message})`);
       error.path = this.spawnfile;
       error.spawnargs = this.spawnargs.slice(1);
       this.emit('error', error);
