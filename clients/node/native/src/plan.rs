@@ -182,3 +182,58 @@ fn set_std(command: &mut Command, index: usize, stdio: Stdio) {
         _ => command.stderr(stdio),
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(stdio: &[(&str, Option<i32>)]) -> SpawnSpec {
+        SpawnSpec {
+            file: "true".into(),
+            args: vec!["true".into()],
+            env_keys: Vec::new(),
+            env_values: Vec::new(),
+            cwd: None,
+            stdio: stdio
+                .iter()
+                .map(|(kind, fd)| StdioSpec {
+                    kind: (*kind).into(),
+                    fd: *fd,
+                })
+                .collect(),
+            detached: false,
+            uid: None,
+            gid: None,
+            kill_on_close: None,
+            timeout_ms: None,
+            memory_max: None,
+            pids_max: None,
+        }
+    }
+
+    #[test]
+    fn pipes_give_the_parent_an_end_and_the_rest_none() {
+        let (plan, parents) = prepare(spec(&[
+            ("pipe", None),
+            ("ignore", None),
+            ("inherit", None),
+            ("pipe", None),
+            ("ignore", None),
+        ]))
+        .expect("prepares");
+        let has_end: Vec<bool> = parents.iter().map(Option::is_some).collect();
+        assert_eq!(has_end, [true, false, false, true, false]);
+        let child_has: Vec<bool> = plan.fds.iter().map(Option::is_some).collect();
+        assert_eq!(child_has, [true, true, true, true, false]);
+    }
+
+    #[test]
+    fn a_closed_fd_is_ebadf_and_an_unknown_kind_is_refused() {
+        let error = prepare(spec(&[("fd", Some(1_000_000))]))
+            .err()
+            .expect("fails");
+        assert_eq!(error.raw_os_error(), Some(libc::EBADF));
+        let error = prepare(spec(&[("sideways", None)])).err().expect("fails");
+        assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
+    }
+}
