@@ -65,20 +65,24 @@ function splitArgs(file, args, options) {
   return { file, args, options };
 }
 
+// The environment the child gets: with no options.env, this process's,
+// which the addon reads itself (process.env writes go to the real
+// environment); otherwise exactly the object's own and inherited
+// enumerable keys whose value is not undefined, as Node takes them.
 function envPairs(options) {
-  const env = options.env || process.env;
   const keys = [];
   const values = [];
+  if (options.env == null) return { inherit: true, keys, values };
   // eslint-disable-next-line guard-for-in
-  for (const key in env) {
-    const value = env[key];
+  for (const key in options.env) {
+    const value = options.env[key];
     if (value === undefined) continue;
     checkNul(key, `options.env['${key}']`);
     checkNul(String(value), `options.env['${key}']`);
     keys.push(key);
     values.push(String(value));
   }
-  return { keys, values };
+  return { inherit: false, keys, values };
 }
 
 function stdioEntry(entry, index) {
@@ -176,6 +180,7 @@ function normalize(command, argsIn, optionsIn) {
   const spec = {
     file,
     args,
+    inheritEnv: env.inherit,
     envKeys: env.keys,
     envValues: env.values,
     cwd,
