@@ -3,8 +3,30 @@
 
 const path = require('node:path');
 
-const addonPath = process.env.ZYGOTE_NODE_ADDON || path.join(__dirname, '..', 'zygote.node');
-const addon = require(addonPath);
+const fs = require('node:fs');
+
+// The per-platform package a release would list in optionalDependencies
+// (the napi-rs convention), e.g. zygote-linux-x64-gnu.
+function platformPackage() {
+  const libc = process.report && process.report.getReport().header.glibcVersionRuntime ? 'gnu' : 'musl';
+  return `zygote-${process.platform}-${process.arch}-${libc}`;
+}
+
+// ZYGOTE_NODE_ADDON, else the addon built at install, else the
+// per-platform package's.
+function load() {
+  if (process.env.ZYGOTE_NODE_ADDON) return require(process.env.ZYGOTE_NODE_ADDON);
+  const built = path.join(__dirname, '..', 'zygote.node');
+  if (fs.existsSync(built)) return require(built);
+  try {
+    return require(platformPackage());
+  } catch (error) {
+    throw new Error(`zygote: no native addon: ${built} was not built (npm rebuild zygote, with cargo) `
+      + `and ${platformPackage()} is not installed (${error.message})`);
+  }
+}
+
+const addon = load();
 
 // Event kinds, as the addon numbers them.
 const SPAWNED = 0;
@@ -52,6 +74,7 @@ function setSocket(path) {
 }
 
 module.exports = {
+  platformPackage,
   // The socket set with setSocket(), if any.
   socket: null,
   setSocket,

@@ -20,9 +20,17 @@ if (process.env.ZYGOTE_NODE_ADDON) {
   process.exit(0);
 }
 if (!fs.existsSync(path.join(workspace, 'Cargo.toml'))) {
+  // An installed package: the addon ships in it or in a per-platform package.
   if (fs.existsSync(target)) process.exit(0);
-  console.error('zygote: no prebuilt addon for this platform and no Rust workspace to build one from');
-  process.exit(1);
+  const libc = process.report.getReport().header.glibcVersionRuntime ? 'gnu' : 'musl';
+  const platform = `zygote-${process.platform}-${process.arch}-${libc}`;
+  try {
+    require.resolve(platform);
+    process.exit(0);
+  } catch {
+    console.error(`zygote: no prebuilt addon (${platform}) and no Rust workspace to build one from`);
+    process.exit(1);
+  }
 }
 const args = ['build', '--locked', '-p', 'zygote-node'];
 if (profile === 'release') args.push('--release');
