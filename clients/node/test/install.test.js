@@ -56,3 +56,19 @@ test('install routes, names why it falls back, and uninstall restores', async ()
   }
   assert.equal(childProcess.spawn, original);
 });
+
+test('with no zygote at the socket, install falls back to child_process', async () => {
+  const reasons = [];
+  zygote.setSocket(path.join(require('node:os').tmpdir(), `zygote-absent-${process.pid}.sock`));
+  zygote.install({ onFallback: (reason) => reasons.push(reason) });
+  try {
+    const { stdout } = await within(require('node:util').promisify(childProcess.execFile)('echo', ['fell back']),
+      20000, 'execFile');
+    assert.equal(stdout, 'fell back\n');
+    assert.equal(reasons.length, 1);
+    assert.match(reasons[0], /no zygote listens at .*zygote-absent/);
+  } finally {
+    zygote.uninstall();
+    zygote.setSocket(shared.daemon.socket);
+  }
+});
