@@ -55,17 +55,20 @@ function fallbackReason(args) {
   return null;
 }
 
+// Whether this call goes to the zygote; reports the reason when not.
+function routable(name, args) {
+  const reason = fallbackReason(args);
+  if (reason === null) return true;
+  lastFallback = { api: name, reason };
+  if (installed.onFallback) installed.onFallback(reason, name);
+  else if (process.env.ZYGOTE_DEBUG) process.stderr.write(`zygote: child_process.${name} not routed: ${reason}\n`);
+  return false;
+}
+
 function route(name, ours) {
   const original = originals[name];
   return function routed(...args) {
-    const reason = fallbackReason(args);
-    if (reason !== null) {
-      lastFallback = { api: name, reason };
-      if (installed.onFallback) installed.onFallback(reason, name);
-      else if (process.env.ZYGOTE_DEBUG) process.stderr.write(`zygote: child_process.${name} not routed: ${reason}\n`);
-      return original.apply(this, args);
-    }
-    return ours(...args);
+    return routable(name, args) ? ours(...args) : original.apply(this, args);
   };
 }
 
@@ -82,15 +85,11 @@ function install(options = {}) {
     execSync: route('execSync', sync.execSync),
   };
   for (const name of ['execFile', 'exec']) {
-    const custom = routed[name];
     const promisified = util.promisify.custom;
     const ours = name === 'exec' ? exec : execFile;
     const original = originals[name];
-    Object.defineProperty(custom, promisified, {
-      value(...args) {
-        const reason = fallbackReason(args);
-        return (reason === null ? ours : original)[promisified](...args);
-      },
+    Object.defineProperty(routed[name], promisified, {
+      value: (...args) => (routable(name, args) ? ours : original)[promisified](...args),
     });
   }
   Object.assign(childProcess, routed);
