@@ -1,0 +1,163 @@
+// Types of the npm package zygote: child_process's spawn, execFile and
+// exec, served by the zygote spawn server.
+
+/// <reference types="node" />
+
+import { EventEmitter } from 'node:events';
+import { Readable, Writable, Stream } from 'node:stream';
+import { URL } from 'node:url';
+
+export type StdioEntry = 'pipe' | 'overlapped' | 'ignore' | 'inherit' | number | Stream | null | undefined;
+export type StdioOptions = 'pipe' | 'overlapped' | 'ignore' | 'inherit' | StdioEntry[];
+
+/** zygote's own options, beyond child_process's. */
+export interface ZygoteOptions {
+  /** The signal the zygote sends the child when this process's connection
+   * closes (e.g. this process died); `true` means SIGKILL. */
+  killOnClose?: boolean | NodeJS.Signals | number;
+  /** A limit the zygote enforces, in ms: SIGTERM, then SIGKILL after 5 s. */
+  timeout?: number;
+  /** cgroup memory.max of the child's tree, in bytes. */
+  memoryMax?: number;
+  /** cgroup pids.max of the child's tree. */
+  pidsMax?: number;
+}
+
+export interface SpawnOptions {
+  cwd?: string | URL | Buffer;
+  env?: NodeJS.ProcessEnv;
+  argv0?: string;
+  stdio?: StdioOptions;
+  detached?: boolean;
+  uid?: number;
+  gid?: number;
+  shell?: boolean | string;
+  timeout?: number;
+  killSignal?: NodeJS.Signals | number;
+  signal?: AbortSignal;
+  /** Accepted and ignored, as on every platform but Windows. */
+  windowsHide?: boolean;
+  windowsVerbatimArguments?: boolean;
+  zygote?: ZygoteOptions;
+}
+
+export interface ExecFileOptions extends SpawnOptions {
+  maxBuffer?: number;
+  encoding?: BufferEncoding | 'buffer' | null;
+}
+
+export interface ExecOptions extends ExecFileOptions {
+  shell?: string;
+}
+
+export class ChildProcess extends EventEmitter {
+  /** Set when 'spawn' is emitted (the zygote answers asynchronously). */
+  pid: number | undefined;
+  exitCode: number | null;
+  signalCode: NodeJS.Signals | null;
+  killed: boolean;
+  readonly connected: boolean;
+  spawnfile: string;
+  spawnargs: string[];
+  stdin: Writable | null;
+  stdout: Readable | null;
+  stderr: Readable | null;
+  readonly stdio: Array<Readable | Writable | null>;
+  kill(signal?: NodeJS.Signals | number): boolean;
+  ref(): void;
+  unref(): void;
+  on(event: 'spawn', listener: () => void): this;
+  on(event: 'error', listener: (error: Error) => void): this;
+  on(event: 'exit' | 'close', listener: (code: number | null, signal: NodeJS.Signals | null) => void): this;
+  on(event: string | symbol, listener: (...args: any[]) => void): this;
+  once(event: 'spawn', listener: () => void): this;
+  once(event: 'error', listener: (error: Error) => void): this;
+  once(event: 'exit' | 'close', listener: (code: number | null, signal: NodeJS.Signals | null) => void): this;
+  once(event: string | symbol, listener: (...args: any[]) => void): this;
+}
+
+export interface ExecException extends Error {
+  cmd?: string;
+  killed?: boolean;
+  code?: number | string | null;
+  signal?: NodeJS.Signals | null;
+  stdout?: string | Buffer;
+  stderr?: string | Buffer;
+}
+
+export type ExecCallback<T = string> = (error: ExecException | null, stdout: T, stderr: T) => void;
+
+export function spawn(command: string, options?: SpawnOptions): ChildProcess;
+export function spawn(command: string, args?: readonly string[], options?: SpawnOptions): ChildProcess;
+
+export function execFile(file: string, callback?: ExecCallback): ChildProcess;
+export function execFile(file: string, args: readonly string[] | null | undefined, callback?: ExecCallback): ChildProcess;
+export function execFile(file: string, options: ExecFileOptions & { encoding: 'buffer' | null },
+  callback?: ExecCallback<Buffer>): ChildProcess;
+export function execFile(file: string, args: readonly string[] | null | undefined,
+  options: ExecFileOptions & { encoding: 'buffer' | null }, callback?: ExecCallback<Buffer>): ChildProcess;
+export function execFile(file: string, options: ExecFileOptions, callback?: ExecCallback): ChildProcess;
+export function execFile(file: string, args: readonly string[] | null | undefined, options: ExecFileOptions,
+  callback?: ExecCallback): ChildProcess;
+export namespace execFile {
+  function __promisify__(file: string, args?: readonly string[] | null, options?: ExecFileOptions):
+    Promise<{ stdout: string; stderr: string }> & { child: ChildProcess };
+}
+
+export function exec(command: string, callback?: ExecCallback): ChildProcess;
+export function exec(command: string, options: ExecOptions & { encoding: 'buffer' | null },
+  callback?: ExecCallback<Buffer>): ChildProcess;
+export function exec(command: string, options: ExecOptions, callback?: ExecCallback): ChildProcess;
+export namespace exec {
+  function __promisify__(command: string, options?: ExecOptions):
+    Promise<{ stdout: string; stderr: string }> & { child: ChildProcess };
+}
+
+export interface SpawnSyncOptions extends ExecFileOptions {
+  input?: string | NodeJS.ArrayBufferView;
+}
+
+export interface SpawnSyncReturns<T> {
+  pid: number;
+  output: Array<T | null>;
+  stdout: T;
+  stderr: T;
+  status: number | null;
+  signal: NodeJS.Signals | null;
+  error?: Error;
+}
+
+export function spawnSync(command: string, options: SpawnSyncOptions & { encoding: BufferEncoding }):
+  SpawnSyncReturns<string>;
+export function spawnSync(command: string, args: readonly string[], options: SpawnSyncOptions & { encoding: BufferEncoding }):
+  SpawnSyncReturns<string>;
+export function spawnSync(command: string, args?: readonly string[], options?: SpawnSyncOptions): SpawnSyncReturns<Buffer>;
+
+export function execFileSync(file: string, options: SpawnSyncOptions & { encoding: BufferEncoding }): string;
+export function execFileSync(file: string, args: readonly string[], options: SpawnSyncOptions & { encoding: BufferEncoding }):
+  string;
+export function execFileSync(file: string, args?: readonly string[], options?: SpawnSyncOptions): Buffer;
+
+export function execSync(command: string, options: SpawnSyncOptions & { encoding: BufferEncoding }): string;
+export function execSync(command: string, options?: SpawnSyncOptions): Buffer;
+
+export interface Hello {
+  protocolVersion: number;
+  features: string[];
+  serverVersion: string;
+}
+
+/** Connects (if not yet connected) and gives the zygote's hello. */
+export function hello(): Promise<Hello>;
+
+/** The socket of the zygote used from the next spawn on; no argument:
+ * $ZYGOTE_SOCKET, else the default path. */
+export function setSocket(path?: string | null): void;
+
+/** Routes child_process.spawn, execFile and exec through the zygote when
+ * it can reproduce the call exactly; the rest go to the originals. */
+export function install(options?: { onFallback?: (reason: string, api: string) => void; socket?: string }): void;
+/** The last call install() sent to the original child_process, and why. */
+export function lastFallback(): { api: string; reason: string } | null;
+/** Puts the original child_process functions back. */
+export function uninstall(): void;

@@ -1,0 +1,29 @@
+// Compiled by `tsc --noEmit` only: the public types accept what the
+// README shows and catch what they should.
+import * as zygote from '..';
+import { promisify } from 'node:util';
+
+const child: zygote.ChildProcess = zygote.spawn('ls', ['-l'], {
+  cwd: '/tmp', stdio: ['ignore', 'pipe', 'inherit'], zygote: { killOnClose: true, timeout: 1000 },
+});
+child.on('exit', (code: number | null, signal: NodeJS.Signals | null) => void [code, signal]);
+child.stdout?.on('data', (chunk: Buffer) => void chunk);
+const killed: boolean = child.kill('SIGTERM');
+void killed;
+
+zygote.execFile('echo', ['hi'], (error, stdout: string) => void [error?.code, stdout]);
+zygote.exec('echo hi', { encoding: 'buffer' }, (_error, stdout: Buffer) => void stdout);
+
+async function promised(): Promise<string> {
+  const { stdout } = await promisify(zygote.execFile)('echo', ['hi']);
+  const hello = await zygote.hello();
+  return stdout + hello.protocolVersion;
+}
+void promised;
+
+const text: string = zygote.execFileSync('echo', ['hi'], { encoding: 'utf8' });
+const bytes: Buffer = zygote.spawnSync('echo').stdout;
+void [text, bytes];
+
+// @ts-expect-error: the command must be a string
+zygote.spawn(42);
