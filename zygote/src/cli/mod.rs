@@ -64,7 +64,8 @@ Signals: SIGTERM or SIGINT stops the daemon gracefully (a second one, or
 place. SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR,
 SIGWINCH, SIGURG, SIGSTKFLT, SIGXCPU, SIGXFSZ and the real-time signals,
 which a child may send its parent, are ignored and logged (at most 10
-lines per 10 seconds). Every other signal keeps its default action.";
+lines per 10 seconds). SIGPIPE is ignored; the others keep their default
+action.";
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
