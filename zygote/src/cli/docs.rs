@@ -37,7 +37,10 @@ Signals:
   in the child, as exec keeps them. SIGKILL cannot be caught:
   the child is kill-on-close instead, so the zygote kills it
   when zygote run dies of anything (--no-kill-on-close opts
-  out).
+  out). With -t, started outside the terminal's foreground
+  process group, zygote run stops (SIGTTOU) before it touches
+  the terminal or starts the command, as stty raw does, and
+  carries on once in the foreground (fg).
 
 File descriptors:
   The child gets zygote run's stdin, stdout and stderr, and

@@ -57,7 +57,15 @@ Scheduling: the daemon's threads run under SCHED_BATCH (no wake-up
 preemption of the client that woke them; a private zygote leaves it while
 two or more children run), and every child starts under SCHED_OTHER.
 ZYGOTE_SCHED_BATCH=0 in the environment keeps the policy the daemon was
-started with.";
+started with.
+
+Signals: SIGTERM or SIGINT stops the daemon gracefully (a second one, or
+--stop-timeout, closes every connection and exits); SIGHUP upgrades it in
+place. SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR,
+SIGWINCH, SIGURG, SIGSTKFLT, SIGXCPU, SIGXFSZ and the real-time signals,
+which a child may send its parent, are ignored and logged (at most 10
+lines per 10 seconds). SIGPIPE is ignored; the others keep their default
+action.";
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
