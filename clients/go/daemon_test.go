@@ -24,7 +24,7 @@ func TestMain(m *testing.M) {
 	}
 	bin := zygoteBin()
 	if bin == "" {
-		fmt.Fprintln(os.Stderr, "SKIP: every test but the vectors needs the zygote binary: set ZYGOTE_BIN=/path/to/target/debug/zygote (cargo build -p zygote)")
+		fmt.Fprintln(os.Stderr, "SKIP: every test but the vectors needs the zygote binary: set ZYGOTE_BIN=/path/to/target/debug/zygote (cargo build -p zygote-server)")
 		_ = flag.Set("test.run", "^(TestVectors|TestDecoderRejects)$")
 		os.Exit(m.Run())
 	}

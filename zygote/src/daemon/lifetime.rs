@@ -1152,7 +1152,7 @@ mod tests {
     }
 
     /// A measurement, not a check: the sizes of a spawn task's futures,
-    /// which tokio copies when they are not boxed. `cargo test -p zygote
+    /// which tokio copies when they are not boxed. `cargo test -p zygote-server
     /// --release --lib print_future_sizes -- --ignored --nocapture`.
     #[test]
     #[ignore = "a measurement: prints sizes"]
