@@ -22,21 +22,21 @@ impl TestCgroup {
     /// cgroup2 mount with `cgroup.kill`.
     fn new(test: &str) -> Option<Self> {
         let Some(mount) = cgroup2_mount() else {
-            eprintln!("SKIPPED {test}: no cgroup2 file system mounted");
+            crate::util::skip(&format!("{test}: no cgroup2 file system mounted"));
             return None;
         };
         if !mount.join("cgroup.procs").exists() || rustix::process::geteuid().as_raw() != 0 {
-            eprintln!(
-                "SKIPPED {test}: cgroup2 at {} is not writable here",
+            crate::util::skip(&format!(
+                "{test}: cgroup2 at {} is not writable here",
                 mount.display()
-            );
+            ));
             return None;
         }
         let path = mount.join(format!("zygote-test-{test}-{}", std::process::id()));
         std::fs::create_dir(&path).expect("create the test's cgroup");
         if !path.join("cgroup.kill").exists() {
             let _ = std::fs::remove_dir(&path);
-            eprintln!("SKIPPED {test}: no cgroup.kill (needs Linux 5.14)");
+            crate::util::skip(&format!("{test}: no cgroup.kill (needs Linux 5.14)"));
             return None;
         }
         Some(Self { path })
@@ -334,11 +334,11 @@ fn a_peer_cannot_exceed_its_pids_cap() {
         .split_whitespace()
         .any(|name| name == "pids")
     {
-        eprintln!(
-            "SKIPPED a_peer_cannot_exceed_its_pids_cap: pids controller not delegated to {} \
-             (testing the refusal instead)",
+        crate::util::skip(&format!(
+            "the cap's enforcement: pids controller not delegated to {} (testing the refusal \
+             instead)",
             cgroup.path.display()
-        );
+        ));
         let output = std::process::Command::new(crate::util::zygote_bin())
             .args(["serve", "--socket", "/nonexistent/zygote.sock", "--cgroup"])
             .arg(&cgroup.path)

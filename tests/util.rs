@@ -497,11 +497,14 @@ pub fn in_ci() -> bool {
 /// each, which `scripts/test` counts as skipped rather than passed.
 const SKIPS_ENV: &str = "ZYGOTE_TEST_SKIPS";
 
-/// Says that `test` (the whole of it, or the part that `reason` names) did
-/// not run because this machine lacks what it needs: a kernel feature, a
-/// delegated cgroup controller, a reaping init. Returns so that the test
-/// can go on to its other parts or return.
-pub fn skip(test: &str, reason: &str) {
+/// Says that the running test (the whole of it, or the part that
+/// `reason` names) did not run because this machine lacks what it needs:
+/// a kernel feature, a delegated cgroup controller, a reaping init. The
+/// caller then returns, or goes on to its other parts.
+pub fn skip(reason: &str) {
+    // The harness names each test's thread after the test.
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a test on an unnamed thread");
     eprintln!("SKIPPED {test}: {reason}");
     let Some(path) = std::env::var_os(SKIPS_ENV) else {
         return;
@@ -517,21 +520,20 @@ pub fn skip(test: &str, reason: &str) {
 
 /// As [`skip`], for what CI provides (root, the tools `scripts/test`
 /// installs): under CI the skip is a failure.
-pub fn skip_unless_ci(test: &str, reason: &str) {
+pub fn skip_unless_ci(reason: &str) {
     assert!(
         !in_ci(),
-        "{test}: {reason}; CI runs as root with every tool scripts/test installs, so this \
-         must run there"
+        "{reason}: CI runs as root with every tool scripts/test installs, so this must run there"
     );
-    skip(test, reason);
+    skip(reason);
 }
 
 /// Whether the caller runs as root; when not, [`skip_unless_ci`] says
 /// that `what` needs it.
-pub fn root_or_skip(test: &str, what: &str) -> bool {
+pub fn root_or_skip(what: &str) -> bool {
     let root = rustix::process::geteuid().is_root();
     if !root {
-        skip_unless_ci(test, &format!("{what} needs root"));
+        skip_unless_ci(&format!("{what} needs root"));
     }
     root
 }
