@@ -580,3 +580,16 @@ extern "C" fn run_entry_point() {
 #[used]
 #[unsafe(link_section = ".init_array")]
 static ENTRY_POINT_HOOK: extern "C" fn() = run_entry_point;
+
+/// A zygote child's exit, polling `try_wait` (of the blocking client) for
+/// at most `timeout`: past it, or on an error, the test fails.
+pub fn exit_within<T, E: std::fmt::Debug>(
+    timeout: Duration,
+    what: &str,
+    mut try_wait: impl FnMut() -> Result<Option<T>, E>,
+) -> T {
+    let exit = poll_within(timeout, || {
+        try_wait().unwrap_or_else(|error| panic!("{what}: {error:?}"))
+    });
+    exit.unwrap_or_else(|| panic!("{what}: no exit within {timeout:?}"))
+}
