@@ -313,6 +313,58 @@ fn ignored_signals_stay_ignored_in_the_child() {
     );
 }
 
+/// A child that reinstalls handlers for SIGUSR1 and SIGUSR2 (Python may,
+/// even when started with them ignored): `python3 -c CHILD got pidfile`
+/// appends each one's name to `got`.
+const HANDLING_CHILD: &str = r#"import os, signal, sys, time
+def note(number, frame):
+    with open(sys.argv[1], "a") as got:
+        got.write(signal.Signals(number).name + "\n")
+signal.signal(signal.SIGUSR1, note)
+signal.signal(signal.SIGUSR2, note)
+with open(sys.argv[2], "w") as pidfile:
+    pidfile.write(str(os.getpid()))
+time.sleep(30)
+"#;
+
+#[test]
+fn a_signal_the_wrapper_was_given_ignored_is_not_passed_on() {
+    let daemon = start_daemon("run-ignored-kept");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (got, pidfile) = (dir.path().join("got"), dir.path().join("child.pid"));
+    // As `trap '' USR1` in a script leaves the programs it runs.
+    let mut wrapper = Command::new("sh")
+        .arg("-c")
+        .arg(r#"trap '' USR1; exec "$ZYGOTE" run -- python3 -c "$CHILD" "$GOT" "$PIDFILE""#)
+        .env("ZYGOTE", zygote_bin())
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .env("CHILD", HANDLING_CHILD)
+        .env("GOT", &got)
+        .env("PIDFILE", &pidfile)
+        .stdin(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start zygote run");
+    let child = read_pid(&pidfile);
+    std::thread::sleep(Duration::from_millis(200));
+    signal(wrapper.id(), libc::SIGUSR1);
+    // SIGUSR2, which it was not given ignored, is passed on: once it has
+    // arrived, SIGUSR1 would have too.
+    signal(wrapper.id(), libc::SIGUSR2);
+    let read = || std::fs::read_to_string(&got).unwrap_or_default();
+    assert!(
+        eventually(Duration::from_secs(10), || read().contains("SIGUSR2")),
+        "SIGUSR2 never reached the child: {:?}",
+        read()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(read(), "SIGUSR2\n", "the ignored SIGUSR1 was passed on");
+    signal(wrapper.id(), libc::SIGTERM);
+    let status = wait_within(&mut wrapper, Duration::from_secs(30), "zygote run");
+    assert_eq!(status.signal(), Some(libc::SIGTERM));
+    assert!(eventually(Duration::from_secs(10), || !alive(child)));
+}
+
 #[test]
 fn stop_and_continue_reach_the_child_and_the_wrapper() {
     let daemon = start_daemon("run-stop");
