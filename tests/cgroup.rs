@@ -9,7 +9,9 @@ use std::time::Duration;
 use zygote_client::Stdio;
 use zygote_client::blocking::{Client, Command};
 
-use crate::util::{Daemon, eventually, process_state, start_daemon, start_daemon_with};
+use crate::util::{
+    Daemon, eventually, exit_within, process_state, start_daemon, start_daemon_with,
+};
 
 /// A cgroup v2 directory for one test daemon; on drop, whatever is left in
 /// it is killed and the whole tree removed.
@@ -22,21 +24,21 @@ impl TestCgroup {
     /// cgroup2 mount with `cgroup.kill`.
     fn new(test: &str) -> Option<Self> {
         let Some(mount) = cgroup2_mount() else {
-            eprintln!("SKIPPED {test}: no cgroup2 file system mounted");
+            crate::util::skip(&format!("{test}: no cgroup2 file system mounted"));
             return None;
         };
         if !mount.join("cgroup.procs").exists() || rustix::process::geteuid().as_raw() != 0 {
-            eprintln!(
-                "SKIPPED {test}: cgroup2 at {} is not writable here",
+            crate::util::skip(&format!(
+                "{test}: cgroup2 at {} is not writable here",
                 mount.display()
-            );
+            ));
             return None;
         }
         let path = mount.join(format!("zygote-test-{test}-{}", std::process::id()));
         std::fs::create_dir(&path).expect("create the test's cgroup");
         if !path.join("cgroup.kill").exists() {
             let _ = std::fs::remove_dir(&path);
-            eprintln!("SKIPPED {test}: no cgroup.kill (needs Linux 5.14)");
+            crate::util::skip(&format!("{test}: no cgroup.kill (needs Linux 5.14)"));
             return None;
         }
         Some(Self { path })
@@ -169,7 +171,9 @@ fn a_timeout_kills_a_grandchild_that_escaped_by_setsid() {
         .timeout_grace(Duration::from_millis(200));
     let (mut child, grandchild) = escaping_grandchild(&mut command);
     assert_ne!(process_state(grandchild), None, "the grandchild runs");
-    let status = child.wait().unwrap();
+    let status = exit_within(Duration::from_secs(30), "the timed-out child", || {
+        child.try_wait()
+    });
     assert!(status.timed_out());
     assert!(
         eventually(Duration::from_secs(10), || gone(grandchild)),
@@ -220,7 +224,10 @@ fn child_kill_with_kill_tree_ends_the_whole_tree() {
     let mut command = Command::new(&client, "/bin/sh");
     let (mut child, grandchild) = escaping_grandchild(&mut command);
     child.kill().unwrap();
-    assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+    let status = exit_within(Duration::from_secs(30), "the killed child", || {
+        child.try_wait()
+    });
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
     assert!(
         eventually(Duration::from_secs(10), || gone(grandchild)),
         "the setsid grandchild outlived Child::kill"
@@ -245,7 +252,7 @@ fn tree_cpu_time_counts_a_grandchild_the_child_never_waited_for() {
         .wait_tree(true)
         .spawn()
         .unwrap();
-    let status = child.wait().unwrap();
+    let status = exit_within(Duration::from_secs(30), "the child", || child.try_wait());
     assert!(status.success());
     let tree = status.tree_usage().expect("tree usage in the exit notice");
     let tree_cpu = tree.user_micros + tree.system_micros;
@@ -334,11 +341,11 @@ fn a_peer_cannot_exceed_its_pids_cap() {
         .split_whitespace()
         .any(|name| name == "pids")
     {
-        eprintln!(
-            "SKIPPED a_peer_cannot_exceed_its_pids_cap: pids controller not delegated to {} \
-             (testing the refusal instead)",
+        crate::util::skip(&format!(
+            "the cap's enforcement: pids controller not delegated to {} (testing the refusal \
+             instead)",
             cgroup.path.display()
-        );
+        ));
         let output = std::process::Command::new(crate::util::zygote_bin())
             .args(["serve", "--socket", "/nonexistent/zygote.sock", "--cgroup"])
             .arg(&cgroup.path)

@@ -9,7 +9,7 @@ use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
 use rustix::process::{Pid, Signal, kill_process};
 use zygote_client::blocking::{Client, Command};
 
-use crate::util::{eventually, zygote_bin};
+use crate::util::{eventually, wait_within, zygote_bin};
 
 /// `zygote serve --private-fd 0` on a new socketpair: our end, and the
 /// zygote.
@@ -77,7 +77,7 @@ fn private_zygote_ignores_sigint_and_sighup_as_it_starts() {
             .unwrap_or_else(|error| panic!("round {round}: not serving: {error}"));
         assert!(status.success());
         drop(client);
-        let exit = zygote.wait().expect("wait");
+        let exit = wait_within(&mut zygote, Duration::from_secs(30), "the private zygote");
         assert!(exit.success(), "round {round}: {exit}");
     }
     assert!(held > 0, "the signals were never seen held during startup");

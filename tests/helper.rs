@@ -1,8 +1,8 @@
 //! Clients that must be processes of their own (to be SIGKILLed, to run
 //! as another uid, to load the daemon from several processes): the test
-//! binary re-executes itself running only [`client_process`], which does
-//! what `ZYGOTE_TEST_HELPER` says and prints its findings as lines that
-//! start with `HELPER `.
+//! binary re-executes itself to run [`client_process`] instead of its
+//! tests (see `util::reexec`), which does what `ZYGOTE_TEST_HELPER` says
+//! and prints its findings as lines that start with `HELPER `.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -20,22 +20,15 @@ use zygote_proto::{
     SpawnRequest, StdioSpec, decode, encode, recv_frame, send_frame, socket,
 };
 
-const MODE_ENV: &str = "ZYGOTE_TEST_HELPER";
+/// Selects [`client_process`] as the entry point, and its mode.
+pub const MODE_ENV: &str = "ZYGOTE_TEST_HELPER";
 const SOCKET_ENV: &str = "ZYGOTE_TEST_SOCKET";
 
 /// A command that re-executes this test binary as a helper in `mode`,
 /// talking to the zygote at `socket`.
 pub fn helper(mode: &str, socket: &Path) -> Command {
-    let mut command = Command::new(std::env::current_exe().expect("current_exe"));
+    let mut command = crate::util::reexec(MODE_ENV, mode);
     command
-        .args([
-            "--exact",
-            "helper::client_process",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ])
-        .env(MODE_ENV, mode)
         .env(SOCKET_ENV, socket)
         // Children inherit the cwd; `/` is searchable by any uid.
         .current_dir("/");
@@ -91,13 +84,10 @@ fn say(line: &str) {
     out.flush().expect("flush");
 }
 
-/// Not a test of its own: the entry point of helper processes; returns at
-/// once in a normal test run.
-#[test]
-fn client_process() {
-    let Ok(mode) = std::env::var(MODE_ENV) else {
-        return;
-    };
+/// The entry point of helper processes, run instead of the tests when
+/// `ZYGOTE_TEST_HELPER` is set.
+pub fn client_process() {
+    let mode = std::env::var(MODE_ENV).expect("the helper's mode");
     let socket = std::env::var(SOCKET_ENV).expect("socket path");
     let socket = Path::new(&socket);
     match mode.split(':').collect::<Vec<_>>().as_slice() {

@@ -9,7 +9,9 @@ use zygote_client::Stdio;
 use zygote_client::blocking::{Client, Command};
 
 use crate::helper::helper;
-use crate::util::{children_of, eventually, process_state, start_daemon, start_daemon_with};
+use crate::util::{
+    children_of, eventually, exit_within, process_state, start_daemon, start_daemon_with,
+};
 
 /// True once `pid` is gone or a zombie.
 fn dead(pid: u32) -> bool {
@@ -96,7 +98,11 @@ fn kill_on_close_signals_children_when_the_client_leaves() {
         "a child without kill-on-close outlives its client"
     );
     sigkill(kept_pid);
-    assert!(survivor.wait().unwrap().success());
+    assert!(
+        exit_within(Duration::from_secs(30), "the survivor", || survivor
+            .try_wait())
+        .success()
+    );
     assert!(eventually(Duration::from_secs(5), || daemon
         .zombies()
         .is_empty()));
@@ -221,7 +227,7 @@ fn timeout_of_a_group_leader_ends_its_whole_group() {
     let daemon = start_daemon("timeout-group");
     let client = Client::connect(daemon.socket()).expect("connect");
     let (mut leader, background) = shell_with_a_background_child(&client, true);
-    let status = leader.wait().unwrap();
+    let status = exit_within(Duration::from_secs(30), "the leader", || leader.try_wait());
     assert!(status.timed_out());
     assert_eq!(status.signal(), Some(libc::SIGTERM));
     assert!(
@@ -232,7 +238,7 @@ fn timeout_of_a_group_leader_ends_its_whole_group() {
 
     // Without a group of its own, only the child is signalled.
     let (mut child, background) = shell_with_a_background_child(&client, false);
-    assert!(child.wait().unwrap().timed_out());
+    assert!(exit_within(Duration::from_secs(30), "the child", || child.try_wait()).timed_out());
     assert!(
         !dead(background),
         "a child outside a group of its own is signalled alone"
@@ -288,7 +294,11 @@ fn client_sigkilled_mid_stream() {
     assert!(eventually(Duration::from_secs(10), || {
         !children_of(daemon.pid()).contains(&survivor)
     }));
-    assert!(bystander.wait().unwrap().success());
+    assert!(
+        exit_within(Duration::from_secs(30), "the bystander", || bystander
+            .try_wait())
+        .success()
+    );
     assert!(daemon.zombies().is_empty());
 }
 

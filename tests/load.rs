@@ -2,9 +2,10 @@
 //! processes, then the daemon's fds, memory and children are checked.
 
 use std::process::Stdio;
+use std::time::Duration;
 
 use crate::helper::{findings, helper};
-use crate::util::{Daemon, children_of, start_daemon};
+use crate::util::{Daemon, children_of, output_within, start_daemon};
 
 /// Runs `processes` helper clients of `count` spawns each, `parallel` at a
 /// time each; returns how many exit statuses they saw.
@@ -19,7 +20,7 @@ fn load(daemon: &Daemon, processes: usize, count: usize, parallel: usize) -> usi
         .collect();
     let mut delivered = 0;
     for client in clients {
-        let output = client.wait_with_output().expect("load client");
+        let output = output_within(client, Duration::from_secs(600), "a load client");
         assert!(output.status.success(), "a load client failed");
         for finding in findings(&output.stdout) {
             let count: usize = finding

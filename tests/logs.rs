@@ -43,8 +43,7 @@ fn lossy(bytes: &[u8]) -> String {
 /// one peer field set, and errno names; per-spawn lines are DEBUG (7).
 #[test]
 fn journal_entries_have_syslog_priorities_and_consistent_fields() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIPPED: a private mount namespace for the journal socket needs root");
+    if !crate::util::root_or_skip("a private mount namespace for the journal socket") {
         return;
     }
     if !have_tool("unshare", "util-linux") {
@@ -56,9 +55,7 @@ fn journal_entries_have_syslog_priorities_and_consistent_fields() {
         .status()
         .is_ok_and(|status| status.success());
     if !can_unshare {
-        eprintln!(
-            "SKIPPED: `unshare --mount` is refused here (a container without CAP_SYS_ADMIN?)"
-        );
+        crate::util::skip("`unshare --mount` is refused here (a container without CAP_SYS_ADMIN?)");
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");

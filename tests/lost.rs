@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use zygote_client::blocking::{Client, Command};
 use zygote_client::{Error, Stdio};
 
-use crate::util::{eventually, process_state, start_daemon, zygote_bin};
+use crate::util::{eventually, process_state, start_daemon, within, zygote_bin};
 
 /// Whether orphans of this process's children get reaped (by init or a
 /// subreaper above us): the kernel keeps a child's exit status for its
@@ -29,9 +29,8 @@ fn orphans_are_reaped() -> bool {
         let reaped = eventually(Duration::from_secs(15), || process_state(pid).is_none());
         if !reaped {
             eprintln!(
-                "SKIPPED the pidfd exit-status tests: orphans are not reaped here (pid {pid} \
-                 stayed a zombie for 15 s under init or the subreaper above this test), so \
-                 the kernel never hands over their exit status"
+                "orphans are not reaped here: pid {pid} stayed a zombie for 15 s under init \
+                 or the subreaper above this test"
             );
         }
         reaped
@@ -51,10 +50,10 @@ fn kernel_keeps_exit_status(test: &str) -> bool {
     let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
     let keeps = version >= (6, 15);
     if !keeps {
-        eprintln!(
-            "SKIPPED part of {test}: kernel {release} predates 6.15 (no PIDFD_INFO_EXIT); \
+        crate::util::skip(&format!(
+            "part of {test}: kernel {release} predates 6.15 (no PIDFD_INFO_EXIT); \
              checking that ZygoteLost stays the error instead"
-        );
+        ));
     }
     keeps
 }
@@ -64,7 +63,10 @@ fn kernel_keeps_exit_status(test: &str) -> bool {
 fn fallback_testable(test: &str) -> Option<bool> {
     let keeps = kernel_keeps_exit_status(test);
     if keeps && !orphans_are_reaped() {
-        eprintln!("SKIPPED {test}: orphans are not reaped here");
+        crate::util::skip(&format!(
+            "{test}: orphans are not reaped here, so the kernel never hands over their exit \
+             status"
+        ));
         return None;
     }
     Some(keeps)
@@ -186,7 +188,7 @@ fn a_wait_in_progress_survives_the_zygote_sigkill() {
                 daemon.kill();
                 daemon
             });
-            let waited = child.wait().await;
+            let waited = within(Duration::from_secs(60), "wait", child.wait()).await;
             let _daemon = killer.await.unwrap();
             match waited {
                 Ok(status) if keeps => {

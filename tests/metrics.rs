@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use zygote_client::blocking::Client;
 
 use crate::tools::{Process, free_port, have_tool, http_get, serve, temp_dir};
-use crate::util::eventually;
+use crate::util::{eventually, output_within};
 
 /// A daemon serving metrics on a free loopback port.
 fn serve_with_metrics(dir: &std::path::Path) -> (Process, std::path::PathBuf, SocketAddr) {
@@ -95,7 +95,7 @@ fn metrics_count_spawns_and_pass_promtool() {
         .unwrap()
         .write_all(text.as_bytes())
         .unwrap();
-    let checked = promtool.wait_with_output().unwrap();
+    let checked = output_within(promtool, Duration::from_secs(60), "promtool");
     assert!(
         checked.status.success() && checked.stdout.is_empty() && checked.stderr.is_empty(),
         "promtool check metrics: {}\n{}{}",

@@ -194,10 +194,9 @@ fn private_fd_that_is_not_a_socket_is_refused() {
 /// starve it; its children still run at their owner's nice value, not at
 /// -10. The helper starts `sh` while `cat` and `sleep` run.
 fn private_zygote_outranks_its_children(mode: &str) {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!(
-            "SKIPPED the {mode} zygote's priority: raising it needs CAP_SYS_NICE; run as root"
-        );
+    if !crate::util::root_or_skip(&format!(
+        "raising the {mode} zygote's priority (CAP_SYS_NICE)"
+    )) {
         return;
     }
     let (mut helper, report) = start_helper(

@@ -7,7 +7,10 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::util::{Daemon, eventually, process_state, start_daemon, start_daemon_with, zygote_bin};
+use crate::util::{
+    Daemon, eventually, output_within, process_state, start_daemon, start_daemon_with, wait_within,
+    zygote_bin,
+};
 
 /// `sh -c script` with `$RUN` as given and the daemon's socket in
 /// `$ZYGOTE_SOCKET`.
@@ -141,6 +144,37 @@ fn a_killed_wrapper_takes_its_child_with_it() {
     signal(child, libc::SIGKILL);
 }
 
+/// A child that reports the signal it gets: `sh child.sh N got pidfile`
+/// writes its pid, waits, and on signal N appends N to `got`, then dies by
+/// N as an unhandled signal would kill it.
+const REPORTING_CHILD: &str = r#"trap 'echo "$1" >> "$2"; kill $! 2>/dev/null; trap - "$1"; kill -"$1" $$' "$1"
+echo $$ > "$3"
+sleep 30 &
+wait
+"#;
+
+/// `zygote run -- sh child.sh N got pidfile`, started as in
+/// [`wrapped_sleeper`], and the child's pid.
+fn wrapped_reporter(daemon: &Daemon, dir: &Path, number: i32, got: &Path) -> (Child, u32) {
+    let script = dir.join("child.sh");
+    std::fs::write(&script, REPORTING_CHILD).expect("write the child's script");
+    let pidfile = dir.join("child.pid");
+    let _ = std::fs::remove_file(&pidfile);
+    let wrapper = Command::new(zygote_bin())
+        .args(["run", "--", "sh"])
+        .arg(&script)
+        .arg(number.to_string())
+        .arg(got)
+        .arg(&pidfile)
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .stdin(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start zygote run");
+    let child = read_pid(&pidfile);
+    (wrapper, child)
+}
+
 #[test]
 fn every_catchable_signal_reaches_the_child_and_the_wrapper_dies_by_it() {
     let daemon = start_daemon("run-forward");
@@ -151,15 +185,25 @@ fn every_catchable_signal_reaches_the_child_and_the_wrapper_dies_by_it() {
         libc::SIGINT,
         libc::SIGHUP,
         libc::SIGTERM,
+        // Ignored by the wrapper's own runtime, not by its caller.
+        libc::SIGPIPE,
         libc::SIGRTMIN() + 2,
     ] {
-        let (mut wrapper, child) = wrapped_sleeper(&daemon, dir.path(), &[]);
+        let got = dir.path().join(format!("got-{number}"));
+        let (mut wrapper, child) = wrapped_reporter(&daemon, dir.path(), number, &got);
         // The wrapper installs its handlers right after the spawn.
         std::thread::sleep(Duration::from_millis(200));
         signal(wrapper.id(), number);
-        let status = wrapper.wait().expect("wait");
-        // As sleep itself would: killed by that signal, seen by the shell
-        // as a signal death (not exit 128+N).
+        let status = wait_within(&mut wrapper, Duration::from_secs(30), "zygote run");
+        // The child itself caught it (a wrapper that only died of it would
+        // take the child with it by SIGKILL, kill-on-close).
+        assert_eq!(
+            std::fs::read_to_string(&got).unwrap_or_default(),
+            format!("{number}\n"),
+            "signal {number} never reached the child"
+        );
+        // As the child itself: killed by that signal, seen by the shell as
+        // a signal death (not exit 128+N).
         assert_eq!(status.signal(), Some(number), "signal {number}: {status:?}");
         assert!(
             eventually(Duration::from_secs(10), || !alive(child)),
@@ -171,27 +215,44 @@ fn every_catchable_signal_reaches_the_child_and_the_wrapper_dies_by_it() {
 #[test]
 fn death_by_signal_is_seen_by_the_shell_like_the_childs() {
     let daemon = start_daemon("run-die-by");
-    // A shell loop stops when its command dies of SIGINT, but not when it
-    // exits 130 (bash's rule; dash reports the same status either way).
-    for script in [
-        r#"$RUN sh -c 'kill -TERM $$'; echo "status $?""#,
-        r#"$RUN sh -c 'kill -USR1 $$'"#,
-        r#"$RUN sh -c 'exit 130'"#,
+    // The shell sees 128+N either way.
+    assert_same(&daemon, r#"$RUN sh -c 'kill -TERM $$'; echo "status $?""#);
+    assert_same(&daemon, r#"$RUN sh -c 'exit 130'"#);
+    // bash execs the last command of `-c`, so bash's own end is the
+    // command's: a death by the signal, which an exit 128+N would not be.
+    for (number, script) in [
+        (
+            libc::SIGUSR1,
+            r#"exec bash -c "true; $RUN sh -c 'kill -USR1 \$\$'""#,
+        ),
+        (
+            libc::SIGINT,
+            r#"exec bash -c "true; $RUN sh -c 'kill -INT \$\$'""#,
+        ),
     ] {
-        assert_same(&daemon, script);
+        let (direct, wrapped) = both(&daemon, script);
+        assert_eq!(direct.status.signal(), Some(number), "{script}: {direct:?}");
+        assert_eq!(
+            wrapped.status.signal(),
+            Some(number),
+            "{script}: {wrapped:?}"
+        );
     }
-    let (direct, wrapped) = both(&daemon, r#"$RUN sh -c 'kill -INT $$'"#);
-    assert_eq!(direct.status.signal(), wrapped.status.signal());
 }
 
 /// Ctrl-C: SIGINT to the whole foreground process group, bash's loop and
-/// its command alike.
-fn ctrl_c_in_a_loop(daemon: &Daemon, run: &str) -> Output {
+/// its command alike. The command is [`REPORTING_CHILD`], which appends
+/// "2" to `got` when SIGINT reaches it.
+fn ctrl_c_in_a_loop(daemon: &Daemon, run: &str, dir: &Path, got: &Path) -> Output {
+    let script = dir.join("child.sh");
+    std::fs::write(&script, REPORTING_CHILD).expect("write the child's script");
     let loop_ = shell(
         daemon.socket(),
         run,
-        "exec bash -c 'for i in 1 2 3; do $RUN sleep 2; echo $i; done'",
+        r#"exec bash -c 'for i in 1 2 3; do $RUN sh "$CHILD" 2 "$GOT" /dev/null; echo $i; done'"#,
     )
+    .env("CHILD", &script)
+    .env("GOT", got)
     .process_group(0)
     .stdout(Stdio::piped())
     .spawn()
@@ -199,14 +260,21 @@ fn ctrl_c_in_a_loop(daemon: &Daemon, run: &str) -> Output {
     // Long enough for the wrapper to have installed its handlers.
     std::thread::sleep(Duration::from_millis(700));
     signal_group(loop_.id(), libc::SIGINT);
-    loop_.wait_with_output().expect("wait for bash")
+    output_within(loop_, Duration::from_secs(60), "bash's loop")
 }
 
 #[test]
 fn ctrl_c_breaks_a_shell_loop() {
     let daemon = start_daemon("run-ctrl-c");
-    let direct = ctrl_c_in_a_loop(&daemon, "");
-    let wrapped = ctrl_c_in_a_loop(&daemon, &through_zygote());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (direct_got, wrapped_got) = (dir.path().join("direct"), dir.path().join("wrapped"));
+    let direct = ctrl_c_in_a_loop(&daemon, "", dir.path(), &direct_got);
+    let wrapped = ctrl_c_in_a_loop(&daemon, &through_zygote(), dir.path(), &wrapped_got);
+    // The command itself got the SIGINT, once, through the wrapper too
+    // (a wrapper that only died of it would take it down by SIGKILL).
+    let got = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
+    assert_eq!(got(&direct_got), "2\n", "{direct:?}");
+    assert_eq!(got(&wrapped_got), "2\n", "{wrapped:?}");
     // bash ends the loop, and dies of SIGINT itself, only when its command
     // died of SIGINT; after an exit 130 it would print 1, 2, 3.
     assert_eq!(direct.status.signal(), Some(libc::SIGINT), "{direct:?}");
@@ -245,6 +313,58 @@ fn ignored_signals_stay_ignored_in_the_child() {
         &daemon,
         r#"nohup $RUN sh -c 'kill -HUP $$; echo survived' 2>/dev/null"#,
     );
+}
+
+/// A child that reinstalls handlers for SIGUSR1 and SIGUSR2 (Python may,
+/// even when started with them ignored): `python3 -c CHILD got pidfile`
+/// appends each one's name to `got`.
+const HANDLING_CHILD: &str = r#"import os, signal, sys, time
+def note(number, frame):
+    with open(sys.argv[1], "a") as got:
+        got.write(signal.Signals(number).name + "\n")
+signal.signal(signal.SIGUSR1, note)
+signal.signal(signal.SIGUSR2, note)
+with open(sys.argv[2], "w") as pidfile:
+    pidfile.write(str(os.getpid()))
+time.sleep(30)
+"#;
+
+#[test]
+fn a_signal_the_wrapper_was_given_ignored_is_not_passed_on() {
+    let daemon = start_daemon("run-ignored-kept");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (got, pidfile) = (dir.path().join("got"), dir.path().join("child.pid"));
+    // As `trap '' USR1` in a script leaves the programs it runs.
+    let mut wrapper = Command::new("sh")
+        .arg("-c")
+        .arg(r#"trap '' USR1; exec "$ZYGOTE" run -- python3 -c "$CHILD" "$GOT" "$PIDFILE""#)
+        .env("ZYGOTE", zygote_bin())
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .env("CHILD", HANDLING_CHILD)
+        .env("GOT", &got)
+        .env("PIDFILE", &pidfile)
+        .stdin(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start zygote run");
+    let child = read_pid(&pidfile);
+    std::thread::sleep(Duration::from_millis(200));
+    signal(wrapper.id(), libc::SIGUSR1);
+    // SIGUSR2, which it was not given ignored, is passed on: once it has
+    // arrived, SIGUSR1 would have too.
+    signal(wrapper.id(), libc::SIGUSR2);
+    let read = || std::fs::read_to_string(&got).unwrap_or_default();
+    assert!(
+        eventually(Duration::from_secs(10), || read().contains("SIGUSR2")),
+        "SIGUSR2 never reached the child: {:?}",
+        read()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(read(), "SIGUSR2\n", "the ignored SIGUSR1 was passed on");
+    signal(wrapper.id(), libc::SIGTERM);
+    let status = wait_within(&mut wrapper, Duration::from_secs(30), "zygote run");
+    assert_eq!(status.signal(), Some(libc::SIGTERM));
+    assert!(eventually(Duration::from_secs(10), || !alive(child)));
 }
 
 #[test]

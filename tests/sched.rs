@@ -94,10 +94,6 @@ fn run_stat(daemon: &Daemon, prefix: &str) -> (u32, i32, u32) {
     parse_stat(&output.stdout)
 }
 
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
 #[test]
 fn shared_daemon_threads_are_batch_and_its_children_start_under_sched_other() {
     let daemon = start_daemon("sched-shared");
@@ -123,8 +119,7 @@ fn shared_daemon_threads_are_batch_and_its_children_start_under_sched_other() {
 
 #[test]
 fn children_of_another_uid_start_under_sched_other_on_the_fork_path() {
-    if !is_root() {
-        eprintln!("SKIPPED the fork path's policy: a peer of another uid needs root to start");
+    if !crate::util::root_or_skip("the fork path's policy (a peer of another uid)") {
         return;
     }
     let daemon = start_daemon_with("sched-fork-path", None, &["--socket-mode", "0666"]);

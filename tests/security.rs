@@ -10,16 +10,11 @@ use zygote_client::blocking::{Client, Command};
 use zygote_client::{Error, ProtocolErrorKind, SpawnStage, Stdio};
 
 use crate::helper::{findings, helper};
-use crate::util::{start_daemon_as, start_daemon_with};
-
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
+use crate::util::{root_or_skip, start_daemon_as, start_daemon_with};
 
 #[test]
 fn root_zygote_runs_children_as_the_peer_and_refuses_more() {
-    if !is_root() {
-        eprintln!("skipped: a peer of another uid needs root to start");
+    if !root_or_skip("a peer of another uid") {
         return;
     }
     let policy = "[[peer]]\nuids = [65534]\nrun_as_uids = [4321]\n";
@@ -65,8 +60,7 @@ fn root_zygote_runs_children_as_the_peer_and_refuses_more() {
 
 #[test]
 fn socket_mode_decides_who_may_connect_at_all() {
-    if !is_root() {
-        eprintln!("skipped: a peer of another uid needs root to start");
+    if !root_or_skip("a peer of another uid") {
         return;
     }
     // Default mode 0600: nobody cannot even connect.
@@ -85,8 +79,7 @@ fn socket_mode_decides_who_may_connect_at_all() {
 
 #[test]
 fn non_root_zygote_serves_only_its_uid_and_root_and_cannot_switch() {
-    if !is_root() {
-        eprintln!("skipped: starting a zygote of another uid needs root");
+    if !root_or_skip("a zygote of another uid") {
         return;
     }
     let daemon = start_daemon_as("non-root", Some(65534), None, &["--socket-mode", "0666"]);

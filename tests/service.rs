@@ -10,7 +10,7 @@ use zygote_client::blocking::Client;
 use zygote_client::{Error, SpawnStage};
 
 use crate::tools::{Process, free_port, have_tool, http_get, serve, temp_dir};
-use crate::util::{eventually, zygote_bin};
+use crate::util::{eventually, exit_within, zygote_bin};
 
 /// `deploy/systemd` in the source tree.
 fn units_dir() -> PathBuf {
@@ -321,7 +321,11 @@ fn sigterm_finishes_spawns_keeps_reaping_then_exits() {
     assert_eq!(client.status().unwrap().children_running, 1);
     assert!(daemon.wait_timeout(Duration::from_millis(200)).is_none());
     drop(child.stdin.take());
-    let status = child.wait().expect("exit notice while stopping");
+    let status = exit_within(
+        Duration::from_secs(30),
+        "exit notice while stopping",
+        || child.try_wait(),
+    );
     assert!(status.success());
     // With nothing left running, the daemon exits by itself.
     let exit = daemon.expect_exit(Duration::from_secs(10));

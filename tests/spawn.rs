@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zygote_client::{Client, Command, Error, SpawnStage, Stdio};
 
 use crate::helper::{findings, helper, with_raw_environment};
-use crate::util::{eventually, open_fds, parent_of, runtime, start_daemon};
+use crate::util::{eventually, open_fds, parent_of, runtime, start_daemon, within};
 
 #[test]
 fn args_keep_spaces_quotes_and_non_utf8_bytes() {
@@ -258,7 +258,9 @@ fn ten_mib_through_cat_without_deadlock_and_stderr_apart() {
         read_out.expect("read stdout");
         read_err.expect("read stderr");
         writer.await.expect("writer");
-        let status = child.wait().await.expect("wait");
+        let status = within(Duration::from_secs(60), "wait", child.wait())
+            .await
+            .expect("wait");
         assert!(status.success());
         assert_eq!(out.len(), input.len());
         assert!(out == input, "stdout differs from stdin");
@@ -296,7 +298,9 @@ fn exit_codes_and_signals_are_reported() {
             .expect("sleep");
         assert_eq!(child.try_wait().expect("try_wait"), None);
         child.kill().await.expect("kill");
-        let status = child.wait().await.expect("wait");
+        let status = within(Duration::from_secs(60), "wait", child.wait())
+            .await
+            .expect("wait");
         assert_eq!(status.signal(), Some(libc::SIGKILL));
 
         // The protocol's own signal request.
@@ -307,7 +311,10 @@ fn exit_codes_and_signals_are_reported() {
             .expect("sleep");
         child.signal(libc::SIGUSR1).await.expect("signal");
         assert_eq!(
-            child.wait().await.expect("wait").signal(),
+            within(Duration::from_secs(60), "wait", child.wait())
+                .await
+                .expect("wait")
+                .signal(),
             Some(libc::SIGUSR1)
         );
 
@@ -317,7 +324,9 @@ fn exit_codes_and_signals_are_reported() {
             .spawn()
             .await
             .expect("busy loop");
-        child.wait().await.expect("wait");
+        within(Duration::from_secs(60), "wait", child.wait())
+            .await
+            .expect("wait");
         let usage = child.usage().expect("usage after exit");
         assert!(usage.max_rss_kib > 0, "{usage:?}");
         assert!(
@@ -488,9 +497,9 @@ fn fifty_concurrent_spawns_from_one_client_do_not_queue() {
             .filter(|child| crate::util::process_state(child.id()).is_some_and(|s| s != 'Z'))
             .count();
         assert_eq!(alive, 50, "all 50 children run at the same time");
-        let waits = children
-            .into_iter()
-            .map(|mut child| tokio::spawn(async move { child.wait().await }));
+        let waits = children.into_iter().map(|mut child| {
+            tokio::spawn(async move { within(Duration::from_secs(60), "wait", child.wait()).await })
+        });
         for wait in waits {
             assert!(wait.await.expect("task").expect("wait").success());
         }

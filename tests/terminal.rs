@@ -17,7 +17,7 @@ use zygote_proto::{
     recv_frame, send_frame, socket,
 };
 
-use crate::util::{Daemon, children_of, start_daemon, zygote_bin};
+use crate::util::{Daemon, children_of, start_daemon, within, zygote_bin};
 
 /// How long a screen may take to show what a step expects, on a loaded
 /// 2-core machine.
@@ -37,8 +37,7 @@ impl Tmux {
     /// bash that knows `$ZYGOTE` and the daemon's socket; `None`, after
     /// saying so loudly, when tmux is not installed.
     fn start(daemon: &Daemon, cols: u16, rows: u16) -> Option<Self> {
-        if Command::new("tmux").arg("-V").output().is_err() {
-            eprintln!("SKIPPED: tmux is not installed (scripts/test installs it)");
+        if !crate::tools::have_tool("tmux", "tmux") {
             return None;
         }
         let dir = tempfile::tempdir().expect("tempdir");
@@ -790,7 +789,9 @@ fn the_client_gets_the_master_and_job_events() {
         assert_eq!(jobs.changed().await, Some(JobState::Running));
         terminal.write_all(b"hi\n").expect("write the master");
         read_until(&mut terminal, "got:hi");
-        let status = child.wait().await.expect("wait");
+        let status = within(Duration::from_secs(60), "wait", child.wait())
+            .await
+            .expect("wait");
         assert_eq!(status.code(), Some(0));
         assert_eq!(jobs.changed().await, None);
     });

@@ -7,18 +7,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// Whether `tool` is on `PATH`. When it is not, the test says so loudly and
-/// is skipped, except under CI (`CI` set), where `scripts/test` has
-/// installed it and its absence is a failure.
+/// Whether `tool` is on `PATH`. When it is not, the test is skipped
+/// ([`crate::util::skip_unless_ci`]): under CI `scripts/test` has
+/// installed it, and its absence is a failure.
 pub fn have_tool(tool: &str, package: &str) -> bool {
     let found = std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()));
     if !found {
-        let message = format!(
+        crate::util::skip_unless_ci(&format!(
             "`{tool}` is not installed (Debian package `{package}`; scripts/test installs it)"
-        );
-        assert!(std::env::var_os("CI").is_none(), "{message}");
-        eprintln!("SKIPPED: {message}");
+        ));
     }
     found
 }

@@ -15,7 +15,7 @@ use zygote_client::{Client, ExitStatus};
 
 use crate::util::{
     Daemon, eventually, parent_of, process_state, runtime, signal_bit, start_daemon_custom,
-    thread_masks, zygote_bin,
+    thread_masks, within, zygote_bin,
 };
 
 /// Copies of the built binary, one per tag, made once per test run.
@@ -221,14 +221,20 @@ fn upgrade_under_load_loses_no_child_and_no_connection() {
             );
             assert!(text.contains(&version(tag)), "{text}");
             for (code, task) in in_flight {
-                let status = task
+                let status = within(Duration::from_secs(60), "a spawn in flight", task)
                     .await
                     .expect("join")
                     .expect("a spawn in flight finishes");
                 expect_exit(&status, code, "spawn in flight", &log);
             }
             for (code, mut child) in running {
-                let status = child.wait().await.expect("exit notice after the upgrade");
+                let status = within(
+                    Duration::from_secs(60),
+                    "exit notice after the upgrade",
+                    child.wait(),
+                )
+                .await
+                .expect("exit notice after the upgrade");
                 expect_exit(&status, code, "running child", &log);
                 let usage = child.usage().expect("rusage comes with the exit notice");
                 assert!(usage.max_rss_kib > 0, "{usage:?}");
@@ -302,13 +308,17 @@ fn twenty_upgrades_in_a_row_under_load_leak_nothing() {
                 let mut done = 0u32;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let code = (done % 50) as i32 + worker;
-                    let status = client
-                        .command("sh")
+                    let mut command = client.command("sh");
+                    command
                         .arg("-c")
-                        .arg(format!("sleep 0.0{}; exit {code}", done % 5))
-                        .status()
-                        .await
-                        .expect("a spawn under load");
+                        .arg(format!("sleep 0.0{}; exit {code}", done % 5));
+                    let status = within(
+                        Duration::from_secs(60),
+                        "a spawn under load",
+                        command.status(),
+                    )
+                    .await
+                    .expect("a spawn under load");
                     assert_eq!(status.code(), Some(code));
                     done += 1;
                 }
@@ -397,7 +407,9 @@ fn sighup_upgrades_in_place() {
             .expect("run cut");
         assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "0");
         crate::daemon::stops_reported_among_exits(&client).await;
-        let status = child.wait().await.expect("exit notice");
+        let status = within(Duration::from_secs(60), "exit notice", child.wait())
+            .await
+            .expect("exit notice");
         assert_eq!(status.code(), Some(3));
     });
 }
@@ -431,7 +443,9 @@ fn kill_on_close_and_timeouts_still_fire_after_an_upgrade() {
         let (ok, text) = upgrade_async(&daemon).await;
         assert!(ok, "{text}; log:\n{}", log());
         // The timeout keeps its absolute deadline across the upgrade.
-        let status = timed.wait().await.expect("exit notice");
+        let status = within(Duration::from_secs(60), "exit notice", timed.wait())
+            .await
+            .expect("exit notice");
         let took = started.elapsed();
         assert!(status.timed_out(), "{status:?}; log:\n{}", log());
         assert_eq!(status.signal(), Some(libc::SIGTERM));
@@ -480,7 +494,13 @@ fn a_state_the_new_binary_refuses_leaves_the_old_image_serving() {
         // Same image, same connection, child still reported.
         let status = client.status().await.expect("still serving");
         assert_eq!(status.server_version, version("a"));
-        assert_eq!(child.wait().await.expect("exit notice").code(), Some(5));
+        assert_eq!(
+            within(Duration::from_secs(60), "exit notice", child.wait())
+                .await
+                .expect("exit notice")
+                .code(),
+            Some(5)
+        );
         assert!(
             client
                 .command("true")
@@ -635,7 +655,9 @@ impl TestCgroup {
         };
         let path = mount.join(format!("zygote-test-{test}-{}", std::process::id()));
         if rustix::process::geteuid().as_raw() != 0 || std::fs::create_dir(&path).is_err() {
-            eprintln!("SKIPPED the cgroup part of {test}: no writable cgroup2 here");
+            crate::util::skip(&format!(
+                "the cgroup part of {test}: no writable cgroup2 here"
+            ));
             return None;
         }
         Some(Self(path))
@@ -794,8 +816,7 @@ fn sigkill_leaves_children_running_as_orphans_and_a_new_daemon_serves() {
 #[test]
 fn only_root_or_the_daemons_uid_may_upgrade() {
     use std::os::unix::process::CommandExt;
-    if rustix::process::geteuid().as_raw() != 0 {
-        eprintln!("SKIPPED only_root_or_the_daemons_uid_may_upgrade: needs root");
+    if !crate::util::root_or_skip("an upgrade asked by another uid") {
         return;
     }
     let installed = Installed::new("a");
@@ -860,7 +881,13 @@ fn an_exit_waiting_for_its_tree_is_carried_over() {
         installed.install("b");
         let (ok, text) = upgrade_async(&daemon).await;
         assert!(ok, "{text}; log:\n{}", daemon.log());
-        let status = child.wait().await.expect("the exit notice, after the tree");
+        let status = within(
+            Duration::from_secs(60),
+            "the exit notice, after the tree",
+            child.wait(),
+        )
+        .await
+        .expect("the exit notice, after the tree");
         assert_eq!(status.code(), Some(4), "log:\n{}", daemon.log());
         assert!(
             started.elapsed() >= Duration::from_millis(1400),
@@ -935,7 +962,13 @@ fn a_socket_activated_service_reloads_in_place() {
         assert!(notices("WATCHDOG=1").contains("WATCHDOG=1"));
         let status = client.status().await.expect("status");
         assert_eq!(status.server_version, version("b"));
-        assert_eq!(child.wait().await.expect("exit notice").code(), Some(6));
+        assert_eq!(
+            within(Duration::from_secs(60), "exit notice", child.wait())
+                .await
+                .expect("exit notice")
+                .code(),
+            Some(6)
+        );
         let fresh = Client::connect(&socket).await.expect("a new client");
         assert!(
             fresh
@@ -1001,7 +1034,9 @@ fn a_client_that_does_not_read_makes_the_upgrade_give_up_and_loses_nothing() {
     let started = Instant::now();
     let (ok, text) = upgrade(&daemon);
     if ok {
-        eprintln!("SKIPPED the give-up part: the socket buffers held every reply ({text})");
+        crate::util::skip(&format!(
+            "the give-up part: the socket buffers held every reply ({text})"
+        ));
     } else {
         assert!(
             text.contains("upgrade abandoned") && text.contains("safe point"),

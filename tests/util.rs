@@ -1,8 +1,10 @@
 //! The harness: a real `zygote serve` per test, on its own socket.
 
+use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 /// A daemon started for one test; killed and reaped on drop.
@@ -418,4 +420,178 @@ pub fn wait_stop_signals_handled(pid: u32) -> bool {
             ),
         }
     }
+}
+
+/// Polls `poll` every 10 ms until it gives a value; `None` once `timeout`
+/// has passed without one.
+pub fn poll_within<T>(timeout: Duration, mut poll: impl FnMut() -> Option<T>) -> Option<T> {
+    let mut found = None;
+    eventually(timeout, || {
+        found = poll();
+        found.is_some()
+    });
+    found
+}
+
+/// Waits for `child` to end, for at most `timeout`: past it, kills and
+/// reaps it and fails the test, which a lost exit would otherwise hang.
+pub fn wait_within(child: &mut Child, timeout: Duration, what: &str) -> ExitStatus {
+    let status = poll_within(timeout, || child.try_wait().expect("try_wait"));
+    status.unwrap_or_else(|| {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{what} did not end within {timeout:?}");
+    })
+}
+
+/// [`Child::wait_with_output`] with a deadline: the exit as in
+/// [`wait_within`], then the piped output, which a process left behind
+/// may hold open; past `timeout` either way the test fails.
+pub fn output_within(mut child: Child, timeout: Duration, what: &str) -> Output {
+    let deadline = Instant::now() + timeout;
+    let stdout = read_in_background(child.stdout.take());
+    let stderr = read_in_background(child.stderr.take());
+    let status = wait_within(&mut child, timeout, what);
+    let collect = |pipe: Receiver<Vec<u8>>, name: &str| {
+        pipe.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("{what}: its {name} stayed open past {timeout:?}"))
+    };
+    Output {
+        status,
+        stdout: collect(stdout, "stdout"),
+        stderr: collect(stderr, "stderr"),
+    }
+}
+
+/// Reads `pipe` to its end on a thread of its own.
+fn read_in_background(pipe: Option<impl Read + Send + 'static>) -> Receiver<Vec<u8>> {
+    let (send, receive) = std::sync::mpsc::channel();
+    match pipe {
+        Some(mut pipe) => {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                let _ = send.send(bytes);
+            });
+        }
+        None => {
+            let _ = send.send(Vec::new());
+        }
+    }
+    receive
+}
+
+/// Awaits `future` for at most `timeout`, failing the test past it: an
+/// exit notice that never comes is a failure, not a hang.
+pub async fn within<T>(timeout: Duration, what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(timeout, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {timeout:?}"))
+}
+
+/// Whether this run is CI's (`CI` set), where `scripts/test` runs as root
+/// and has installed every tool the tests use.
+pub fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|value| !value.is_empty() && value != "false")
+}
+
+/// Names the file that collects the skips, one `test<TAB>reason` line
+/// each, which `scripts/test` counts as skipped rather than passed.
+const SKIPS_ENV: &str = "ZYGOTE_TEST_SKIPS";
+
+/// Says that the running test (the whole of it, or the part that
+/// `reason` names) did not run because this machine lacks what it needs:
+/// a kernel feature, a delegated cgroup controller, a reaping init. The
+/// caller then returns, or goes on to its other parts.
+pub fn skip(reason: &str) {
+    // The harness names each test's thread after the test.
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a test on an unnamed thread");
+    eprintln!("SKIPPED {test}: {reason}");
+    let Some(path) = std::env::var_os(SKIPS_ENV) else {
+        return;
+    };
+    let line = format!("{test}\t{}\n", reason.replace(['\t', '\n'], " "));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| file.write_all(line.as_bytes()))
+        .unwrap_or_else(|error| panic!("record the skip in {}: {error}", path.to_string_lossy()));
+}
+
+/// As [`skip`], for what CI provides (root, the tools `scripts/test`
+/// installs): under CI the skip is a failure.
+pub fn skip_unless_ci(reason: &str) {
+    assert!(
+        !in_ci(),
+        "{reason}: CI runs as root with every tool scripts/test installs, so this must run there"
+    );
+    skip(reason);
+}
+
+/// Whether the caller runs as root; when not, [`skip_unless_ci`] says
+/// that `what` needs it.
+pub fn root_or_skip(what: &str) -> bool {
+    let root = rustix::process::geteuid().is_root();
+    if !root {
+        skip_unless_ci(&format!("{what} needs root"));
+    }
+    root
+}
+
+/// Processes of their own re-executed from this test binary (a client to
+/// SIGKILL, another uid): each entry runs instead of the test harness when
+/// its environment variable is set. They are not tests, so a test run
+/// neither runs nor counts them. [`reexec`] starts one.
+const ENTRY_POINTS: &[(&str, fn())] = &[(crate::helper::MODE_ENV, crate::helper::client_process)];
+
+/// This test binary, to run the entry point that `variable` (one of
+/// [`ENTRY_POINTS`]) selects, with `variable` set to `mode`.
+pub fn reexec(variable: &str, mode: &str) -> Command {
+    assert!(
+        ENTRY_POINTS.iter().any(|(name, _)| *name == variable),
+        "{variable} selects no entry point"
+    );
+    let mut command = Command::new(std::env::current_exe().expect("current_exe"));
+    command.env(variable, mode);
+    command
+}
+
+/// Runs the selected entry point, if any, before the harness's `main`:
+/// exit status 0 when it returns, 101 (a failed test's) when it panics.
+extern "C" fn run_entry_point() {
+    let Some((_, entry)) = ENTRY_POINTS
+        .iter()
+        .find(|(variable, _)| std::env::var_os(variable).is_some())
+    else {
+        return;
+    };
+    let code = if std::panic::catch_unwind(entry).is_ok() {
+        0
+    } else {
+        101
+    };
+    std::process::exit(code);
+}
+
+// SAFETY: an `.init_array` entry is a function pointer that the C runtime
+// calls before `main`, with no arguments; `run_entry_point` takes none and
+// returns nothing, and only reads the environment (set up before any
+// initializer) unless an entry point was selected.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ENTRY_POINT_HOOK: extern "C" fn() = run_entry_point;
+
+/// A zygote child's exit, polling `try_wait` (of the blocking client) for
+/// at most `timeout`: past it, or on an error, the test fails.
+pub fn exit_within<T, E: std::fmt::Debug>(
+    timeout: Duration,
+    what: &str,
+    mut try_wait: impl FnMut() -> Result<Option<T>, E>,
+) -> T {
+    let exit = poll_within(timeout, || {
+        try_wait().unwrap_or_else(|error| panic!("{what}: {error:?}"))
+    });
+    exit.unwrap_or_else(|| panic!("{what}: no exit within {timeout:?}"))
 }

@@ -239,6 +239,8 @@ func TestDaemonKilledAfterDeferWindow(t *testing.T) {
 		}
 	case !errors.As(runErr, &ce) || strings.Contains(runErr.Error(), "is lost"):
 		t.Fatalf("got %v, want the pidfd fallback's ConnectionError", runErr)
+	default:
+		t.Skip("SKIP part: the exit status from the pidfd needs Linux 6.15; checked the ConnectionError instead")
 	}
 }
 

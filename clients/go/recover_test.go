@@ -127,7 +127,7 @@ func TestDaemonKilledDuringWaitExitStatusFromPidfd(t *testing.T) {
 		if err := <-codedErr; !errors.As(err, &ce) {
 			t.Errorf("Wait below 6.15: %v, want a ConnectionError", err)
 		}
-		return
+		t.Skip("SKIP part: the exit status from the pidfd needs Linux 6.15; checked the ConnectionError instead")
 	}
 	if _, err := io.WriteString(stdin, "go\n"); err != nil {
 		t.Fatal(err)
