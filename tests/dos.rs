@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -33,7 +33,7 @@ const ATTACKER: u32 = 65534;
 /// A second unprivileged uid, which must not be locked out by the first.
 const NEIGHBOUR: u32 = 65533;
 
-const MODE_ENV: &str = "ZYGOTE_DOS_ATTACK";
+pub const MODE_ENV: &str = "ZYGOTE_DOS_ATTACK";
 const SOCKET_ENV: &str = "ZYGOTE_DOS_SOCKET";
 const DAEMON_ENV: &str = "ZYGOTE_DOS_DAEMON";
 
@@ -58,11 +58,7 @@ const MAX_UNANSWERED: usize = 64;
 const MAX_UNREAD_FDS: usize = 64;
 
 fn skip_unless_root() -> bool {
-    if rustix::process::geteuid().is_root() {
-        return false;
-    }
-    eprintln!("SKIPPED: the attacks need a root daemon and another uid, so root");
-    true
+    !crate::util::root_or_skip("the attacks (a root daemon and another uid)")
 }
 
 fn shared_daemon(name: &str, policy: Option<&str>) -> Daemon {
@@ -71,15 +67,7 @@ fn shared_daemon(name: &str, policy: Option<&str>) -> Daemon {
 
 /// An attacker process: this binary, re-executed as `uid` in `mode`.
 fn attacker(mode: &str, daemon: &Daemon, uid: u32) -> Attacker {
-    let mut process = Command::new(std::env::current_exe().expect("current_exe"))
-        .args([
-            "--exact",
-            "dos::attacker_process",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ])
-        .env(MODE_ENV, mode)
+    let mut process = crate::util::reexec(MODE_ENV, mode)
         .env(SOCKET_ENV, daemon.socket())
         .env(DAEMON_ENV, daemon.pid().to_string())
         .current_dir("/")
@@ -855,13 +843,10 @@ fn timeouts_and_kill_on_close_always_end_the_child() {
         .assert_served("while group signals went out");
 }
 
-/// Not a test of its own: the attackers' entry point; returns at once in
-/// a normal run.
-#[test]
-fn attacker_process() {
-    let Ok(mode) = std::env::var(MODE_ENV) else {
-        return;
-    };
+/// The attackers' entry point (`util::ENTRY_POINTS`), run instead of the
+/// test harness in a process [`attacker`] starts.
+pub fn attacker_process() {
+    let mode = std::env::var(MODE_ENV).expect("the attack mode");
     let socket = std::env::var(SOCKET_ENV).expect("socket path");
     let socket = Path::new(&socket);
     let daemon: u32 = std::env::var(DAEMON_ENV)

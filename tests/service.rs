@@ -723,8 +723,7 @@ fn threads_of(pid: u32) -> usize {
 #[test]
 fn a_user_without_xdg_runtime_dir_is_told_to_pass_socket() {
     use std::os::unix::process::CommandExt;
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIPPED: running zygote serve as another user needs root");
+    if !crate::util::root_or_skip("running zygote serve as another user") {
         return;
     }
     let mut daemon = Command::new(zygote_bin())

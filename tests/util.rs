@@ -544,7 +544,10 @@ pub fn root_or_skip(what: &str) -> bool {
 /// SIGKILL, another uid): each entry runs instead of the test harness when
 /// its environment variable is set. They are not tests, so a test run
 /// neither runs nor counts them. [`reexec`] starts one.
-const ENTRY_POINTS: &[(&str, fn())] = &[(crate::helper::MODE_ENV, crate::helper::client_process)];
+const ENTRY_POINTS: &[(&str, fn())] = &[
+    (crate::helper::MODE_ENV, crate::helper::client_process),
+    (crate::dos::MODE_ENV, crate::dos::attacker_process),
+];
 
 /// This test binary, to run the entry point that `variable` (one of
 /// [`ENTRY_POINTS`]) selects, with `variable` set to `mode`.
