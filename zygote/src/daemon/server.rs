@@ -33,6 +33,11 @@ pub const SOCKET_MODE: u32 = 0o600;
 /// How often the `STATUS=` line is refreshed for `systemctl status`.
 const STATUS_EVERY: Duration = Duration::from_secs(5);
 
+/// `RLIMIT_NOFILE` as the protocol's resource number: libc types it `u32`
+/// on glibc and `c_int` on musl.
+#[allow(clippy::unnecessary_cast)]
+const NOFILE: u32 = libc::RLIMIT_NOFILE as u32;
+
 /// A socket path the daemon bound, removed again on drop.
 #[derive(Debug)]
 pub struct BoundSocket {
@@ -322,7 +327,7 @@ fn new_daemon(
     // Children keep the fd limit the daemon started with, not its raised
     // one: a soft limit above 1024 breaks programs that use select(2).
     daemon.child_nofile = (nofile.raised != nofile.original).then_some(ResourceLimit {
-        resource: libc::RLIMIT_NOFILE,
+        resource: NOFILE,
         soft: nofile.original,
         hard: nofile.hard,
     });

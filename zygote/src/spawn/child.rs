@@ -503,7 +503,12 @@ fn read_procfs(fd: c_int, buffer: &mut [u8]) -> Option<&[u8]> {
     // SAFETY: statfs is a plain C struct; all-zero bytes are valid.
     let mut fs = unsafe { std::mem::zeroed::<libc::statfs>() };
     // SAFETY: fstatfs writes into a valid, correctly typed struct.
-    if unsafe { libc::fstatfs(fd, &raw mut fs) } != 0 || fs.f_type != libc::PROC_SUPER_MAGIC {
+    if unsafe { libc::fstatfs(fd, &raw mut fs) } != 0 {
+        return None;
+    }
+    // f_type is signed on glibc and unsigned on musl; the magic fits both.
+    #[allow(clippy::unnecessary_cast)]
+    if fs.f_type as u64 != libc::PROC_SUPER_MAGIC as u64 {
         return None;
     }
     let mut len = 0;

@@ -121,21 +121,35 @@ pub(super) fn forget_batch() {
 
 /// The calling thread's policy, `SCHED_RESET_ON_FORK` included.
 pub(super) fn thread_policy() -> io::Result<c_int> {
+    // The raw syscall, as in every call here: musl's `sched_getscheduler()`
+    // is a stub that fails with ENOSYS.
     // SAFETY: plain syscall on the calling thread (pid 0); no memory.
-    let policy = unsafe { libc::sched_getscheduler(0) };
+    let policy = unsafe { libc::syscall(libc::SYS_sched_getscheduler, 0) };
     if policy < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(policy)
+    c_int::try_from(policy).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))
 }
+
+/// The kernel's `struct sched_param`. libc's may be larger (musl's has
+/// more fields); the kernel reads only this one.
+#[repr(C)]
+struct SchedParam {
+    sched_priority: c_int,
+}
+
+/// Priority 0, the only one `SCHED_OTHER` and `SCHED_BATCH` take.
+const NO_PRIORITY: SchedParam = SchedParam { sched_priority: 0 };
 
 /// Sets the calling thread's policy (`SCHED_OTHER` or `SCHED_BATCH`,
 /// possibly with `SCHED_RESET_ON_FORK`); its nice value is kept.
 fn set_thread_policy(policy: c_int) -> io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: `param` is a valid sched_param for the call's duration; pid 0
-    // is the calling thread only.
-    if unsafe { libc::sched_setscheduler(0, policy, &raw const param) } != 0 {
+    let param = NO_PRIORITY;
+    // The raw syscall: musl's `sched_setscheduler()` is a stub that fails
+    // with ENOSYS. glibc's wrapper is this same syscall.
+    // SAFETY: `param` is a valid kernel sched_param for the call's
+    // duration; pid 0 is the calling thread only.
+    if unsafe { libc::syscall(libc::SYS_sched_setscheduler, 0, policy, &raw const param) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -199,10 +213,20 @@ pub(super) fn set_reset_on_fork() -> io::Result<()> {
 /// Puts the calling (child) process under `SCHED_OTHER`, its nice value
 /// kept; async-signal-safe (one syscall). Returns the errno on failure.
 pub(super) fn reset_child_policy() -> Result<(), c_int> {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: `param` is a valid sched_param on this stack for the call's
-    // duration; pid 0 is this (child) process only.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &raw const param) } != 0 {
+    let param = NO_PRIORITY;
+    // The raw syscall (async-signal-safe: no lock, no allocation), not
+    // musl's `sched_setscheduler()` stub.
+    // SAFETY: `param` is a valid kernel sched_param on this stack for the
+    // call's duration; pid 0 is this (child) process only.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setscheduler,
+            0,
+            libc::SCHED_OTHER,
+            &raw const param,
+        )
+    };
+    if ret != 0 {
         // SAFETY: reads this thread's errno slot, always valid.
         return Err(unsafe { *libc::__errno_location() });
     }
