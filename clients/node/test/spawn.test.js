@@ -60,6 +60,8 @@ test('kill before the zygote answered reaches the child', async () => {
 
 test('a missing program is an ENOENT error as Node gives it, then close', async () => {
   const child = zygote.spawn('no-such-program-zygote', ['a', 'b']);
+  // Both listeners first: 'close' may follow 'error' in the same tick.
+  const closed = new Promise((resolve) => child.once('close', (...a) => resolve(a)));
   const error = await within(new Promise((resolve) => child.once('error', resolve)), 20000, 'error');
   assert.equal(error.code, 'ENOENT');
   assert.equal(error.errno, -2);
@@ -67,7 +69,7 @@ test('a missing program is an ENOENT error as Node gives it, then close', async 
   assert.equal(error.path, 'no-such-program-zygote');
   assert.deepEqual(error.spawnargs, ['a', 'b']);
   assert.equal(error.message, 'spawn no-such-program-zygote ENOENT');
-  const [code] = await within(new Promise((resolve) => child.once('close', (...a) => resolve(a))), 20000, 'close');
+  const [code] = await within(closed, 20000, 'close');
   assert.equal(code, -2);
   assert.equal(child.pid, undefined);
 });
