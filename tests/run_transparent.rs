@@ -397,6 +397,62 @@ fn stop_and_continue_reach_the_child_and_the_wrapper() {
     assert_eq!(wrapper.wait().expect("wait").signal(), Some(libc::SIGTERM));
 }
 
+/// A child that handles SIGTSTP gets SIGTSTP itself (its handler runs,
+/// then it stops itself); a child that could not be stopped by it, in a
+/// session of its own (an orphaned process group, where the kernel
+/// discards SIGTSTP), gets SIGSTOP instead. Either way both end stopped.
+#[test]
+fn a_stop_reaches_the_child_as_the_signal_it_can_act_on() {
+    let daemon = start_daemon("run-stop-handled");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let got = dir.path().join("got");
+    let pidfile = dir.path().join("child.pid");
+    let mut handler = Command::new(zygote_bin())
+        .args(["run", "--", "sh", "-c"])
+        .arg(format!(
+            "trap 'echo TSTP > \"{got}\"; kill -STOP $$' TSTP; echo $$ > '{pidfile}'; \
+             while :; do sleep 0.05; done",
+            got = got.display(),
+            pidfile = pidfile.display()
+        ))
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .stdin(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start zygote run");
+    let child = read_pid(&pidfile);
+    std::thread::sleep(Duration::from_millis(200));
+    signal(handler.id(), libc::SIGTSTP);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            process_state(child) == Some('T') && process_state(handler.id()) == Some('T')
+        }),
+        "child {:?}, wrapper {:?}",
+        process_state(child),
+        process_state(handler.id())
+    );
+    assert_eq!(
+        std::fs::read_to_string(&got).unwrap_or_default(),
+        "TSTP\n",
+        "the child's SIGTSTP handler never ran: it was sent SIGSTOP"
+    );
+    signal(handler.id(), libc::SIGTERM);
+    signal(handler.id(), libc::SIGCONT);
+    wait_within(&mut handler, Duration::from_secs(30), "zygote run");
+
+    let (mut orphan, child) = wrapped_sleeper(&daemon, dir.path(), &["--setsid"]);
+    std::thread::sleep(Duration::from_millis(200));
+    signal(orphan.id(), libc::SIGTSTP);
+    assert!(
+        eventually(Duration::from_secs(10), || process_state(child) == Some('T')),
+        "a child in an orphaned group was not stopped: {:?} (sent SIGTSTP, which the kernel discards?)",
+        process_state(child)
+    );
+    signal(orphan.id(), libc::SIGTERM);
+    signal(orphan.id(), libc::SIGCONT);
+    wait_within(&mut orphan, Duration::from_secs(30), "zygote run");
+}
+
 #[test]
 fn nice_affinity_and_oom_score_adj_are_the_callers() {
     let daemon = start_daemon("run-attributes");
