@@ -444,8 +444,9 @@ fn a_stop_reaches_the_child_as_the_signal_it_can_act_on() {
     std::thread::sleep(Duration::from_millis(200));
     signal(orphan.id(), libc::SIGTSTP);
     assert!(
-        eventually(Duration::from_secs(10), || process_state(child) == Some('T')),
-        "a child in an orphaned group was not stopped: {:?} (sent SIGTSTP, which the kernel discards?)",
+        eventually(Duration::from_secs(10), || process_state(child)
+            == Some('T')),
+        "a child in an orphaned group was not stopped (sent SIGTSTP?): {:?}",
         process_state(child)
     );
     signal(orphan.id(), libc::SIGTERM);
