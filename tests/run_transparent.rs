@@ -410,8 +410,8 @@ fn a_stop_reaches_the_child_as_the_signal_it_can_act_on() {
     let mut handler = Command::new(zygote_bin())
         .args(["run", "--", "sh", "-c"])
         .arg(format!(
-            "trap 'echo TSTP > \"{got}\"; kill -STOP $$' TSTP; echo $$ > '{pidfile}'; \
-             while :; do sleep 0.05; done",
+            "trap 'sleep 0.05; echo TSTP > \"{got}\"; kill -STOP $$' TSTP; \
+             echo $$ > '{pidfile}'; while :; do sleep 0.02; done",
             got = got.display(),
             pidfile = pidfile.display()
         ))
@@ -423,13 +423,25 @@ fn a_stop_reaches_the_child_as_the_signal_it_can_act_on() {
     let child = read_pid(&pidfile);
     std::thread::sleep(Duration::from_millis(200));
     signal(handler.id(), libc::SIGTSTP);
+    // The wrapper stops only once the child has: the child's handler
+    // takes 50 to 70 ms to stop it, so a wrapper that did not wait would
+    // be seen stopped first.
+    let mut child_when_wrapper_stopped = None;
     assert!(
         eventually(Duration::from_secs(10), || {
-            process_state(child) == Some('T') && process_state(handler.id()) == Some('T')
+            if process_state(handler.id()) != Some('T') {
+                return false;
+            }
+            child_when_wrapper_stopped = process_state(child);
+            true
         }),
-        "child {:?}, wrapper {:?}",
-        process_state(child),
+        "the wrapper did not stop: {:?}",
         process_state(handler.id())
+    );
+    assert_eq!(
+        child_when_wrapper_stopped,
+        Some('T'),
+        "the wrapper stopped before its child did"
     );
     assert_eq!(
         std::fs::read_to_string(&got).unwrap_or_default(),
