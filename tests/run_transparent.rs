@@ -76,18 +76,20 @@ fn alive(pid: u32) -> bool {
     process_state(pid).is_some_and(|state| state != 'Z')
 }
 
-/// `zygote run -- sh -c 'echo $$ > pidfile; exec sleep 30'`, started
-/// directly (no shell around the wrapper), and the sleeping child's pid.
-fn wrapped_sleeper(daemon: &Daemon, dir: &Path, flags: &[&str]) -> (Child, u32) {
-    let pidfile = dir.join("child.pid");
-    let _ = std::fs::remove_file(&pidfile);
+/// `zygote run FLAGS -- ARGS`, started directly (no shell around the
+/// wrapper), and the pid the child writes to `pidfile`.
+fn wrapped(
+    daemon: &Daemon,
+    flags: &[&str],
+    args: &[&std::ffi::OsStr],
+    pidfile: &Path,
+) -> (Child, u32) {
+    let _ = std::fs::remove_file(pidfile);
     let wrapper = Command::new(zygote_bin())
         .arg("run")
         .args(flags)
         .arg("--")
-        .arg("sh")
-        .arg("-c")
-        .arg(format!("echo $$ > '{}'; exec sleep 30", pidfile.display()))
+        .args(args)
         .env("ZYGOTE_SOCKET", daemon.socket())
         .stdin(Stdio::null())
         // A job of its own, as a shell with job control starts it, whose
@@ -97,8 +99,26 @@ fn wrapped_sleeper(daemon: &Daemon, dir: &Path, flags: &[&str]) -> (Child, u32) 
         .process_group(0)
         .spawn()
         .expect("start zygote run");
-    let child = read_pid(&pidfile);
+    let child = read_pid(pidfile);
     (wrapper, child)
+}
+
+/// `zygote run -- sh -c 'echo $$ > pidfile; SCRIPT'`, as [`wrapped`].
+fn wrapped_shell(daemon: &Daemon, dir: &Path, flags: &[&str], script: &str) -> (Child, u32) {
+    let pidfile = dir.join("child.pid");
+    let line = format!("echo $$ > '{}'; {script}", pidfile.display());
+    wrapped(
+        daemon,
+        flags,
+        &["sh".as_ref(), "-c".as_ref(), line.as_ref()],
+        &pidfile,
+    )
+}
+
+/// `zygote run -- sh -c 'echo $$ > pidfile; exec sleep 30'`, and the
+/// sleeping child's pid.
+fn wrapped_sleeper(daemon: &Daemon, dir: &Path, flags: &[&str]) -> (Child, u32) {
+    wrapped_shell(daemon, dir, flags, "exec sleep 30")
 }
 
 /// `kill -SIG -pgid`.
@@ -153,26 +173,21 @@ sleep 30 &
 wait
 "#;
 
-/// `zygote run -- sh child.sh N got pidfile`, started as in
-/// [`wrapped_sleeper`], and the child's pid.
+/// `zygote run -- sh child.sh N got pidfile`, started as in [`wrapped`],
+/// and the child's pid.
 fn wrapped_reporter(daemon: &Daemon, dir: &Path, number: i32, got: &Path) -> (Child, u32) {
     let script = dir.join("child.sh");
     std::fs::write(&script, REPORTING_CHILD).expect("write the child's script");
     let pidfile = dir.join("child.pid");
-    let _ = std::fs::remove_file(&pidfile);
-    let wrapper = Command::new(zygote_bin())
-        .args(["run", "--", "sh"])
-        .arg(&script)
-        .arg(number.to_string())
-        .arg(got)
-        .arg(&pidfile)
-        .env("ZYGOTE_SOCKET", daemon.socket())
-        .stdin(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("start zygote run");
-    let child = read_pid(&pidfile);
-    (wrapper, child)
+    let number = number.to_string();
+    let args = [
+        "sh".as_ref(),
+        script.as_os_str(),
+        number.as_ref(),
+        got.as_os_str(),
+        pidfile.as_os_str(),
+    ];
+    wrapped(daemon, &[], &args, &pidfile)
 }
 
 #[test]
@@ -406,21 +421,12 @@ fn a_stop_reaches_the_child_as_the_signal_it_can_act_on() {
     let daemon = start_daemon("run-stop-handled");
     let dir = tempfile::tempdir().expect("tempdir");
     let got = dir.path().join("got");
-    let pidfile = dir.path().join("child.pid");
-    let mut handler = Command::new(zygote_bin())
-        .args(["run", "--", "sh", "-c"])
-        .arg(format!(
-            "trap 'sleep 0.05; echo TSTP > \"{got}\"; kill -STOP $$' TSTP; \
-             echo $$ > '{pidfile}'; while :; do sleep 0.02; done",
-            got = got.display(),
-            pidfile = pidfile.display()
-        ))
-        .env("ZYGOTE_SOCKET", daemon.socket())
-        .stdin(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("start zygote run");
-    let child = read_pid(&pidfile);
+    let script = format!(
+        "trap 'sleep 0.05; echo TSTP > \"{}\"; kill -STOP $$' TSTP; \
+         while :; do sleep 0.02; done",
+        got.display()
+    );
+    let (mut handler, child) = wrapped_shell(&daemon, dir.path(), &[], &script);
     std::thread::sleep(Duration::from_millis(200));
     signal(handler.id(), libc::SIGTSTP);
     // The wrapper stops only once the child has: the child's handler
@@ -448,8 +454,8 @@ fn a_stop_reaches_the_child_as_the_signal_it_can_act_on() {
         "TSTP\n",
         "the child's SIGTSTP handler never ran: it was sent SIGSTOP"
     );
-    signal(handler.id(), libc::SIGTERM);
-    signal(handler.id(), libc::SIGCONT);
+    // Killed while stopped: kill-on-close takes the child with it.
+    signal(handler.id(), libc::SIGKILL);
     wait_within(&mut handler, Duration::from_secs(30), "zygote run");
 
     let (mut orphan, child) = wrapped_sleeper(&daemon, dir.path(), &["--setsid"]);
@@ -461,8 +467,8 @@ fn a_stop_reaches_the_child_as_the_signal_it_can_act_on() {
         "a child in an orphaned group was not stopped (sent SIGTSTP?): {:?}",
         process_state(child)
     );
-    signal(orphan.id(), libc::SIGTERM);
-    signal(orphan.id(), libc::SIGCONT);
+    // Killed while stopped: kill-on-close takes the child with it.
+    signal(orphan.id(), libc::SIGKILL);
     wait_within(&mut orphan, Duration::from_secs(30), "zygote run");
 }
 
