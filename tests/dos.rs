@@ -795,10 +795,10 @@ fn a_peer_flooding_refusals_cannot_flood_the_log() {
     attack.end();
 }
 
-/// Hole 4: kill-on-close of a child that joined an existing group killed
-/// nobody, and a child with a timeout that moved to another group was
-/// never killed. Now the child itself always gets the signal, and only
-/// the group it leads is signalled as a group.
+/// Kill-on-close of a child that joined an existing group, and the
+/// timeout of a child that moved to another group, still end the child:
+/// the child itself always gets the signal, and only a group it leads is
+/// signalled as a group.
 #[test]
 fn timeouts_and_kill_on_close_always_end_the_child() {
     if skip_unless_root() {
