@@ -16,6 +16,7 @@ use crate::daemon::loglimit::LogLimit;
 use crate::daemon::peer;
 use crate::daemon::policy::Policy;
 use crate::daemon::spawners::SpawnerPool;
+use crate::daemon::uid_spawners::UidSpawners;
 use crate::service::metrics::Metrics;
 use crate::spawn::{self, Credentials, SpawnError, SpawnPlan, SpawnedChild, Spawner, StartedChild};
 use zygote_proto::{AsyncSeqpacket, Feature};
@@ -122,6 +123,9 @@ pub struct Daemon {
     pub(crate) log_limit: LogLimit,
     /// Spawns of each peer uid between admission and exec.
     launches: Mutex<HashMap<u32, Arc<tokio::sync::Semaphore>>>,
+    /// The per-uid spawner processes, which start the children that
+    /// switch to another uid.
+    pub(crate) uid_spawners: UidSpawners,
 }
 
 impl Daemon {
@@ -166,6 +170,7 @@ impl Daemon {
             deferrals: Arc::default(),
             log_limit: LogLimit::default(),
             launches: Mutex::default(),
+            uid_spawners: UidSpawners::new(uid),
         }
     }
 }
@@ -320,6 +325,7 @@ impl Daemon {
         for connection in connections.iter().filter_map(Weak::upgrade) {
             connection.close();
         }
+        self.uid_spawners.stop_all();
     }
 }
 

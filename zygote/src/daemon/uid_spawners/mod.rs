@@ -1,0 +1,613 @@
+//! Per-uid spawner processes: the fast path for children that switch to
+//! another uid.
+//!
+//! A child that switches to a peer's uid can be stopped by that peer
+//! between the switch and its exec. Cloned with vfork by a daemon thread,
+//! it would hold that thread for as long as the peer likes. So each such
+//! uid gets a spawner: a small root process (this binary, exec'd as
+//! `zygote uid-spawner`, so that it holds nothing of the daemon's) that
+//! vforks that uid's children as the daemon's siblings
+//! (`clone3(CLONE_PARENT)`, see [`spawn::SiblingChild`]) and passes each
+//! pidfd back. The children are the daemon's: it reaps, tracks and
+//! reports them like any other. A stopped child stalls only its uid's
+//! spawner, which no daemon thread waits for: each spawn's task awaits
+//! its answer.
+//!
+//! Bounds:
+//! - at most [`MAX_SPAWNERS`] run; a uid beyond them takes the fork path;
+//! - one idle for [`IDLE_EXIT`] is stopped (its socket closed);
+//! - an answer not there after [`ANSWER_DEADLINE`] fails its spawn, and
+//!   the child the spawner waits for is killed, which frees the spawner;
+//! - while the oldest question has waited [`STALLED_AFTER`], that uid's
+//!   next spawns take the fork path instead of queueing behind it;
+//! - a spawner holds only its socket, and a plan's fds while it starts
+//!   that plan's child;
+//! - one that exits unasked is logged (INFO) and counted; its spawns in
+//!   flight fail with a message saying so, and the uid's next spawn starts
+//!   a new one.
+
+pub mod process;
+mod wire;
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{Notify, oneshot};
+use tracing::info;
+use zygote_proto::{AsyncSeqpacket, Env, RECV_BUFFER_BYTES, SpawnStage};
+
+use crate::service::metrics::Metrics;
+use crate::spawn::{self, ExpectedSibling, SpawnError, SpawnPlan, SpawnedChild};
+use wire::Answer;
+
+/// Spawner processes at once.
+pub(crate) const MAX_SPAWNERS: usize = 64;
+
+/// How long a spawner may take to answer before its spawn fails.
+pub(crate) const ANSWER_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long the oldest question may wait before the uid's next spawns
+/// take the fork path.
+pub(crate) const STALLED_AFTER: Duration = Duration::from_millis(250);
+
+/// How long a spawner with nothing to do lives on.
+pub(crate) const IDLE_EXIT: Duration = Duration::from_secs(60);
+
+/// `ZYGOTE_UID_SPAWNERS=0` in the daemon's environment: no spawners;
+/// children that switch uid take the fork path.
+pub const DISABLE_ENV: &str = "ZYGOTE_UID_SPAWNERS";
+
+/// What a spawn gets from a spawner.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// The child exec'd (`failure` is `None`) or failed before exec and
+    /// is exiting: reap it.
+    Child {
+        pid: i32,
+        pidfd: OwnedFd,
+        failure: Option<SpawnError>,
+    },
+    /// No child was created.
+    Refused(SpawnError),
+    /// The spawner could not answer: an errno, and why, for the client.
+    Lost { errno: i32, message: String },
+}
+
+/// A question in flight.
+struct Question {
+    asked: Instant,
+    answer: oneshot::Sender<Outcome>,
+    /// Its child was killed for the deadline: the answer is a failure.
+    killed: bool,
+    /// Keeps the orphan reaper off the child until it is listed.
+    _expected: ExpectedSibling,
+}
+
+/// One uid's spawner process.
+struct UidSpawner {
+    uid: u32,
+    pid: i32,
+    socket: AsyncSeqpacket,
+    questions: Mutex<Questions>,
+    /// Wakes the reader when a question arrives at an empty queue.
+    asked: Notify,
+    spawns: AtomicU64,
+    restarts: u64,
+}
+
+struct Questions {
+    queue: VecDeque<Question>,
+    last_answer: Instant,
+    /// Out of the registry: no question may be added.
+    retired: bool,
+}
+
+/// What `zygote status` shows of one spawner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpawnerInfo {
+    /// The uid it serves.
+    pub uid: u32,
+    /// Its pid.
+    pub pid: i32,
+    /// Spawns it served.
+    pub spawns: u64,
+    /// Times a spawner for this uid was restarted after one crashed.
+    pub restarts: u64,
+}
+
+#[derive(Default)]
+struct Registry {
+    running: HashMap<u32, Arc<UidSpawner>>,
+    /// Crashes per uid, carried to its next spawner's `restarts`.
+    crashes: HashMap<u32, u64>,
+}
+
+/// The daemon's spawner processes.
+pub struct UidSpawners {
+    enabled: bool,
+    registry: Arc<Mutex<Registry>>,
+}
+
+impl std::fmt::Debug for UidSpawners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UidSpawners")
+            .field("enabled", &self.enabled)
+            .field("running", &self.infos().len())
+            .finish()
+    }
+}
+
+impl UidSpawners {
+    /// Spawners for a daemon running as `euid`: only root switches uids;
+    /// off with [`DISABLE_ENV`]`=0`, where `clone3` is not ours
+    /// (x86_64 only), or where `fs.suid_dumpable` is 1 (a peer could then
+    /// trace its child before exec, and with it the spawner's memory).
+    pub fn new(euid: u32) -> Self {
+        let wanted = std::env::var_os(DISABLE_ENV).is_none_or(|value| value != "0");
+        let dumpable = std::fs::read_to_string("/proc/sys/fs/suid_dumpable")
+            .is_ok_and(|value| value.trim() == "1");
+        Self {
+            enabled: euid == 0 && wanted && !dumpable && cfg!(target_arch = "x86_64"),
+            registry: Arc::default(),
+        }
+    }
+
+    /// The spawners running now, by uid.
+    pub fn infos(&self) -> Vec<SpawnerInfo> {
+        let registry = self.lock();
+        let mut infos: Vec<SpawnerInfo> = registry
+            .running
+            .values()
+            .map(|spawner| SpawnerInfo {
+                uid: spawner.uid,
+                pid: spawner.pid,
+                spawns: spawner.spawns.load(Ordering::Relaxed),
+                restarts: spawner.restarts,
+            })
+            .collect();
+        infos.sort_unstable_by_key(|info| info.uid);
+        infos
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops every spawner (the daemon is stopping): each exits at the end
+    /// of its socket; a child one waits for before exec is killed, so that
+    /// none outlives the daemon stopped.
+    pub fn stop_all(&self) {
+        let running: Vec<Arc<UidSpawner>> = self.lock().running.values().cloned().collect();
+        for spawner in running {
+            spawner.lock().retired = true;
+            let _ = rustix::net::shutdown(spawner.socket.as_fd(), rustix::net::Shutdown::Both);
+            spawn::kill_pre_exec_children(spawner.pid);
+        }
+    }
+
+    /// Asks the spawner of the plan's uid for its child, starting the
+    /// spawner with `start` when there is none. The plan (with the
+    /// daemon's copies of its fds) is dropped once sent.
+    ///
+    /// # Errors
+    ///
+    /// The plan back, for the fork path: spawners are off, at their cap,
+    /// or this uid's is stalled or cannot take it (too large, start failed).
+    pub(crate) fn ask(
+        &self,
+        plan: SpawnPlan,
+        metrics: &Metrics,
+        start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
+    ) -> Result<oneshot::Receiver<Outcome>, Box<SpawnPlan>> {
+        let Some(uid) = plan.credentials.as_ref().map(|c| c.uid) else {
+            return Err(Box::new(plan));
+        };
+        if !self.enabled || uid == 0 {
+            return Err(Box::new(plan));
+        }
+        let Some(spawner) = self.spawner_for(uid, metrics, start) else {
+            return Err(Box::new(plan));
+        };
+        let Some((bytes, fds)) = wire::encode_plan(&plan) else {
+            return Err(Box::new(plan));
+        };
+        let (answer, outcome) = oneshot::channel();
+        {
+            let mut questions = spawner.lock();
+            let stalled = questions
+                .queue
+                .front()
+                .is_some_and(|oldest| oldest.asked.elapsed() >= STALLED_AFTER);
+            if questions.retired || stalled {
+                drop(fds);
+                return Err(Box::new(plan));
+            }
+            // Expected before the child can exist: before the plan is sent.
+            let expected = spawn::expect_sibling(uid);
+            // A full socket (a stalled spawner) takes the fork path too.
+            if zygote_proto::send_frame(spawner.socket.as_fd(), &bytes, &fds).is_err() {
+                drop(fds);
+                return Err(Box::new(plan));
+            }
+            let was_empty = questions.queue.is_empty();
+            questions.queue.push_back(Question {
+                asked: Instant::now(),
+                answer,
+                killed: false,
+                _expected: expected,
+            });
+            if was_empty {
+                spawner.asked.notify_one();
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// The running spawner of `uid`, or a new one; `None` at the cap or
+    /// when one cannot start (logged).
+    fn spawner_for(
+        &self,
+        uid: u32,
+        metrics: &Metrics,
+        start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
+    ) -> Option<Arc<UidSpawner>> {
+        let mut registry = self.lock();
+        if let Some(spawner) = registry.running.get(&uid) {
+            return Some(Arc::clone(spawner));
+        }
+        if registry.running.len() >= MAX_SPAWNERS {
+            return None;
+        }
+        let (spawner, pidfd) = match launch(uid, start) {
+            Ok(launched) => launched,
+            Err(error) => {
+                info!(uid, %error, "failed to start a spawner process; this uid's children take the fork path");
+                return None;
+            }
+        };
+        let restarts = registry.crashes.get(&uid).copied().unwrap_or(0);
+        if restarts > 0 {
+            metrics.uid_spawner_restarted();
+        }
+        let spawner = Arc::new(UidSpawner {
+            restarts,
+            ..spawner
+        });
+        registry.running.insert(uid, Arc::clone(&spawner));
+        metrics.set_uid_spawners(registry.running.len());
+        info!(uid, pid = spawner.pid, restarts, "spawner process started");
+        let watched = Watched {
+            spawner: Arc::clone(&spawner),
+            pidfd,
+            registry: Arc::downgrade(&self.registry),
+            metrics: metrics.clone(),
+        };
+        tokio::spawn(watched.serve());
+        Some(spawner)
+    }
+}
+
+impl UidSpawner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Questions> {
+        self.questions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Starts the spawner process of `uid` with `start`: its pidfd, watched.
+fn launch(
+    uid: u32,
+    start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
+) -> std::io::Result<(UidSpawner, AsyncFd<OwnedFd>)> {
+    let (ours, theirs) = zygote_proto::socket::pair(false).map_err(std::io::Error::other)?;
+    let null = || std::fs::File::open("/dev/null").map(OwnedFd::from);
+    let stderr = std::io::stderr().as_fd().try_clone_to_owned()?;
+    let plan = SpawnPlan {
+        // The running image, even if its file was replaced or removed.
+        exec_candidates: vec![c"/proc/self/exe".to_owned()],
+        argv: ["zygote-spawner", "uid-spawner", "--uid", &uid.to_string()]
+            .into_iter()
+            .map(|arg| std::ffi::CString::new(arg).map_err(std::io::Error::other))
+            .collect::<Result<_, _>>()?,
+        envp: Env::new(),
+        cwd: None,
+        fds: vec![
+            (null()?, 0),
+            (null()?, 1),
+            (stderr, 2),
+            (theirs, process::SOCKET_FD),
+        ],
+        new_session: false,
+        controlling_terminal: false,
+        process_group: None,
+        umask: None,
+        rlimits: Vec::new(),
+        credentials: None,
+        cgroup: None,
+        ignored_signals: 0,
+        nice: None,
+        cpu_affinity: Vec::new(),
+        oom_score_adj: None,
+    };
+    let child = start(&plan).map_err(|error| std::io::Error::from_raw_os_error(error.errno))?;
+    drop(plan);
+    let pidfd = zygote_proto::register(child.pidfd, Interest::READABLE)?;
+    let socket = AsyncSeqpacket::new(ours).map_err(std::io::Error::other)?;
+    Ok((
+        UidSpawner {
+            uid,
+            pid: child.pid,
+            socket,
+            questions: Mutex::new(Questions {
+                queue: VecDeque::new(),
+                last_answer: Instant::now(),
+                retired: false,
+            }),
+            asked: Notify::new(),
+            spawns: AtomicU64::new(0),
+            restarts: 0,
+        },
+        pidfd,
+    ))
+}
+
+/// A spawner and what its watching task needs.
+struct Watched {
+    spawner: Arc<UidSpawner>,
+    pidfd: AsyncFd<OwnedFd>,
+    registry: Weak<Mutex<Registry>>,
+    metrics: Metrics,
+}
+
+/// Why a spawner's watch ended.
+enum End {
+    /// Idle, or the daemon is gone: it was asked to exit.
+    Retired,
+    /// It exited unasked, or broke the protocol.
+    Crashed(String),
+}
+
+/// How long a retired spawner may take to exit before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+
+impl Watched {
+    /// Answers the spawner's questions until it retires or crashes; then
+    /// fails what is left, and reaps it.
+    async fn serve(self) {
+        let end = self.run().await;
+        self.retire();
+        let uid = self.spawner.uid;
+        let pid = self.spawner.pid;
+        let message = match &end {
+            End::Retired => format!("the spawner process of uid {uid} stopped"),
+            End::Crashed(why) => format!("the spawner process of uid {uid} failed: {why}"),
+        };
+        let left: Vec<Question> = self.spawner.lock().queue.drain(..).collect();
+        let in_flight = left.len();
+        for question in left {
+            let _ = question.answer.send(Outcome::Lost {
+                errno: if matches!(end, End::Retired) {
+                    libc::ECANCELED
+                } else {
+                    libc::EIO
+                },
+                message: message.clone(),
+            });
+        }
+        // It exits at the end of its socket, once its child (if any) has
+        // exec'd or died: a child stopped before exec is killed.
+        let _ = rustix::net::shutdown(self.spawner.socket.as_fd(), rustix::net::Shutdown::Both);
+        spawn::kill_pre_exec_children(pid);
+        let status = self.reap().await;
+        match end {
+            End::Retired => info!(uid, pid, status, "spawner process stopped"),
+            End::Crashed(why) => {
+                info!(
+                    uid,
+                    pid,
+                    status,
+                    reason = why,
+                    in_flight,
+                    "spawner process failed; its spawns in flight fail, and the uid's next \
+                     spawn starts a new one"
+                );
+                if let Some(registry) = self.registry.upgrade() {
+                    let mut registry = registry.lock().unwrap_or_else(PoisonError::into_inner);
+                    if registry.crashes.len() >= MAX_SPAWNERS * 16 {
+                        registry.crashes.clear();
+                    }
+                    *registry.crashes.entry(uid).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+
+    async fn run(&self) -> End {
+        let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+        loop {
+            let wake = self.next_check();
+            tokio::select! {
+                biased;
+                received = self.spawner.socket.recv_in(&mut scratch) => match received {
+                    Ok(Some(received)) => {
+                        if let Err(why) = self.answered(&scratch[..received.len], received.fds) {
+                            return End::Crashed(why);
+                        }
+                    }
+                    Ok(None) => return self.ended("it closed its socket"),
+                    Err(error) => return self.ended(&error.to_string()),
+                },
+                _ = self.pidfd.readable() => return self.ended("it exited"),
+                () = self.spawner.asked.notified() => {}
+                () = tokio::time::sleep_until(wake.into()) => {
+                    if let Some(end) = self.check() {
+                        return end;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The spawner left: as asked ([`UidSpawners::stop_all`]), or not.
+    fn ended(&self, why: &str) -> End {
+        if self.spawner.lock().retired {
+            End::Retired
+        } else {
+            End::Crashed(why.to_owned())
+        }
+    }
+
+    /// When [`Watched::check`] has something to do next.
+    fn next_check(&self) -> Instant {
+        let questions = self.spawner.lock();
+        match questions.queue.front() {
+            Some(oldest) if oldest.killed => oldest.asked + ANSWER_DEADLINE * 2,
+            Some(oldest) if oldest.answer.is_closed() => oldest.asked + STALLED_AFTER,
+            // Looked at again for a closed answer meanwhile.
+            Some(oldest) => (oldest.asked + ANSWER_DEADLINE).min(Instant::now() + STALLED_AFTER),
+            None => questions.last_answer + IDLE_EXIT,
+        }
+    }
+
+    /// Kills the child the spawner waits for when its spawn is past the
+    /// deadline, or no longer wanted; retires a spawner idle too long, or
+    /// gives up on one that does not answer even then.
+    fn check(&self) -> Option<End> {
+        let mut questions = self.spawner.lock();
+        let Some(oldest) = questions.queue.front_mut() else {
+            if questions.last_answer.elapsed() >= IDLE_EXIT {
+                questions.retired = true;
+                return Some(End::Retired);
+            }
+            return None;
+        };
+        let waited = oldest.asked.elapsed();
+        if oldest.killed {
+            return (waited >= ANSWER_DEADLINE * 2).then(|| {
+                End::Crashed(format!(
+                    "no answer in {} s",
+                    (ANSWER_DEADLINE * 2).as_secs()
+                ))
+            });
+        }
+        let unwanted = oldest.answer.is_closed() && waited >= STALLED_AFTER;
+        if waited >= ANSWER_DEADLINE || unwanted {
+            oldest.killed = true;
+            drop(questions);
+            let killed = spawn::kill_pre_exec_children(self.spawner.pid);
+            tracing::debug!(
+                uid = self.spawner.uid,
+                killed,
+                unwanted,
+                "killed a child that had not exec'd"
+            );
+        }
+        None
+    }
+
+    /// One answer, to the oldest question.
+    fn answered(&self, bytes: &[u8], fds: Vec<OwnedFd>) -> Result<(), String> {
+        let answer: Answer =
+            zygote_proto::decode(bytes).map_err(|error| format!("a malformed answer: {error}"))?;
+        let question = {
+            let mut questions = self.spawner.lock();
+            questions.last_answer = Instant::now();
+            questions.queue.pop_front()
+        };
+        let question = question.ok_or("an answer to no question")?;
+        let (pid, failure) = match answer {
+            Answer::Refused { stage, errno } => {
+                let _ = question
+                    .answer
+                    .send(Outcome::Refused(SpawnError { stage, errno }));
+                return Ok(());
+            }
+            Answer::Started { pid, failure } => (pid, failure),
+        };
+        let pidfd = fds.into_iter().next().ok_or("a child without its pidfd")?;
+        // Listed before the question (and its expectation) goes.
+        spawn::adopt_own(pid);
+        self.spawner.spawns.fetch_add(1, Ordering::Relaxed);
+        let outcome = if question.killed {
+            reap_in_background(pidfd);
+            Outcome::Lost {
+                errno: libc::ETIMEDOUT,
+                message: format!(
+                    "killed before exec: it was stopped or stuck for {} s, or its client left",
+                    ANSWER_DEADLINE.as_secs()
+                ),
+            }
+        } else {
+            Outcome::Child {
+                pid,
+                pidfd,
+                failure: failure.map(|(stage, errno)| SpawnError { stage, errno }),
+            }
+        };
+        // Nobody waits any more (its client left): the child goes.
+        if let Err(Outcome::Child { pidfd, .. }) = question.answer.send(outcome) {
+            let _ = spawn::send_signal(pidfd.as_fd(), libc::SIGKILL);
+            reap_in_background(pidfd);
+        }
+        Ok(())
+    }
+
+    /// Takes this spawner out of the registry: no question comes any more.
+    fn retire(&self) {
+        self.spawner.lock().retired = true;
+        if let Some(registry) = self.registry.upgrade() {
+            let mut registry = registry.lock().unwrap_or_else(PoisonError::into_inner);
+            let ours = registry
+                .running
+                .get(&self.spawner.uid)
+                .is_some_and(|running| Arc::ptr_eq(running, &self.spawner));
+            if ours {
+                registry.running.remove(&self.spawner.uid);
+            }
+            self.metrics.set_uid_spawners(registry.running.len());
+        }
+    }
+
+    /// Waits for the spawner's exit (killing it past [`EXIT_GRACE`]) and
+    /// reaps it: how it ended, for the log.
+    async fn reap(&self) -> String {
+        let exited = tokio::time::timeout(EXIT_GRACE, self.pidfd.readable()).await;
+        if exited.is_err() {
+            let _ = spawn::send_signal(self.pidfd.get_ref().as_fd(), libc::SIGKILL);
+        }
+        match wait_exit(&self.pidfd).await {
+            Ok(status) => format!("{status:?}"),
+            Err(error) => format!("not reaped: {error}"),
+        }
+    }
+}
+
+/// Waits for the exit of the child behind `pidfd` and reaps it.
+async fn wait_exit(pidfd: &AsyncFd<OwnedFd>) -> std::io::Result<zygote_proto::ExitStatus> {
+    loop {
+        let mut guard = pidfd.readable().await?;
+        match spawn::try_reap(pidfd.get_ref().as_fd())? {
+            Some((status, _)) => return Ok(status),
+            None => guard.clear_ready(),
+        }
+    }
+}
+
+/// Reaps a child nobody waits for once it exits.
+fn reap_in_background(pidfd: OwnedFd) {
+    let Ok(pidfd) = zygote_proto::register(pidfd, Interest::READABLE) else {
+        return;
+    };
+    tokio::spawn(async move {
+        let _ = wait_exit(&pidfd).await;
+    });
+}
+
+/// The spawn stage a lost answer is reported at.
+pub(crate) const LOST_STAGE: SpawnStage = SpawnStage::Clone;
