@@ -49,7 +49,7 @@ use wire::Answer;
 pub(crate) const MAX_SPAWNERS: usize = 64;
 
 /// How long a spawner may take to answer before its spawn fails.
-pub(crate) const ANSWER_DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const ANSWER_DEADLINE: Duration = Duration::from_secs(30);
 
 /// How long the oldest question may wait before the uid's next spawns
 /// take the fork path.

@@ -10,9 +10,11 @@ use zygote_proto::{Env, ResourceLimit, SpawnStage};
 
 use crate::spawn::{Credentials, SpawnPlan};
 
-/// The largest plan sent to a spawner: a larger one takes the fork path,
-/// which copies nothing.
-pub(super) const MAX_PLAN_BYTES: usize = 128 * 1024;
+/// The largest plan sent to a spawner, a frame the spawner receives
+/// whole: a larger one (a large argv and environment, or a long PATH's
+/// thousands of exec candidates) takes the fork path, which copies
+/// nothing.
+pub(super) const MAX_PLAN_BYTES: usize = zygote_proto::MAX_FRAME_BYTES;
 
 /// A [`SpawnPlan`] as the daemon sends it, borrowing the plan; the fds
 /// travel beside it (the plan's in order, then the cgroup directory).
