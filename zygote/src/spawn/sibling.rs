@@ -136,3 +136,25 @@ impl Spawner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Held expectations nest per uid, and end with the last one: the
+    /// orphan reaper leaves that uid's exited children alone meanwhile.
+    #[test]
+    fn a_uid_is_expected_while_any_expectation_of_it_is_held() {
+        // A uid no other test spawns as.
+        let uid = 4_000_321;
+        assert!(!super::super::sibling_expected(uid));
+        let first = expect_sibling(uid);
+        let second = expect_sibling(uid);
+        assert!(super::super::sibling_expected(uid));
+        assert!(!super::super::sibling_expected(uid + 1));
+        drop(first);
+        assert!(super::super::sibling_expected(uid), "one is still held");
+        drop(second);
+        assert!(!super::super::sibling_expected(uid));
+    }
+}

@@ -1,0 +1,163 @@
+//! The per-uid spawner processes of a root daemon: a non-root peer's
+//! children come from its uid's spawner yet are the daemon's own; the
+//! spawner holds nothing but its socket; one that dies is reported and
+//! replaced; with spawners off, such children take the fork path.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::util::{
+    Daemon, eventually, open_fds, output_within, parent_of, start_daemon_custom, zygote_bin,
+};
+
+/// The peer's uid (and gid): `nobody` on Debian.
+const PEER: u32 = 65534;
+
+fn skip_unless_root() -> bool {
+    !crate::util::root_or_skip("spawner processes (a root daemon and another uid)")
+}
+
+/// A root daemon whose socket any uid may use, serving metrics.
+fn shared_daemon(name: &str, envs: &[(&str, &str)]) -> (Daemon, SocketAddr) {
+    let address = SocketAddr::from((Ipv4Addr::LOCALHOST, crate::tools::free_port()));
+    let address_text = address.to_string();
+    let flags = ["--socket-mode", "0666", "--metrics-listen", &address_text];
+    let daemon = start_daemon_custom(name, None, None, &flags, &zygote_bin(), envs);
+    (daemon, address)
+}
+
+/// `zygote run -- sh -c SCRIPT` as [`PEER`]: its stdout.
+fn run_as_peer(daemon: &Daemon, script: &str) -> String {
+    let child = Command::new(zygote_bin())
+        .args(["run", "--", "/bin/sh", "-c", script])
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .current_dir("/")
+        .uid(PEER)
+        .gid(PEER)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start zygote run");
+    let output = output_within(child, Duration::from_secs(20), "zygote run as the peer");
+    assert!(
+        output.status.success(),
+        "zygote run as uid {PEER}: {output:?}\n{}",
+        daemon.log()
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The value of the metric line that starts with `series` (name and
+/// labels), if exported.
+fn metric(address: SocketAddr, series: &str) -> Option<f64> {
+    let (_, text) = crate::tools::http_get(address, "/metrics").expect("GET /metrics");
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// The child reports its parent and uid; the spawner is root, a child of
+/// the daemon, and holds fds 0, 1, 2 and its socket only.
+#[test]
+fn a_non_root_peers_child_comes_from_its_spawner_yet_is_the_daemons() {
+    if skip_unless_root() {
+        return;
+    }
+    let (daemon, metrics) = shared_daemon("spawner-child", &[]);
+    let out = run_as_peer(&daemon, "echo $PPID; id -u");
+    assert_eq!(
+        out,
+        format!("{}\n{PEER}\n", daemon.pid()),
+        "{}",
+        daemon.log()
+    );
+    let spawners = daemon.spawners();
+    assert_eq!(spawners.len(), 1, "one spawner for uid {PEER}");
+    let spawner = spawners[0];
+    assert_eq!(parent_of(spawner), Some(daemon.pid()));
+    let status = std::fs::read_to_string(format!("/proc/{spawner}/status")).expect("status");
+    assert!(
+        status.lines().any(|line| line.starts_with("Uid:\t0\t")),
+        "the spawner runs as root: {status}"
+    );
+    let fds = open_fds(spawner);
+    assert_eq!(fds.len(), 4, "0, 1, 2 and its socket: {fds:?}");
+    let socket = std::fs::read_link(format!("/proc/{spawner}/fd/{}", fds[3])).expect("readlink");
+    assert!(
+        socket.to_string_lossy().starts_with("socket:"),
+        "{socket:?}"
+    );
+    assert_eq!(
+        metric(metrics, "zygote_spawn_paths_total{path=\"spawner\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(metrics, "zygote_spawn_paths_total{path=\"fork\"}"),
+        Some(0.0)
+    );
+    assert_eq!(metric(metrics, "zygote_uid_spawners"), Some(1.0));
+}
+
+/// A spawner killed from outside: logged at INFO, counted, and the uid's
+/// next spawn starts a new one.
+#[test]
+fn a_spawner_that_dies_is_reported_and_replaced() {
+    if skip_unless_root() {
+        return;
+    }
+    let (daemon, metrics) = shared_daemon("spawner-dies", &[]);
+    assert_eq!(run_as_peer(&daemon, "id -u"), format!("{PEER}\n"));
+    let first = daemon.spawners();
+    assert_eq!(first.len(), 1);
+    let pid = rustix::process::Pid::from_raw(first[0] as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kill the spawner");
+    assert!(
+        eventually(Duration::from_secs(10), || daemon
+            .log()
+            .contains("spawner process failed")),
+        "no log line for the spawner's end:\n{}",
+        daemon.log()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || daemon.spawners().is_empty()
+            && daemon.zombies().is_empty()),
+        "the dead spawner was not reaped: {:?}",
+        daemon.zombies()
+    );
+    assert_eq!(run_as_peer(&daemon, "id -u"), format!("{PEER}\n"));
+    let second = daemon.spawners();
+    assert_eq!(second.len(), 1, "a new spawner");
+    assert_ne!(second, first);
+    assert_eq!(
+        metric(metrics, "zygote_uid_spawner_restarts_total"),
+        Some(1.0)
+    );
+    assert!(daemon.log().contains("restarts=1"), "{}", daemon.log());
+}
+
+/// `ZYGOTE_UID_SPAWNERS=0`: no spawner; the child is forked from the
+/// daemon, and still runs as the peer.
+#[test]
+fn without_spawners_the_child_takes_the_fork_path() {
+    if skip_unless_root() {
+        return;
+    }
+    let (daemon, metrics) = shared_daemon("spawner-off", &[("ZYGOTE_UID_SPAWNERS", "0")]);
+    let out = run_as_peer(&daemon, "echo $PPID; id -u");
+    assert_eq!(out, format!("{}\n{PEER}\n", daemon.pid()));
+    assert!(daemon.spawners().is_empty());
+    assert_eq!(
+        metric(metrics, "zygote_spawn_paths_total{path=\"fork\"}"),
+        Some(1.0)
+    );
+    assert_eq!(metric(metrics, "zygote_uid_spawners"), Some(0.0));
+    // The spawner is the daemon's binary: it is not a command for users.
+    let help = Command::new(zygote_bin())
+        .arg("--help")
+        .output()
+        .expect("zygote --help");
+    assert!(!String::from_utf8_lossy(&help.stdout).contains("uid-spawner"));
+}
