@@ -99,6 +99,33 @@ fn a_non_root_peers_child_comes_from_its_spawner_yet_is_the_daemons() {
         Some(0.0)
     );
     assert_eq!(metric(metrics, "zygote_uid_spawners"), Some(1.0));
+    // `zygote status` shows it to root, and to its uid.
+    let line = format!("spawner:           uid {PEER}, pid {spawner}, 1 spawns, 0 restarts");
+    assert!(
+        status_text(&daemon, None).contains(&line),
+        "{}",
+        status_text(&daemon, None)
+    );
+    assert!(status_text(&daemon, Some(PEER)).contains(&line));
+    assert!(
+        status_text(&daemon, Some(PEER - 1)).contains("spawners:          none"),
+        "another uid sees no spawner of this one"
+    );
+}
+
+/// `zygote status` against the daemon, as `uid` when given.
+fn status_text(daemon: &Daemon, uid: Option<u32>) -> String {
+    let mut command = Command::new(zygote_bin());
+    command
+        .args(["status", "--socket"])
+        .arg(daemon.socket())
+        .current_dir("/");
+    if let Some(uid) = uid {
+        command.uid(uid).gid(uid);
+    }
+    let output = command.output().expect("zygote status");
+    assert!(output.status.success(), "zygote status: {output:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// A spawner killed from outside: logged at INFO, counted, and the uid's
@@ -136,6 +163,12 @@ fn a_spawner_that_dies_is_reported_and_replaced() {
         Some(1.0)
     );
     assert!(daemon.log().contains("restarts=1"), "{}", daemon.log());
+    let line = format!("uid {PEER}, pid {}, 1 spawns, 1 restarts", second[0]);
+    assert!(
+        status_text(&daemon, None).contains(&line),
+        "{}",
+        status_text(&daemon, None)
+    );
 }
 
 /// `ZYGOTE_UID_SPAWNERS=0`: no spawner; the child is forked from the

@@ -827,8 +827,10 @@ impl Daemon {
             spawns_failed: metrics.spawns(SpawnResult::Failed)
                 + metrics.spawns(SpawnResult::Refused),
             peers: self.peer_use(peer.uid),
-            // No per-uid spawner processes in this daemon yet.
-            spawners: Vec::new(),
+            // As for `peers`: root and the daemon's uid see every one.
+            spawners: self
+                .uid_spawners
+                .infos(peer.uid == 0 || peer.uid == self.uid, peer.uid),
         }
     }
 }

@@ -39,7 +39,7 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, oneshot};
 use tracing::info;
-use zygote_proto::{AsyncSeqpacket, Env, RECV_BUFFER_BYTES, SpawnStage};
+use zygote_proto::{AsyncSeqpacket, Env, RECV_BUFFER_BYTES, SpawnStage, SpawnerInfo};
 
 use crate::service::metrics::Metrics;
 use crate::spawn::{self, ExpectedSibling, SpawnError, SpawnPlan, SpawnedChild};
@@ -107,19 +107,6 @@ struct Questions {
     retired: bool,
 }
 
-/// What `zygote status` shows of one spawner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SpawnerInfo {
-    /// The uid it serves.
-    pub uid: u32,
-    /// Its pid.
-    pub pid: i32,
-    /// Spawns it served.
-    pub spawns: u64,
-    /// Times a spawner for this uid was restarted after one crashed.
-    pub restarts: u64,
-}
-
 #[derive(Default)]
 struct Registry {
     running: HashMap<u32, Arc<UidSpawner>>,
@@ -137,7 +124,7 @@ impl std::fmt::Debug for UidSpawners {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UidSpawners")
             .field("enabled", &self.enabled)
-            .field("running", &self.infos().len())
+            .field("running", &self.lock().running.len())
             .finish()
     }
 }
@@ -157,12 +144,14 @@ impl UidSpawners {
         }
     }
 
-    /// The spawners running now, by uid.
-    pub fn infos(&self) -> Vec<SpawnerInfo> {
+    /// The spawners running now, by uid: every one when `all`, else only
+    /// that of `uid` (`zygote status` shows a peer its own).
+    pub fn infos(&self, all: bool, uid: u32) -> Vec<SpawnerInfo> {
         let registry = self.lock();
         let mut infos: Vec<SpawnerInfo> = registry
             .running
             .values()
+            .filter(|spawner| all || spawner.uid == uid)
             .map(|spawner| SpawnerInfo {
                 uid: spawner.uid,
                 pid: spawner.pid,
