@@ -115,15 +115,7 @@ pub fn evaluate(cells: &[Cell], cow: &[Cow], resident: &[Resident], args: &Args)
             }
         }
     }
-    nonroot_targets(
-        &find,
-        &latency_conditions,
-        conc1,
-        max_conc,
-        max_rss,
-        fds0,
-        &mut push,
-    );
+    nonroot_targets(&find, &latency_conditions, conc1, max_rss, fds0, &mut push);
     let cpu_limit = 1.5 * C_ZYGOTE_CPU_US;
     for method in Method::ZYGOTES {
         let name = method.name();
@@ -176,13 +168,13 @@ pub fn evaluate(cells: &[Cell], cow: &[Cow], resident: &[Resident], args: &Args)
 }
 
 /// A non-root peer of the shared daemon against a root peer of it, in the
-/// same run: p50 at concurrency 1 (each child and condition), spawns/s at
-/// the highest concurrency, and the zygote's CPU per spawn.
+/// same run: p50 at concurrency 1 (each child and condition) and the
+/// zygote's CPU per spawn (its spawns/s at the highest concurrency are
+/// among every method's above).
 fn nonroot_targets<'a>(
     find: &impl Fn(&str, usize, usize, usize, Method) -> Option<&'a Cell>,
     latency_conditions: &[(usize, usize)],
     conc1: usize,
-    max_conc: usize,
     max_rss: usize,
     fds0: usize,
     push: &mut impl FnMut(String, f64, String, bool),
@@ -207,17 +199,6 @@ fn nonroot_targets<'a>(
                     ratio,
                     format!("<= {NONROOT_LATENCY_RATIO:.2}"),
                     ratio <= NONROOT_LATENCY_RATIO,
-                );
-            }
-        }
-        if max_conc > conc1 {
-            if let Some((nonroot, _)) = pair(child, max_rss, fds0, max_conc) {
-                let ratio = nonroot.throughput_vs_floor;
-                push(
-                    format!("{child}: non-root peer spawns/s / floor, c={max_conc}, {max_rss} GiB"),
-                    ratio,
-                    format!(">= {THROUGHPUT_RATIO:.2}"),
-                    ratio >= THROUGHPUT_RATIO,
                 );
             }
         }
