@@ -403,6 +403,22 @@ def test_process_state_is_read_once_until_refreshed(client: zygote.Client) -> No
         client.refresh_process_state()
 
 
+def test_every_spawn_copies_the_environment_as_it_is_then(client: zygote.Client) -> None:
+    # The environment's encoding is reused only while it is unchanged.
+    def seen() -> str:
+        script = 'echo "${ZYGOTE_TEST_VALUE-unset}"'
+        return client.run(["sh", "-c", script], capture_output=True, text=True).stdout
+
+    try:
+        for value in ("one", "two", "two", "three"):
+            os.environ["ZYGOTE_TEST_VALUE"] = value
+            assert seen() == f"{value}\n"
+        del os.environ["ZYGOTE_TEST_VALUE"]
+        assert seen() == "unset\n"
+    finally:
+        os.environ.pop("ZYGOTE_TEST_VALUE", None)
+
+
 def test_process_attributes_are_ours(client: zygote.Client) -> None:
     # The same script, run by subprocess and through the zygote, sees the
     # same ignored signals, nice value, CPUs and OOM score adjustment.
