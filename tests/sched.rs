@@ -9,7 +9,7 @@ use std::path::Path;
 use zygote_client::Stdio;
 use zygote_client::blocking::{Client, Command};
 
-use crate::util::{Daemon, start_daemon, start_daemon_custom, start_daemon_with, zygote_bin};
+use crate::util::{Daemon, start_daemon, start_daemon_custom, zygote_bin};
 
 pub(crate) const SCHED_OTHER: u32 = 0;
 pub(crate) const SCHED_BATCH: u32 = 3;
