@@ -46,17 +46,17 @@ use crate::spawn::{self, ExpectedSibling, SpawnError, SpawnPlan, SpawnedChild};
 use wire::Answer;
 
 /// Spawner processes at once.
-pub(crate) const MAX_SPAWNERS: usize = 64;
+pub const MAX_SPAWNERS: usize = 64;
 
 /// How long a spawner may take to answer before its spawn fails.
-pub(crate) const ANSWER_DEADLINE: Duration = Duration::from_secs(30);
+pub const ANSWER_DEADLINE: Duration = Duration::from_secs(30);
 
 /// How long the oldest question may wait before the uid's next spawns
 /// take the fork path.
-pub(crate) const STALLED_AFTER: Duration = Duration::from_millis(250);
+pub const STALLED_AFTER: Duration = Duration::from_millis(250);
 
 /// How long a spawner with nothing to do lives on.
-pub(crate) const IDLE_EXIT: Duration = Duration::from_secs(60);
+pub const IDLE_EXIT: Duration = Duration::from_secs(60);
 
 /// `ZYGOTE_UID_SPAWNERS=0` in the daemon's environment: no spawners;
 /// children that switch uid take the fork path.
