@@ -29,7 +29,7 @@ use crate::util::{
 };
 
 /// The unprivileged attacker's uid (and gid): `nobody` on Debian.
-const ATTACKER: u32 = 65534;
+pub(crate) const ATTACKER: u32 = 65534;
 /// A second unprivileged uid, which must not be locked out by the first.
 const NEIGHBOUR: u32 = 65533;
 
@@ -61,12 +61,12 @@ fn skip_unless_root() -> bool {
     !crate::util::root_or_skip("the attacks (a root daemon and another uid)")
 }
 
-fn shared_daemon(name: &str, policy: Option<&str>) -> Daemon {
+pub(crate) fn shared_daemon(name: &str, policy: Option<&str>) -> Daemon {
     start_daemon_with(name, policy, &["--socket-mode", "0666"])
 }
 
 /// An attacker process: this binary, re-executed as `uid` in `mode`.
-fn attacker(mode: &str, daemon: &Daemon, uid: u32) -> Attacker {
+pub(crate) fn attacker(mode: &str, daemon: &Daemon, uid: u32) -> Attacker {
     let mut process = crate::util::reexec(MODE_ENV, mode)
         .env(SOCKET_ENV, daemon.socket())
         .env(DAEMON_ENV, daemon.pid().to_string())
@@ -81,14 +81,14 @@ fn attacker(mode: &str, daemon: &Daemon, uid: u32) -> Attacker {
     Attacker { process, stdout }
 }
 
-struct Attacker {
+pub(crate) struct Attacker {
     process: Child,
     stdout: BufReader<ChildStdout>,
 }
 
 impl Attacker {
     /// The next `ATTACK ` line; panics when the attacker ends first.
-    fn finding(&mut self) -> String {
+    pub(crate) fn finding(&mut self) -> String {
         let mut line = String::new();
         loop {
             line.clear();
@@ -101,7 +101,7 @@ impl Attacker {
     }
 
     /// Closes its stdin, which ends it (and so its connections).
-    fn end(mut self) {
+    pub(crate) fn end(mut self) {
         drop(self.process.stdin.take());
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.process.try_wait().expect("try_wait").is_none() {
@@ -303,7 +303,7 @@ fn fd_count(pid: u32) -> usize {
 }
 
 /// `Name`, real uid and state of `pid`, from `/proc/PID/status`.
-fn name_uid_state(pid: u32) -> Option<(String, u32, char)> {
+pub(crate) fn name_uid_state(pid: u32) -> Option<(String, u32, char)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let field = |key: &str| {
         status
@@ -318,7 +318,7 @@ fn name_uid_state(pid: u32) -> Option<(String, u32, char)> {
 }
 
 /// The daemon's children that are stopped before exec (not yet `true`).
-fn stopped_children(daemon: &Daemon) -> Vec<u32> {
+pub(crate) fn stopped_children(daemon: &Daemon) -> Vec<u32> {
     children_of(daemon.pid())
         .into_iter()
         .filter(|pid| {
@@ -330,7 +330,7 @@ fn stopped_children(daemon: &Daemon) -> Vec<u32> {
 /// Kills the daemon's children that are stopped after exec: a stop that
 /// landed just after the exec leaves the peer a stopped `true`, which is
 /// its own business, not the daemon's.
-fn kill_stopped_leftovers(daemon: &Daemon) {
+pub(crate) fn kill_stopped_leftovers(daemon: &Daemon) {
     for pid in children_of(daemon.pid()) {
         if process_state(pid) == Some('T') {
             if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
@@ -340,7 +340,7 @@ fn kill_stopped_leftovers(daemon: &Daemon) {
     }
 }
 
-fn stopped_count(finding: &str) -> usize {
+pub(crate) fn stopped_count(finding: &str) -> usize {
     finding
         .strip_prefix("stopped ")
         .and_then(|count| count.parse().ok())

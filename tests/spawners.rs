@@ -194,3 +194,75 @@ fn without_spawners_the_child_takes_the_fork_path() {
         .expect("zygote --help");
     assert!(!String::from_utf8_lossy(&help.stdout).contains("uid-spawner"));
 }
+
+/// A spawner killed while it waits for a child its peer stopped before
+/// exec: the spawn in flight fails (the client is told, nothing hangs),
+/// the stopped child, nobody's now, is killed, and the peer's next spawn
+/// starts a new spawner.
+#[test]
+fn a_spawner_killed_while_stalled_fails_its_spawn_and_its_child_goes() {
+    if skip_unless_root() {
+        return;
+    }
+    use crate::dos::{ATTACKER, attacker, name_uid_state, stopped_children, stopped_count};
+    let daemon = crate::dos::shared_daemon("spawner-stalled-dies", None);
+    let mut attack = attacker("stop-before-exec:1", &daemon, ATTACKER);
+    assert!(stopped_count(&attack.finding()) >= 1);
+    let stalled = || {
+        stopped_children(&daemon)
+            .into_iter()
+            .filter(|pid| {
+                name_uid_state(*pid).is_some_and(|(name, uid, _)| {
+                    name == crate::util::SPAWNER_NAME && uid == ATTACKER
+                })
+            })
+            .count()
+    };
+    assert_eq!(
+        stalled(),
+        1,
+        "the attacker's spawner waits for its stopped child"
+    );
+    // Long enough for the daemon to note the child of a stalled spawn.
+    std::thread::sleep(Duration::from_secs(1));
+    let spawners = daemon.spawners();
+    assert_eq!(spawners.len(), 1);
+    let pid = rustix::process::Pid::from_raw(spawners[0] as i32).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kill the spawner");
+    assert!(
+        eventually(Duration::from_secs(10), || stalled() == 0),
+        "the stopped child outlived its spawner: {:?}",
+        stopped_children(&daemon)
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || daemon
+            .log()
+            .contains("spawner process failed")),
+        "{}",
+        daemon.log()
+    );
+    let log = daemon.log();
+    let line = log
+        .lines()
+        .find(|line| line.contains("spawner process failed"))
+        .unwrap_or_default();
+    assert!(
+        !line.contains("in_flight=0"),
+        "a spawn was in flight: {line}"
+    );
+    // The attacker goes on spawning: through a new spawner.
+    assert!(
+        eventually(Duration::from_secs(10), || daemon
+            .log()
+            .contains("restarts=1")),
+        "{}",
+        daemon.log()
+    );
+    attack.end();
+    crate::dos::kill_stopped_leftovers(&daemon);
+    assert!(
+        eventually(Duration::from_secs(10), || daemon.zombies().is_empty()),
+        "zombies left: {:?}",
+        daemon.zombies()
+    );
+}

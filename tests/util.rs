@@ -194,13 +194,20 @@ impl Daemon {
     }
 
     /// The daemon's per-uid spawner processes, which start the children
-    /// that switch to another uid (named [`SPAWNER_NAME`]).
+    /// that switch to another uid: named [`SPAWNER_NAME`], and exec'd (a
+    /// spawner's child has its name too until its own exec, but is still
+    /// marked `PF_FORKNOEXEC`).
     pub fn spawners(&self) -> Vec<u32> {
+        const PF_FORKNOEXEC: u64 = 0x40;
         children_of(self.pid())
             .into_iter()
             .filter(|pid| {
                 std::fs::read_to_string(format!("/proc/{pid}/comm"))
                     .is_ok_and(|comm| comm.trim_end() == SPAWNER_NAME)
+            })
+            .filter(|pid| {
+                let flags = stat_fields(*pid).and_then(|fields| fields.get(6)?.parse::<u64>().ok());
+                flags.is_some_and(|flags| flags & PF_FORKNOEXEC == 0)
             })
             .collect()
     }

@@ -54,7 +54,9 @@ mod sigchld;
 mod stray;
 mod wrapper;
 
-pub use sibling::{ExpectedSibling, SiblingChild, expect_sibling, kill_pre_exec_children};
+pub use sibling::{
+    ExpectedSibling, SiblingChild, expect_sibling, kill_pre_exec_children, pre_exec_children,
+};
 
 pub use wrapper::{die_by, stop_self_by};
 

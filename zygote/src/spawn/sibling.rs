@@ -103,28 +103,29 @@ impl Drop for ExpectedSibling {
     }
 }
 
-/// Kills (`SIGKILL`) every child of this process that shares the memory
-/// of the process `spawner`: the child a spawner has cloned and is still
-/// waiting for, before its exec (stopped by its uid, say). That ends the
-/// spawner's wait. Returns how many were killed.
-pub fn kill_pre_exec_children(spawner: i32) -> usize {
-    let mut killed = 0;
-    for pid in super::children_of_self() {
-        if pid == spawner {
-            continue;
-        }
+/// Pidfds of the children of this process that share the memory of the
+/// process `spawner`: the child a spawner has cloned and still waits for,
+/// before its exec (stopped by its uid, say). Signal them with
+/// [`super::send_signal`]: a `SIGKILL` ends the spawner's wait, and still
+/// reaches them once the spawner is gone.
+pub fn pre_exec_children(spawner: i32) -> Vec<OwnedFd> {
+    super::children_of_self()
+        .into_iter()
+        .filter(|pid| *pid != spawner)
         // By pidfd, so that a pid reaped and reused meanwhile is not hit:
         // a new process never shares the spawner's memory.
-        let Ok(pidfd) = clone::pidfd_open(pid) else {
-            continue;
-        };
-        if clone::share_memory(spawner, pid)
-            && clone::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL).is_ok()
-        {
-            killed += 1;
-        }
-    }
-    killed
+        .filter_map(|pid| clone::pidfd_open(pid).ok().map(|pidfd| (pid, pidfd)))
+        .filter(|(pid, _)| clone::share_memory(spawner, *pid))
+        .map(|(_, pidfd)| pidfd)
+        .collect()
+}
+
+/// Kills (`SIGKILL`) the [`pre_exec_children`] of `spawner`; how many.
+pub fn kill_pre_exec_children(spawner: i32) -> usize {
+    pre_exec_children(spawner)
+        .iter()
+        .filter(|pidfd| clone::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL).is_ok())
+        .count()
 }
 
 impl Spawner {

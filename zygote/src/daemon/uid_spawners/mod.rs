@@ -84,6 +84,9 @@ struct Question {
     answer: oneshot::Sender<Outcome>,
     /// Its child was killed for the deadline: the answer is a failure.
     killed: bool,
+    /// Its child, once it has waited [`STALLED_AFTER`] for its exec: killed
+    /// should the spawner die meanwhile (it is then nobody's).
+    stalled: Vec<OwnedFd>,
     /// Keeps the orphan reaper off the child until it is listed.
     _expected: ExpectedSibling,
 }
@@ -228,6 +231,7 @@ impl UidSpawners {
                 asked: Instant::now(),
                 answer,
                 killed: false,
+                stalled: Vec::new(),
                 _expected: expected,
             });
             if was_empty {
@@ -380,6 +384,10 @@ impl Watched {
         let left: Vec<Question> = self.spawner.lock().queue.drain(..).collect();
         let in_flight = left.len();
         for question in left {
+            // A child still before exec is nobody's now: it goes.
+            for pidfd in &question.stalled {
+                let _ = spawn::send_signal(pidfd.as_fd(), libc::SIGKILL);
+            }
             let _ = question.answer.send(Outcome::Lost {
                 errno: if matches!(end, End::Retired) {
                     libc::ECANCELED
@@ -484,6 +492,9 @@ impl Watched {
                     (ANSWER_DEADLINE * 2).as_secs()
                 ))
             });
+        }
+        if waited >= STALLED_AFTER && oldest.stalled.is_empty() {
+            oldest.stalled = spawn::pre_exec_children(self.spawner.pid);
         }
         let unwanted = oldest.answer.is_closed() && waited >= STALLED_AFTER;
         if waited >= ANSWER_DEADLINE || unwanted {
