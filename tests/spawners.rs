@@ -266,3 +266,42 @@ fn a_spawner_killed_while_stalled_fails_its_spawn_and_its_child_goes() {
         daemon.zombies()
     );
 }
+
+/// A spawner that keeps failing is not restarted at every spawn: after
+/// three failures its uid takes the fork path for a while, and is served.
+#[test]
+fn a_spawner_that_keeps_failing_is_given_a_pause() {
+    if skip_unless_root() {
+        return;
+    }
+    let (daemon, metrics) = shared_daemon("spawner-pause", &[]);
+    for failures in 1..=3 {
+        assert_eq!(run_as_peer(&daemon, "id -u"), format!("{PEER}\n"));
+        let spawners = daemon.spawners();
+        assert_eq!(spawners.len(), 1, "failure {failures}: a spawner runs");
+        let pid = rustix::process::Pid::from_raw(spawners[0] as i32).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kill");
+        assert!(
+            eventually(Duration::from_secs(10), || daemon
+                .log()
+                .matches("spawner process failed")
+                .count()
+                == failures),
+            "{}",
+            daemon.log()
+        );
+    }
+    assert!(eventually(Duration::from_secs(5), || daemon
+        .spawners()
+        .is_empty()));
+    assert_eq!(run_as_peer(&daemon, "id -u"), format!("{PEER}\n"));
+    assert!(daemon.spawners().is_empty(), "no fourth spawner so soon");
+    assert_eq!(
+        metric(metrics, "zygote_spawn_paths_total{path=\"fork\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(metrics, "zygote_spawn_paths_total{path=\"spawner\"}"),
+        Some(3.0)
+    );
+}

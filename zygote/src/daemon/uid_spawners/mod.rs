@@ -24,7 +24,10 @@
 //!   that plan's child;
 //! - one that exits unasked is logged (INFO) and counted; its spawns in
 //!   flight fail with a message saying so, and the uid's next spawn starts
-//!   a new one.
+//!   a new one (after [`RESTARTS_BEFORE_PAUSE`] failures, not before
+//!   [`RESTART_PAUSE`] has passed: the fork path meanwhile);
+//! - when one cannot even start, every such child takes the fork path
+//!   for [`RESTART_PAUSE`].
 
 pub mod process;
 mod wire;
@@ -57,6 +60,13 @@ pub const STALLED_AFTER: Duration = Duration::from_millis(250);
 
 /// How long a spawner with nothing to do lives on.
 pub const IDLE_EXIT: Duration = Duration::from_secs(60);
+
+/// A uid whose spawner failed this many times (since the daemon started)
+/// is not given a new one until [`RESTART_PAUSE`] after the last failure.
+pub const RESTARTS_BEFORE_PAUSE: u64 = 3;
+
+/// See [`RESTARTS_BEFORE_PAUSE`].
+pub const RESTART_PAUSE: Duration = Duration::from_secs(60);
 
 /// `ZYGOTE_UID_SPAWNERS=0` in the daemon's environment: no spawners;
 /// children that switch uid take the fork path.
@@ -113,8 +123,13 @@ struct Questions {
 #[derive(Default)]
 struct Registry {
     running: HashMap<u32, Arc<UidSpawner>>,
-    /// Crashes per uid, carried to its next spawner's `restarts`.
-    crashes: HashMap<u32, u64>,
+    /// Crashes per uid, carried to its next spawner's `restarts`, and
+    /// when the last one was.
+    crashes: HashMap<u32, (u64, Instant)>,
+    /// When a spawner last could not even start (the binary gone, fds
+    /// exhausted): every such child takes the fork path for
+    /// [`RESTART_PAUSE`] after (logged once per pause).
+    failed_start: Option<Instant>,
 }
 
 /// The daemon's spawner processes.
@@ -253,17 +268,36 @@ impl UidSpawners {
         if let Some(spawner) = registry.running.get(&uid) {
             return Some(Arc::clone(spawner));
         }
-        if registry.running.len() >= MAX_SPAWNERS {
+        let start_failed = registry
+            .failed_start
+            .is_some_and(|at| at.elapsed() < RESTART_PAUSE);
+        if start_failed || registry.running.len() >= MAX_SPAWNERS {
+            return None;
+        }
+        // One that keeps failing is not restarted at every spawn (each
+        // start and end is logged): its uid takes the fork path a while.
+        let crashes = registry.crashes.get(&uid).copied();
+        let restarts = crashes.map_or(0, |(count, _)| count);
+        let paused = crashes.is_some_and(|(count, last)| {
+            count >= RESTARTS_BEFORE_PAUSE && last.elapsed() < RESTART_PAUSE
+        });
+        if paused {
             return None;
         }
         let (spawner, pidfd) = match launch(uid, start) {
             Ok(launched) => launched,
             Err(error) => {
-                info!(uid, %error, "failed to start a spawner process; this uid's children take the fork path");
+                registry.failed_start = Some(Instant::now());
+                info!(
+                    uid,
+                    %error,
+                    pause_s = RESTART_PAUSE.as_secs(),
+                    "failed to start a spawner process; children that switch uid take the fork \
+                     path for a while"
+                );
                 return None;
             }
         };
-        let restarts = registry.crashes.get(&uid).copied().unwrap_or(0);
         if restarts > 0 {
             metrics.uid_spawner_restarted();
         }
@@ -419,7 +453,8 @@ impl Watched {
                     if registry.crashes.len() >= MAX_SPAWNERS * 16 {
                         registry.crashes.clear();
                     }
-                    *registry.crashes.entry(uid).or_insert(0) += 1;
+                    let crashes = registry.crashes.entry(uid).or_insert((0, Instant::now()));
+                    *crashes = (crashes.0 + 1, Instant::now());
                 }
             }
         }
