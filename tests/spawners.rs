@@ -305,3 +305,45 @@ fn a_spawner_that_keeps_failing_is_given_a_pause() {
         Some(3.0)
     );
 }
+
+/// A child of the peer that fails before exec (no such program, no such
+/// directory) is reported as such, and reaped.
+#[test]
+fn a_non_root_peers_failed_spawn_is_reported_and_reaped() {
+    if skip_unless_root() {
+        return;
+    }
+    let (daemon, _) = shared_daemon("spawner-failed", &[]);
+    for (args, message) in [
+        (
+            &["run", "--", "/nonexistent/program"][..],
+            "No such file or directory",
+        ),
+        (
+            &["run", "--chdir", "/nonexistent", "--", "/bin/true"][..],
+            "/nonexistent",
+        ),
+    ] {
+        let child = Command::new(zygote_bin())
+            .args(args)
+            .env("ZYGOTE_SOCKET", daemon.socket())
+            .current_dir("/")
+            .uid(PEER)
+            .gid(PEER)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start zygote run");
+        let output = output_within(child, Duration::from_secs(20), "zygote run as the peer");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+    assert_eq!(daemon.spawners().len(), 1, "started by the peer's spawner");
+    assert!(
+        eventually(Duration::from_secs(5), || daemon.zombies().is_empty()),
+        "failed children left zombies: {:?}",
+        daemon.zombies()
+    );
+}

@@ -1004,8 +1004,8 @@ enum Switching {
 }
 
 /// Reaps a spawner's child that failed before exec (already exiting).
-/// The orphan reaper may have taken it first, when it failed before its
-/// switch to the uid it was expected under: nothing is lost then.
+/// Such a child is not listed as the daemon's own, so the orphan reaper
+/// may take it first: nothing is lost then.
 async fn reap_failed(pid: i32, pidfd: OwnedFd) {
     let reaped = match zygote_proto::register(pidfd, Interest::READABLE) {
         Ok(pidfd) => reaper::wait_exit(&pidfd).await.map(|_| ()),

@@ -218,8 +218,14 @@ impl Watched {
             Answer::Started { pid, failure } => (pid, failure),
         };
         let pidfd = fds.into_iter().next().ok_or("a child without its pidfd")?;
-        // Listed before the question (and its expectation) goes.
-        spawn::adopt_own(pid);
+        // Listed before the question (and its expectation) goes. Not one
+        // that failed before exec: its exit tells nothing, and the orphan
+        // reaper may already have taken it (a failure before the switch
+        // to the uid it was expected under), which would leave its pid
+        // listed as ours.
+        if failure.is_none() {
+            spawn::adopt_own(pid);
+        }
         self.spawner.spawns.fetch_add(1, Ordering::Relaxed);
         let outcome = if question.killed {
             reap_in_background(pidfd);
