@@ -298,7 +298,7 @@ fn orphans_exiting_among_own_children_are_all_reaped() {
 /// The daemon reads `SIGCHLD` from a signalfd: every thread blocks it, no
 /// handler is installed for it, and a signalfd is open. Its children
 /// start with nothing blocked all the same, on the vfork path and (as
-/// root, asking for another uid) on the fork path.
+/// root, asking for another uid) from that uid's spawner process.
 #[test]
 fn sigchld_is_blocked_in_every_daemon_thread_and_in_no_child() {
     let daemon = start_daemon("sigchld-mask");
@@ -319,9 +319,18 @@ fn sigchld_is_blocked_in_every_daemon_thread_and_in_no_child() {
     let vforked = child_masks(None);
     assert_eq!(mask_in(&vforked, "SigBlk"), Some(0), "{vforked}");
     assert_eq!(mask_in(&vforked, "SigPnd"), Some(0), "{vforked}");
-    if crate::util::root_or_skip("the fork path's mask (a child of another uid)") {
-        let forked = child_masks(Some(4321));
-        assert_eq!(mask_in(&forked, "SigBlk"), Some(0), "fork path: {forked}");
+    if crate::util::root_or_skip("the spawner's child's mask (a child of another uid)") {
+        let switched = child_masks(Some(4321));
+        assert_eq!(
+            mask_in(&switched, "SigBlk"),
+            Some(0),
+            "spawner path: {switched}"
+        );
+        assert_eq!(
+            daemon.spawners().len(),
+            1,
+            "started by the spawner of uid 4321"
+        );
     }
     // After spawns, so that every worker thread exists.
     let blocked = thread_masks(daemon.pid(), "SigBlk");

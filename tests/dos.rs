@@ -29,7 +29,7 @@ use crate::util::{
 };
 
 /// The unprivileged attacker's uid (and gid): `nobody` on Debian.
-const ATTACKER: u32 = 65534;
+pub(crate) const ATTACKER: u32 = 65534;
 /// A second unprivileged uid, which must not be locked out by the first.
 const NEIGHBOUR: u32 = 65533;
 
@@ -61,12 +61,12 @@ fn skip_unless_root() -> bool {
     !crate::util::root_or_skip("the attacks (a root daemon and another uid)")
 }
 
-fn shared_daemon(name: &str, policy: Option<&str>) -> Daemon {
+pub(crate) fn shared_daemon(name: &str, policy: Option<&str>) -> Daemon {
     start_daemon_with(name, policy, &["--socket-mode", "0666"])
 }
 
 /// An attacker process: this binary, re-executed as `uid` in `mode`.
-fn attacker(mode: &str, daemon: &Daemon, uid: u32) -> Attacker {
+pub(crate) fn attacker(mode: &str, daemon: &Daemon, uid: u32) -> Attacker {
     let mut process = crate::util::reexec(MODE_ENV, mode)
         .env(SOCKET_ENV, daemon.socket())
         .env(DAEMON_ENV, daemon.pid().to_string())
@@ -81,14 +81,14 @@ fn attacker(mode: &str, daemon: &Daemon, uid: u32) -> Attacker {
     Attacker { process, stdout }
 }
 
-struct Attacker {
+pub(crate) struct Attacker {
     process: Child,
     stdout: BufReader<ChildStdout>,
 }
 
 impl Attacker {
     /// The next `ATTACK ` line; panics when the attacker ends first.
-    fn finding(&mut self) -> String {
+    pub(crate) fn finding(&mut self) -> String {
         let mut line = String::new();
         loop {
             line.clear();
@@ -101,7 +101,7 @@ impl Attacker {
     }
 
     /// Closes its stdin, which ends it (and so its connections).
-    fn end(mut self) {
+    pub(crate) fn end(mut self) {
         drop(self.process.stdin.take());
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.process.try_wait().expect("try_wait").is_none() {
@@ -303,7 +303,7 @@ fn fd_count(pid: u32) -> usize {
 }
 
 /// `Name`, real uid and state of `pid`, from `/proc/PID/status`.
-fn name_uid_state(pid: u32) -> Option<(String, u32, char)> {
+pub(crate) fn name_uid_state(pid: u32) -> Option<(String, u32, char)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let field = |key: &str| {
         status
@@ -318,7 +318,7 @@ fn name_uid_state(pid: u32) -> Option<(String, u32, char)> {
 }
 
 /// The daemon's children that are stopped before exec (not yet `true`).
-fn stopped_children(daemon: &Daemon) -> Vec<u32> {
+pub(crate) fn stopped_children(daemon: &Daemon) -> Vec<u32> {
     children_of(daemon.pid())
         .into_iter()
         .filter(|pid| {
@@ -330,7 +330,7 @@ fn stopped_children(daemon: &Daemon) -> Vec<u32> {
 /// Kills the daemon's children that are stopped after exec: a stop that
 /// landed just after the exec leaves the peer a stopped `true`, which is
 /// its own business, not the daemon's.
-fn kill_stopped_leftovers(daemon: &Daemon) {
+pub(crate) fn kill_stopped_leftovers(daemon: &Daemon) {
     for pid in children_of(daemon.pid()) {
         if process_state(pid) == Some('T') {
             if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
@@ -340,7 +340,7 @@ fn kill_stopped_leftovers(daemon: &Daemon) {
     }
 }
 
-fn stopped_count(finding: &str) -> usize {
+pub(crate) fn stopped_count(finding: &str) -> usize {
     finding
         .strip_prefix("stopped ")
         .and_then(|count| count.parse().ok())
@@ -360,10 +360,12 @@ fn children_to_stop() -> usize {
 }
 
 /// A peer SIGSTOPs its children between their switch to its uid and their
-/// exec (a 6,000-entry PATH makes that window milliseconds wide). Were a
-/// stop to hold a daemon thread, as vfork would, more stops than threads
-/// would hang every client, and SIGTERM. Each stalls only its own spawn;
-/// the peer leaving kills them, and so does the daemon's stop.
+/// exec (a 6,000-entry PATH makes that window milliseconds wide). Such a
+/// child is started by the peer's own spawner process, which waits for
+/// its exec: the stop stalls that spawner, and so the peer's own spawns,
+/// never a daemon thread. Root and another uid (through its own spawner)
+/// are served meanwhile; the peer leaving kills the stopped children, and
+/// so does the daemon's stop.
 #[test]
 fn a_peer_stopping_its_children_before_exec_stalls_only_itself() {
     if skip_unless_root() {
@@ -375,21 +377,34 @@ fn a_peer_stopping_its_children_before_exec_stalls_only_itself() {
 
     let mut attack = attacker(&mode, &daemon, ATTACKER);
     let stopped = stopped_count(&attack.finding());
-    // Served first: a daemon stalled by the first stops cannot start the
-    // children the attacker would stop next.
+    assert!(stopped >= 1, "the attacker could stop no child before exec");
+    let stalled = || {
+        stopped_children(&daemon).into_iter().any(|pid| {
+            name_uid_state(pid)
+                .is_some_and(|(name, uid, _)| name == crate::util::SPAWNER_NAME && uid == ATTACKER)
+        })
+    };
+    assert!(
+        stalled(),
+        "no child of the attacker's spawner is stopped before exec: {:?}",
+        stopped_children(&daemon)
+    );
+    // Served meanwhile: root, and another uid through its own spawner.
     let bystander = Bystander::start(&daemon);
-    std::thread::sleep(Duration::from_secs(3));
+    let neighbour = attacker("spawn-loop:40", &daemon, NEIGHBOUR).finding();
+    std::thread::sleep(Duration::from_secs(2));
     bystander
         .finish()
         .assert_served(&format!("with {stopped} children stopped before exec"));
+    let served = neighbour_served(&neighbour);
+    eprintln!("uid {NEIGHBOUR} meanwhile: {neighbour}");
+    assert_eq!(served.0, 40, "uid {NEIGHBOUR} was not served: {neighbour}");
     assert!(
-        stopped >= count,
-        "the attacker could stop only {stopped} of {count} children before exec"
+        served.1 < NEIGHBOUR_P99_BOUND,
+        "uid {NEIGHBOUR}'s p99 {:?} is over {NEIGHBOUR_P99_BOUND:?}",
+        served.1
     );
-    assert!(
-        stopped_children(&daemon).len() >= count,
-        "the stopped children are gone early"
-    );
+    assert!(stalled(), "the attacker's spawner is no longer stalled");
 
     // The peer leaves: its children that never exec'd are killed and
     // reaped.
@@ -407,7 +422,7 @@ fn a_peer_stopping_its_children_before_exec_stalls_only_itself() {
     // Again, and now the daemon stops while they are stopped.
     let mut attack = attacker(&mode, &daemon, ATTACKER);
     let finding = attack.finding();
-    assert!(stopped_count(&finding) >= count, "{finding}");
+    assert!(stopped_count(&finding) >= 1, "{finding}");
     let started = Instant::now();
     daemon.start_stop();
     assert!(
@@ -421,6 +436,24 @@ fn a_peer_stopping_its_children_before_exec_stalls_only_itself() {
     );
     kill_stopped_leftovers(&daemon);
     attack.end();
+}
+
+/// The p99 of another uid's spawns while a peer's spawner is stalled:
+/// its first spawn starts its own spawner process (an exec of the
+/// daemon's binary); a stalled daemon would take the 30 s answer deadline.
+const NEIGHBOUR_P99_BOUND: Duration = Duration::from_millis(500);
+
+/// `(spawns served, p99)` from a `spawn-loop` finding
+/// (`served N p99_us P failed F`).
+fn neighbour_served(finding: &str) -> (usize, Duration) {
+    let words: Vec<&str> = finding.split_whitespace().collect();
+    match words.as_slice() {
+        ["served", served, "p99_us", p99, "failed", "0"] => (
+            served.parse().unwrap_or(0),
+            Duration::from_micros(p99.parse().unwrap_or(u64::MAX)),
+        ),
+        _ => (0, Duration::MAX),
+    }
 }
 
 /// 1,030 connections that never say hello used to lock every
@@ -459,7 +492,7 @@ fn idle_connections_of_one_uid_lock_nobody_out() {
     assert_eq!(outcome, "busy 24 deadline 16 other 0", "{outcome}");
     attack.end();
     assert!(
-        daemon.settled_fd_count() <= fds_before + 1,
+        daemon.settled_fd_count() <= fds_before + 1 + daemon.spawner_fds(),
         "the daemon kept fds of closed connections"
     );
 }
@@ -518,7 +551,7 @@ fn a_client_that_never_reads_cannot_grow_the_daemon() {
 
     attack.end();
     assert!(
-        daemon.settled_fd_count() <= fds_before + 1,
+        daemon.settled_fd_count() <= fds_before + 1 + daemon.spawner_fds(),
         "fds stayed after the attack"
     );
     let settled = eventually(Duration::from_secs(10), || {
@@ -618,7 +651,7 @@ fn never_reader_of_spawns(connections: usize) {
 
     attack.end();
     assert!(
-        daemon.settled_fd_count() <= fds_before + 1,
+        daemon.settled_fd_count() <= fds_before + 1 + daemon.spawner_fds(),
         "fds stayed after the attack"
     );
     assert!(
@@ -669,7 +702,9 @@ fn a_client_that_never_reads_is_closed_once_its_children_are_done() {
         daemon.fd_count() > fds_before,
         "the connection was closed before its deadline"
     );
-    let closed = eventually(Duration::from_secs(40), || daemon.fd_count() <= fds_before);
+    let closed = eventually(Duration::from_secs(40), || {
+        daemon.fd_count() <= fds_before + daemon.spawner_fds()
+    });
     eprintln!("sent {sent:?}; closed after {:?}", started.elapsed());
     assert!(
         closed,
@@ -859,6 +894,7 @@ pub fn attacker_process() {
         }
         ["idle-connections", count] => idle_connections(socket, count.parse().expect("count")),
         ["spawn-once"] => spawn_once(socket),
+        ["spawn-loop", count] => spawn_loop_of(socket, count.parse().expect("count")),
         ["never-read", connections, requests, kind] => never_read(
             socket,
             connections.parse().expect("connections"),
@@ -887,7 +923,7 @@ fn hold() {
 
 /// Spawns `true` through a 6,000-entry PATH, `count + 2` at a time, and
 /// SIGSTOPs each child of ours that has not exec'd yet, until `count` are
-/// stopped.
+/// stopped or 5 s have passed.
 fn stop_before_exec(socket: &Path, daemon: u32, count: usize) {
     let runtime = crate::util::runtime();
     let client = runtime
@@ -915,7 +951,9 @@ fn stop_before_exec(socket: &Path, daemon: u32, count: usize) {
     }
     let me = rustix::process::getuid().as_raw();
     let mut stopped = HashSet::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // A stop stalls our spawner, and with it our next spawns: report what
+    // we have after a while, even short of `count`.
+    let deadline = Instant::now() + Duration::from_secs(5);
     while stopped.len() < count && Instant::now() < deadline {
         for pid in children_of(daemon) {
             if stopped.contains(&pid) {
@@ -1013,6 +1051,32 @@ fn idle_connections(socket: &Path, count: usize) {
         count("other")
     ));
     hold();
+}
+
+/// Spawns `/bin/true` `count` times, one after the other; reports how
+/// many succeeded and their p99.
+fn spawn_loop_of(socket: &Path, count: usize) {
+    let client = zygote_client::blocking::Client::connect(socket).expect("connect");
+    let mut latencies = Vec::with_capacity(count);
+    let mut failed = 0;
+    for _ in 0..count {
+        let started = Instant::now();
+        let status = zygote_client::blocking::Command::new(&client, "/bin/true")
+            .stdin(zygote_client::Stdio::null())
+            .status();
+        match status {
+            Ok(status) if status.success() => latencies.push(started.elapsed()),
+            _ => failed += 1,
+        }
+    }
+    latencies.sort_unstable();
+    let p99 = latencies
+        .get(latencies.len().saturating_sub(1) * 99 / 100)
+        .map_or(u128::MAX, Duration::as_micros);
+    say(&format!(
+        "served {} p99_us {p99} failed {failed}",
+        latencies.len()
+    ));
 }
 
 fn spawn_once(socket: &Path) {

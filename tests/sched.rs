@@ -1,15 +1,15 @@
 //! Scheduling: the daemon's threads run under `SCHED_BATCH` (a task the
 //! kernel never lets preempt the client that wakes it), and every child
 //! starts under `SCHED_OTHER`, with its nice value as the rules say, on
-//! each spawn path: vfork (the daemon's credentials), fork (another uid),
-//! clone3 into a cgroup, and the private zygotes.
+//! each spawn path: vfork (the daemon's credentials), the spawner process
+//! and fork (another uid), clone3 into a cgroup, and the private zygotes.
 
 use std::path::Path;
 
 use zygote_client::Stdio;
 use zygote_client::blocking::{Client, Command};
 
-use crate::util::{Daemon, start_daemon, start_daemon_custom, start_daemon_with, zygote_bin};
+use crate::util::{Daemon, start_daemon, start_daemon_custom, zygote_bin};
 
 pub(crate) const SCHED_OTHER: u32 = 0;
 pub(crate) const SCHED_BATCH: u32 = 3;
@@ -118,22 +118,30 @@ fn shared_daemon_threads_are_batch_and_its_children_start_under_sched_other() {
 }
 
 #[test]
-fn children_of_another_uid_start_under_sched_other_on_the_fork_path() {
-    if !crate::util::root_or_skip("the fork path's policy (a peer of another uid)") {
+fn children_of_another_uid_start_under_sched_other_on_the_spawner_and_fork_paths() {
+    if !crate::util::root_or_skip("the policy of another uid's children (a root daemon)") {
         return;
     }
-    let daemon = start_daemon_with("sched-fork-path", None, &["--socket-mode", "0666"]);
-    let (ppid, nice, policy) = run_stat(
-        &daemon,
-        "nice -n 5 setpriv --reuid 65534 --regid 65534 --clear-groups",
-    );
-    assert_eq!(ppid, daemon.pid(), "started by the daemon");
-    assert_eq!(
-        (nice, policy),
-        (5, SCHED_OTHER),
-        "a child of uid 65534 starts under SCHED_OTHER at its peer's nice value"
-    );
-    assert_all_batch(daemon.pid(), "shared daemon", &|| daemon.log());
+    for (path, envs) in [
+        ("spawner", &[][..]),
+        ("fork", &[("ZYGOTE_UID_SPAWNERS", "0")][..]),
+    ] {
+        let flags = ["--socket-mode", "0666"];
+        let name = format!("sched-{path}-path");
+        let daemon = start_daemon_custom(&name, None, None, &flags, &zygote_bin(), envs);
+        let (ppid, nice, policy) = run_stat(
+            &daemon,
+            "nice -n 5 setpriv --reuid 65534 --regid 65534 --clear-groups",
+        );
+        assert_eq!(ppid, daemon.pid(), "{path} path: started for the daemon");
+        assert_eq!(
+            (nice, policy),
+            (5, SCHED_OTHER),
+            "{path} path: a child of uid 65534 starts under SCHED_OTHER at its peer's nice value"
+        );
+        assert_eq!(daemon.spawners().len(), usize::from(path == "spawner"));
+        assert_all_batch(daemon.pid(), "shared daemon", &|| daemon.log());
+    }
 }
 
 #[test]

@@ -101,3 +101,7 @@ mod load;
 // Denial of service by an unprivileged peer of a shared root daemon: the
 // daemon keeps serving everyone else, within bounded memory and fds.
 mod dos;
+
+// The per-uid spawner processes of a root daemon: where a non-root peer's
+// children come from, what a spawner holds, its death and replacement.
+mod spawners;

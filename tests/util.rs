@@ -187,6 +187,31 @@ impl Daemon {
             .count()
     }
 
+    /// The fds the daemon holds for its spawner processes: two each (the
+    /// socket and the pidfd) while they run.
+    pub fn spawner_fds(&self) -> usize {
+        2 * self.spawners().len()
+    }
+
+    /// The daemon's per-uid spawner processes, which start the children
+    /// that switch to another uid: named [`SPAWNER_NAME`], and exec'd (a
+    /// spawner's child has its name too until its own exec, but is still
+    /// marked `PF_FORKNOEXEC`).
+    pub fn spawners(&self) -> Vec<u32> {
+        const PF_FORKNOEXEC: u64 = 0x40;
+        children_of(self.pid())
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|comm| comm.trim_end() == SPAWNER_NAME)
+            })
+            .filter(|pid| {
+                let flags = stat_fields(*pid).and_then(|fields| fields.get(6)?.parse::<u64>().ok());
+                flags.is_some_and(|flags| flags & PF_FORKNOEXEC == 0)
+            })
+            .collect()
+    }
+
     /// The daemon's fd count once it has stopped changing (five equal
     /// reads 20 ms apart, within 5 s): connections a client just closed
     /// take the daemon a moment to notice.
@@ -271,6 +296,10 @@ impl Drop for Daemon {
         }
     }
 }
+
+/// The name (`comm`) of the daemon's per-uid spawner processes, which
+/// their children keep until exec.
+pub const SPAWNER_NAME: &str = "zygote-spawner";
 
 /// Direct children of `pid`, from /proc.
 pub fn children_of(pid: u32) -> Vec<u32> {

@@ -166,7 +166,7 @@ impl Bench {
     fn run_cell(&mut self, method: Method, program: &Path, budget: Budget) -> Result<CellRun> {
         let zygotes = &mut self.zygotes;
         let zygote_pid = zygotes.pid(method);
-        let zygote_before = zygote_pid.and_then(sys::process_cpu);
+        let zygote_before = zygote_pid.and_then(sys::zygote_cpu);
         let client_before = sys::own_cpu();
         let mut run = match method {
             Method::Floor => return self.floor.run(program, budget.n, budget.concurrency),
@@ -209,7 +209,7 @@ impl Bench {
             run.client_cpu = Some(sys::own_cpu().saturating_sub(client_before));
         }
         run.zygote_cpu = zygote_before
-            .zip(zygote_pid.and_then(sys::process_cpu))
+            .zip(zygote_pid.and_then(sys::zygote_cpu))
             .map(|(before, after)| after.saturating_sub(before));
         Ok(run)
     }

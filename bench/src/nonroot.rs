@@ -1,7 +1,9 @@
 //! The non-root client: this binary again, run as uid 65534 and connected
 //! to the root shared daemon, so that its children are started as another
-//! uid than the daemon's (the daemon's fork path). It spawns on the
-//! bench's request and answers with its samples, as the floor helper does.
+//! uid than the daemon's (by the daemon's spawner process for that uid;
+//! with `ZYGOTE_UID_SPAWNERS=0` in the bench's environment, by the fork
+//! path). It spawns on the bench's request and answers with its samples,
+//! as the floor helper does.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;

@@ -61,3 +61,32 @@ pub fn thread_involuntary_switches() -> Option<u64> {
     }
     u64::try_from(usage.ru_nivcsw).ok()
 }
+
+/// The name (`comm`) of a shared daemon's per-uid spawner processes.
+const SPAWNER_NAME: &str = "zygote-spawner";
+
+/// CPU time of the zygote `pid` and of its spawner processes, which start
+/// the children that switch to another uid for it (the vfork of a
+/// non-root peer's child is spent there): a spawner that exited meanwhile
+/// is not counted.
+pub fn zygote_cpu(pid: u32) -> Option<Duration> {
+    let own = process_cpu(pid)?;
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = own;
+    for task in tasks.flatten() {
+        let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+            continue;
+        };
+        for child in children
+            .split_whitespace()
+            .filter_map(|c| c.parse::<u32>().ok())
+        {
+            let spawner = std::fs::read_to_string(format!("/proc/{child}/comm"))
+                .is_ok_and(|comm| comm.trim_end() == SPAWNER_NAME);
+            if spawner {
+                total += process_cpu(child).unwrap_or_default();
+            }
+        }
+    }
+    Some(total)
+}

@@ -16,6 +16,11 @@ const FIRST_ZYGOTES: [Method; 3] = [
 const LATENCY_RATIO: f64 = 1.10;
 /// spawns/s over the floor's, at the highest concurrency.
 const THROUGHPUT_RATIO: f64 = 0.90;
+/// A non-root peer's p50 over a root peer's, at concurrency 1.
+const NONROOT_LATENCY_RATIO: f64 = 1.10;
+/// A non-root peer's zygote CPU per spawn (daemon and spawner processes)
+/// over a root peer's.
+const NONROOT_CPU_RATIO: f64 = 1.2;
 
 /// The targets: latency at the smallest and largest parent and
 /// with the most fds, throughput at the largest parent, CPU, and the
@@ -110,6 +115,7 @@ pub fn evaluate(cells: &[Cell], cow: &[Cow], resident: &[Resident], args: &Args)
             }
         }
     }
+    nonroot_targets(&find, &latency_conditions, conc1, max_rss, fds0, &mut push);
     let cpu_limit = 1.5 * C_ZYGOTE_CPU_US;
     for method in Method::ZYGOTES {
         let name = method.name();
@@ -159,4 +165,58 @@ pub fn evaluate(cells: &[Cell], cow: &[Cow], resident: &[Resident], args: &Args)
         }
     }
     targets
+}
+
+/// A non-root peer of the shared daemon against a root peer of it, in the
+/// same run: p50 at concurrency 1 (each child and condition) and the
+/// zygote's CPU per spawn (its spawns/s at the highest concurrency are
+/// among every method's above).
+fn nonroot_targets<'a>(
+    find: &impl Fn(&str, usize, usize, usize, Method) -> Option<&'a Cell>,
+    latency_conditions: &[(usize, usize)],
+    conc1: usize,
+    max_rss: usize,
+    fds0: usize,
+    push: &mut impl FnMut(String, f64, String, bool),
+) {
+    let pair = |child, rss, fds, conc| {
+        find(child, rss, fds, conc, Method::ZygoteSharedNonRoot).zip(find(
+            child,
+            rss,
+            fds,
+            conc,
+            Method::ZygoteShared,
+        ))
+    };
+    for child in ["dynamic", "static"] {
+        for &(rss, fds) in latency_conditions {
+            if let Some((nonroot, root)) = pair(child, rss, fds, conc1) {
+                let ratio = nonroot.summary.p50_us / root.summary.p50_us;
+                push(
+                    format!(
+                        "{child}: non-root peer p50 / root peer p50, {rss} GiB, {fds} fds, c={conc1}"
+                    ),
+                    ratio,
+                    format!("<= {NONROOT_LATENCY_RATIO:.2}"),
+                    ratio <= NONROOT_LATENCY_RATIO,
+                );
+            }
+        }
+    }
+    if let Some((nonroot, root)) = pair("dynamic", max_rss, fds0, conc1) {
+        if let (Some(ours), Some(theirs)) = (
+            nonroot.summary.zygote_cpu_per_spawn_us,
+            root.summary.zygote_cpu_per_spawn_us,
+        ) {
+            let ratio = ours / theirs;
+            push(
+                format!(
+                    "non-root peer zygote CPU per spawn / root peer's (daemon and spawners), dynamic, {max_rss} GiB, c={conc1}"
+                ),
+                ratio,
+                format!("<= {NONROOT_CPU_RATIO:.1}"),
+                ratio <= NONROOT_CPU_RATIO,
+            );
+        }
+    }
 }

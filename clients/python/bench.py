@@ -3,6 +3,8 @@
 Methods (interleaved round by round, so drift hits all alike; ``--methods``
 picks some):
 
+- ``posix_spawn``: ``os.posix_spawn`` + ``os.waitpid``, the floor from
+  Python;
 - ``vfork``: ``subprocess.run`` (CPython's vfork/posix_spawn path);
 - ``fork``: ``subprocess.run`` with a no-op ``preexec_fn`` (the fork path);
 - ``zygote``: ``zygote.run`` on a shared daemon;
@@ -38,7 +40,7 @@ import zygote
 
 STDLIB_RUN = subprocess.run
 TRUE = ["/bin/true"]
-METHODS = ("vfork", "fork", "zygote", "installed")
+METHODS = ("posix_spawn", "vfork", "fork", "zygote", "installed")
 
 
 def start_daemon(directory: str) -> Tuple["subprocess.Popen[bytes]", str]:
@@ -152,7 +154,14 @@ def main() -> None:
         finally:
             zygote.uninstall()
 
+    def posix_spawn() -> None:
+        pid = os.posix_spawn(TRUE[0], TRUE, os.environ)
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            raise SystemExit(f"{TRUE[0]} exited with wait status {status}")
+
     every: Dict[str, Callable[[], object]] = {
+        "posix_spawn": posix_spawn,
         "vfork": lambda: STDLIB_RUN(TRUE, check=True, **extra) and None,
         "fork": lambda: STDLIB_RUN(TRUE, check=True, preexec_fn=preexec, **extra) and None,
         "zygote": lambda: client.run(TRUE, check=True, **extra) and None,
@@ -234,6 +243,16 @@ def print_targets(results: List[Dict[str, object]]) -> None:
                 return cell["methods"]  # type: ignore[return-value]
         return {}
 
+    least = min(int(cell["rss_gib"]) for cell in results)  # type: ignore[call-overload]
+    for cell in results:
+        methods = cell["methods"]
+        assert isinstance(methods, dict)
+        if (cell["rss_gib"], cell["fds"], cell["concurrency"]) != (least, 0, 1):
+            continue
+        if {"posix_spawn", "zygote"} <= set(methods):
+            ratio = methods["zygote"]["p50_us"] / methods["posix_spawn"]["p50_us"]
+            where = f"{least} GiB, 0 fds, c=1"
+            print(f"| zygote p50 / os.posix_spawn p50, {where} | {ratio:.2f} | <= 1.20 |")
     few = find(0, 1)
     many_fds = max(int(cell["fds"]) for cell in results)  # type: ignore[call-overload]
     many = find(many_fds, 1)

@@ -78,6 +78,9 @@ fn main() -> ExitCode {
         Command::Status(args) => ExitCode::from(status::status(&args)),
         Command::Upgrade(args) => ExitCode::from(upgrade::upgrade(&args)),
         Command::CheckState(args) => ExitCode::from(upgrade::check_state(&args)),
+        Command::UidSpawner(args) => {
+            ExitCode::from(zygote::daemon::uid_spawners::process::serve(args.uid))
+        }
         Command::Man(args) => ExitCode::from(docs::man(&args)),
         Command::Completions(args) => ExitCode::from(docs::completions(&args)),
     }

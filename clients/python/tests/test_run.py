@@ -17,6 +17,7 @@ import pytest
 from conftest import Daemon, kernel_keeps_exit_status
 
 import zygote
+from zygote import _request
 
 
 def test_return_codes_and_signals(client: zygote.Client) -> None:
@@ -248,11 +249,13 @@ def test_umask_and_rlimits_are_copied(client: zygote.Client) -> None:
     )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
+    client.refresh_process_state()
     try:
         copied = client.run(["sh", "-c", "ulimit -n"], capture_output=True, text=True)
         assert copied.stdout == "200\n"
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        client.refresh_process_state()
     asked = client.run(
         ["sh", "-c", "ulimit -n"],
         rlimits={resource.RLIMIT_NOFILE: (100, hard)},
@@ -356,6 +359,64 @@ def test_client_from_environment(default_socket: str) -> None:
     with zygote.Client() as own:
         assert own.path == default_socket
         assert own.run(["true"]).returncode == 0
+
+
+def test_process_state_is_read_once_until_refreshed(client: zygote.Client) -> None:
+    # Read at the first spawn and reused: a later umask, limit or ignored
+    # signal is not seen until refresh_process_state(), then it is.
+    def umask() -> str:
+        return client.run(["sh", "-c", "umask"], capture_output=True, text=True).stdout
+
+    def ignored() -> int:
+        status = client.run(["grep", "SigIgn", "/proc/self/status"], capture_output=True)
+        return int(status.stdout.split()[1], 16)
+
+    reads = []
+    real_read = _request.read_process_state
+
+    def counting_read() -> _request.ProcessState:
+        reads.append(1)
+        return real_read()
+
+    old_mask = os.umask(0o022)
+    old_handler = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    _request.read_process_state = counting_read  # type: ignore[assignment]
+    try:
+        assert umask() == "0022\n"
+        assert ignored() & (1 << (signal.SIGUSR1 - 1)) == 0
+        os.umask(0o027)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        assert umask() == "0022\n", "read once: the change is not seen yet"
+        assert ignored() & (1 << (signal.SIGUSR1 - 1)) == 0
+        assert len(reads) == 1, "one read for four spawns"
+        client.refresh_process_state()
+        assert umask() == "0027\n", "seen after refresh_process_state()"
+        assert ignored() & (1 << (signal.SIGUSR1 - 1)) != 0
+        os.umask(0o077)
+        zygote.refresh_process_state()
+        assert umask() == "0077\n", "the module's refresh reaches every client"
+        assert len(reads) == 3
+    finally:
+        _request.read_process_state = real_read  # type: ignore[assignment]
+        os.umask(old_mask)
+        signal.signal(signal.SIGUSR1, old_handler)
+        client.refresh_process_state()
+
+
+def test_every_spawn_copies_the_environment_as_it_is_then(client: zygote.Client) -> None:
+    # The environment's encoding is reused only while it is unchanged.
+    def seen() -> str:
+        script = 'echo "${ZYGOTE_TEST_VALUE-unset}"'
+        return client.run(["sh", "-c", script], capture_output=True, text=True).stdout
+
+    try:
+        for value in ("one", "two", "two", "three"):
+            os.environ["ZYGOTE_TEST_VALUE"] = value
+            assert seen() == f"{value}\n"
+        del os.environ["ZYGOTE_TEST_VALUE"]
+        assert seen() == "unset\n"
+    finally:
+        os.environ.pop("ZYGOTE_TEST_VALUE", None)
 
 
 def test_process_attributes_are_ours(client: zygote.Client) -> None:

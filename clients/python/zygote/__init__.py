@@ -83,6 +83,7 @@ from ._client import (
     default_client,
     default_socket_path,
     find_binary,
+    refresh_process_state,
     run,
 )
 from ._errors import ZygoteError
@@ -120,6 +121,7 @@ __all__ = [
     "find_binary",
     "install",
     "installed",
+    "refresh_process_state",
     "run",
     "uninstall",
 ]

@@ -287,7 +287,7 @@ async def _create_once(
         options=options,
     )
     try:
-        request = _spawn.Outgoing(conn, spec, SpawnSlot())
+        request = _spawn.Outgoing(conn, spec, SpawnSlot(), client._process_state())
     except BaseException as error:
         if local_pipe is not None:
             os.close(local_pipe[0])

@@ -12,7 +12,7 @@ import time
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _asyncio, _spawn
+from . import _asyncio, _request, _spawn
 from ._conn import Connection
 from ._errors import ZygoteError
 from ._popen import Popen, run_with
@@ -105,6 +105,7 @@ class Client:
     def _adopt(self, conn: Connection) -> None:
         self._redial = threading.Lock()
         self._box = [conn]
+        self._state: Optional[_request.ProcessState] = None
         # Dropping the last reference closes the connection (the current
         # one, after a reconnect), as close() does.
         weakref.finalize(self, _close_current, self._box)
@@ -227,6 +228,26 @@ class Client:
                 f"over {time.monotonic() - started:.1f} s: {last.strerror}",
             )
 
+    def _process_state(self) -> _request.ProcessState:
+        """The settings every request copies, read at the first spawn."""
+        state = self._state
+        if state is None:
+            state = self._state = _request.read_process_state()
+        return state
+
+    def refresh_process_state(self) -> None:
+        """Makes the next spawn read this process's umask, resource limits,
+        ignored signals, nice value, CPU affinity and OOM score adjustment
+        again. A client reads them at its first spawn and copies them into
+        every request, as reading them costs more than the rest of a
+        request; call this after changing any of them (``os.umask``,
+        ``resource.setrlimit``, ``signal.signal(..., SIG_IGN)``,
+        ``os.nice``, ``os.sched_setaffinity``) for children to see the
+        change. The nice value and the affinity are per thread on Linux:
+        they are read on the thread of that next spawn. A child's own
+        ``umask=`` and ``rlimits=`` arguments always apply."""
+        self._state = None
+
     @property
     def alive(self) -> bool:
         """Whether the connection is up; after a loss, False until the next
@@ -315,6 +336,14 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 _spawn.set_default_factory(Client)
+
+
+def refresh_process_state() -> None:
+    """:meth:`Client.refresh_process_state` for every client of this process,
+    the default one (which :func:`run` and the installed drop-in use)
+    included."""
+    for client in list(_clients):
+        client.refresh_process_state()
 
 
 def default_client() -> Client:

@@ -151,6 +151,40 @@ def own_attributes() -> Dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class ProcessState:
+    """This process's settings that a request copies and programs rarely
+    change: the umask, the resource limits, the ignored signals, the nice
+    value, the CPU affinity and the OOM score adjustment. A client reads
+    them once, at its first spawn, and reuses them, as the Rust and Go
+    clients do (:meth:`zygote.Client.refresh_process_state` reads them
+    again): reading them costs more than the rest of a request."""
+
+    umask: Optional[int]
+    rlimits: Dict[int, Tuple[int, int]]
+    #: ``rlimits`` as the request carries them, for the requests that set
+    #: none of their own. Shared by those requests: never modified.
+    rlimits_wire: Tuple[Dict[str, int], ...]
+    #: The request fields of :func:`own_attributes`.
+    attributes: Dict[str, Any]
+
+
+def read_process_state() -> ProcessState:
+    """Reads this process's :class:`ProcessState` now. The nice value and
+    the CPU affinity are per thread on Linux: they are the calling
+    thread's."""
+    limits = own_rlimits()
+    return ProcessState(
+        umask=own_umask(),
+        rlimits=limits,
+        rlimits_wire=tuple(
+            {"resource": number, "soft": soft, "hard": hard}
+            for number, (soft, hard) in sorted(limits.items())
+        ),
+        attributes=own_attributes(),
+    )
+
+
 def own_rlimits() -> Dict[int, Tuple[int, int]]:
     """Every resource limit of this process; infinity is ``u64::MAX``."""
     limits: Dict[int, Tuple[int, int]] = {}
@@ -265,6 +299,12 @@ def _env_pairs(env: Optional[Mapping[Any, Any]]) -> List[Tuple[bytes, bytes]]:
     "=A=B" back (PROTOCOL.md 4.7). A key with "=" is refused, as subprocess
     refuses it."""
     if env is None:
+        # os.environ keeps its variables encoded in this dict (POSIX
+        # CPython): read at C speed instead of through the mapping's
+        # per-item checks, a third of the request's building.
+        data = getattr(os.environ, "_data", None)
+        if isinstance(data, dict):
+            return list(data.items())
         return list(os.environb.items())
     pairs = []
     for key, value in env.items():
@@ -273,6 +313,24 @@ def _env_pairs(env: Optional[Mapping[Any, Any]]) -> List[Tuple[bytes, bytes]]:
             raise ValueError("illegal environment variable name")
         pairs.append((key_bytes, _bytes("environment value", value)))
     return pairs
+
+
+#: The last environment sent and its field, reused while the environment
+#: is unchanged (most programs never change it): building and encoding
+#: ~35 variables was most of a request's encoding.
+_last_env: Tuple[List[Tuple[bytes, bytes]], "_wire.EncodedEnv"] = ([], _wire.EncodedEnv())
+
+
+def _env_field(env_pairs: List[Tuple[bytes, bytes]]) -> "_wire.EncodedEnv":
+    """The request's ``env`` field (with its encoding) for ``env_pairs``."""
+    global _last_env
+    pairs, field = _last_env
+    if env_pairs == pairs and field.wire:
+        return field
+    field = _wire.EncodedEnv({"key": key, "value": value} for key, value in env_pairs)
+    field.wire = _wire.encode_env(field)
+    _last_env = (env_pairs, field)
+    return field
 
 
 def _check_budget(args: Sequence[bytes], env_pairs: Sequence[Tuple[bytes, bytes]]) -> None:
@@ -339,10 +397,14 @@ class _Attachments:
         ]
 
 
-def _merged_rlimits(rlimits: Optional[Mapping[Any, Any]]) -> List[Dict[str, int]]:
+def _merged_rlimits(
+    rlimits: Optional[Mapping[Any, Any]], state: ProcessState
+) -> Sequence[Dict[str, int]]:
     """This process's limits, with ``rlimits`` on top."""
-    limits = own_rlimits()
-    for number, value in (rlimits or {}).items():
+    if not rlimits:
+        return state.rlimits_wire
+    limits = dict(state.rlimits)
+    for number, value in rlimits.items():
         resource_number, soft, hard = _check.rlimit(number, value)
         limits[resource_number] = (soft, hard)
     return [
@@ -381,10 +443,10 @@ def _timeout(options: ZygoteOptions) -> Optional[Dict[str, int]]:
     }
 
 
-def _umask(umask: int) -> Optional[int]:
+def _umask(umask: int, state: ProcessState) -> Optional[int]:
     """A negative umask is ours; umask(2) keeps only the permission bits."""
     value = _check.c_int("umask", umask)
-    return own_umask() if value < 0 else value & 0o777
+    return state.umask if value < 0 else value & 0o777
 
 
 def _process_group(process_group: Optional[int]) -> Optional[int]:
@@ -394,8 +456,14 @@ def _process_group(process_group: Optional[int]) -> Optional[int]:
     return None if value < 0 else value
 
 
-def build_spawn(spec: ChildSpec, request_id: int, max_fds: int) -> Tuple[Dict[str, Any], List[int]]:
-    """The ``Spawn`` message and the fds to attach to its frame.
+def build_spawn(
+    spec: ChildSpec,
+    request_id: int,
+    max_fds: int,
+    state: Optional[ProcessState] = None,
+) -> Tuple[Dict[str, Any], List[int]]:
+    """The ``Spawn`` message and the fds to attach to its frame, copying
+    ``state`` (read now when not given).
 
     Every value is checked against its wire type first. Raises what
     ``subprocess`` raises for arguments it would also refuse
@@ -403,6 +471,8 @@ def build_spawn(spec: ChildSpec, request_id: int, max_fds: int) -> Tuple[Dict[st
     ``OSError(EBADF)``), and :class:`UnservableError` for a request the
     zygote cannot carry (too many fds, argv + env over its budget).
     """
+    if state is None:
+        state = read_process_state()
     cgroup = spec.options.cgroup
     if cgroup is not None and not isinstance(cgroup, Cgroup):
         raise TypeError(f"cgroup must be a zygote.Cgroup, not {type(cgroup).__name__}")
@@ -425,7 +495,7 @@ def build_spawn(spec: ChildSpec, request_id: int, max_fds: int) -> Tuple[Dict[st
             "program": program,
             "argv0": args[0] if args[0] != program else None,
             "args": args[1:],
-            "env": [{"key": key, "value": value} for key, value in env_pairs],
+            "env": _env_field(env_pairs),
             "cwd": _cwd_bytes(spec.cwd),
             "stdin": stdio[0],
             "stdout": stdio[1],
@@ -433,15 +503,15 @@ def build_spawn(spec: ChildSpec, request_id: int, max_fds: int) -> Tuple[Dict[st
             "fd_mappings": fd_mappings,
             "new_session": bool(spec.start_new_session),
             "process_group": process_group,
-            "umask": _umask(spec.umask),
-            "rlimits": _merged_rlimits(spec.options.rlimits),
+            "umask": _umask(spec.umask, state),
+            "rlimits": _merged_rlimits(spec.options.rlimits, state),
             "user": _user(spec),
             "kill_on_close": _kill_on_close(spec, process_group),
             "timeout": _timeout(spec.options),
             "pty": None,
             "report_stops": False,
             "cgroup": cgroup.to_wire() if cgroup is not None else None,
-            **own_attributes(),
+            **state.attributes,
             "defer_spawned": bool(spec.defer),
         }
     }

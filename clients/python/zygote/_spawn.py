@@ -19,12 +19,15 @@ from ._errors import ZygoteError
 
 class Endpoint(Protocol):
     """What a request needs of a client: its connection for a new request
-    (reconnected after a loss or in a forked child), and whether it is up."""
+    (reconnected after a loss or in a forked child), whether it is up, and
+    the process settings its requests copy."""
 
     @property
     def alive(self) -> bool: ...
 
     def _connection(self) -> Connection: ...
+
+    def _process_state(self) -> _request.ProcessState: ...
 
 
 _default: Optional[Endpoint] = None
@@ -66,11 +69,17 @@ class Outgoing:
     (raising, before anything is sent, for any value out of range), then
     registered and sent, or given up."""
 
-    def __init__(self, conn: Connection, spec: _request.ChildSpec, slot: SpawnSlot) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        spec: _request.ChildSpec,
+        slot: SpawnSlot,
+        state: _request.ProcessState,
+    ) -> None:
         self.conn = conn
         self.slot = slot
         self.request_id = conn.next_id()
-        message, self.fds = _request.build_spawn(spec, self.request_id, conn.max_fds)
+        message, self.fds = _request.build_spawn(spec, self.request_id, conn.max_fds, state)
         # Through the module, so that tests can watch the encoded requests.
         self.frame = _request.encode_spawn(message, conn.max_frame)
 
@@ -87,8 +96,9 @@ def send(endpoint: Endpoint, spec: _request.ChildSpec) -> Outgoing:
     """Builds, registers and sends a request on ``endpoint``'s connection.
     A request that never left because the connection was found gone at
     that instant goes once more, on a new connection."""
+    state = endpoint._process_state()
     for attempt in range(2):
-        request = Outgoing(endpoint._connection(), spec, SpawnSlot())
+        request = Outgoing(endpoint._connection(), spec, SpawnSlot(), state)
         try:
             request.register()
             request.conn.send(request.frame, request.fds)

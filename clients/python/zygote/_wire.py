@@ -465,14 +465,11 @@ def encode_spawn(body: Dict[str, Any]) -> bytes:
         add(_uvar(len(arg)))
         add(arg)
     env = body["env"]
-    add(_uvar(len(env)))
-    for var in env:
-        key = bytes(var["key"])
-        value = bytes(var["value"])
-        add(_uvar(len(key)))
-        add(key)
-        add(_uvar(len(value)))
-        add(value)
+    wire = getattr(env, "wire", None)
+    if isinstance(wire, bytes):
+        add(wire)
+    else:
+        add(encode_env(env))
     cwd = body["cwd"]
     if cwd is None:
         add(b"\x00")
@@ -535,6 +532,28 @@ def encode_spawn(body: Dict[str, Any]) -> bytes:
     add(b"\x00" if large is None else b"\x01" + _u32(large))
     add(b"\x01" if body.get("defer_spawned") else b"\x00")
     return b"".join(parts)
+
+
+def encode_env(env: List[Dict[str, Any]]) -> bytes:
+    """A request's ``env`` field: its length, then each key and value."""
+    parts: List[bytes] = [_uvar(len(env))]
+    add = parts.append
+    for var in env:
+        key = bytes(var["key"])
+        value = bytes(var["value"])
+        add(_uvar(len(key)))
+        add(key)
+        add(_uvar(len(value)))
+        add(value)
+    return b"".join(parts)
+
+
+class EncodedEnv(List[Dict[str, Any]]):
+    """A request's ``env`` list that carries its encoding (``wire``), made
+    once for the requests that copy an unchanged environment:
+    :func:`encode_spawn` sends those bytes as they are."""
+
+    wire: bytes = b""
 
 
 def _encode_cgroup(cgroup: Dict[str, Any]) -> bytes:

@@ -38,7 +38,7 @@ pub struct Cli {
 /// step with zygote-proto's).
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
-    " (protocol 2; serves protocol versions 1 to 2)"
+    " (protocol 3; serves protocol versions 1 to 3)"
 );
 
 /// `zygote --help` and the DESCRIPTION of zygote(1).
@@ -84,10 +84,22 @@ pub enum Command {
     /// daemon before an upgrade; FILE defaults to stdin).
     #[command(hide = true)]
     CheckState(CheckStateArgs),
+    /// Serve one uid's spawns for the daemon that started this process,
+    /// over the socket on fd 3 (started by the daemon only).
+    #[command(hide = true)]
+    UidSpawner(UidSpawnerArgs),
     /// Print the manual page (roff): `zygote man | man -l -`.
     Man(docs::ManArgs),
     /// Print a shell completion script.
     Completions(docs::CompletionsArgs),
+}
+
+/// Arguments of `zygote uid-spawner`.
+#[derive(Debug, Args)]
+pub struct UidSpawnerArgs {
+    /// The uid whose children this spawner starts.
+    #[arg(long)]
+    pub uid: u32,
 }
 
 /// Arguments of `zygote serve`.

@@ -94,7 +94,24 @@ fn render(socket: &str, status: &DaemonStatus, protocol: &Protocol) -> String {
         status.children_running,
         status.spawns_succeeded,
         status.spawns_failed,
-    )
+    ) + &spawner_lines(&status.spawners)
+}
+
+/// One line per spawner process (of every uid to root, else the peer's
+/// own), or `none`.
+fn spawner_lines(spawners: &[zygote_proto::SpawnerInfo]) -> String {
+    if spawners.is_empty() {
+        return "spawners:          none\n".to_owned();
+    }
+    spawners
+        .iter()
+        .map(|spawner| {
+            format!(
+                "spawner:           uid {}, pid {}, {} spawns, {} restarts\n",
+                spawner.uid, spawner.pid, spawner.spawns, spawner.restarts
+            )
+        })
+        .collect()
 }
 
 /// One JSON object with the same facts; durations in milliseconds.
@@ -111,8 +128,24 @@ fn render_json(socket: &str, status: &DaemonStatus, protocol: &Protocol) -> Stri
         "children_running": status.children_running,
         "spawns_succeeded": status.spawns_succeeded,
         "spawns_failed": status.spawns_failed,
+        "spawners": spawner_json(&status.spawners),
     })
     .to_string()
+}
+
+/// The spawner processes as JSON objects.
+fn spawner_json(spawners: &[zygote_proto::SpawnerInfo]) -> serde_json::Value {
+    spawners
+        .iter()
+        .map(|spawner| {
+            serde_json::json!({
+                "uid": spawner.uid,
+                "pid": spawner.pid,
+                "spawns": spawner.spawns,
+                "restarts": spawner.restarts,
+            })
+        })
+        .collect()
 }
 
 /// `1d 2h 3m 4s`, leaving out leading zero units.
@@ -141,6 +174,34 @@ mod tests {
         assert_eq!(human_duration(Duration::from_millis(900)), "0s");
         assert_eq!(human_duration(Duration::from_secs(61)), "1m 1s");
         assert_eq!(human_duration(Duration::from_secs(90_061)), "1d 1h 1m 1s");
+    }
+
+    #[test]
+    fn status_lists_each_spawner_or_none() {
+        assert_eq!(spawner_lines(&[]), "spawners:          none\n");
+        let spawners = [
+            zygote_proto::SpawnerInfo {
+                uid: 1000,
+                pid: 813,
+                spawns: 42,
+                restarts: 1,
+            },
+            zygote_proto::SpawnerInfo {
+                uid: 1001,
+                pid: 814,
+                spawns: 0,
+                restarts: 0,
+            },
+        ];
+        assert_eq!(
+            spawner_lines(&spawners),
+            "spawner:           uid 1000, pid 813, 42 spawns, 1 restarts\n\
+             spawner:           uid 1001, pid 814, 0 spawns, 0 restarts\n"
+        );
+        assert_eq!(
+            spawner_json(&spawners)[0],
+            serde_json::json!({"uid": 1000, "pid": 813, "spawns": 42, "restarts": 1})
+        );
     }
 
     #[test]

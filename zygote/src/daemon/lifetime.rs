@@ -16,7 +16,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
 use zygote_proto::{
-    AsyncSeqpacket, ContinueNotice, ExitNotice, ServerMessage, SpawnFailed, SpawnRequest,
+    AsyncSeqpacket, ContinueNotice, ExitNotice, Feature, ServerMessage, SpawnFailed, SpawnRequest,
     SpawnStage, Spawned, StopNotice,
 };
 
@@ -34,7 +34,8 @@ use crate::daemon::reaper;
 use crate::daemon::reply::clip;
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::state::{Closable, Daemon};
-use crate::service::metrics::{SpawnResult, errno_name};
+use crate::daemon::uid_spawners;
+use crate::service::metrics::{SpawnPath, SpawnResult, errno_name};
 use crate::{spawn, strerror};
 
 /// One client's connection, shared by its spawn tasks.
@@ -46,6 +47,9 @@ pub struct Connection {
     pub peer: Peer,
     /// What the policy lets it do.
     pub grant: Grant,
+    /// The protocol version negotiated in its hello: requests are decoded
+    /// and replies encoded in its layouts.
+    pub version: u32,
     /// Its children and request ids.
     pub state: Mutex<State>,
     /// Caps the spawn tasks of this connection, each holding a permit
@@ -189,6 +193,7 @@ impl Closable for Connection {
                 grant: self.grant.clone(),
                 ids,
                 closed: state.closed,
+                protocol_version: self.version,
                 children,
             }),
         }
@@ -443,8 +448,12 @@ impl SpawnTask {
         request: &SpawnRequest,
     ) -> Result<(Option<spawn::Credentials>, admission::Slot), SpawnFailed> {
         let peer = &self.connection.peer;
-        // A feature this daemon withholds is refused by its name.
-        let withheld = |feature: &_| self.daemon.masked_features.contains(feature);
+        // A feature this daemon withholds or lacks is refused by its name
+        // (cgroups without a subtree are refused below, saying why).
+        let withheld = |feature: &Feature| {
+            self.daemon.masked_features.contains(feature)
+                || (*feature != Feature::Cgroups && !self.daemon.offers(*feature))
+        };
         if let Some(feature) = features::used_by(request).find(withheld) {
             let (stage, errno, message) = features::refusal(feature);
             return Err(refused(request.id, stage, errno, message));
@@ -558,17 +567,27 @@ impl SpawnTask {
         };
         // A child that keeps the daemon's ids cannot be stopped by its
         // peer: vfork, the fastest. One that switches to the peer's ids
-        // could be, between the switch and exec: fork, and wait for the
-        // exec here, asynchronously, so that only this spawn waits.
+        // could be, between the switch and exec: see `start_switching`.
         let (pid, pidfd, status) = if plan.credentials.is_none() {
             // The daemon's copies of the child's fds go with the plan.
             let child = self.daemon.spawn_plan(plan).await.map_err(failed)?;
+            self.daemon.metrics.spawn_path(SpawnPath::Vfork);
             (child.pid, child.pidfd, None)
         } else {
-            let started = self.daemon.start(&plan);
-            drop(plan);
-            let child = started.map_err(failed)?;
-            (child.pid, child.pidfd, Some(child.status))
+            self.start_switching(plan)
+                .await
+                .map_err(|error| match error {
+                    Switching::Spawn(error) => failed(error),
+                    Switching::Lost { errno, message } => {
+                        remove_cgroup();
+                        let message = format!("{program}: {message}");
+                        refused(id, uid_spawners::LOST_STAGE, errno, message)
+                    }
+                    Switching::Cancelled => {
+                        remove_cgroup();
+                        killed_before_exec(id, program)
+                    }
+                })?
         };
         let pidfd = match zygote_proto::register(pidfd, Interest::READABLE) {
             Ok(pidfd) => Arc::new(pidfd),
@@ -587,19 +606,63 @@ impl SpawnTask {
                     Some(error) => failed(error),
                     None => {
                         remove_cgroup();
-                        refused(
-                            id,
-                            SpawnStage::Exec,
-                            libc::ECANCELED,
-                            format!(
-                                "{program}: killed before exec: its client left, or the zygote \
-                             is stopping (the child was stopped or stuck before exec)"
-                            ),
-                        )
+                        killed_before_exec(id, program)
                     }
                 })?;
         }
         Ok(Some((pid, pidfd)))
+    }
+
+    /// Starts a child that switches to another uid, which could stop it
+    /// between the switch and exec, so that no daemon thread may wait for
+    /// that exec: the spawner process of that uid vforks it (and only that
+    /// spawner waits), or, where it cannot, a fork of the daemon whose exec
+    /// this task awaits (only this spawn waits). Returns the child's pid,
+    /// pidfd and, on the fork path, its status pipe.
+    async fn start_switching(
+        &self,
+        plan: spawn::SpawnPlan,
+    ) -> Result<(i32, OwnedFd, Option<OwnedFd>), Switching> {
+        let daemon = &self.daemon;
+        let answer = daemon
+            .uid_spawners
+            .ask(plan, &daemon.metrics, |plan| daemon.spawn(plan));
+        let plan = match answer {
+            Ok(answer) => {
+                let outcome = tokio::select! {
+                    outcome = answer => outcome.unwrap_or_else(|_| uid_spawners::Outcome::Lost {
+                        errno: libc::EIO,
+                        message: "the spawner process went away".to_owned(),
+                    }),
+                    // The spawner kills the child when it answers.
+                    () = self.cancelled() => return Err(Switching::Cancelled),
+                };
+                return match outcome {
+                    uid_spawners::Outcome::Child {
+                        pid,
+                        pidfd,
+                        failure,
+                    } => {
+                        if let Some(error) = failure {
+                            reap_failed(pid, pidfd).await;
+                            return Err(Switching::Spawn(error));
+                        }
+                        daemon.metrics.spawn_path(SpawnPath::Spawner);
+                        Ok((pid, pidfd, None))
+                    }
+                    uid_spawners::Outcome::Refused(error) => Err(Switching::Spawn(error)),
+                    uid_spawners::Outcome::Lost { errno, message } => {
+                        Err(Switching::Lost { errno, message })
+                    }
+                };
+            }
+            Err(plan) => plan,
+        };
+        let started = daemon.start(&plan);
+        drop(plan);
+        let child = started.map_err(Switching::Spawn)?;
+        daemon.metrics.spawn_path(SpawnPath::Fork);
+        Ok((child.pid, child.pidfd, Some(child.status)))
     }
 
     /// Tracks a started child on its connection; one started after its
@@ -625,7 +688,14 @@ impl SpawnTask {
         let mut fds = Vec::with_capacity(1 + client_ends.len());
         fds.push(ReplyFd::Pidfd(Arc::clone(pidfd)));
         fds.extend(client_ends.into_iter().map(ReplyFd::Owned));
-        self.reply(ServerMessage::Spawned(Spawned { id, pid }), fds);
+        self.reply(
+            ServerMessage::Spawned(Spawned {
+                id,
+                pid,
+                sandbox: None,
+            }),
+            fds,
+        );
     }
 
     /// Counts and logs a spawn whose child exec'd.
@@ -904,7 +974,14 @@ impl SpawnTask {
         if pending.swap(false, Ordering::Relaxed) {
             debug!(pid, "child still running: sending its deferred Spawned");
             let fds = vec![ReplyFd::Pidfd(Arc::clone(pidfd))];
-            self.reply(ServerMessage::Spawned(Spawned { id, pid }), fds);
+            self.reply(
+                ServerMessage::Spawned(Spawned {
+                    id,
+                    pid,
+                    sandbox: None,
+                }),
+                fds,
+            );
         }
     }
 
@@ -914,6 +991,42 @@ impl SpawnTask {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
     }
+}
+
+/// Why a child that switches uid did not start.
+enum Switching {
+    /// It failed at this step (a failed child has been reaped).
+    Spawn(spawn::SpawnError),
+    /// Its spawner could not answer: errno and why.
+    Lost { errno: i32, message: String },
+    /// Its client left, or the daemon is stopping, before it exec'd.
+    Cancelled,
+}
+
+/// Reaps a spawner's child that failed before exec (already exiting).
+/// Such a child is not listed as the daemon's own, so the orphan reaper
+/// may take it first: nothing is lost then.
+async fn reap_failed(pid: i32, pidfd: OwnedFd) {
+    let reaped = match zygote_proto::register(pidfd, Interest::READABLE) {
+        Ok(pidfd) => reaper::wait_exit(&pidfd).await.map(|_| ()),
+        Err(error) => Err(error),
+    };
+    if let Err(error) = reaped {
+        debug!(pid, %error, "a child that failed before exec was reaped elsewhere");
+    }
+}
+
+/// The refusal of a spawn whose child was killed before exec.
+fn killed_before_exec(id: u64, program: &str) -> SpawnFailed {
+    refused(
+        id,
+        SpawnStage::Exec,
+        libc::ECANCELED,
+        format!(
+            "{program}: killed before exec: its client left, or the zygote is stopping (the \
+             child was stopped or stuck before exec)"
+        ),
+    )
 }
 
 /// A refusal of spawn `id`.

@@ -15,6 +15,8 @@
 //!   otherwise ignored.
 //! - `spawners`: the threads a busy shared daemon clones on, first come
 //!   first served.
+//! - [`uid_spawners`]: the per-uid spawner processes that start the
+//!   children switching to another uid.
 //! - [`state`]: what every connection shares: the [`state::Daemon`].
 //! - `admission`: child slots per peer and in total.
 //! - `plan`: checking a [`SpawnRequest`](zygote_proto::SpawnRequest) and
@@ -51,4 +53,5 @@ mod spawners;
 pub mod state;
 pub(crate) mod stray;
 pub mod template;
+pub mod uid_spawners;
 pub mod upgrade;

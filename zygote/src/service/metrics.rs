@@ -57,6 +57,29 @@ impl SpawnResult {
     }
 }
 
+/// How a child was started, the `path` label of `zygote_spawn_paths_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpawnPath {
+    /// vfork'd by a daemon thread: the child keeps the daemon's uid.
+    Vfork,
+    /// vfork'd by the per-uid spawner process of the uid it switches to.
+    Spawner,
+    /// Forked: a copy of the daemon, for a uid without a spawner.
+    Fork,
+}
+
+impl SpawnPath {
+    const ALL: [Self; 3] = [Self::Vfork, Self::Spawner, Self::Fork];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Vfork => "vfork",
+            Self::Spawner => "spawner",
+            Self::Fork => "fork",
+        }
+    }
+}
+
 /// One counter's value: `(metric, labels as (name, value), count)`.
 pub type CounterValue = (String, Vec<(String, String)>, u64);
 
@@ -75,10 +98,14 @@ pub struct Metrics {
     protocol_errors: IntCounterVec,
     oom_kills: IntCounterVec,
     tree_kills: IntCounterVec,
+    spawn_paths: IntCounterVec,
+    uid_spawners: IntGauge,
+    uid_spawner_restarts: IntCounter,
     /// Handles resolved once: a label lookup hashes its strings and takes
     /// the vector's lock, on every spawn otherwise.
     spawns_by_result: [IntCounter; 3],
     exits_by_kind: [IntCounter; 2],
+    spawns_by_path: [IntCounter; 3],
     /// `peer_spawns` by uid then result, filled on a uid's first spawn.
     /// As few entries as the vector has series (the policy bounds them).
     peer_spawns_by_uid: Arc<Mutex<HashMap<u32, [IntCounter; 3]>>>,
@@ -174,6 +201,28 @@ impl Metrics {
             &["uid"],
         )
         .expect("valid counter");
+        let spawn_paths = IntCounterVec::new(
+            Opts::new(
+                "zygote_spawn_paths_total",
+                "Children started, by path: vfork (by a daemon thread, keeping the daemon's \
+                 uid), spawner (by the per-uid spawner process of the uid switched to), fork \
+                 (a copy of the daemon, for a uid without a spawner).",
+            ),
+            &["path"],
+        )
+        .expect("valid counter");
+        let uid_spawners = IntGauge::new(
+            "zygote_uid_spawners",
+            "Per-uid spawner processes running now.",
+        )
+        .expect("valid gauge");
+        let uid_spawner_restarts = IntCounter::new(
+            "zygote_uid_spawner_restarts_total",
+            "Spawner processes started for a uid whose previous one failed.",
+        )
+        .expect("valid counter");
+        let spawns_by_path =
+            SpawnPath::ALL.map(|path| spawn_paths.with_label_values(&[path.label()]));
         let spawns_by_result =
             SpawnResult::ALL.map(|result| spawns.with_label_values(&[result.label()]));
         let exits_by_kind =
@@ -197,7 +246,10 @@ impl Metrics {
                 &zygote_proto::PROTOCOL_VERSION.to_string(),
             ])
             .set(1);
-        let collectors: [Box<dyn prometheus::core::Collector>; 13] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 16] = [
+            Box::new(spawn_paths.clone()),
+            Box::new(uid_spawners.clone()),
+            Box::new(uid_spawner_restarts.clone()),
             Box::new(oom_kills.clone()),
             Box::new(tree_kills.clone()),
             Box::new(spawn_duration.clone()),
@@ -228,8 +280,12 @@ impl Metrics {
             protocol_errors,
             oom_kills,
             tree_kills,
+            spawn_paths,
+            uid_spawners,
+            uid_spawner_restarts,
             spawns_by_result,
             exits_by_kind,
+            spawns_by_path,
             peer_spawns_by_uid: Arc::default(),
         }
     }
@@ -278,6 +334,27 @@ impl Metrics {
         self.exec_errors
             .with_label_values(&[&errno_name(errno)])
             .inc();
+    }
+
+    /// A child was started on `path`.
+    pub fn spawn_path(&self, path: SpawnPath) {
+        self.spawns_by_path[path as usize].inc();
+    }
+
+    /// Per-uid spawner processes running now.
+    pub fn set_uid_spawners(&self, running: usize) {
+        self.uid_spawners
+            .set(i64::try_from(running).unwrap_or(i64::MAX));
+    }
+
+    /// A spawner process was started for a uid whose previous one failed.
+    pub fn uid_spawner_restarted(&self) {
+        self.uid_spawner_restarts.inc();
+    }
+
+    /// Per-uid spawner processes running now.
+    pub fn uid_spawners(&self) -> u64 {
+        self.uid_spawners.get().max(0) as u64
     }
 
     /// A child was started.
@@ -330,6 +407,11 @@ impl Metrics {
             Vec::new(),
             self.connections_accepted.get(),
         ));
+        counters.push((
+            "uid_spawner_restarts".to_owned(),
+            Vec::new(),
+            self.uid_spawner_restarts.get(),
+        ));
         counters
     }
 
@@ -340,6 +422,10 @@ impl Metrics {
         for (name, labels, value) in counters {
             if name == "connections_accepted" {
                 self.connections_accepted.inc_by(*value);
+                continue;
+            }
+            if name == "uid_spawner_restarts" {
+                self.uid_spawner_restarts.inc_by(*value);
                 continue;
             }
             let Some((_, vec)) = vecs.iter().find(|(known, _)| known == name) else {
@@ -355,8 +441,9 @@ impl Metrics {
         }
     }
 
-    fn counter_vecs(&self) -> [(&'static str, &IntCounterVec); 7] {
+    fn counter_vecs(&self) -> [(&'static str, &IntCounterVec); 8] {
         [
+            ("spawn_paths", &self.spawn_paths),
             ("spawns", &self.spawns),
             ("peer_spawns", &self.peer_spawns),
             ("exec_errors", &self.exec_errors),
@@ -521,6 +608,9 @@ mod tests {
             "zygote_connections_open",
             "zygote_connections_accepted_total",
             "zygote_protocol_errors_total",
+            "zygote_spawn_paths_total",
+            "zygote_uid_spawners",
+            "zygote_uid_spawner_restarts_total",
             "process_open_fds",
             "process_resident_memory_bytes",
         ] {
@@ -536,6 +626,35 @@ mod tests {
         assert!(text.contains("zygote_spawn_duration_seconds_bucket{le=\"0.00005\"} 0"));
         assert!(text.contains("zygote_spawn_duration_seconds_bucket{le=\"0.00025\"} 1"));
         assert!(text.contains("zygote_protocol_errors_total{reason=\"busy\"} 0"));
+    }
+
+    /// Each path counts into its own series; restarts carry over an
+    /// upgrade like every counter.
+    #[test]
+    fn spawn_paths_and_spawner_restarts_are_counted() {
+        let metrics = Metrics::new();
+        metrics.spawn_path(SpawnPath::Spawner);
+        metrics.spawn_path(SpawnPath::Spawner);
+        metrics.spawn_path(SpawnPath::Fork);
+        metrics.set_uid_spawners(3);
+        metrics.uid_spawner_restarted();
+        let text = metrics.render();
+        assert!(
+            text.contains("zygote_spawn_paths_total{path=\"spawner\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("zygote_spawn_paths_total{path=\"fork\"} 1"));
+        assert!(text.contains("zygote_spawn_paths_total{path=\"vfork\"} 0"));
+        assert!(text.contains("zygote_uid_spawners 3"));
+        assert!(text.contains("zygote_uid_spawner_restarts_total 1"));
+        let next = Metrics::new();
+        next.restore_counters(&metrics.counters());
+        let text = next.render();
+        assert!(
+            text.contains("zygote_spawn_paths_total{path=\"spawner\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("zygote_uid_spawner_restarts_total 1"));
     }
 
     /// The handles resolved once count into the exported series, per uid,

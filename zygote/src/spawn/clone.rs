@@ -153,7 +153,39 @@ pub(super) fn clone_child_into(
             // SAFETY: `child_main` reads the `ChildArgs` behind `arg`, which
             // the borrow keeps alive for the whole (vfork-blocking) call; it
             // is async-signal-safe and never returns. The stack is ours.
-            unsafe { clone3_on(&stack, child::child_main, arg, dir.as_raw_fd()) }
+            unsafe { clone3_on(&stack, child::child_main, arg, 0, Some(dir.as_raw_fd())) }
+        });
+    STACK.set(Some(stack));
+    result
+}
+
+/// As [`clone_child`], but the child is a sibling of the caller
+/// (`clone3(CLONE_PARENT)`): the caller's parent is its parent, which
+/// reaps it and gets its exit signal, the caller's own one (`SIGCHLD` for
+/// a process started with it, or exec'd). Started in the cgroup `dir`
+/// when given, as [`clone_child_into`].
+///
+/// # Errors
+///
+/// As [`clone_child_into`] with `dir`; `(Clone, errno)` otherwise
+/// (`ENOSYS` where clone3 is missing or filtered).
+pub(super) fn clone_sibling(
+    args: &ChildArgs<'_>,
+    dir: Option<BorrowedFd<'_>>,
+) -> Result<(libc::pid_t, OwnedFd), (SpawnStage, c_int)> {
+    let arg = ptr::from_ref(args).cast_mut().cast::<c_void>();
+    let stack = match STACK.take() {
+        Some(stack) => stack,
+        None => Stack::new().map_err(|error| (SpawnStage::Clone, errno_of(&error)))?,
+    };
+    let cgroup = dir.map(|dir| dir.as_raw_fd());
+    let result = BlockedSignals::block_all()
+        .map_err(|error| (SpawnStage::Clone, errno_of(&error)))
+        .and_then(|_blocked| {
+            // SAFETY: as in `clone_child_into`: `child_main` reads the
+            // `ChildArgs` behind `arg`, kept alive by the borrow for the
+            // whole (vfork-blocking) call; the stack is ours.
+            unsafe { clone3_on(&stack, child::child_main, arg, libc::CLONE_PARENT, cgroup) }
         });
     STACK.set(Some(stack));
     result
@@ -199,7 +231,9 @@ struct CloneArgs {
     cgroup: u64,
 }
 
-/// `clone3(CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_INTO_CGROUP)`.
+/// `clone3(CLONE_VM | CLONE_VFORK | CLONE_PIDFD | extra [|
+/// CLONE_INTO_CGROUP])`, into `cgroup` when given. With `CLONE_PARENT` in
+/// `extra` the exit signal must be 0: the child gets the caller's own.
 ///
 /// # Safety
 ///
@@ -208,17 +242,27 @@ unsafe fn clone3_on(
     stack: &Stack,
     entry: extern "C" fn(*mut c_void) -> c_int,
     arg: *mut c_void,
-    cgroup: c_int,
+    extra: c_int,
+    cgroup: Option<c_int>,
 ) -> Result<(libc::pid_t, OwnedFd), (SpawnStage, c_int)> {
     let mut pidfd: c_int = -1;
-    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD;
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | extra;
+    let into = if cgroup.is_some() {
+        CLONE_INTO_CGROUP
+    } else {
+        0
+    };
     let args = CloneArgs {
-        flags: u64::try_from(flags).unwrap_or(0) | CLONE_INTO_CGROUP,
+        flags: u64::try_from(flags).unwrap_or(0) | into,
         pidfd: (&raw mut pidfd) as u64,
-        exit_signal: CHILD_EXIT_SIGNAL,
+        exit_signal: if extra & libc::CLONE_PARENT == 0 {
+            CHILD_EXIT_SIGNAL
+        } else {
+            0
+        },
         stack: stack.base as u64,
         stack_size: stack.len as u64,
-        cgroup: u64::try_from(cgroup).unwrap_or(u64::MAX),
+        cgroup: cgroup.map_or(0, |fd| u64::try_from(fd).unwrap_or(u64::MAX)),
         ..CloneArgs::default()
     };
     // SAFETY: forwarded from our caller; `args` and `pidfd` outlive the call.
@@ -229,6 +273,9 @@ unsafe fn clone3_on(
         return Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }));
     }
     let errno = c_int::try_from(-ret).unwrap_or(libc::EIO);
+    if cgroup.is_none() {
+        return Err((SpawnStage::Clone, errno));
+    }
     match errno {
         // No clone3 (before 5.3, or filtered), no cgroup field (before 5.7).
         libc::ENOSYS | libc::E2BIG | libc::EPERM | libc::EINVAL => {
@@ -307,17 +354,27 @@ pub(super) fn reap_if_exited(pid: libc::pid_t) -> bool {
     unsafe { libc::waitpid(pid, ptr::null_mut(), libc::WNOHANG | libc::__WALL) == pid }
 }
 
-/// The pid of an exited child that nobody reaped yet, left unreaped
-/// (`waitid(P_ALL, WEXITED | WNOHANG | WNOWAIT | __WALL)`).
-pub(super) fn peek_exited_child() -> Option<libc::pid_t> {
+/// The pid and real uid of an exited child that nobody reaped yet, left
+/// unreaped (`waitid(P_ALL, WEXITED | WNOHANG | WNOWAIT | __WALL)`).
+pub(super) fn peek_exited_child() -> Option<(libc::pid_t, u32)> {
+    peek_exited(libc::P_ALL, 0)
+}
+
+/// The real uid of the child `pid` if it has exited, left unreaped.
+pub(super) fn exited_uid(pid: libc::pid_t) -> Option<u32> {
+    let id = libc::id_t::try_from(pid).ok()?;
+    peek_exited(libc::P_PID, id).map(|(_, uid)| uid)
+}
+
+fn peek_exited(idtype: libc::idtype_t, id: libc::id_t) -> Option<(libc::pid_t, u32)> {
     // SAFETY: an all-zero siginfo_t is valid.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     let options = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL;
     // SAFETY: plain syscall writing into `info`, which outlives it.
-    let ret = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, options) };
+    let ret = unsafe { libc::waitid(idtype, id, &mut info, options) };
     // SAFETY: waitid filled a SIGCHLD siginfo, or left it zeroed.
-    let pid = unsafe { info.si_pid() };
-    (ret == 0 && pid > 0).then_some(pid)
+    let (pid, uid) = unsafe { (info.si_pid(), info.si_uid()) };
+    (ret == 0 && pid > 0).then_some((pid, uid))
 }
 
 /// `prctl(PR_SET_CHILD_SUBREAPER, 1)`: orphaned descendants are re-parented
@@ -788,4 +845,17 @@ fn last_errno() -> c_int {
 
 fn errno_of(error: &io::Error) -> c_int {
     error.raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// `KCMP_VM` from `<linux/kcmp.h>`.
+const KCMP_VM: c_int = 1;
+
+/// Whether processes `a` and `b` share one address space
+/// (`kcmp(KCMP_VM)`, Linux 3.5 with `CONFIG_KCMP`): a vfork'd child that
+/// has not exec'd yet shares its parent's. `false` when kcmp fails.
+pub(super) fn share_memory(a: libc::pid_t, b: libc::pid_t) -> bool {
+    // SAFETY: kcmp takes two pids, a type and two unused indexes; no
+    // memory is passed.
+    let ret = unsafe { libc::syscall(libc::SYS_kcmp, a, b, KCMP_VM, 0 as c_uint, 0 as c_uint) };
+    ret == 0
 }

@@ -17,6 +17,8 @@
 //!   everywhere and read from a signalfd, so that none can end it.
 //! - `sched`: the daemon's threads under `SCHED_BATCH`, its children back
 //!   under `SCHED_OTHER`.
+//! - `sibling`: children a per-uid spawner process starts for the daemon
+//!   (`CLONE_PARENT`), and what keeps the orphan reaper off them.
 //!
 //! # Primitive, decided by measurement
 //!
@@ -47,9 +49,14 @@ mod fork;
 mod handover;
 mod sched;
 mod selfsignal;
+mod sibling;
 mod sigchld;
 mod stray;
 mod wrapper;
+
+pub use sibling::{
+    ExpectedSibling, SiblingChild, expect_sibling, kill_pre_exec_children, pre_exec_children,
+};
 
 pub use wrapper::{die_by, stop_self_by};
 
@@ -72,7 +79,7 @@ pub use stray::{
 };
 
 use std::cell::Cell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, c_char, c_int, c_uint};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -630,15 +637,30 @@ pub fn become_subreaper() -> io::Result<()> {
 /// orphan reaper must never take one. Spawns hold `gate` for reading from
 /// clone until their pid is listed; the orphan reaper holds it for writing,
 /// so it never sees a child of ours that is not listed yet.
+///
+/// `expected` counts, per uid, the spawns a spawner process is making for
+/// us ([`expect_sibling`]): such a child is ours from its clone, but
+/// listed only once its pidfd reached us, so an exited child of that uid
+/// is left alone meanwhile.
 struct OwnChildren {
     gate: RwLock<()>,
     pids: Mutex<HashSet<i32>>,
+    expected: Mutex<HashMap<u32, usize>>,
 }
 
 static OWN: LazyLock<OwnChildren> = LazyLock::new(|| OwnChildren {
     gate: RwLock::new(()),
     pids: Mutex::new(HashSet::new()),
+    expected: Mutex::new(HashMap::new()),
 });
+
+/// Whether a spawner process may be starting a child of `uid` for us.
+fn sibling_expected(uid: u32) -> bool {
+    OWN.expected
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains_key(&uid)
+}
 
 /// Lists a child an earlier image of this daemon started (a live
 /// upgrade): the orphan reaper must leave it to its pidfd's owner.
@@ -673,17 +695,19 @@ pub struct OrphanReaping {
 /// spawns' gate only when that child is not listed as ours.
 pub fn reap_orphans() -> OrphanReaping {
     let mut reaped = 0;
-    while let Some(pid) = clone::peek_exited_child() {
+    while let Some((pid, uid)) = clone::peek_exited_child() {
         let ours = |pid| {
             OWN.pids
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .contains(&pid)
         };
-        // Cloned but not listed yet? Under the gate every child is listed.
+        // Cloned but not listed yet? Under the gate every child is listed,
+        // but a spawner's: its uid is expected until it is listed (in this
+        // order, so that one of the two always covers it).
         if ours(pid) || {
             let _gate = OWN.gate.write().unwrap_or_else(PoisonError::into_inner);
-            ours(pid)
+            sibling_expected(uid) || ours(pid)
         } {
             return OrphanReaping {
                 reaped,
@@ -706,8 +730,21 @@ pub fn reap_orphans() -> OrphanReaping {
 /// `CONFIG_PROC_CHILDREN`, which common kernels have). Returns how many.
 pub fn reap_orphans_by_scan() -> usize {
     let _gate = OWN.gate.write().unwrap_or_else(PoisonError::into_inner);
+    let children = children_of_self();
+    let own = OWN.pids.lock().unwrap_or_else(PoisonError::into_inner);
+    children
+        .into_iter()
+        .filter(|pid| !own.contains(pid))
+        .filter(|pid| clone::exited_uid(*pid).is_some_and(|uid| !sibling_expected(uid)))
+        .filter(|pid| clone::reap_if_exited(*pid))
+        .count()
+}
+
+/// The pids of this process's children, from
+/// `/proc/self/task/*/children`; empty when procfs cannot tell.
+fn children_of_self() -> Vec<i32> {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
+        return Vec::new();
     };
     let mut children = Vec::new();
     for task in tasks.flatten() {
@@ -718,12 +755,7 @@ pub fn reap_orphans_by_scan() -> usize {
             );
         }
     }
-    let own = OWN.pids.lock().unwrap_or_else(PoisonError::into_inner);
     children
-        .into_iter()
-        .filter(|pid| !own.contains(pid))
-        .filter(|pid| clone::reap_if_exited(*pid))
-        .count()
 }
 
 /// Checks at daemon start that the kernel has what [`spawn`] needs: clone

@@ -1,0 +1,393 @@
+//! Per-uid spawner processes: the fast path for children that switch to
+//! another uid.
+//!
+//! A child that switches to a peer's uid can be stopped by that peer
+//! between the switch and its exec. Cloned with vfork by a daemon thread,
+//! it would hold that thread for as long as the peer likes. So each such
+//! uid gets a spawner: a small root process (this binary, exec'd as
+//! `zygote uid-spawner`, so that it holds nothing of the daemon's) that
+//! vforks that uid's children as the daemon's siblings
+//! (`clone3(CLONE_PARENT)`, see [`spawn::SiblingChild`]) and passes each
+//! pidfd back. The children are the daemon's: it reaps, tracks and
+//! reports them like any other. A stopped child stalls only its uid's
+//! spawner, which no daemon thread waits for: each spawn's task awaits
+//! its answer.
+//!
+//! Bounds:
+//! - at most [`MAX_SPAWNERS`] run; a uid beyond them takes the fork path;
+//! - one idle for [`IDLE_EXIT`] is stopped (its socket closed);
+//! - an answer not there after [`ANSWER_DEADLINE`] fails its spawn, and
+//!   the child the spawner waits for is killed, which frees the spawner;
+//! - while the oldest question has waited [`STALLED_AFTER`], that uid's
+//!   next spawns take the fork path instead of queueing behind it;
+//! - a spawner holds only its socket, and a plan's fds while it starts
+//!   that plan's child;
+//! - one that exits unasked is logged (INFO) and counted; its spawns in
+//!   flight fail with a message saying so, and the uid's next spawn starts
+//!   a new one (after [`RESTARTS_BEFORE_PAUSE`] failures, not before
+//!   [`RESTART_PAUSE`] has passed: the fork path meanwhile);
+//! - when one cannot even start, every such child takes the fork path
+//!   for [`RESTART_PAUSE`].
+//!
+//! Here: the registry and the question; `watch`: the task that reads one
+//! spawner's answers; `wire`: the plan and answer on the socket;
+//! [`process`]: the spawner process's own loop.
+
+pub mod process;
+mod watch;
+mod wire;
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{Notify, oneshot};
+use tracing::info;
+use zygote_proto::{AsyncSeqpacket, Env, SpawnStage, SpawnerInfo};
+
+use crate::service::metrics::Metrics;
+use crate::spawn::{self, ExpectedSibling, SpawnError, SpawnPlan, SpawnedChild};
+use watch::Watched;
+
+/// Spawner processes at once.
+pub const MAX_SPAWNERS: usize = 64;
+
+/// How long a spawner may take to answer before its spawn fails.
+pub const ANSWER_DEADLINE: Duration = Duration::from_secs(30);
+
+/// How long the oldest question may wait before the uid's next spawns
+/// take the fork path.
+pub const STALLED_AFTER: Duration = Duration::from_millis(250);
+
+/// How long a spawner with nothing to do lives on.
+pub const IDLE_EXIT: Duration = Duration::from_secs(60);
+
+/// A uid whose spawner failed this many times (since the daemon started)
+/// is not given a new one until [`RESTART_PAUSE`] after the last failure.
+pub const RESTARTS_BEFORE_PAUSE: u64 = 3;
+
+/// See [`RESTARTS_BEFORE_PAUSE`].
+pub const RESTART_PAUSE: Duration = Duration::from_secs(60);
+
+/// `ZYGOTE_UID_SPAWNERS=0` in the daemon's environment: no spawners;
+/// children that switch uid take the fork path.
+pub const DISABLE_ENV: &str = "ZYGOTE_UID_SPAWNERS";
+
+/// What a spawn gets from a spawner.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// The child exec'd (`failure` is `None`) or failed before exec and
+    /// is exiting: reap it.
+    Child {
+        pid: i32,
+        pidfd: OwnedFd,
+        failure: Option<SpawnError>,
+    },
+    /// No child was created.
+    Refused(SpawnError),
+    /// The spawner could not answer: an errno, and why, for the client.
+    Lost { errno: i32, message: String },
+}
+
+/// A question in flight.
+struct Question {
+    asked: Instant,
+    answer: oneshot::Sender<Outcome>,
+    /// Its child was killed for the deadline: the answer is a failure.
+    killed: bool,
+    /// Its child, once it has waited [`STALLED_AFTER`] for its exec: killed
+    /// should the spawner die meanwhile (it is then nobody's).
+    stalled: Vec<OwnedFd>,
+    /// Keeps the orphan reaper off the child until it is listed.
+    _expected: ExpectedSibling,
+}
+
+/// One uid's spawner process.
+struct UidSpawner {
+    uid: u32,
+    pid: i32,
+    socket: AsyncSeqpacket,
+    questions: Mutex<Questions>,
+    /// Wakes the reader when a question arrives at an empty queue.
+    asked: Notify,
+    spawns: AtomicU64,
+    restarts: u64,
+}
+
+struct Questions {
+    queue: VecDeque<Question>,
+    last_answer: Instant,
+    /// Out of the registry: no question may be added.
+    retired: bool,
+}
+
+#[derive(Default)]
+struct Registry {
+    running: HashMap<u32, Arc<UidSpawner>>,
+    /// Crashes per uid, carried to its next spawner's `restarts`, and
+    /// when the last one was.
+    crashes: HashMap<u32, (u64, Instant)>,
+    /// When a spawner last could not even start (the binary gone, fds
+    /// exhausted): every such child takes the fork path for
+    /// [`RESTART_PAUSE`] after (logged once per pause).
+    failed_start: Option<Instant>,
+}
+
+/// The daemon's spawner processes.
+pub struct UidSpawners {
+    enabled: bool,
+    registry: Arc<Mutex<Registry>>,
+}
+
+impl std::fmt::Debug for UidSpawners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UidSpawners")
+            .field("enabled", &self.enabled)
+            .field("running", &self.lock().running.len())
+            .finish()
+    }
+}
+
+impl UidSpawners {
+    /// Spawners for a daemon running as `euid`: only root switches uids;
+    /// off with [`DISABLE_ENV`]`=0`, where `clone3` is not ours
+    /// (x86_64 only), or where `fs.suid_dumpable` is 1 (a peer could then
+    /// trace its child before exec, and with it the spawner's memory).
+    pub fn new(euid: u32) -> Self {
+        let wanted = std::env::var_os(DISABLE_ENV).is_none_or(|value| value != "0");
+        let dumpable = std::fs::read_to_string("/proc/sys/fs/suid_dumpable")
+            .is_ok_and(|value| value.trim() == "1");
+        Self {
+            enabled: euid == 0 && wanted && !dumpable && cfg!(target_arch = "x86_64"),
+            registry: Arc::default(),
+        }
+    }
+
+    /// The spawners running now, by uid: every one when `all`, else only
+    /// that of `uid` (`zygote status` shows a peer its own).
+    pub fn infos(&self, all: bool, uid: u32) -> Vec<SpawnerInfo> {
+        let registry = self.lock();
+        let mut infos: Vec<SpawnerInfo> = registry
+            .running
+            .values()
+            .filter(|spawner| all || spawner.uid == uid)
+            .map(|spawner| SpawnerInfo {
+                uid: spawner.uid,
+                pid: spawner.pid,
+                spawns: spawner.spawns.load(Ordering::Relaxed),
+                restarts: spawner.restarts,
+            })
+            .collect();
+        infos.sort_unstable_by_key(|info| info.uid);
+        infos
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops every spawner (the daemon is stopping): each exits at the end
+    /// of its socket; a child one waits for before exec is killed, so that
+    /// none outlives the daemon stopped.
+    pub fn stop_all(&self) {
+        let running: Vec<Arc<UidSpawner>> = self.lock().running.values().cloned().collect();
+        for spawner in running {
+            spawner.lock().retired = true;
+            let _ = rustix::net::shutdown(spawner.socket.as_fd(), rustix::net::Shutdown::Both);
+            spawn::kill_pre_exec_children(spawner.pid);
+        }
+    }
+
+    /// Asks the spawner of the plan's uid for its child, starting the
+    /// spawner with `start` when there is none. The plan (with the
+    /// daemon's copies of its fds) is dropped once sent.
+    ///
+    /// # Errors
+    ///
+    /// The plan back, for the fork path: spawners are off, at their cap,
+    /// or this uid's is stalled or cannot take it (too large, start failed).
+    pub(crate) fn ask(
+        &self,
+        plan: SpawnPlan,
+        metrics: &Metrics,
+        start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
+    ) -> Result<oneshot::Receiver<Outcome>, Box<SpawnPlan>> {
+        let Some(uid) = plan.credentials.as_ref().map(|c| c.uid) else {
+            return Err(Box::new(plan));
+        };
+        if !self.enabled || uid == 0 {
+            return Err(Box::new(plan));
+        }
+        let Some(spawner) = self.spawner_for(uid, metrics, start) else {
+            return Err(Box::new(plan));
+        };
+        let Some((bytes, fds)) = wire::encode_plan(&plan) else {
+            return Err(Box::new(plan));
+        };
+        let (answer, outcome) = oneshot::channel();
+        {
+            let mut questions = spawner.lock();
+            let stalled = questions
+                .queue
+                .front()
+                .is_some_and(|oldest| oldest.asked.elapsed() >= STALLED_AFTER);
+            if questions.retired || stalled {
+                drop(fds);
+                return Err(Box::new(plan));
+            }
+            // Expected before the child can exist: before the plan is sent.
+            let expected = spawn::expect_sibling(uid);
+            // A full socket (a stalled spawner) takes the fork path too.
+            if zygote_proto::send_frame(spawner.socket.as_fd(), &bytes, &fds).is_err() {
+                drop(fds);
+                return Err(Box::new(plan));
+            }
+            let was_empty = questions.queue.is_empty();
+            questions.queue.push_back(Question {
+                asked: Instant::now(),
+                answer,
+                killed: false,
+                stalled: Vec::new(),
+                _expected: expected,
+            });
+            if was_empty {
+                spawner.asked.notify_one();
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// The running spawner of `uid`, or a new one; `None` at the cap or
+    /// when one cannot start (logged).
+    fn spawner_for(
+        &self,
+        uid: u32,
+        metrics: &Metrics,
+        start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
+    ) -> Option<Arc<UidSpawner>> {
+        let mut registry = self.lock();
+        if let Some(spawner) = registry.running.get(&uid) {
+            return Some(Arc::clone(spawner));
+        }
+        let start_failed = registry
+            .failed_start
+            .is_some_and(|at| at.elapsed() < RESTART_PAUSE);
+        if start_failed || registry.running.len() >= MAX_SPAWNERS {
+            return None;
+        }
+        // One that keeps failing is not restarted at every spawn (each
+        // start and end is logged): its uid takes the fork path a while.
+        let crashes = registry.crashes.get(&uid).copied();
+        let restarts = crashes.map_or(0, |(count, _)| count);
+        let paused = crashes.is_some_and(|(count, last)| {
+            count >= RESTARTS_BEFORE_PAUSE && last.elapsed() < RESTART_PAUSE
+        });
+        if paused {
+            return None;
+        }
+        let (spawner, pidfd) = match launch(uid, start) {
+            Ok(launched) => launched,
+            Err(error) => {
+                registry.failed_start = Some(Instant::now());
+                info!(
+                    uid,
+                    %error,
+                    pause_s = RESTART_PAUSE.as_secs(),
+                    "failed to start a spawner process; children that switch uid take the fork \
+                     path for a while"
+                );
+                return None;
+            }
+        };
+        if restarts > 0 {
+            metrics.uid_spawner_restarted();
+        }
+        let spawner = Arc::new(UidSpawner {
+            restarts,
+            ..spawner
+        });
+        registry.running.insert(uid, Arc::clone(&spawner));
+        metrics.set_uid_spawners(registry.running.len());
+        info!(uid, pid = spawner.pid, restarts, "spawner process started");
+        let watched = Watched::new(
+            Arc::clone(&spawner),
+            pidfd,
+            Arc::downgrade(&self.registry),
+            metrics.clone(),
+        );
+        tokio::spawn(watched.serve());
+        Some(spawner)
+    }
+}
+
+impl UidSpawner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Questions> {
+        self.questions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Starts the spawner process of `uid` with `start`: its pidfd, watched.
+fn launch(
+    uid: u32,
+    start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
+) -> std::io::Result<(UidSpawner, AsyncFd<OwnedFd>)> {
+    let (ours, theirs) = zygote_proto::socket::pair(false).map_err(std::io::Error::other)?;
+    let null = || std::fs::File::open("/dev/null").map(OwnedFd::from);
+    let stderr = std::io::stderr().as_fd().try_clone_to_owned()?;
+    let plan = SpawnPlan {
+        // The running image, even if its file was replaced or removed.
+        exec_candidates: vec![c"/proc/self/exe".to_owned()],
+        argv: ["zygote-spawner", "uid-spawner", "--uid", &uid.to_string()]
+            .into_iter()
+            .map(|arg| std::ffi::CString::new(arg).map_err(std::io::Error::other))
+            .collect::<Result<_, _>>()?,
+        envp: Env::new(),
+        cwd: None,
+        fds: vec![
+            (null()?, 0),
+            (null()?, 1),
+            (stderr, 2),
+            (theirs, process::SOCKET_FD),
+        ],
+        new_session: false,
+        controlling_terminal: false,
+        process_group: None,
+        umask: None,
+        rlimits: Vec::new(),
+        credentials: None,
+        cgroup: None,
+        ignored_signals: 0,
+        nice: None,
+        cpu_affinity: Vec::new(),
+        oom_score_adj: None,
+    };
+    let child = start(&plan).map_err(|error| std::io::Error::from_raw_os_error(error.errno))?;
+    drop(plan);
+    let pidfd = zygote_proto::register(child.pidfd, Interest::READABLE)?;
+    let socket = AsyncSeqpacket::new(ours).map_err(std::io::Error::other)?;
+    Ok((
+        UidSpawner {
+            uid,
+            pid: child.pid,
+            socket,
+            questions: Mutex::new(Questions {
+                queue: VecDeque::new(),
+                last_answer: Instant::now(),
+                retired: false,
+            }),
+            asked: Notify::new(),
+            spawns: AtomicU64::new(0),
+            restarts: 0,
+        },
+        pidfd,
+    ))
+}
+
+/// The spawn stage a lost answer is reported at.
+pub(crate) const LOST_STAGE: SpawnStage = SpawnStage::Clone;

@@ -1,0 +1,88 @@
+//! The spawner process itself: `zygote uid-spawner --uid UID`, started by
+//! the daemon with its end of a socketpair on fd 3. It reads one plan at a
+//! time, starts the child as the daemon's sibling, and answers with the
+//! child's pidfd; it exits when the daemon closes the socket.
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use zygote_proto::{RECV_BUFFER_BYTES, recv_frame_in, send_frame};
+
+use super::wire::{self, Answer};
+use crate::spawn::{self, SiblingChild, SpawnPlan, Spawner};
+
+/// The fd the daemon passes the spawner's socket on.
+pub(crate) const SOCKET_FD: i32 = 3;
+
+/// The process name a spawner shows (`ps`, `/proc/PID/comm`).
+pub(crate) const PROCESS_NAME: &std::ffi::CStr = c"zygote-spawner";
+
+/// Serves the daemon on fd 3 until it closes the socket; the process's
+/// exit code (0 when the daemon closed, 1 on an error, said on stderr).
+pub fn serve(uid: u32) -> u8 {
+    // Nothing else the daemon passed stays open.
+    let socket = match spawn::take_inherited_fd(SOCKET_FD) {
+        Ok(socket) => socket,
+        Err(error) => {
+            eprintln!("zygote uid-spawner: no socket on fd {SOCKET_FD}: {error}");
+            return 1;
+        }
+    };
+    // Stays in the daemon's process group, as its children must: a ^C
+    // there must not end it (the daemon stops it by closing the socket).
+    let _held = spawn::hold_stop_signals();
+    let _ = rustix::thread::set_name(PROCESS_NAME);
+    let spawner = Spawner::with_current_dispositions().unwrap_or_else(Spawner::resetting_all);
+    let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+    loop {
+        let received = match recv_frame_in(socket.as_fd(), &mut scratch) {
+            Ok(Some(received)) => received,
+            Ok(None) => return 0,
+            Err(error) => {
+                eprintln!("zygote uid-spawner: {error}");
+                return 1;
+            }
+        };
+        let plan = wire::decode_plan(&scratch[..received.len], received.fds);
+        let (answer, pidfd) = start(&spawner, plan, uid);
+        let bytes = zygote_proto::encode(&answer).unwrap_or_default();
+        let fds: Vec<_> = pidfd.iter().map(AsFd::as_fd).collect();
+        if let Err(error) = send_frame(socket.as_fd(), &bytes, &fds) {
+            // Nobody will watch the child: end it, and leave.
+            if let Some(pidfd) = &pidfd {
+                let _ = spawn::send_signal(pidfd.as_fd(), libc::SIGKILL);
+            }
+            if !error.is_disconnect() {
+                eprintln!("zygote uid-spawner: {error}");
+            }
+            return 1;
+        }
+    }
+}
+
+/// Starts the child of one plan (whose fds are closed on return).
+fn start(spawner: &Spawner, plan: Option<SpawnPlan>, uid: u32) -> (Answer, Option<OwnedFd>) {
+    let refused = |stage, errno| (Answer::Refused { stage, errno }, None);
+    let Some(plan) = plan else {
+        return refused(zygote_proto::SpawnStage::Validate, libc::EINVAL);
+    };
+    // Only the uid this spawner serves, never root: a daemon bug must not
+    // turn into a child of another uid.
+    if plan
+        .credentials
+        .as_ref()
+        .is_none_or(|c| c.uid != uid || uid == 0)
+    {
+        return refused(zygote_proto::SpawnStage::Validate, libc::EPERM);
+    }
+    match spawner.spawn_sibling(&plan) {
+        Ok(SiblingChild {
+            pid,
+            pidfd,
+            failure,
+        }) => {
+            let failure = failure.map(|error| (error.stage, error.errno));
+            (Answer::Started { pid, failure }, Some(pidfd))
+        }
+        Err(error) => refused(error.stage, error.errno),
+    }
+}
