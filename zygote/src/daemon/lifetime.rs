@@ -32,6 +32,7 @@ use crate::daemon::plan::{self, Group, OnClose};
 use crate::daemon::policy::Grant;
 use crate::daemon::reaper;
 use crate::daemon::reply::clip;
+use crate::daemon::sandbox;
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::state::{Closable, Daemon};
 use crate::service::metrics::{SpawnResult, errno_name};
@@ -379,6 +380,7 @@ impl SpawnTask {
             on_close,
             timeout,
             leads_own_group,
+            sandbox: applied_sandbox,
         } = prepared;
         let launched = self
             .launch(id, plan, cgroup.as_deref(), cwd.as_deref(), program)
@@ -388,6 +390,10 @@ impl SpawnTask {
             return Ok(());
         };
         self.daemon.metrics.child_started();
+        if let Some(applied) = &applied_sandbox {
+            self.daemon.metrics.sandboxed_spawn(SpawnResult::Ok);
+            debug!(pid, ?applied, "child sandboxed");
+        }
         let timer = timeout.map(|timeout| {
             Arc::new(Mutex::new(Timer {
                 term_at: Instant::now() + Duration::from_millis(timeout.millis),
@@ -480,6 +486,7 @@ impl SpawnTask {
                 )
             })?;
         prepared.plan.credentials = credentials;
+        self.sandbox(request, &mut prepared)?;
         plan::apply_peer_floor(&mut prepared.plan, peer);
         // The request's rlimits are the plan's now.
         let clamped = self.connection.grant.clamp_unset_rlimits(
@@ -499,6 +506,36 @@ impl SpawnTask {
             }
         }
         Ok(prepared)
+    }
+
+    /// Resolves the request's sandbox under the profile the policy
+    /// imposes on this peer into the plan.
+    fn sandbox(
+        &self,
+        request: &SpawnRequest,
+        prepared: &mut plan::Prepared,
+    ) -> Result<(), SpawnFailed> {
+        let imposed = self.connection.grant.sandbox_profile();
+        let requested: Option<&sandbox::SandboxSpec> = None;
+        match self.daemon.sandboxes.resolve(requested, imposed) {
+            Ok(Some((plan, applied))) => {
+                prepared.plan.sandbox = Some(plan);
+                prepared.sandbox = Some(applied);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(refusal) => {
+                let metrics = &self.daemon.metrics;
+                let stage = if refusal.invalid {
+                    SpawnStage::Validate
+                } else {
+                    spawn::SANDBOX_STAGE
+                };
+                metrics.sandbox_failed(stage.name(), "request");
+                metrics.sandboxed_spawn(SpawnResult::Refused);
+                Err(refused(request.id, stage, refusal.errno, refusal.message))
+            }
+        }
     }
 
     /// The child's own cgroup, made and named in `plan`, when the daemon
@@ -544,9 +581,19 @@ impl SpawnTask {
                 let _ = cgroup.remove();
             }
         };
+        let names = plan.sandbox.as_ref().map(sandbox::FailureNames::of);
+        let metrics = &self.daemon.metrics;
         let failed = |error: spawn::SpawnError| {
             remove_cgroup();
             let reason = strerror(error.errno);
+            if names.is_some() {
+                metrics.sandboxed_spawn(SpawnResult::Failed);
+            }
+            if let (Some(names), Some(failure)) = (&names, error.sandbox) {
+                metrics.sandbox_failed("sandbox", failure.step.name());
+                let message = names.describe(failure, &reason);
+                return refused(id, error.stage, error.errno, message);
+            }
             let message = match (error.stage, cwd) {
                 // The directory is what is missing, not the program.
                 (SpawnStage::Chdir, Some(cwd)) => {
@@ -560,7 +607,8 @@ impl SpawnTask {
         // peer: vfork, the fastest. One that switches to the peer's ids
         // could be, between the switch and exec: fork, and wait for the
         // exec here, asynchronously, so that only this spawn waits.
-        let (pid, pidfd, status) = if plan.credentials.is_none() {
+        // A sandboxed child resolves the peer's paths: fork path too.
+        let (pid, pidfd, status) = if plan.credentials.is_none() && plan.sandbox.is_none() {
             // The daemon's copies of the child's fds go with the plan.
             let child = self.daemon.spawn_plan(plan).await.map_err(failed)?;
             (child.pid, child.pidfd, None)
@@ -817,7 +865,7 @@ impl SpawnTask {
                 report = read_exec_report(&status) => report.map_err(|error| {
                     warn!(pid, %error, "failed to read a child's status pipe; killing it");
                     kill();
-                    Some(spawn::SpawnError { stage: SpawnStage::Pipe, errno: error.raw_os_error().unwrap_or(libc::EIO) })
+                    Some(spawn::SpawnError::new(SpawnStage::Pipe, error.raw_os_error().unwrap_or(libc::EIO)))
                 }),
                 () = self.cancelled() => {
                     debug!(pid, "killing a child that has not exec'd: its spawn was cancelled");
@@ -827,10 +875,10 @@ impl SpawnTask {
             },
             Err(error) => {
                 kill();
-                Err(Some(spawn::SpawnError {
-                    stage: SpawnStage::Pipe,
-                    errno: error.raw_os_error().unwrap_or(libc::EIO),
-                }))
+                Err(Some(spawn::SpawnError::new(
+                    SpawnStage::Pipe,
+                    error.raw_os_error().unwrap_or(libc::EIO),
+                )))
             }
         };
         let error = match outcome {

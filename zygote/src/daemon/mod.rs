@@ -45,6 +45,7 @@ pub mod policy;
 pub mod private;
 mod reaper;
 mod reply;
+pub mod sandbox;
 pub mod server;
 mod shutdown;
 mod spawners;

@@ -15,6 +15,7 @@ use crate::daemon::handover::{Pause, SavedConnection};
 use crate::daemon::loglimit::LogLimit;
 use crate::daemon::peer;
 use crate::daemon::policy::Policy;
+use crate::daemon::sandbox::Sandboxes;
 use crate::daemon::spawners::SpawnerPool;
 use crate::service::metrics::Metrics;
 use crate::spawn::{self, Credentials, SpawnError, SpawnPlan, SpawnedChild, Spawner, StartedChild};
@@ -67,6 +68,8 @@ pub struct Daemon {
     pub credentials: Credentials,
     /// Who may connect, and what each peer may ask for.
     pub policy: Policy,
+    /// The policy's sandbox profiles and what sandboxes share.
+    pub sandboxes: Sandboxes,
     /// Children running or being started, per peer uid and in total.
     pub(crate) child_counts: Mutex<ChildCounts>,
     /// Connections past their peer check, per peer uid and in total
@@ -133,16 +136,14 @@ impl Daemon {
     /// State for a daemon starting now, under `policy`.
     pub fn with_policy(policy: Policy) -> Self {
         let uid = rustix::process::geteuid().as_raw();
+        let gid = rustix::process::getegid().as_raw();
         let groups = rustix::process::getgroups()
             .map(|groups| groups.into_iter().map(|gid| gid.as_raw()).collect())
             .unwrap_or_default();
         Self {
             uid,
-            credentials: Credentials {
-                uid,
-                gid: rustix::process::getegid().as_raw(),
-                groups,
-            },
+            credentials: Credentials { uid, gid, groups },
+            sandboxes: Sandboxes::new(policy.sandbox_profiles(), uid, gid),
             policy,
             child_counts: Mutex::default(),
             connection_counts: Mutex::default(),
@@ -404,6 +405,7 @@ mod tests {
             nice: None,
             cpu_affinity: Vec::new(),
             oom_score_adj: None,
+            sandbox: None,
         }
     }
 

@@ -68,6 +68,8 @@ pub struct Metrics {
     spawns: IntCounterVec,
     peer_spawns: IntCounterVec,
     exec_errors: IntCounterVec,
+    sandboxed_spawns: IntCounterVec,
+    sandbox_failures: IntCounterVec,
     children_running: IntGauge,
     child_exits: IntCounterVec,
     connections_open: IntGauge,
@@ -127,6 +129,23 @@ impl Metrics {
                 "Spawns whose execve failed, by errno name.",
             ),
             &["errno"],
+        )
+        .expect("valid counter");
+        let sandboxed_spawns = IntCounterVec::new(
+            Opts::new(
+                "zygote_sandboxed_spawns_total",
+                "Spawns with a sandbox (requested or imposed by policy), by result: \
+                 ok, failed, refused.",
+            ),
+            &["result"],
+        )
+        .expect("valid counter");
+        let sandbox_failures = IntCounterVec::new(
+            Opts::new(
+                "zygote_sandbox_failures_total",
+                "Sandboxes refused or failed, by stage (validate, sandbox) and step.",
+            ),
+            &["stage", "step"],
         )
         .expect("valid counter");
         let children_running = IntGauge::new(
@@ -197,7 +216,9 @@ impl Metrics {
                 &zygote_proto::PROTOCOL_VERSION.to_string(),
             ])
             .set(1);
-        let collectors: [Box<dyn prometheus::core::Collector>; 13] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 15] = [
+            Box::new(sandboxed_spawns.clone()),
+            Box::new(sandbox_failures.clone()),
             Box::new(oom_kills.clone()),
             Box::new(tree_kills.clone()),
             Box::new(spawn_duration.clone()),
@@ -221,6 +242,8 @@ impl Metrics {
             spawns,
             peer_spawns,
             exec_errors,
+            sandboxed_spawns,
+            sandbox_failures,
             children_running,
             child_exits,
             connections_open,
@@ -271,6 +294,21 @@ impl Metrics {
             })
         });
         counters[result.index()].inc();
+    }
+
+    /// Counts a sandboxed spawn by its result.
+    pub fn sandboxed_spawn(&self, result: SpawnResult) {
+        self.sandboxed_spawns
+            .with_label_values(&[result.label()])
+            .inc();
+    }
+
+    /// Counts a sandbox refused (`stage` validate) or failed in the child
+    /// (`stage` sandbox) at `step`.
+    pub fn sandbox_failed(&self, stage: &str, step: &str) {
+        self.sandbox_failures
+            .with_label_values(&[stage, step])
+            .inc();
     }
 
     /// Records an `execve` failure.
@@ -355,8 +393,10 @@ impl Metrics {
         }
     }
 
-    fn counter_vecs(&self) -> [(&'static str, &IntCounterVec); 7] {
+    fn counter_vecs(&self) -> [(&'static str, &IntCounterVec); 9] {
         [
+            ("sandboxed_spawns", &self.sandboxed_spawns),
+            ("sandbox_failures", &self.sandbox_failures),
             ("spawns", &self.spawns),
             ("peer_spawns", &self.peer_spawns),
             ("exec_errors", &self.exec_errors),

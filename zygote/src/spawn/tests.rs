@@ -58,6 +58,7 @@ fn plan(argv: &[&str]) -> SpawnPlan {
         nice: None,
         cpu_affinity: Vec::new(),
         oom_score_adj: None,
+        sandbox: None,
     }
 }
 
@@ -188,7 +189,7 @@ fn assert_fails(plan: &SpawnPlan, stage: SpawnStage, errno: i32) {
         std::thread::sleep(std::time::Duration::from_millis(10));
         error = spawn(plan).unwrap_err();
     }
-    assert_eq!(error, SpawnError { stage, errno });
+    assert_eq!(error, SpawnError::new(stage, errno));
 }
 
 #[test]
@@ -730,7 +731,7 @@ fn fork_path_reports_the_failed_step() {
         let started = super::start(&plan).unwrap();
         assert_eq!(
             exec_report(&started),
-            super::ExecReport::Failed(SpawnError { stage, errno })
+            super::ExecReport::Failed(SpawnError::new(stage, errno))
         );
         let child = SpawnedChild {
             pid: started.pid,
