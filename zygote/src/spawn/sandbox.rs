@@ -375,63 +375,98 @@ fn write_file(path: &CStr, text: &[u8], step: Step) -> Result<(), Failed> {
 const STAGING: &CStr = c"/tmp";
 
 /// Builds the new root on a tmpfs and pivots into it.
+///
+/// Every bind source is resolved (as the peer) and copied into a detached
+/// tree first, before anything is mounted over the host's paths (the
+/// staging tmpfs covers `/tmp`, where a source may be).
 fn build_root(mounts: &[Mount], peer: &Peer<'_>, new_pid_ns: bool) -> Result<(), Failed> {
-    // SAFETY: NULL source/type/data are allowed for a propagation change.
-    let ret = unsafe {
-        libc::mount(
-            ptr::null(),
-            c"/".as_ptr(),
-            ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            ptr::null(),
-        )
-    };
-    check(ret.into(), Step::Propagation, None)?;
-    // SAFETY: NUL-terminated strings.
-    let ret = unsafe {
-        libc::mount(
-            c"tmpfs".as_ptr(),
-            STAGING.as_ptr(),
-            c"tmpfs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            c"mode=0755".as_ptr().cast(),
-        )
-    };
-    check(ret.into(), Step::Root, None)?;
-    // SAFETY: opens a NUL-terminated path.
-    let root = unsafe {
-        libc::open(
-            STAGING.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    check(root.into(), Step::Root, None)?;
-    let built = mount_all(root, mounts, peer, new_pid_ns);
-    let built = built.and_then(|()| make_dev(root));
-    let built = built.and_then(|()| pivot(root));
-    close(root);
+    let mut trees = [-1 as c_int; MAX_MOUNTS];
+    let built = detach_sources(mounts, peer, &mut trees).and_then(|()| {
+        // SAFETY: NULL source/type/data are allowed for a propagation change.
+        let ret = unsafe {
+            libc::mount(
+                ptr::null(),
+                c"/".as_ptr(),
+                ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                ptr::null(),
+            )
+        };
+        check(ret.into(), Step::Propagation, None)?;
+        // SAFETY: NUL-terminated strings.
+        let ret = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                STAGING.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c"mode=0755".as_ptr().cast(),
+            )
+        };
+        check(ret.into(), Step::Root, None)?;
+        // SAFETY: opens a NUL-terminated path.
+        let root = unsafe {
+            libc::open(
+                STAGING.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        let root = check(root.into(), Step::Root, None)? as c_int;
+        let built = mount_all(root, mounts, &trees, new_pid_ns);
+        let built = built.and_then(|()| make_dev(root));
+        let built = built.and_then(|()| pivot(root));
+        close(root);
+        built
+    });
+    for tree in trees {
+        if tree >= 0 {
+            close(tree);
+        }
+    }
     built
+}
+
+/// Opens each bind's source as the peer and clones it into a detached
+/// tree, in `trees` at the mount's index.
+fn detach_sources(
+    mounts: &[Mount],
+    peer: &Peer<'_>,
+    trees: &mut [c_int; MAX_MOUNTS],
+) -> Result<(), Failed> {
+    for ((index, mount), slot) in mounts.iter().enumerate().zip(trees.iter_mut()) {
+        if matches!(mount.kind, MountKind::ReadOnlyBind | MountKind::Bind) {
+            let source = open_as_peer(&mount.source, peer, index)?;
+            let tree = clone_tree(source, mount.kind, index);
+            close(source);
+            *slot = tree?;
+        }
+    }
+    Ok(())
 }
 
 fn mount_all(
     root: c_int,
     mounts: &[Mount],
-    peer: &Peer<'_>,
+    trees: &[c_int; MAX_MOUNTS],
     new_pid_ns: bool,
 ) -> Result<(), Failed> {
-    for (index, mount) in mounts.iter().enumerate() {
-        let tree = match mount.kind {
+    for ((index, mount), tree) in mounts.iter().enumerate().zip(trees) {
+        let attached = match mount.kind {
             MountKind::ReadOnlyBind | MountKind::Bind => {
-                let source = open_as_peer(&mount.source, peer, index)?;
-                let tree = clone_tree(source, mount.kind, index);
-                close(source);
-                tree?
+                attach(*tree, root, &mount.destination, index)
             }
-            MountKind::Tmpfs => new_fs(c"tmpfs", index)?,
-            MountKind::Proc => new_fs(c"proc", index)?,
+            MountKind::Tmpfs | MountKind::Proc => {
+                let fstype = if mount.kind == MountKind::Tmpfs {
+                    c"tmpfs"
+                } else {
+                    c"proc"
+                };
+                let fresh = new_fs(fstype, index)?;
+                let attached = attach(fresh, root, &mount.destination, index);
+                close(fresh);
+                attached
+            }
         };
-        let attached = attach(tree, root, &mount.destination, index);
-        close(tree);
         attached?;
     }
     // A fresh /proc always: of the new pid namespace when there is one
