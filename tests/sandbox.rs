@@ -1,0 +1,146 @@
+//! Sandboxes against a real daemon and kernel: a peer whose policy
+//! imposes a profile tries to escape it.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::util::{Daemon, output_within, root_or_skip, start_daemon_with, zygote_bin};
+
+/// A profile binding the system read-only and `work` read-write, in
+/// every namespace, under the `default` seccomp profile.
+fn full_profile(work: &str) -> String {
+    format!(
+        "[sandbox.box]\nnetwork = \"none\"\nisolate = true\nhostname = \"box\"\n\
+         seccomp = \"default\"\nro_bind = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\"]\n\
+         bind = [\"{work}\"]\n\n[[peer]]\nuids = [0, 65534]\nsandbox = \"box\"\n"
+    )
+}
+
+/// `zygote run -- /bin/sh -c SCRIPT` in `cwd`, as `uid` when given.
+fn run(daemon: &Daemon, cwd: &str, uid: Option<u32>, script: &str) -> Output {
+    let mut command = Command::new(zygote_bin());
+    command
+        .args(["run", "--", "/bin/sh", "-c", script])
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(uid) = uid {
+        command.uid(uid).gid(uid);
+    }
+    output_within(
+        command.spawn().expect("start zygote run"),
+        Duration::from_secs(30),
+        "zygote run",
+    )
+}
+
+fn work_dir() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("zygote-sandbox-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    dir
+}
+
+#[test]
+fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let work = work_dir();
+    let path = work.path().to_str().unwrap();
+    let daemon = start_daemon_with(
+        "sandbox-escape",
+        Some(&full_profile(path)),
+        &["--socket-mode", "0666"],
+    );
+    let script = "\
+        cat /etc/shadow >/dev/null 2>&1 && echo ESCAPE-shadow; \
+        ls /root >/dev/null 2>&1 && echo ESCAPE-root; \
+        ls /home >/dev/null 2>&1 && echo ESCAPE-home; \
+        touch /usr/escape 2>/dev/null && echo ESCAPE-usr; \
+        touch /escape 2>/dev/null && echo ESCAPE-slash; \
+        touch inside && echo wrote-inside; \
+        mount -t tmpfs none /tmp 2>/dev/null && echo ESCAPE-mount; \
+        unshare -U true 2>/dev/null && echo ESCAPE-unshare; \
+        bash -c 'echo > /dev/tcp/127.0.0.1/22' 2>/dev/null && echo ESCAPE-inet; \
+        echo pids $(ls /proc | grep -c '^[0-9]'); \
+        echo host $(hostname); \
+        grep -E '^(NoNewPrivs|CapBnd|CapEff|Seccomp):' /proc/self/status";
+    let output = run(&daemon, path, Some(65534), script);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!text.contains("ESCAPE"), "{text}");
+    assert!(text.contains("wrote-inside"), "{text}");
+    assert!(work.path().join("inside").exists());
+    // The init, the shell, its subshell, ls and grep: only the child's own
+    // tree (the host has hundreds).
+    let pids: usize = text
+        .lines()
+        .find_map(|line| line.strip_prefix("pids "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("pid count");
+    assert!(pids <= 6, "{text}");
+    assert!(text.contains("host box"), "{text}");
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+    assert!(text.contains("CapBnd:\t0000000000000000"), "{text}");
+    assert!(text.contains("Seccomp:\t2"), "{text}");
+}
+
+#[test]
+fn sandboxed_init_forwards_signals_and_reports_exact_exits() {
+    if !root_or_skip("a root daemon with pid namespaces") {
+        return;
+    }
+    let work = work_dir();
+    let path = work.path().to_str().unwrap();
+    let daemon = start_daemon_with("sandbox-init", Some(&full_profile(path)), &[]);
+    // As pid 1 the shell would ignore SIGTERM: under the init it dies.
+    let output = run(&daemon, path, None, "echo $$; kill -TERM $$; sleep 5");
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "2");
+    assert_eq!(output.status.signal(), Some(libc::SIGTERM), "{output:?}");
+    let output = run(&daemon, path, None, "exit 7");
+    assert_eq!(output.status.code(), Some(7), "{output:?}");
+}
+
+#[test]
+fn a_peer_cannot_bind_a_path_it_cannot_reach() {
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let work = work_dir();
+    let secret = tempfile::Builder::new()
+        .prefix("zygote-secret-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(secret.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(secret.path().join("key"), "SECRET-CONTENT").unwrap();
+    let path = work.path().to_str().unwrap();
+    let policy = format!(
+        "[sandbox.box]\nro_bind = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"{}:/secret\"]\n\
+         bind = [\"{path}\"]\n\n[[peer]]\nuids = [65534]\nsandbox = \"box\"\n",
+        secret.path().display()
+    );
+    let daemon = start_daemon_with("sandbox-reach", Some(&policy), &["--socket-mode", "0666"]);
+    let output = run(&daemon, path, Some(65534), "cat /secret/key");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(!text.contains("SECRET-CONTENT"), "{text}");
+    assert!(!output.status.success(), "{output:?}");
+    // Root, which can reach it, gets it bound (the same profile as root).
+    let root_policy = policy.replace("uids = [65534]", "uids = [0]");
+    let daemon = start_daemon_with("sandbox-reach-root", Some(&root_policy), &[]);
+    let output = run(&daemon, path, None, "cat /secret/key");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("SECRET-CONTENT"),
+        "{output:?}"
+    );
+}
