@@ -122,13 +122,18 @@ fn a_peer_cannot_bind_a_path_it_cannot_reach() {
         .prefix("zygote-secret-")
         .tempdir_in("/var/tmp")
         .unwrap();
+    // The directory is open to all, but inside one only root can search:
+    // bound as root, it would show its file to anyone.
     std::fs::set_permissions(secret.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
-    std::fs::write(secret.path().join("key"), "SECRET-CONTENT").unwrap();
+    let inner = secret.path().join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(inner.join("key"), "SECRET-CONTENT").unwrap();
     let path = work.path().to_str().unwrap();
     let policy = format!(
         "[sandbox.box]\nro_bind = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"{}:/secret\"]\n\
          bind = [\"{path}\"]\n\n[[peer]]\nuids = [65534]\nsandbox = \"box\"\n",
-        secret.path().display()
+        inner.display()
     );
     let daemon = start_daemon_with("sandbox-reach", Some(&policy), &["--socket-mode", "0666"]);
     let output = run(&daemon, path, Some(65534), "cat /secret/key");
