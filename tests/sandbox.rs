@@ -38,6 +38,21 @@ fn run(daemon: &Daemon, cwd: &str, uid: Option<u32>, script: &str) -> Output {
     )
 }
 
+/// Python that tries ptrace, keyctl and an AF_INET connect to 127.0.0.1,
+/// printing each errno's name.
+const SYSCALLS: &str = "
+import ctypes, errno, socket
+libc = ctypes.CDLL(None, use_errno=True)
+for name, number in (('ptrace', 101), ('keyctl', 250)):
+    ret = libc.syscall(number, 0, 0, 0, 0)
+    print(name, errno.errorcode.get(ctypes.get_errno(), 'ESCAPE') if ret < 0 else 'ESCAPE')
+try:
+    socket.create_connection(('127.0.0.1', 22), timeout=2)
+    print('connect ESCAPE')
+except OSError as error:
+    print('connect', errno.errorcode.get(error.errno, str(error)))
+";
+
 fn work_dir() -> tempfile::TempDir {
     let dir = tempfile::Builder::new()
         .prefix("zygote-sandbox-")
@@ -68,7 +83,8 @@ fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
         touch inside && echo wrote-inside; \
         mount -t tmpfs none /tmp 2>/dev/null && echo ESCAPE-mount; \
         unshare -U true 2>/dev/null && echo ESCAPE-unshare; \
-        bash -c 'echo > /dev/tcp/127.0.0.1/22' 2>/dev/null && echo ESCAPE-inet; \
+        python3 -c \"$SYSCALLS\"; \
+        ./id-setuid | grep -q euid= && echo ESCAPE-setuid; \
         echo pids $(ls /proc | grep -c '^[0-9]'); \
         echo host $(hostname); \
         grep -E '^(NoNewPrivs|CapBnd|CapEff|Seccomp):' /proc/self/status";
@@ -94,6 +110,34 @@ fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
     assert!(text.contains("NoNewPrivs:\t1"), "{text}");
     assert!(text.contains("CapBnd:\t0000000000000000"), "{text}");
     assert!(text.contains("Seccomp:\t2"), "{text}");
+}
+
+#[test]
+fn landlock_alone_denies_writes_outside_its_read_write_list() {
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let work = work_dir();
+    let other = work_dir();
+    let path = work.path().to_str().unwrap();
+    let policy = format!(
+        "[sandbox.lock]\nlandlock_rx = [\"/\"]\nlandlock_rw = [\"{path}\", \"/dev/null\"]\n\
+         landlock_require = true\n\n[[peer]]\nuids = [65534]\nsandbox = \"lock\"\n"
+    );
+    let daemon = start_daemon_with(
+        "sandbox-landlock",
+        Some(&policy),
+        &["--socket-mode", "0666"],
+    );
+    let script = format!(
+        "touch {}/outside 2>/dev/null && echo ESCAPE-outside; touch inside && echo wrote-inside",
+        other.path().display()
+    );
+    let output = run(&daemon, path, Some(65534), &script);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("wrote-inside"), "{text} {output:?}");
+    assert!(!text.contains("ESCAPE"), "{text}");
+    assert!(!other.path().join("outside").exists());
 }
 
 #[test]

@@ -71,8 +71,9 @@ pub fn build(spec: &LandlockSpec) -> Result<Option<Built>, Refusal> {
     ];
     for (list, access) in lists {
         for path in list {
-            let checked = check_path("landlock path", path)?;
-            let path = CString::new(checked)
+            let mut absolute = b"/".to_vec();
+            absolute.extend(check_path("landlock path", path)?);
+            let path = CString::new(absolute)
                 .map_err(|_| Refusal::invalid("landlock path contains a NUL byte"))?;
             paths.push((path, access.bits()));
         }
