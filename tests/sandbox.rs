@@ -6,7 +6,9 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::util::{Daemon, output_within, root_or_skip, start_daemon_with, zygote_bin};
+use crate::util::{
+    Daemon, eventually, output_within, root_or_skip, start_daemon_with, wait_within, zygote_bin,
+};
 
 /// A profile binding the system read-only and `work` read-write, in
 /// every namespace, under the `default` seccomp profile.
@@ -154,6 +156,21 @@ fn sandboxed_init_forwards_signals_and_reports_exact_exits() {
     assert_eq!(output.status.signal(), Some(libc::SIGTERM), "{output:?}");
     let output = run(&daemon, path, None, "exit 7");
     assert_eq!(output.status.code(), Some(7), "{output:?}");
+    // SIGTERM from outside (zygote run passes it on through the pidfd,
+    // to the init), for a shell with no handler: the init forwards it.
+    let ready = work.path().join("ready");
+    let mut child = Command::new(zygote_bin())
+        .args(["run", "--", "/bin/sh", "-c", "touch ready; sleep 30"])
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .current_dir(path)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start zygote run");
+    assert!(eventually(Duration::from_secs(10), || ready.exists()));
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = wait_within(&mut child, Duration::from_secs(10), "zygote run");
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
 }
 
 #[test]
