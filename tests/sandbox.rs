@@ -210,3 +210,19 @@ fn a_peer_cannot_bind_a_path_it_cannot_reach() {
         "{output:?}"
     );
 }
+
+#[test]
+fn isolate_alone_mounts_a_proc_of_the_new_pid_namespace() {
+    if !root_or_skip("a root daemon with pid namespaces") {
+        return;
+    }
+    let policy = "[sandbox.iso]\nisolate = true\n\n[[peer]]\nuids = [0]\nsandbox = \"iso\"\n";
+    let daemon = start_daemon_with("sandbox-isolate", Some(policy), &[]);
+    let output = run(&daemon, "/", None, "echo $$ $(ls /proc | grep -c '^[0-9]')");
+    let text = String::from_utf8_lossy(&output.stdout);
+    // The shell is pid 2 (under the init) and sees the init, itself, its
+    // subshell, ls and grep at most; the host has hundreds.
+    let (pid, count) = text.trim().split_once(' ').expect("two numbers");
+    assert_eq!(pid, "2", "{text}");
+    assert!(count.parse::<usize>().unwrap() <= 5, "{text}");
+}

@@ -55,6 +55,9 @@ pub struct SandboxPlan {
     /// Rootless: map the peer's uid and gid to themselves in the new user
     /// namespace.
     pub map_ids: Option<(u32, u32)>,
+    /// Mount a fresh `/proc` over the host's (a new pid namespace without
+    /// a filesystem of its own: the child's own mount namespace).
+    pub fresh_proc: bool,
     /// Clear the capability bounding and ambient sets (needs
     /// `CAP_SETPCAP`: a root daemon, or a user namespace of the child's
     /// own; a rootless child without one has no capability to lose).
@@ -300,6 +303,8 @@ pub(super) fn before_credentials(plan: &SandboxPlan, peer: &Peer<'_>) -> Result<
     }
     if let Some(mounts) = &plan.filesystem {
         build_root(mounts, peer, plan.clone_flags & libc::CLONE_NEWPID != 0)?;
+    } else if plan.fresh_proc {
+        remount_proc()?;
     }
     if plan.clear_bounding_set {
         clear_capability_sets()?;
@@ -369,6 +374,33 @@ fn write_file(path: &CStr, text: &[u8], step: Step) -> Result<(), Failed> {
     let failed = (written < 0).then(|| fail(step, None));
     close(fd);
     failed.map_or(Ok(()), Err)
+}
+
+/// Mounts a fresh procfs of the child's pid namespace over `/proc`, in
+/// its own mount namespace, made private first.
+fn remount_proc() -> Result<(), Failed> {
+    // SAFETY: NULL source/type/data are allowed for a propagation change.
+    let ret = unsafe {
+        libc::mount(
+            ptr::null(),
+            c"/".as_ptr(),
+            ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            ptr::null(),
+        )
+    };
+    check(ret.into(), Step::Propagation, None)?;
+    // SAFETY: NUL-terminated strings, no data.
+    let ret = unsafe {
+        libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            ptr::null(),
+        )
+    };
+    check(ret.into(), Step::Mount, None).map(drop)
 }
 
 /// Where the new root is built, in this child's own mount namespace.

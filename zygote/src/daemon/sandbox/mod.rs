@@ -194,6 +194,12 @@ impl Sandboxes {
             applied
                 .namespaces
                 .extend(["pid", "ipc", "uts"].map(String::from));
+            if plan.filesystem.is_none() {
+                // The host's view, with a /proc of the new pid namespace.
+                plan.fresh_proc = true;
+                plan.clone_flags |= libc::CLONE_NEWNS;
+                applied.namespaces.push("mount".into());
+            }
         }
         if network_none {
             if self.rootless.is_some() {
