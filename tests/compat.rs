@@ -563,3 +563,108 @@ mod v1 {
         Ok(reply)
     }
 }
+
+/// A version-3 request for a sandbox, which this daemon does not offer
+/// yet, is refused before anything is created, as `EOPNOTSUPP` naming the
+/// feature at stage `Validate`; the connection carries on.
+#[test]
+fn a_sandbox_request_is_refused_while_the_daemon_does_not_offer_it() {
+    use zygote_proto::{SandboxSpec, SpawnRequest, SpawnStage};
+    let daemon = start_daemon("compat-sandbox-refused");
+    let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+    rustix::net::sockopt::set_socket_timeout(
+        &fd,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(REPLY_DEADLINE),
+    )
+    .expect("SO_RCVTIMEO");
+    let send = |message: &ClientMessage| {
+        send_frame(fd.as_fd(), &encode(message).expect("encode"), &[]).expect("send");
+    };
+    let mut buffer = vec![0; RECV_BUFFER_BYTES];
+    let mut receive = || -> ServerMessage {
+        let frame = recv_frame(fd.as_fd(), &mut buffer)
+            .expect("receive")
+            .expect("a reply");
+        decode(&frame.bytes).expect("a version-3 reply")
+    };
+    send(&ClientMessage::Hello(Hello {
+        protocol_version: 3,
+        client: "compat-test".into(),
+    }));
+    match receive() {
+        ServerMessage::HelloAck(ack) => {
+            assert_eq!(ack.protocol_version, 3);
+            assert!(
+                !ack.features.iter().any(|name| name == "sandbox"),
+                "{ack:?}"
+            );
+        }
+        other => panic!("expected HelloAck, got {other:?}"),
+    }
+    let sandboxed = SpawnRequest {
+        sandbox: Some(SandboxSpec {
+            isolate: true,
+            ..SandboxSpec::default()
+        }),
+        ..SpawnRequest::new(1, "/bin/true")
+    };
+    send(&ClientMessage::Spawn(sandboxed));
+    match receive() {
+        ServerMessage::SpawnFailed(failed) => {
+            assert_eq!(failed.id, 1);
+            assert_eq!(failed.stage, SpawnStage::Validate);
+            assert_eq!(failed.errno, libc::EOPNOTSUPP);
+            assert!(
+                failed.message.contains("feature sandbox"),
+                "{}",
+                failed.message
+            );
+        }
+        other => panic!("expected SpawnFailed, got {other:?}"),
+    }
+    send(&ClientMessage::Spawn(SpawnRequest::new(2, "/bin/true")));
+    match receive() {
+        ServerMessage::Spawned(spawned) => {
+            assert_eq!(spawned.id, 2);
+            assert_eq!(spawned.sandbox, None, "nothing confined it");
+        }
+        other => panic!("expected Spawned, got {other:?}"),
+    }
+}
+
+/// `Status` in version 3 lists the use of each peer uid: the asking
+/// root client sees its own connection and child, with its caps.
+#[test]
+fn status_reports_the_use_of_each_peer() {
+    let daemon = start_daemon("compat-peer-use");
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        let other = Client::connect(daemon.socket()).await.expect("connect");
+        let mut child = client
+            .command("sleep")
+            .arg("30")
+            .kill_on_close(libc::SIGKILL)
+            .spawn()
+            .await
+            .expect("spawn");
+        let status = other.status().await.expect("status");
+        let me = rustix::process::getuid().as_raw();
+        let mine: Vec<_> = status.peers.iter().filter(|peer| peer.uid == me).collect();
+        assert_eq!(mine.len(), 1, "{:?}", status.peers);
+        assert_eq!(mine[0].connections, 2, "{:?}", mine[0]);
+        assert_eq!(mine[0].children, 1, "{:?}", mine[0]);
+        assert!(mine[0].children_limit >= 1 && mine[0].connections_limit >= 2);
+        assert_eq!(mine[0].sandbox_profile, None);
+        assert!(status.spawners.is_empty());
+        child.kill().await.expect("kill");
+        child.wait().await.expect("wait");
+        let status = other.status().await.expect("status");
+        let mine = status
+            .peers
+            .iter()
+            .find(|peer| peer.uid == me)
+            .expect("own entry");
+        assert_eq!(mine.children, 0, "{mine:?}");
+    });
+}

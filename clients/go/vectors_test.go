@@ -43,7 +43,8 @@ func strictUnmarshal(data []byte, v any) error {
 // compares the result with the vector's message, and encodes the message
 // back to exactly the vector's bytes.
 func TestVectors(t *testing.T) {
-	path := filepath.Join("..", "..", "proto", "vectors", "frames.json")
+	// This package speaks protocol 2: the frames of version 2, frozen.
+	path := filepath.Join("..", "..", "proto", "vectors", "v2", "frames.json")
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("reading the shared vectors: %v", err)

@@ -11,7 +11,8 @@ from conftest import REPO
 
 from zygote import _wire
 
-VECTORS = REPO / "proto" / "vectors" / "frames.json"
+# This package speaks protocol 2: the frames of version 2, frozen.
+VECTORS = REPO / "proto" / "vectors" / "v2" / "frames.json"
 
 
 def load() -> List[Dict[str, Any]]:
