@@ -226,3 +226,187 @@ fn isolate_alone_mounts_a_proc_of_the_new_pid_namespace() {
     assert_eq!(pid, "2", "{text}");
     assert!(count.parse::<usize>().unwrap() <= 5, "{text}");
 }
+
+mod wire {
+    //! Sandboxes a request asks for, on the raw protocol: bad input is
+    //! refused by name and the connection goes on serving.
+
+    use std::os::fd::{AsFd, OwnedFd};
+    use std::time::Duration;
+
+    use zygote_proto::{
+        ClientMessage, FilesystemSpec, Hello, MountKind, MountSpec, NetworkMode, PROTOCOL_VERSION,
+        RECV_BUFFER_BYTES, SandboxSpec, SeccompSpec, ServerMessage, SpawnRequest, SpawnStage,
+        decode, encode, recv_frame, send_frame, socket,
+    };
+
+    use crate::util::{root_or_skip, start_daemon};
+
+    fn receive(fd: &OwnedFd) -> ServerMessage {
+        let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+        let frame = recv_frame(fd.as_fd(), &mut scratch)
+            .expect("recv (timed out?)")
+            .expect("a frame");
+        decode(&frame.bytes).expect("decode the daemon's reply")
+    }
+
+    fn send(fd: &OwnedFd, message: &ClientMessage) {
+        send_frame(fd.as_fd(), &encode(message).unwrap(), &[]).expect("send");
+    }
+
+    fn system() -> Vec<MountSpec> {
+        ["/usr", "/bin", "/lib", "/lib64"]
+            .into_iter()
+            .map(|path| MountSpec {
+                kind: MountKind::ReadOnlyBind,
+                source: path.into(),
+                destination: path.into(),
+            })
+            .collect()
+    }
+
+    fn request(id: u64, sandbox: SandboxSpec) -> ClientMessage {
+        let mut request = SpawnRequest::new(id, "/bin/true");
+        request.cwd = Some(b"/".to_vec());
+        request.sandbox = Some(sandbox);
+        ClientMessage::Spawn(request)
+    }
+
+    #[test]
+    fn bad_sandboxes_are_refused_by_name_and_the_connection_serves_on() {
+        if !root_or_skip("a root daemon with namespaces") {
+            return;
+        }
+        let daemon = start_daemon("sandbox-wire");
+        let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+        rustix::net::sockopt::set_socket_timeout(
+            &fd,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(Duration::from_secs(10)),
+        )
+        .unwrap();
+        send(
+            &fd,
+            &ClientMessage::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION,
+                client: "sandbox test".into(),
+            }),
+        );
+        match receive(&fd) {
+            ServerMessage::HelloAck(ack) => {
+                assert!(ack.features.iter().any(|f| f == "sandbox"), "{ack:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let with_mount = |kind, source: &str, destination: &str| {
+            let mut mounts = system();
+            mounts.push(MountSpec {
+                kind,
+                source: source.into(),
+                destination: destination.into(),
+            });
+            SandboxSpec {
+                filesystem: Some(FilesystemSpec { mounts }),
+                ..SandboxSpec::default()
+            }
+        };
+        let too_many = SandboxSpec {
+            filesystem: Some(FilesystemSpec {
+                mounts: (0..65)
+                    .map(|i| MountSpec {
+                        kind: MountKind::Tmpfs,
+                        source: Vec::new(),
+                        destination: format!("/t{i}").into(),
+                    })
+                    .collect(),
+            }),
+            ..SandboxSpec::default()
+        };
+        let bad = [
+            (
+                with_mount(MountKind::Bind, "tmp", "/tmp"),
+                "\"tmp\": not an absolute path",
+            ),
+            (with_mount(MountKind::Bind, "/tmp/../etc", "/x"), "`..`"),
+            (
+                with_mount(MountKind::ReadOnlyBind, "/etc", "/proc/x"),
+                "/proc",
+            ),
+            (
+                SandboxSpec {
+                    profile: Some("nosuch".into()),
+                    ..SandboxSpec::default()
+                },
+                "\"nosuch\"",
+            ),
+            (
+                SandboxSpec {
+                    seccomp: Some(SeccompSpec::Profile("lenient".into())),
+                    ..SandboxSpec::default()
+                },
+                "\"lenient\"",
+            ),
+            (
+                SandboxSpec {
+                    seccomp: Some(SeccompSpec::Filter("default allow\nptrace now\n".into())),
+                    ..SandboxSpec::default()
+                },
+                "line 2",
+            ),
+            (too_many, "more than the 64"),
+        ];
+        for (id, (sandbox, named)) in (1..).zip(bad) {
+            send(&fd, &request(id, sandbox));
+            match receive(&fd) {
+                ServerMessage::SpawnFailed(failed) => {
+                    assert_eq!(failed.stage, SpawnStage::Validate, "{failed:?}");
+                    assert!(failed.message.contains(named), "{named}: {failed:?}");
+                }
+                other => panic!("{named}: {other:?}"),
+            }
+        }
+        // A missing source is found by the child, resolving it as the peer.
+        let missing = with_mount(MountKind::Bind, "/nonexistent/zygote", "/work");
+        send(&fd, &request(20, missing));
+        match receive(&fd) {
+            ServerMessage::SpawnFailed(failed) => {
+                assert_eq!(
+                    (failed.stage, failed.errno),
+                    (SpawnStage::Sandbox, libc::ENOENT),
+                    "{failed:?}"
+                );
+                assert!(failed.message.contains("/nonexistent/zygote"), "{failed:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // The same connection still spawns, and says what confined it.
+        let good = SandboxSpec {
+            filesystem: Some(FilesystemSpec { mounts: system() }),
+            network: NetworkMode::None,
+            isolate: true,
+            seccomp: Some(SeccompSpec::Profile("strict".into())),
+            ..SandboxSpec::default()
+        };
+        send(&fd, &request(21, good));
+        match receive(&fd) {
+            ServerMessage::Spawned(spawned) => {
+                let applied = spawned.sandbox.expect("applied sandbox");
+                assert_eq!(applied.seccomp.as_deref(), Some("strict"));
+                for namespace in ["mount", "pid", "ipc", "uts", "net"] {
+                    assert!(
+                        applied.namespaces.iter().any(|n| n == namespace),
+                        "{applied:?}"
+                    );
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+        match receive(&fd) {
+            ServerMessage::Exited(exit) => {
+                assert_eq!(exit.id, 21, "{exit:?}");
+                assert_eq!(exit.status, zygote_proto::ExitStatus::Exited(0), "{exit:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

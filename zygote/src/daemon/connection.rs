@@ -614,6 +614,7 @@ async fn dispatch(
                 received_at,
                 _permit: permit,
                 answer_slot: Mutex::new(Some(answer_slot)),
+                applied_sandbox: Mutex::new(None),
             };
             // A task per spawn, so that concurrent requests on one
             // connection do not queue behind each other's exec. Boxed: the

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::io::Interest;
@@ -287,6 +287,8 @@ pub struct SpawnTask {
     /// Counts this spawn as not yet answered (see [`Connection::outbox`])
     /// until its first reply is queued.
     pub answer_slot: Mutex<Option<Owed>>,
+    /// What confines the child, for its `Spawned` (sent now or deferred).
+    pub applied_sandbox: Mutex<Option<sandbox::AppliedSandbox>>,
 }
 
 impl Drop for SpawnTask {
@@ -398,6 +400,10 @@ impl SpawnTask {
             self.daemon.metrics.sandboxed_spawn(SpawnResult::Ok);
             debug!(pid, ?applied, "child sandboxed");
         }
+        *self
+            .applied_sandbox
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = applied_sandbox;
         let timer = timeout.map(|timeout| {
             Arc::new(Mutex::new(Timer {
                 term_at: Instant::now() + Duration::from_millis(timeout.millis),
@@ -524,8 +530,11 @@ impl SpawnTask {
         prepared: &mut plan::Prepared,
     ) -> Result<(), SpawnFailed> {
         let imposed = self.connection.grant.sandbox_profile();
-        let requested: Option<&sandbox::SandboxSpec> = None;
-        match self.daemon.sandboxes.resolve(requested, imposed) {
+        match self
+            .daemon
+            .sandboxes
+            .resolve(request.sandbox.as_ref(), imposed)
+        {
             Ok(Some((plan, applied))) => {
                 prepared.plan.sandbox = Some(plan);
                 prepared.sandbox = Some(applied);
@@ -685,10 +694,18 @@ impl SpawnTask {
             ServerMessage::Spawned(Spawned {
                 id,
                 pid,
-                sandbox: None,
+                sandbox: self.applied(),
             }),
             fds,
         );
+    }
+
+    /// What confines the child, for its `Spawned`.
+    fn applied(&self) -> Option<sandbox::AppliedSandbox> {
+        self.applied_sandbox
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Counts and logs a spawn whose child exec'd.
@@ -971,7 +988,7 @@ impl SpawnTask {
                 ServerMessage::Spawned(Spawned {
                     id,
                     pid,
-                    sandbox: None,
+                    sandbox: self.applied(),
                 }),
                 fds,
             );
@@ -1189,6 +1206,7 @@ pub fn resume(
         received_at: Instant::now(),
         _permit: permit,
         answer_slot: Mutex::new(None),
+        applied_sandbox: Mutex::new(None),
     };
     let watched = Watched {
         id: saved.id,

@@ -436,6 +436,16 @@ impl Policy {
         }
     }
 
+    /// The sandbox profile a `[[peer]]` rule listing `uid` imposes, for
+    /// `zygote status` (a rule matching by group alone is not seen here:
+    /// admission, which knows the peer's groups, applies it all the same).
+    pub fn imposed_profile_of_uid(&self, uid: u32) -> Option<String> {
+        self.rules
+            .iter()
+            .find(|rule| rule.uids.contains(&uid))
+            .and_then(|rule| rule.sandbox.clone())
+    }
+
     /// The sandbox profiles the file defines (checked when it was parsed;
     /// empty if that check cannot pass any more).
     pub fn sandbox_profiles(&self) -> Profiles {

@@ -208,7 +208,8 @@ impl Daemon {
         match feature {
             Feature::Cgroups => self.cgroups.is_some(),
             Feature::Pty | Feature::LargeArgs => true,
-            Feature::Sandbox | Feature::Templates => false,
+            Feature::Sandbox => crate::daemon::sandbox::enforceable(),
+            Feature::Templates => false,
         }
     }
 
@@ -261,7 +262,7 @@ impl Daemon {
                     connections_limit: connections_limit
                         .unwrap_or_else(|| limits.connections_per_peer(privileged))
                         as u64,
-                    sandbox_profile: None,
+                    sandbox_profile: self.policy.imposed_profile_of_uid(uid),
                 }
             })
             .collect()

@@ -25,9 +25,8 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use zygote_proto::{ExitStatus, SpawnStage};
 
-/// The stage a failed sandbox step reports: `Exec` until the protocol
-/// has its own stage; the step says which.
-pub const SANDBOX_STAGE: SpawnStage = SpawnStage::Exec;
+/// The stage a failed sandbox step reports; the step says which.
+pub const SANDBOX_STAGE: SpawnStage = SpawnStage::Sandbox;
 
 /// Most mounts a filesystem may list (the daemon refuses more): the
 /// child's report names a mount by index in one byte.
@@ -1114,4 +1113,16 @@ pub fn empty_network_namespace() -> std::io::Result<OwnedFd> {
         })?
         .join()
         .map_err(|_| std::io::Error::other("the network namespace thread panicked"))?
+}
+
+/// Whether an unprivileged process may create user namespaces here (what
+/// a rootless daemon's sandboxes need).
+pub fn user_namespaces_work() -> bool {
+    let read = |path| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+    };
+    read("/proc/sys/user/max_user_namespaces").is_some_and(|max| max > 0)
+        && read("/proc/sys/kernel/unprivileged_userns_clone").is_none_or(|on| on == 1)
 }

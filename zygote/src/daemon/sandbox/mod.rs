@@ -252,6 +252,15 @@ impl Sandboxes {
     }
 }
 
+/// Whether this daemon can enforce sandboxes: it runs as root, or
+/// unprivileged user namespaces are open to it (checked once).
+pub fn enforceable() -> bool {
+    static ENFORCEABLE: OnceLock<bool> = OnceLock::new();
+    *ENFORCEABLE.get_or_init(|| {
+        rustix::process::geteuid().is_root() || crate::spawn::user_namespaces_work()
+    })
+}
+
 /// Checks a spec's paths, hostname and seccomp filter, creating
 /// nothing: for the policy's profiles, at load.
 ///
