@@ -306,7 +306,7 @@ fn rust_client_against_a_daemon_with_fewer_features() {
         None,
         &[],
         &zygote_bin(),
-        &[("ZYGOTE_MASK_FEATURES", "pty,large_args")],
+        &[("ZYGOTE_MASK_FEATURES", "pty,large_args,sandbox")],
     );
     runtime().block_on(async {
         let client = Client::connect(daemon.socket()).await.expect("connect");
@@ -564,13 +564,20 @@ mod v1 {
     }
 }
 
-/// A version-3 request for a sandbox, which this daemon does not offer
-/// yet, is refused before anything is created, as `EOPNOTSUPP` naming the
+/// A version-3 request for a sandbox, which this daemon withholds, is
+/// refused before anything is created, as `EOPNOTSUPP` naming the
 /// feature at stage `Validate`; the connection carries on.
 #[test]
 fn a_sandbox_request_is_refused_while_the_daemon_does_not_offer_it() {
     use zygote_proto::{SandboxSpec, SpawnRequest, SpawnStage};
-    let daemon = start_daemon("compat-sandbox-refused");
+    let daemon = start_daemon_custom(
+        "compat-sandbox-refused",
+        None,
+        None,
+        &[],
+        &zygote_bin(),
+        &[("ZYGOTE_MASK_FEATURES", "sandbox")],
+    );
     let fd = socket::connect_to(daemon.socket(), false).expect("connect");
     rustix::net::sockopt::set_socket_timeout(
         &fd,
