@@ -228,7 +228,11 @@ fn isolate_alone_mounts_a_proc_of_the_new_pid_namespace() {
     // The status says which uid is confined, and by what.
     let client = zygote_client::blocking::Client::connect(daemon.socket()).expect("connect");
     let status = client.status().expect("status");
-    let root = status.peers.iter().find(|peer| peer.uid == 0).expect("root's use");
+    let root = status
+        .peers
+        .iter()
+        .find(|peer| peer.uid == 0)
+        .expect("root's use");
     assert_eq!(root.sandbox_profile.as_deref(), Some("iso"), "{root:?}");
 }
 
