@@ -85,11 +85,16 @@ fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
         touch inside && echo wrote-inside; \
         mount -t tmpfs none /tmp 2>/dev/null && echo ESCAPE-mount; \
         unshare -U true 2>/dev/null && echo ESCAPE-unshare; \
-        python3 -c \"$SYSCALLS\"; \
+        python3 syscalls.py; \
         ./id-setuid | grep -q euid= && echo ESCAPE-setuid; \
         echo pids $(ls /proc | grep -c '^[0-9]'); \
         echo host $(hostname); \
         grep -E '^(NoNewPrivs|CapBnd|CapEff|Seccomp):' /proc/self/status";
+    // A setuid-root copy of id(1): it would print euid=0 if it gained.
+    let setuid = work.path().join("id-setuid");
+    std::fs::copy("/usr/bin/id", &setuid).unwrap();
+    std::fs::set_permissions(&setuid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    std::fs::write(work.path().join("syscalls.py"), SYSCALLS).unwrap();
     let output = run(&daemon, path, Some(65534), script);
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(
@@ -98,6 +103,9 @@ fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(!text.contains("ESCAPE"), "{text}");
+    for denied in ["ptrace EPERM", "keyctl EPERM", "connect ENETUNREACH"] {
+        assert!(text.contains(denied), "{denied}: {text}");
+    }
     assert!(text.contains("wrote-inside"), "{text}");
     assert!(work.path().join("inside").exists());
     // The init, the shell, its subshell, ls and grep: only the child's own
