@@ -427,3 +427,34 @@ mod wire {
         }
     }
 }
+
+#[test]
+fn a_rootless_daemon_confines_children_in_a_user_namespace() {
+    if !root_or_skip("a daemon started as another uid") {
+        return;
+    }
+    let work = work_dir();
+    let path = work.path().to_str().unwrap();
+    let daemon = crate::util::start_daemon_as(
+        "sandbox-rootless",
+        Some(65534),
+        Some(&full_profile(path)),
+        &[],
+    );
+    let script = "\
+        cat /etc/shadow >/dev/null 2>&1 && echo ESCAPE-shadow; \
+        touch /usr/escape 2>/dev/null && echo ESCAPE-usr; \
+        touch inside && echo wrote-inside; \
+        echo pids $(ls /proc | grep -c '^[0-9]') host $(hostname) id $(id -u); \
+        grep -E '^(NoNewPrivs|CapEff|Seccomp):' /proc/self/status; exit 4";
+    let output = run(&daemon, path, None, script);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(4), "{text} {output:?}");
+    assert!(!text.contains("ESCAPE"), "{text}");
+    assert!(text.contains("wrote-inside"), "{text}");
+    // The daemon's uid, mapped to itself; the sandbox's hostname and pids.
+    assert!(text.contains("host box id 65534"), "{text}");
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+    assert!(text.contains("CapEff:\t0000000000000000"), "{text}");
+    assert!(text.contains("Seccomp:\t2"), "{text}");
+}
