@@ -546,6 +546,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sandboxed_spawns_and_failures_are_counted_by_result_and_step() {
+        let metrics = Metrics::new();
+        metrics.sandboxed_spawn(SpawnResult::Ok);
+        metrics.sandboxed_spawn(SpawnResult::Failed);
+        metrics.sandbox_failed("sandbox", "bind source");
+        let text = metrics.render();
+        assert!(
+            text.contains("zygote_sandboxed_spawns_total{result=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("zygote_sandboxed_spawns_total{result=\"failed\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "zygote_sandbox_failures_total{stage=\"sandbox\",step=\"bind source\"} 1"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn render_has_help_for_every_metric_and_zeroed_series() {
         let metrics = Metrics::new();
         metrics.spawn_done(SpawnResult::Ok, Duration::from_micros(120), 1000);
