@@ -61,10 +61,23 @@ pub(in crate::spawn) fn take_init_report(pid: i32) -> Option<ExitStatus> {
 ///
 /// Returns in the program's process; never in the init's.
 pub(in crate::spawn) fn run_init(report: RawFd, status_pipe: Option<RawFd>) -> Result<(), Failed> {
+    // Every signal blocked before the fork, so that none meant for the
+    // init is lost (pid 1 drops those it has no handler for), and the
+    // program's SIGCHLD waits for the init's sigwaitinfo even when the
+    // program ends at once.
+    let (all, empty) = signal_sets();
+    // SAFETY: valid pointers to our own sets; this process is single-threaded.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &raw const all, ptr::null_mut()) };
     // SAFETY: a raw fork (no CLONE_VM): glibc's fork would take locks that
     // other daemon threads may have held when this child was copied.
     let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as c_long, 0, 0, 0, 0) };
-    let program = check(pid, Step::Init, None)? as libc::pid_t;
+    let program = check(pid, Step::Init, None);
+    if !matches!(program, Ok(pid) if pid > 0) {
+        // The program (or a failed fork): exec keeps the mask, so clear it.
+        // SAFETY: as above.
+        unsafe { libc::sigprocmask(libc::SIG_SETMASK, &raw const empty, ptr::null_mut()) };
+    }
+    let program = program? as libc::pid_t;
     if program == 0 {
         close(report);
         return Ok(());
@@ -76,6 +89,18 @@ pub(in crate::spawn) fn run_init(report: RawFd, status_pipe: Option<RawFd>) -> R
     init_loop(program, report)
 }
 
+/// Every signal, and none.
+fn signal_sets() -> (libc::sigset_t, libc::sigset_t) {
+    // SAFETY: a zeroed sigset_t is valid, and filled or emptied in place.
+    unsafe {
+        let mut all = std::mem::zeroed::<libc::sigset_t>();
+        let mut empty = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigfillset(&raw mut all);
+        libc::sigemptyset(&raw mut empty);
+        (all, empty)
+    }
+}
+
 /// The init's life: see [`run_init`]. Never returns.
 fn init_loop(program: libc::pid_t, report: RawFd) -> ! {
     // SAFETY: prctl with integer arguments: a program under the same uid
@@ -85,13 +110,7 @@ fn init_loop(program: libc::pid_t, report: RawFd) -> ! {
         libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
     }
     let _ = drop_capabilities();
-    // SAFETY: zeroed sigset_t is valid; sigfillset fills it.
-    let mut all = unsafe { std::mem::zeroed::<libc::sigset_t>() };
-    // SAFETY: valid pointers to our own sets.
-    unsafe {
-        libc::sigfillset(&raw mut all);
-        libc::sigprocmask(libc::SIG_BLOCK, &raw const all, ptr::null_mut());
-    }
+    let (all, _) = signal_sets();
     loop {
         // SAFETY: siginfo_t is a plain C struct; zeroed is valid.
         let mut info = unsafe { std::mem::zeroed::<libc::siginfo_t>() };
