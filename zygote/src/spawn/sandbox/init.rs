@@ -108,6 +108,8 @@ fn init_loop(program: libc::pid_t, report: RawFd) -> ! {
     unsafe {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+        // Its name in `ps` (its command line stays the daemon's).
+        libc::prctl(libc::PR_SET_NAME, c"zygote-init".as_ptr(), 0, 0, 0);
     }
     let _ = drop_capabilities();
     let (all, _) = signal_sets();
