@@ -458,3 +458,25 @@ fn a_rootless_daemon_confines_children_in_a_user_namespace() {
     assert!(text.contains("CapEff:\t0000000000000000"), "{text}");
     assert!(text.contains("Seccomp:\t2"), "{text}");
 }
+
+#[test]
+fn an_imposed_profile_survives_a_live_upgrade() {
+    if !root_or_skip("a root daemon with pid namespaces") {
+        return;
+    }
+    let policy = "[sandbox.iso]\nisolate = true\nhostname = \"kept\"\n\n[[peer]]\nuids = [0]\nsandbox = \"iso\"\n";
+    let daemon = start_daemon_with("sandbox-upgrade", Some(policy), &[]);
+    let output = Command::new(zygote_bin())
+        .arg("upgrade")
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .output()
+        .expect("zygote upgrade");
+    assert!(output.status.success(), "{output:?}\n{}", daemon.log());
+    // The new image read the profile from the state, not the file.
+    let output = run(&daemon, "/", None, "echo $$ $(hostname)");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "2 kept",
+        "{output:?}"
+    );
+}

@@ -689,7 +689,7 @@ fn the_state_fixture_of_format_2_still_reads() {
 /// Writes the fixture from a live daemon's state (run by hand when the
 /// format changes: keep the old fixtures, add the new one).
 #[test]
-#[ignore = "writes tests/fixtures/upgrade-state-v2.bin"]
+#[ignore = "writes tests/fixtures/upgrade-state-v3.bin"]
 fn write_state_fixture() {
     let installed = Installed::new("a");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -733,7 +733,7 @@ fn write_state_fixture() {
         assert!(ok, "{text}");
         drop(older);
     });
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upgrade-state-v2.bin");
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upgrade-state-v3.bin");
     std::fs::create_dir_all(target.parent().expect("dir")).expect("mkdir");
     std::fs::copy(&dump, &target).expect("copy the state");
 }

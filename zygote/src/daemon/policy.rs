@@ -8,6 +8,8 @@
 use crate::daemon::cgroup::PeerCaps;
 use std::path::Path;
 
+pub mod v2;
+
 use serde::{Deserialize, Serialize};
 use zygote_proto::{ResourceLimit, SpawnRequest};
 
