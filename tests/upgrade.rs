@@ -686,6 +686,28 @@ fn the_state_fixture_of_format_2_still_reads() {
     );
 }
 
+#[test]
+fn the_state_fixture_of_format_3_still_reads() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upgrade-state-v3.bin");
+    let output = StdCommand::new(zygote_bin())
+        .arg("check-state")
+        .arg(&fixture)
+        .output()
+        .expect("zygote check-state");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}{}",
+        text,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        text.contains("state format 3 ")
+            && text.contains("4 connections, 2 children, protocol versions [2, 3]"),
+        "{text}"
+    );
+}
+
 /// Writes the fixture from a live daemon's state (run by hand when the
 /// format changes: keep the old fixtures, add the new one).
 #[test]
