@@ -289,6 +289,74 @@ mod wire {
         ClientMessage::Spawn(request)
     }
 
+    fn hello(fd: &OwnedFd) {
+        send(
+            fd,
+            &ClientMessage::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION,
+                client: "sandbox test".into(),
+            }),
+        );
+        assert!(matches!(receive(fd), ServerMessage::HelloAck(_)));
+    }
+
+    #[test]
+    fn a_request_cannot_loosen_the_profile_imposed_on_its_peer() {
+        if !root_or_skip("a root daemon with namespaces") {
+            return;
+        }
+        let policy = "[sandbox.box]\nnetwork = \"none\"\nisolate = true\n\n\
+                      [[peer]]\nuids = [0]\nsandbox = \"box\"\n";
+        let daemon = crate::util::start_daemon_with("sandbox-loosen", Some(policy), &[]);
+        let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+        rustix::net::sockopt::set_socket_timeout(
+            &fd,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(Duration::from_secs(10)),
+        )
+        .unwrap();
+        hello(&fd);
+        let loosen = [
+            SandboxSpec {
+                isolate: true,
+                ..SandboxSpec::default()
+            },
+            SandboxSpec {
+                network: NetworkMode::None,
+                ..SandboxSpec::default()
+            },
+            SandboxSpec {
+                profile: Some("other".into()),
+                ..SandboxSpec::default()
+            },
+        ];
+        for (id, sandbox) in (1..).zip(loosen) {
+            send(&fd, &request(id, sandbox));
+            match receive(&fd) {
+                ServerMessage::SpawnFailed(failed) => {
+                    assert_eq!(failed.errno, libc::EPERM, "{failed:?}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Naming the profile, a request adds to it: a seccomp filter.
+        let tighter = SandboxSpec {
+            profile: Some("box".into()),
+            seccomp: Some(SeccompSpec::Profile("default".into())),
+            ..SandboxSpec::default()
+        };
+        send(&fd, &request(9, tighter));
+        match receive(&fd) {
+            ServerMessage::Spawned(spawned) => {
+                let applied = spawned.sandbox.expect("applied");
+                assert_eq!(applied.profile.as_deref(), Some("box"), "{applied:?}");
+                assert_eq!(applied.seccomp.as_deref(), Some("default"), "{applied:?}");
+                assert!(applied.namespaces.iter().any(|n| n == "net"), "{applied:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn bad_sandboxes_are_refused_by_name_and_the_connection_serves_on() {
         if !root_or_skip("a root daemon with namespaces") {
@@ -402,6 +470,11 @@ mod wire {
             network: NetworkMode::None,
             isolate: true,
             seccomp: Some(SeccompSpec::Profile("strict".into())),
+            landlock: Some(zygote_proto::LandlockSpec {
+                read_execute: vec![b"/".to_vec()],
+                read_write: vec![b"/dev".to_vec()],
+                ..zygote_proto::LandlockSpec::default()
+            }),
             ..SandboxSpec::default()
         };
         send(&fd, &request(21, good));
@@ -409,6 +482,12 @@ mod wire {
             ServerMessage::Spawned(spawned) => {
                 let applied = spawned.sandbox.expect("applied sandbox");
                 assert_eq!(applied.seccomp.as_deref(), Some("strict"));
+                // This kernel's ABI (7) enforces every rule.
+                assert!(
+                    applied.landlock_abi.is_some_and(|abi| abi >= 5),
+                    "{applied:?}"
+                );
+                assert!(applied.landlock_complete, "{applied:?}");
                 for namespace in ["mount", "pid", "ipc", "uts", "net"] {
                     assert!(
                         applied.namespaces.iter().any(|n| n == namespace),
