@@ -955,6 +955,9 @@ fn batch_spawner_is_other_and_raised_while_busy() {
     .unwrap();
 }
 
+/// A sandbox plan made from the shared network namespace.
+type SandboxFor = fn(&std::sync::Arc<OwnedFd>) -> Option<super::SandboxPlan>;
+
 /// The namespaces' own cost on the fork path (as root): joining the
 /// daemon's one empty network namespace against a fresh one per child,
 /// and the other namespaces a sandbox adds. Rerun with `cargo test -p
@@ -965,10 +968,7 @@ fn batch_spawner_is_other_and_raised_while_busy() {
 fn measure_sandbox_namespaces() {
     const RUNS: usize = 300;
     let shared_netns = std::sync::Arc::new(super::empty_network_namespace().unwrap());
-    let variants: [(
-        &str,
-        fn(&std::sync::Arc<OwnedFd>) -> Option<super::SandboxPlan>,
-    ); 5] = [
+    let variants: [(&str, SandboxFor); 5] = [
         ("fork path, no sandbox", |_| None),
         ("setns into the shared empty netns", |netns| {
             Some(super::SandboxPlan {
