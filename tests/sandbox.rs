@@ -559,3 +559,60 @@ fn an_imposed_profile_survives_a_live_upgrade() {
         "{output:?}"
     );
 }
+
+#[test]
+fn zygote_run_sandbox_flags_confine_the_command() {
+    const SCRIPT: &str = "echo $$ $(hostname) $(ls / | tr '\\n' ' '); touch made; \
+                          unshare -U true 2>/dev/null || echo denied";
+    if !root_or_skip("a root daemon with namespaces") {
+        return;
+    }
+    let work = work_dir();
+    let path = work.path().to_str().unwrap();
+    let daemon = crate::util::start_daemon("sandbox-cli");
+    let output = Command::new(zygote_bin())
+        .args([
+            "run",
+            "--ro-bind",
+            "/usr",
+            "--ro-bind",
+            "/bin",
+            "--ro-bind",
+            "/lib",
+        ])
+        .args([
+            "--ro-bind",
+            "/lib64",
+            "--bind",
+            path,
+            "--network",
+            "none",
+            "--isolate",
+        ])
+        .args(["--hostname", "cli", "--seccomp", "default", "--"])
+        .args(["/bin/sh", "-c", SCRIPT])
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .current_dir(path)
+        .stdin(Stdio::null())
+        .output()
+        .expect("zygote run");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    // The work directory lives under /var/tmp.
+    assert!(
+        text.starts_with("2 cli bin dev lib lib64 proc usr var"),
+        "{text}"
+    );
+    assert!(text.contains("denied"), "{text}");
+    assert!(work.path().join("made").exists());
+    // A missing bind source: refused, naming it, the command not run.
+    let output = Command::new(zygote_bin())
+        .args(["run", "--ro-bind", "/nonexistent/zygote", "--", "/bin/true"])
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .current_dir(path)
+        .output()
+        .expect("zygote run");
+    assert!(!output.status.success());
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(error.contains("/nonexistent/zygote"), "{error}");
+}
