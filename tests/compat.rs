@@ -726,7 +726,14 @@ fn status_reports_the_use_of_each_peer() {
 /// feature, and the client carries on.
 #[test]
 fn rust_client_refuses_a_sandbox_the_daemon_does_not_offer() {
-    let daemon = start_daemon("compat-sandbox-client");
+    let daemon = start_daemon_custom(
+        "compat-sandbox-client",
+        None,
+        None,
+        &[],
+        &zygote_bin(),
+        &[("ZYGOTE_MASK_FEATURES", "sandbox")],
+    );
     runtime().block_on(async {
         let client = Client::connect(daemon.socket()).await.expect("connect");
         assert!(!client.offers(Feature::Sandbox));

@@ -505,7 +505,12 @@ async fn answer_hello(
         .map_err(|mismatch| (ProtocolErrorKind::UnsupportedVersion, mismatch.to_string()))?;
     debug!(client = hello.client, protocol_version = version, "hello");
     let features = if version >= FEATURES_SINCE {
-        daemon.offered_features()
+        let mut features = daemon.offered_features();
+        // A sandbox cannot be asked for before version 3.
+        if version < zygote_proto::SANDBOX_SINCE {
+            features.retain(|name| name != zygote_proto::Feature::Sandbox.name());
+        }
+        features
     } else {
         Vec::new()
     };
