@@ -106,12 +106,20 @@ fn run_uses_the_callers_environment_cwd_and_stdin() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
 }
 
-/// The sandbox options while the zygote does not offer sandboxes: the
-/// command is not run (no request is even sent), the tool exits 125 and
-/// names the feature; a bad option value is refused by name first.
+/// The sandbox options while the zygote does not offer sandboxes (it
+/// withholds them here): the command is not run (no request is even
+/// sent), the tool exits 125 and names the feature; a bad option value is
+/// refused by name first.
 #[test]
 fn run_refuses_sandbox_options_the_zygote_does_not_offer() {
-    let daemon = start_daemon("run-sandbox-refused");
+    let daemon = crate::util::start_daemon_custom(
+        "run-sandbox-refused",
+        None,
+        None,
+        &[],
+        &crate::util::zygote_bin(),
+        &[("ZYGOTE_MASK_FEATURES", "sandbox")],
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let marker = dir.path().join("ran");
     let out = zygote_run(
