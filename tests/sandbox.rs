@@ -363,6 +363,7 @@ mod wire {
             return;
         }
         let daemon = start_daemon("sandbox-wire");
+        let fds_before = daemon.settled_fd_count();
         let fd = socket::connect_to(daemon.socket(), false).expect("connect");
         rustix::net::sockopt::set_socket_timeout(
             &fd,
@@ -504,6 +505,10 @@ mod wire {
             }
             other => panic!("{other:?}"),
         }
+        // Nothing of the refused, failed or finished sandboxes stays open
+        // but the one empty network namespace, kept for the next.
+        drop(fd);
+        assert_eq!(daemon.settled_fd_count(), fds_before + 1);
     }
 }
 
