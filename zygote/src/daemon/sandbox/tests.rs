@@ -1,5 +1,6 @@
 use super::*;
 use crate::daemon::policy::Policy;
+use crate::spawn::MAX_MOUNTS;
 
 fn policy(profile: &str) -> Result<Policy, String> {
     Policy::parse(&format!("[sandbox.p]\n{profile}\n"), 0)
