@@ -16,6 +16,8 @@
 //! - `spawners`: the threads a busy shared daemon clones on, first come
 //!   first served.
 //! - [`state`]: what every connection shares: the [`state::Daemon`].
+//! - [`sandbox`]: a request's sandbox and the policy's imposed profile
+//!   checked and resolved into the child's `SandboxPlan`.
 //! - `admission`: child slots per peer and in total.
 //! - `plan`: checking a [`SpawnRequest`](zygote_proto::SpawnRequest) and
 //!   turning it into a [`SpawnPlan`](crate::spawn::SpawnPlan) before any

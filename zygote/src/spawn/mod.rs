@@ -8,6 +8,9 @@
 //! - `clone`: the parent's side: the child's stack, `clone(2)`, and the raw
 //!   pidfd syscalls.
 //! - `child`: what runs in the child until exec; async-signal-safe only.
+//! - `sandbox`: a [`SandboxPlan`]'s data and the child's steps to apply
+//!   it (namespaces, the new root, Landlock, seccomp, the pid namespace's
+//!   init); async-signal-safe as `child` is.
 //! - `fork`: whole-process operations of the private zygote: `fork(2)` of
 //!   a single-threaded program into a template, and taking over an
 //!   inherited socket.
