@@ -6,6 +6,8 @@
 //! - [`cgroup`]: the delegated cgroup subtree and each child's cgroup.
 //! - [`handover`]: what a live upgrade carries from one image to the next,
 //!   and the pause that brings every task to a safe point first.
+//! - [`sandbox`]: a request's sandbox and the policy's imposed profile
+//!   checked and resolved into the child's `SandboxPlan`.
 //! - [`policy`], `peer`, `shutdown`, `reply`: who may ask for what, who
 //!   the peer is (`SO_PEERCRED`, `SO_PEERPIDFD`, `/proc`), the stop notice,
 //!   sending a reply.
@@ -16,8 +18,6 @@
 //! - `spawners`: the threads a busy shared daemon clones on, first come
 //!   first served.
 //! - [`state`]: what every connection shares: the [`state::Daemon`].
-//! - [`sandbox`]: a request's sandbox and the policy's imposed profile
-//!   checked and resolved into the child's `SandboxPlan`.
 //! - `admission`: child slots per peer and in total.
 //! - `plan`: checking a [`SpawnRequest`](zygote_proto::SpawnRequest) and
 //!   turning it into a [`SpawnPlan`](crate::spawn::SpawnPlan) before any
