@@ -1,8 +1,9 @@
 //! Protocol compatibility: a client built against an earlier protocol
 //! version keeps being served, in its own layout, by this daemon.
 //!
-//! The old client is a fixture: the frames it sent, recorded in
-//! `proto/vectors/v1/conversation.json` by the encoder of protocol version 1,
+//! The old clients are fixtures: the frames they sent, recorded in
+//! `proto/vectors/v1/conversation.json` by the encoder of protocol version 1
+//! and in `proto/vectors/v2/conversation.json` in the layout of version 2,
 //! and [`v1`], a decoder of version-1 replies written from that version's
 //! `PROTOCOL.md` and frozen with it. Neither follows later changes to
 //! `zygote-proto`: that is the point.
@@ -22,6 +23,10 @@ use crate::util::{runtime, start_daemon, start_daemon_custom, zygote_bin};
 const CONVERSATION: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../proto/vectors/v1/conversation.json"
+);
+const CONVERSATION_V2: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../proto/vectors/v2/conversation.json"
 );
 const VECTORS_V1: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -98,9 +103,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
     assert_eq!(conversation.len(), 7, "{CONVERSATION}: frames");
     let daemon = start_daemon("compat-v1-conversation");
     let fd = socket::connect_to(daemon.socket(), false).expect("connect");
-    let send = |name: &str| send_frame(fd.as_fd(), frame(&conversation, name), &[]).expect("send");
-
-    send("hello");
+    send_frame(fd.as_fd(), frame(&conversation, "hello"), &[]).expect("send");
     match receive_v1(&fd).0 {
         v1::Reply::HelloAck {
             protocol_version,
@@ -114,11 +117,53 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
         }
         other => panic!("expected a version-1 HelloAck, got {other:?}"),
     }
+    replay_after_hello(&conversation, &fd);
+}
+
+/// The same conversation recorded by a client of version 2: its
+/// `HelloAck` lists features (the frozen version-2 layout), and every
+/// later reply is in the layout versions 1 and 2 share, which the frozen
+/// version-1 decoder reads in full.
+#[test]
+fn version_2_conversation_is_served_in_the_version_2_layout() {
+    let conversation = recorded(CONVERSATION_V2);
+    assert_eq!(conversation.len(), 7, "{CONVERSATION_V2}: frames");
+    // Each recorded frame is a version-2 frame, as that layout encodes it.
+    for (name, bytes) in &conversation {
+        let message: zygote_proto::v2::ClientMessage =
+            decode(bytes).unwrap_or_else(|error| panic!("{name}: {error}"));
+        assert_eq!(&encode(&message).expect("encode"), bytes, "{name}");
+    }
+    let daemon = start_daemon("compat-v2-conversation");
+    let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+    send_frame(fd.as_fd(), frame(&conversation, "hello"), &[]).expect("send");
+    let mut buffer = vec![0; RECV_BUFFER_BYTES];
+    let ack = recv_frame(fd.as_fd(), &mut buffer)
+        .expect("receive")
+        .expect("a HelloAck");
+    match decode::<zygote_proto::v2::ServerMessage>(&ack.bytes) {
+        Ok(zygote_proto::v2::ServerMessage::HelloAck(ack)) => {
+            assert_eq!(ack.protocol_version, 2);
+            assert!(ack.features.iter().any(|name| name == "pty"), "{ack:?}");
+            assert!(
+                !ack.features.iter().any(|name| name == "sandbox"),
+                "{ack:?}"
+            );
+        }
+        other => panic!("expected a version-2 HelloAck, got {other:?}"),
+    }
+    replay_after_hello(&conversation, &fd);
+}
+
+/// Replays the rest of a recorded conversation (after its hello) and
+/// checks every reply in the layout versions 1 and 2 share.
+fn replay_after_hello(conversation: &[(String, Vec<u8>)], fd: &OwnedFd) {
+    let send = |name: &str| send_frame(fd.as_fd(), frame(conversation, name), &[]).expect("send");
 
     // sleep 30, then SIGTERM: Spawned, SignalSent, Exited by signal 15
     // (the last two in either order).
     send("spawn_sleep");
-    let (reply, fds) = receive_v1(&fd);
+    let (reply, fds) = receive_v1(fd);
     let v1::Reply::Spawned { id: 1, pid } = reply else {
         panic!("expected Spawned for spawn 1, got {reply:?}");
     };
@@ -128,7 +173,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
     let mut signal_sent = false;
     let mut exited = false;
     while !(signal_sent && exited) {
-        match receive_v1(&fd).0 {
+        match receive_v1(fd).0 {
             v1::Reply::SignalSent { id: 2 } => signal_sent = true,
             v1::Reply::Exited {
                 id: 1,
@@ -145,7 +190,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
 
     // sh -c 'echo replayed; exit 3' with stdout a pipe.
     send("spawn_echo_pipe");
-    let (reply, fds) = receive_v1(&fd);
+    let (reply, fds) = receive_v1(fd);
     assert!(
         matches!(reply, v1::Reply::Spawned { id: 3, .. }),
         "expected Spawned for spawn 3, got {reply:?}"
@@ -155,7 +200,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
     let mut output = String::new();
     stdout.read_to_string(&mut output).expect("read stdout");
     assert_eq!(output, "replayed\n");
-    match receive_v1(&fd).0 {
+    match receive_v1(fd).0 {
         v1::Reply::Exited {
             id: 3,
             status: v1::Status::Exited(3),
@@ -166,7 +211,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
     }
 
     send("spawn_missing");
-    match receive_v1(&fd).0 {
+    match receive_v1(fd).0 {
         v1::Reply::SpawnFailed {
             id: 4,
             stage,
@@ -180,7 +225,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
     }
 
     send("status");
-    match receive_v1(&fd).0 {
+    match receive_v1(fd).0 {
         v1::Reply::Status {
             id: 5,
             server_version,
@@ -194,7 +239,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
     }
 
     send("signal_unknown");
-    match receive_v1(&fd).0 {
+    match receive_v1(fd).0 {
         v1::Reply::RequestFailed { id: 6, errno, .. } => assert_eq!(errno, libc::ESRCH),
         other => panic!("expected RequestFailed 6, got {other:?}"),
     }
@@ -306,7 +351,7 @@ fn rust_client_against_a_daemon_with_fewer_features() {
         None,
         &[],
         &zygote_bin(),
-        &[("ZYGOTE_MASK_FEATURES", "pty,large_args")],
+        &[("ZYGOTE_MASK_FEATURES", "pty,large_args,sandbox")],
     );
     runtime().block_on(async {
         let client = Client::connect(daemon.socket()).await.expect("connect");
@@ -564,13 +609,20 @@ mod v1 {
     }
 }
 
-/// A version-3 request for a sandbox, which this daemon does not offer
-/// yet, is refused before anything is created, as `EOPNOTSUPP` naming the
+/// A version-3 request for a sandbox, which this daemon withholds, is
+/// refused before anything is created, as `EOPNOTSUPP` naming the
 /// feature at stage `Validate`; the connection carries on.
 #[test]
 fn a_sandbox_request_is_refused_while_the_daemon_does_not_offer_it() {
     use zygote_proto::{SandboxSpec, SpawnRequest, SpawnStage};
-    let daemon = start_daemon("compat-sandbox-refused");
+    let daemon = start_daemon_custom(
+        "compat-sandbox-refused",
+        None,
+        None,
+        &[],
+        &zygote_bin(),
+        &[("ZYGOTE_MASK_FEATURES", "sandbox")],
+    );
     let fd = socket::connect_to(daemon.socket(), false).expect("connect");
     rustix::net::sockopt::set_socket_timeout(
         &fd,
@@ -666,5 +718,42 @@ fn status_reports_the_use_of_each_peer() {
             .find(|peer| peer.uid == me)
             .expect("own entry");
         assert_eq!(mine.children, 0, "{mine:?}");
+    });
+}
+
+/// The Rust client does not send a sandbox to this daemon, which does not
+/// offer it: the spawn fails at once with `EOPNOTSUPP` naming the
+/// feature, and the client carries on.
+#[test]
+fn rust_client_refuses_a_sandbox_the_daemon_does_not_offer() {
+    let daemon = start_daemon_custom(
+        "compat-sandbox-client",
+        None,
+        None,
+        &[],
+        &zygote_bin(),
+        &[("ZYGOTE_MASK_FEATURES", "sandbox")],
+    );
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        assert!(!client.offers(Feature::Sandbox));
+        let error = client
+            .command("true")
+            .sandbox(zygote_client::Sandbox::new().isolate())
+            .spawn()
+            .await
+            .expect_err("sandbox is not offered");
+        assert_eq!(error.raw_os_error(), Some(libc::EOPNOTSUPP), "{error}");
+        assert!(error.to_string().contains("feature sandbox"), "{error}");
+        let status = client.status().await.expect("status");
+        assert_eq!(status.spawns_failed, 0, "nothing reached the daemon");
+        assert!(
+            client
+                .command("true")
+                .status()
+                .await
+                .expect("spawn")
+                .success()
+        );
     });
 }

@@ -194,13 +194,36 @@ fn policy_page_documents_every_policy_key() {
             let value = match key.as_str() {
                 "any" | "run_as_any" | "raise_rlimits" => "false",
                 "uids" | "gids" | "run_as_uids" | "run_as_gids" => "[1000]",
+                "sandbox" => "\"p\"",
                 _ => "100000",
             };
             policy.push_str(&format!("{key} = {value}\n"));
         }
     }
-    // 3 + 7 + 11 keys: the fields of the parser's three tables.
-    assert_eq!(keys.len(), 21, "keys named in zygote-policy(5): {keys:?}");
+    // Every profile key in one table, but a custom filter (which excludes a
+    // named seccomp profile) in another.
+    for (name, filter) in [("p", false), ("q", true)] {
+        policy.push_str(&format!("[sandbox.{name}]\n"));
+        let profile_keys = keys.iter().filter(|(table, _)| table == "[sandbox.NAME]");
+        for (_, key) in profile_keys {
+            if (key == "seccomp_filter") != filter {
+                continue;
+            }
+            let value = match key.as_str() {
+                "network" => "\"none\"",
+                "isolate" | "landlock_require" => "true",
+                "hostname" => "\"box\"",
+                "seccomp" => "\"default\"",
+                "seccomp_filter" => "\"default allow\\nptrace\\n\"",
+                "landlock_tcp_bind" | "landlock_tcp_connect" => "[80]",
+                _ => "[\"/usr\"]",
+            };
+            policy.push_str(&format!("{key} = {value}\n"));
+        }
+    }
+    // 3 + 7 + 12 keys: the fields of the parser's three tables; 14 of a
+    // sandbox profile.
+    assert_eq!(keys.len(), 36, "keys named in zygote-policy(5): {keys:?}");
     let parsed = zygote::daemon::policy::Policy::parse(&policy, 0);
     assert!(parsed.is_ok(), "{policy}\n{:?}", parsed.err());
 }

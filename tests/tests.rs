@@ -28,6 +28,9 @@ mod cgroup;
 // The `zygote run` tool: exit codes, inherited fds, messages.
 mod run;
 
+// Sandboxes: escape attempts under a profile the policy imposes.
+mod sandbox;
+
 // Generated docs: `zygote run --help`, man pages, shell completions.
 mod docs;
 

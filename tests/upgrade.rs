@@ -686,10 +686,32 @@ fn the_state_fixture_of_format_2_still_reads() {
     );
 }
 
+#[test]
+fn the_state_fixture_of_format_3_still_reads() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upgrade-state-v3.bin");
+    let output = StdCommand::new(zygote_bin())
+        .arg("check-state")
+        .arg(&fixture)
+        .output()
+        .expect("zygote check-state");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}{}",
+        text,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        text.contains("state format 3 ")
+            && text.contains("4 connections, 2 children, protocol versions [2, 3]"),
+        "{text}"
+    );
+}
+
 /// Writes the fixture from a live daemon's state (run by hand when the
 /// format changes: keep the old fixtures, add the new one).
 #[test]
-#[ignore = "writes tests/fixtures/upgrade-state-v2.bin"]
+#[ignore = "writes tests/fixtures/upgrade-state-v3.bin"]
 fn write_state_fixture() {
     let installed = Installed::new("a");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -733,7 +755,7 @@ fn write_state_fixture() {
         assert!(ok, "{text}");
         drop(older);
     });
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upgrade-state-v2.bin");
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upgrade-state-v3.bin");
     std::fs::create_dir_all(target.parent().expect("dir")).expect("mkdir");
     std::fs::copy(&dump, &target).expect("copy the state");
 }

@@ -11,6 +11,8 @@
 //! - `helpers`: the C floor helper and static child, built with `cc`;
 //! - `zygotes`: starting the three zygotes, and their size;
 //! - `cgroups`: the cost of a cgroup per child (a second shared daemon);
+//! - `sandboxes`: daemons confining each child (seccomp + Landlock; the
+//!   full sandbox), and the `bwrap` wrapper they replace;
 //! - `methods`: the six ways to spawn + wait, each timed the same way;
 //! - `ballast`: growing the parent (memory, fds);
 //! - `stats`, `report`, `targets`: summaries, markdown/JSON, the
@@ -24,6 +26,7 @@ mod helpers;
 mod methods;
 mod nonroot;
 mod report;
+mod sandboxes;
 mod stats;
 mod sys;
 mod targets;
@@ -155,17 +158,33 @@ pub(crate) struct Bench {
     pub(crate) zygotes: Zygotes,
     /// The threads that call the blocking clients.
     callers: methods::Callers,
+    /// The sandbox daemons; `None` when they could not start (said once).
+    sandboxes: Option<sandboxes::Sandboxes>,
 }
 
 impl Bench {
     /// Whether `method` can run here (the non-root client needs root).
     fn has(&self, method: Method) -> bool {
-        method != Method::ZygoteSharedNonRoot || self.zygotes.nonroot.is_some()
+        match method {
+            Method::ZygoteSharedNonRoot => self.zygotes.nonroot.is_some(),
+            Method::ZygoteSandboxFilters | Method::ZygoteSandboxFull => self.sandboxes.is_some(),
+            Method::ZygoteBwrap => self
+                .sandboxes
+                .as_ref()
+                .is_some_and(|sandboxes| sandboxes.bwrap.is_some()),
+            _ => true,
+        }
     }
 
     fn run_cell(&mut self, method: Method, program: &Path, budget: Budget) -> Result<CellRun> {
         let zygotes = &mut self.zygotes;
-        let zygote_pid = zygotes.pid(method);
+        let sandboxes = self.sandboxes.as_ref();
+        let zygote_pid = match method {
+            Method::ZygoteSandboxFilters => sandboxes.map(|s| s.filters.pid()),
+            Method::ZygoteSandboxFull => sandboxes.map(|s| s.full.pid()),
+            Method::ZygoteBwrap => zygotes.pid(Method::ZygoteShared),
+            _ => zygotes.pid(method),
+        };
         let zygote_before = zygote_pid.and_then(sys::zygote_cpu);
         let client_before = sys::own_cpu();
         let mut run = match method {
@@ -201,6 +220,31 @@ impl Bench {
             }
             Method::ZygoteSharedNonRoot => match zygotes.nonroot.as_mut() {
                 Some(helper) => helper.run(program, budget)?,
+                None => return Ok(CellRun::default()),
+            },
+            Method::ZygoteSandboxFilters | Method::ZygoteSandboxFull => {
+                let Some(sandboxes) = sandboxes else {
+                    return Ok(CellRun::default());
+                };
+                let daemon = if method == Method::ZygoteSandboxFull {
+                    &sandboxes.full
+                } else {
+                    &sandboxes.filters
+                };
+                self.runtime.block_on(methods::run_zygote(
+                    &daemon.client,
+                    program,
+                    budget,
+                    |_| {},
+                ))?
+            }
+            Method::ZygoteBwrap => match sandboxes.and_then(|s| s.bwrap.as_deref()) {
+                Some(bwrap) => self.runtime.block_on(sandboxes::run_bwrap(
+                    &zygotes.shared,
+                    bwrap,
+                    program,
+                    budget,
+                ))?,
                 None => return Ok(CellRun::default()),
             },
         };
@@ -268,12 +312,20 @@ fn run(templates: [zygote::template::Template; 2], args: &Args) -> Result<Report
     } else {
         Err("--cgroup-rounds 0".to_owned())
     };
+    let sandboxes = match sandboxes::start(&runtime, dir.path()) {
+        Ok(sandboxes) => Some(sandboxes),
+        Err(reason) => {
+            eprintln!("zygote-bench: no sandbox cells: {reason}");
+            None
+        }
+    };
     let callers = methods::Callers::start(args.concurrency.iter().copied().max().unwrap_or(1))?;
     let mut bench = Bench {
         runtime,
         floor,
         zygotes,
         callers,
+        sandboxes,
     };
     let meta = meta(static_kind);
 
@@ -392,10 +444,16 @@ fn measure_cow(
     let mut baselines = Vec::new();
     let mut out = Vec::new();
     // The non-root client is another process: its CoW tax is not ours.
-    for method in Method::ALL
-        .into_iter()
-        .filter(|m| !matches!(m, Method::Floor | Method::ZygoteSharedNonRoot) && wants(*m))
-    {
+    for method in Method::ALL.into_iter().filter(|m| {
+        !matches!(
+            m,
+            Method::Floor
+                | Method::ZygoteSharedNonRoot
+                | Method::ZygoteSandboxFilters
+                | Method::ZygoteSandboxFull
+                | Method::ZygoteBwrap
+        ) && wants(*m)
+    }) {
         let mut before = Vec::with_capacity(rounds);
         let mut after = Vec::with_capacity(rounds);
         for _ in 0..rounds {

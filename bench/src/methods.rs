@@ -43,11 +43,22 @@ pub enum Method {
     /// zygote: the root shared daemon, from a client process running as
     /// uid 65534 (its children switch to that uid).
     ZygoteSharedNonRoot,
+    /// zygote: a daemon whose policy confines each child with seccomp
+    /// (`default`) and Landlock only.
+    ZygoteSandboxFilters,
+    /// zygote: a daemon whose policy confines each child in a full
+    /// sandbox: network none, new pid/ipc/uts namespaces, a read-only
+    /// system on a tmpfs root, seccomp and Landlock.
+    ZygoteSandboxFull,
+    /// zygote: the shared daemon running the child under `bwrap` (its
+    /// own root bound read-only, /dev, /proc, new pid/ipc/uts
+    /// namespaces), the wrapper a sandbox in the daemon replaces.
+    ZygoteBwrap,
 }
 
 impl Method {
     /// Every method, in table order.
-    pub const ALL: [Method; 10] = [
+    pub const ALL: [Method; 13] = [
         Method::Floor,
         Method::StdSpawn,
         Method::StdFork,
@@ -58,9 +69,12 @@ impl Method {
         Method::ZygotePrivateBlocking,
         Method::ZygoteTemplateBlocking,
         Method::ZygoteSharedNonRoot,
+        Method::ZygoteSandboxFilters,
+        Method::ZygoteSandboxFull,
+        Method::ZygoteBwrap,
     ];
 
-    /// Every zygote method.
+    /// Every zygote method without a sandbox.
     pub const ZYGOTES: [Method; 7] = [
         Method::ZygoteShared,
         Method::ZygotePrivate,
@@ -84,6 +98,9 @@ impl Method {
             Method::ZygotePrivateBlocking => "zygote-private-blocking",
             Method::ZygoteTemplateBlocking => "zygote-template-blocking",
             Method::ZygoteSharedNonRoot => "zygote-shared-nonroot",
+            Method::ZygoteSandboxFilters => "zygote-sandbox-filters",
+            Method::ZygoteSandboxFull => "zygote-sandbox-full",
+            Method::ZygoteBwrap => "zygote-bwrap",
         }
     }
 
@@ -100,6 +117,9 @@ impl Method {
             Method::ZygotePrivateBlocking => "zygote, private launched, blocking",
             Method::ZygoteTemplateBlocking => "zygote, forked template, blocking",
             Method::ZygoteSharedNonRoot => "zygote, shared daemon, client uid 65534",
+            Method::ZygoteSandboxFilters => "zygote, sandbox: seccomp + Landlock",
+            Method::ZygoteSandboxFull => "zygote, sandbox: full, network none",
+            Method::ZygoteBwrap => "zygote, child wrapped in bwrap",
         }
     }
 }
@@ -316,6 +336,21 @@ pub async fn run_zygote(
     budget: Budget,
     configure: fn(&mut zygote_client::Command),
 ) -> Result<CellRun> {
+    run_zygote_with_args(client, program, Arc::from([]), budget, configure).await
+}
+
+/// As [`run_zygote`], with these arguments for each child.
+///
+/// # Errors
+///
+/// The first spawn or wait error.
+pub async fn run_zygote_with_args(
+    client: &Client,
+    program: &Path,
+    args: Arc<[std::ffi::OsString]>,
+    budget: Budget,
+    configure: fn(&mut zygote_client::Command),
+) -> Result<CellRun> {
     let taken = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let cpu_before = thread_cpu();
@@ -325,6 +360,7 @@ pub async fn run_zygote(
         let client = client.clone();
         let program = program.to_owned();
         let taken = Arc::clone(&taken);
+        let args = Arc::clone(&args);
         tasks.spawn(async move {
             let mut samples = Vec::new();
             while taken.fetch_add(1, Ordering::Relaxed) < budget.n
@@ -333,6 +369,7 @@ pub async fn run_zygote(
                 let mut blocked = Duration::ZERO;
                 let start = Instant::now();
                 let mut command = client.command(&program);
+                command.args(args.iter());
                 configure(&mut command);
                 // status(), as a caller that only wants the exit status
                 // would: the zygote may then skip `Spawned`.

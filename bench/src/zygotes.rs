@@ -43,7 +43,13 @@ impl Zygotes {
             Method::ZygotePrivateBlocking => self.private_blocking_pid,
             Method::ZygoteTemplate => Some(self.template_pid),
             Method::ZygoteTemplateBlocking => Some(self.template_blocking_pid),
-            Method::Floor | Method::StdSpawn | Method::StdFork => None,
+            // The sandbox daemons are the bench's own (see `sandboxes`).
+            Method::Floor
+            | Method::StdSpawn
+            | Method::StdFork
+            | Method::ZygoteSandboxFilters
+            | Method::ZygoteSandboxFull
+            | Method::ZygoteBwrap => None,
         }
     }
 }

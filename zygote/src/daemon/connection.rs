@@ -505,7 +505,12 @@ async fn answer_hello(
         .map_err(|mismatch| (ProtocolErrorKind::UnsupportedVersion, mismatch.to_string()))?;
     debug!(client = hello.client, protocol_version = version, "hello");
     let features = if version >= FEATURES_SINCE {
-        daemon.offered_features()
+        let mut features = daemon.offered_features();
+        // A sandbox cannot be asked for before version 3.
+        if version < zygote_proto::SANDBOX_SINCE {
+            features.retain(|name| name != zygote_proto::Feature::Sandbox.name());
+        }
+        features
     } else {
         Vec::new()
     };
@@ -614,6 +619,7 @@ async fn dispatch(
                 received_at,
                 _permit: permit,
                 answer_slot: Mutex::new(Some(answer_slot)),
+                applied_sandbox: Mutex::new(None),
             };
             // A task per spawn, so that concurrent requests on one
             // connection do not queue behind each other's exec. Boxed: the

@@ -22,6 +22,7 @@ use crate::daemon::policy::{Grant, Policy};
 
 #[allow(missing_docs)]
 mod v1;
+mod v2;
 
 /// The first bytes of a state file.
 pub const MAGIC: [u8; 8] = *b"ZYGSTATE";
@@ -37,8 +38,10 @@ pub const MAGIC: [u8; 8] = *b"ZYGSTATE";
 /// until it is handled.
 ///
 /// Version 2 adds each connection's negotiated protocol version
-/// ([`SavedClient::protocol_version`]).
-pub const STATE_VERSION: u32 = 2;
+/// ([`SavedClient::protocol_version`]); version 3 the policy's sandbox
+/// profiles and the profile a rule imposes, so that an upgrade keeps
+/// every confinement.
+pub const STATE_VERSION: u32 = 3;
 
 /// Header: magic, version (u32 LE), body length (u64 LE), FNV-1a 64 of the
 /// body (u64 LE).
@@ -80,8 +83,10 @@ pub enum StateError {
 pub enum Versioned {
     /// Version 1, frozen: connections without their protocol version.
     V1(v1::SavedDaemon),
-    /// Version 2.
-    V2(SavedDaemon),
+    /// Version 2, frozen: a policy without sandbox profiles.
+    V2(v2::SavedDaemon),
+    /// Version 3.
+    V3(SavedDaemon),
 }
 
 impl Versioned {
@@ -90,6 +95,7 @@ impl Versioned {
         match self {
             Self::V1(_) => 1,
             Self::V2(_) => 2,
+            Self::V3(_) => 3,
         }
     }
 }
@@ -393,6 +399,9 @@ pub fn decode(bytes: &[u8]) -> Result<Versioned, StateError> {
         2 => postcard::from_bytes(body)
             .map(Versioned::V2)
             .map_err(|error| StateError::Decode(error.to_string())),
+        3 => postcard::from_bytes(body)
+            .map(Versioned::V3)
+            .map_err(|error| StateError::Decode(error.to_string())),
         _ => Err(StateError::Version(version)),
     }
 }
@@ -420,7 +429,8 @@ pub fn read(file: &std::fs::File) -> Result<Versioned, StateError> {
 pub fn latest(state: Versioned) -> SavedDaemon {
     match state {
         Versioned::V1(state) => state.into(),
-        Versioned::V2(state) => state,
+        Versioned::V2(state) => state.into(),
+        Versioned::V3(state) => state,
     }
 }
 
@@ -638,7 +648,7 @@ mod tests {
             reply_to: None,
         };
         let bytes = encode(&state).unwrap();
-        assert!(matches!(decode(&bytes), Ok(Versioned::V2(_))));
+        assert!(matches!(decode(&bytes), Ok(Versioned::V3(_))));
         assert!(matches!(
             decode(&bytes[..bytes.len() - 1]),
             Err(StateError::Truncated { .. })

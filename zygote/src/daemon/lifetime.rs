@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::io::Interest;
@@ -32,6 +32,7 @@ use crate::daemon::plan::{self, Group, OnClose};
 use crate::daemon::policy::Grant;
 use crate::daemon::reaper;
 use crate::daemon::reply::clip;
+use crate::daemon::sandbox;
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::state::{Closable, Daemon};
 use crate::daemon::uid_spawners;
@@ -287,6 +288,8 @@ pub struct SpawnTask {
     /// Counts this spawn as not yet answered (see [`Connection::outbox`])
     /// until its first reply is queued.
     pub answer_slot: Mutex<Option<Owed>>,
+    /// What confines the child, for its `Spawned` (sent now or deferred).
+    pub applied_sandbox: Mutex<Option<sandbox::AppliedSandbox>>,
 }
 
 impl Drop for SpawnTask {
@@ -384,6 +387,7 @@ impl SpawnTask {
             on_close,
             timeout,
             leads_own_group,
+            sandbox: applied_sandbox,
         } = prepared;
         let launched = self
             .launch(id, plan, cgroup.as_deref(), cwd.as_deref(), program)
@@ -393,6 +397,14 @@ impl SpawnTask {
             return Ok(());
         };
         self.daemon.metrics.child_started();
+        if let Some(applied) = &applied_sandbox {
+            self.daemon.metrics.sandboxed_spawn(SpawnResult::Ok);
+            debug!(pid, ?applied, "child sandboxed");
+        }
+        *self
+            .applied_sandbox
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = applied_sandbox;
         let timer = timeout.map(|timeout| {
             Arc::new(Mutex::new(Timer {
                 term_at: Instant::now() + Duration::from_millis(timeout.millis),
@@ -489,6 +501,7 @@ impl SpawnTask {
                 )
             })?;
         prepared.plan.credentials = credentials;
+        self.sandbox(request, &mut prepared)?;
         plan::apply_peer_floor(&mut prepared.plan, peer);
         // The request's rlimits are the plan's now.
         let clamped = self.connection.grant.clamp_unset_rlimits(
@@ -508,6 +521,39 @@ impl SpawnTask {
             }
         }
         Ok(prepared)
+    }
+
+    /// Resolves the request's sandbox under the profile the policy
+    /// imposes on this peer into the plan.
+    fn sandbox(
+        &self,
+        request: &SpawnRequest,
+        prepared: &mut plan::Prepared,
+    ) -> Result<(), SpawnFailed> {
+        let imposed = self.connection.grant.sandbox_profile();
+        match self
+            .daemon
+            .sandboxes
+            .resolve(request.sandbox.as_ref(), imposed)
+        {
+            Ok(Some((plan, applied))) => {
+                prepared.plan.sandbox = Some(plan);
+                prepared.sandbox = Some(applied);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(refusal) => {
+                let metrics = &self.daemon.metrics;
+                let stage = if refusal.invalid {
+                    SpawnStage::Validate
+                } else {
+                    spawn::SANDBOX_STAGE
+                };
+                metrics.sandbox_failed(stage.name(), "request");
+                metrics.sandboxed_spawn(SpawnResult::Refused);
+                Err(refused(request.id, stage, refusal.errno, refusal.message))
+            }
+        }
     }
 
     /// The child's own cgroup, made and named in `plan`, when the daemon
@@ -553,9 +599,19 @@ impl SpawnTask {
                 let _ = cgroup.remove();
             }
         };
+        let names = plan.sandbox.as_ref().map(sandbox::FailureNames::of);
+        let metrics = &self.daemon.metrics;
         let failed = |error: spawn::SpawnError| {
             remove_cgroup();
             let reason = strerror(error.errno);
+            if names.is_some() {
+                metrics.sandboxed_spawn(SpawnResult::Failed);
+            }
+            if let (Some(names), Some(failure)) = (&names, error.sandbox) {
+                metrics.sandbox_failed("sandbox", failure.step.name());
+                let message = names.describe(failure, &reason);
+                return refused(id, error.stage, error.errno, message);
+            }
             let message = match (error.stage, cwd) {
                 // The directory is what is missing, not the program.
                 (SpawnStage::Chdir, Some(cwd)) => {
@@ -568,7 +624,9 @@ impl SpawnTask {
         // A child that keeps the daemon's ids cannot be stopped by its
         // peer: vfork, the fastest. One that switches to the peer's ids
         // could be, between the switch and exec: see `start_switching`.
-        let (pid, pidfd, status) = if plan.credentials.is_none() {
+        // A sandboxed child resolves the peer's paths as the peer: never
+        // on this thread, and never on a spawner (which gives it no sandbox).
+        let (pid, pidfd, status) = if plan.credentials.is_none() && plan.sandbox.is_none() {
             // The daemon's copies of the child's fds go with the plan.
             let child = self.daemon.spawn_plan(plan).await.map_err(failed)?;
             self.daemon.metrics.spawn_path(SpawnPath::Vfork);
@@ -692,10 +750,18 @@ impl SpawnTask {
             ServerMessage::Spawned(Spawned {
                 id,
                 pid,
-                sandbox: None,
+                sandbox: self.applied(),
             }),
             fds,
         );
+    }
+
+    /// What confines the child, for its `Spawned`.
+    fn applied(&self) -> Option<sandbox::AppliedSandbox> {
+        self.applied_sandbox
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Counts and logs a spawn whose child exec'd.
@@ -887,7 +953,7 @@ impl SpawnTask {
                 report = read_exec_report(&status) => report.map_err(|error| {
                     warn!(pid, %error, "failed to read a child's status pipe; killing it");
                     kill();
-                    Some(spawn::SpawnError { stage: SpawnStage::Pipe, errno: error.raw_os_error().unwrap_or(libc::EIO) })
+                    Some(spawn::SpawnError::new(SpawnStage::Pipe, error.raw_os_error().unwrap_or(libc::EIO)))
                 }),
                 () = self.cancelled() => {
                     debug!(pid, "killing a child that has not exec'd: its spawn was cancelled");
@@ -897,10 +963,10 @@ impl SpawnTask {
             },
             Err(error) => {
                 kill();
-                Err(Some(spawn::SpawnError {
-                    stage: SpawnStage::Pipe,
-                    errno: error.raw_os_error().unwrap_or(libc::EIO),
-                }))
+                Err(Some(spawn::SpawnError::new(
+                    SpawnStage::Pipe,
+                    error.raw_os_error().unwrap_or(libc::EIO),
+                )))
             }
         };
         let error = match outcome {
@@ -978,7 +1044,7 @@ impl SpawnTask {
                 ServerMessage::Spawned(Spawned {
                     id,
                     pid,
-                    sandbox: None,
+                    sandbox: self.applied(),
                 }),
                 fds,
             );
@@ -1232,6 +1298,7 @@ pub fn resume(
         received_at: Instant::now(),
         _permit: permit,
         answer_slot: Mutex::new(None),
+        applied_sandbox: Mutex::new(None),
     };
     let watched = Watched {
         id: saved.id,

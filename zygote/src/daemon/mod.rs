@@ -6,6 +6,8 @@
 //! - [`cgroup`]: the delegated cgroup subtree and each child's cgroup.
 //! - [`handover`]: what a live upgrade carries from one image to the next,
 //!   and the pause that brings every task to a safe point first.
+//! - [`sandbox`]: a request's sandbox and the policy's imposed profile
+//!   checked and resolved into the child's `SandboxPlan`.
 //! - [`policy`], `peer`, `shutdown`, `reply`: who may ask for what, who
 //!   the peer is (`SO_PEERCRED`, `SO_PEERPIDFD`, `/proc`), the stop notice,
 //!   sending a reply.
@@ -47,6 +49,7 @@ pub mod policy;
 pub mod private;
 mod reaper;
 mod reply;
+pub mod sandbox;
 pub mod server;
 mod shutdown;
 mod spawners;

@@ -15,6 +15,7 @@ use rustix::termios::{Winsize, tcsetwinsize};
 use zygote_proto::{Env, LargeArgs, PtySpec, SpawnRequest, SpawnStage, StdioSpec, Timeout};
 
 use crate::daemon::peer::Peer;
+use crate::daemon::sandbox::AppliedSandbox;
 use crate::spawn::SpawnPlan;
 
 /// `PATH` used when the request's environment has none, as `execvp` does.
@@ -74,6 +75,8 @@ pub struct Prepared {
     /// The child leads a process group of its own (a new session, or
     /// `process_group` 0): its timeout signals that whole group.
     pub leads_own_group: bool,
+    /// What confines the child, once its sandbox is resolved.
+    pub sandbox: Option<AppliedSandbox>,
 }
 
 /// A checked kill-on-close request.
@@ -170,11 +173,13 @@ pub fn prepare(
             nice: request.nice,
             cpu_affinity: attributes,
             oom_score_adj: request.oom_score_adj,
+            sandbox: None,
         },
         client_ends,
         on_close,
         timeout: request.timeout,
         leads_own_group: leads_own_group(request),
+        sandbox: None,
     })
 }
 

@@ -8,12 +8,17 @@
 use crate::daemon::cgroup::PeerCaps;
 use std::path::Path;
 
+pub mod v2;
+
 use serde::{Deserialize, Serialize};
 use zygote_proto::{ResourceLimit, SpawnRequest};
 
 use crate::Error;
 use crate::daemon::peer::Peer;
+use crate::daemon::sandbox::Profiles;
+use crate::daemon::sandbox::profile::ProfileFile;
 use crate::spawn::Credentials;
+use std::collections::BTreeMap;
 
 /// Default cap on open connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
@@ -55,6 +60,8 @@ struct PolicyFile {
     limits: LimitsFile,
     #[serde(default)]
     peer: Vec<Rule>,
+    #[serde(default)]
+    sandbox: BTreeMap<String, ProfileFile>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -276,6 +283,9 @@ pub struct Rule {
     pub max_connections: Option<usize>,
     /// argv plus environment of one request from this peer, in bytes.
     pub max_argv_env_bytes: Option<usize>,
+    /// The sandbox profile every child of this peer runs in: a request
+    /// can only tighten it.
+    pub sandbox: Option<String>,
 }
 
 impl Rule {
@@ -301,6 +311,9 @@ pub struct Policy {
     pub limits: Limits,
     rules: Vec<Rule>,
     defaulted: Defaulted,
+    /// The `[sandbox.NAME]` profiles, as written (checked at parse).
+    #[serde(default)]
+    sandbox: BTreeMap<String, ProfileFile>,
 }
 
 /// What one connected peer may do: its matching rule, or the defaults.
@@ -361,6 +374,18 @@ impl Policy {
                 ));
             }
         }
+        let profiles = Profiles::from_file(&file.sandbox)?;
+        for (index, rule) in file.peer.iter().enumerate() {
+            if let Some(name) = &rule.sandbox {
+                if !profiles.contains(name) {
+                    return Err(format!(
+                        "[[peer]] number {} imposes sandbox profile {name:?}, which no \
+                         [sandbox.{name}] table defines",
+                        index + 1
+                    ));
+                }
+            }
+        }
         let policy = Self::from_file(file, daemon_uid);
         let limits = policy.limits;
         if limits.max_connections == 0 || limits.max_children == 0 {
@@ -409,7 +434,24 @@ impl Policy {
             connect_gids: connect.gids,
             limits,
             rules: file.peer,
+            sandbox: file.sandbox,
         }
+    }
+
+    /// The sandbox profile a `[[peer]]` rule listing `uid` imposes, for
+    /// `zygote status` (a rule matching by group alone is not seen here:
+    /// admission, which knows the peer's groups, applies it all the same).
+    pub fn imposed_profile_of_uid(&self, uid: u32) -> Option<String> {
+        self.rules
+            .iter()
+            .find(|rule| rule.uids.contains(&uid))
+            .and_then(|rule| rule.sandbox.clone())
+    }
+
+    /// The sandbox profiles the file defines (checked when it was parsed;
+    /// empty if that check cannot pass any more).
+    pub fn sandbox_profiles(&self) -> Profiles {
+        Profiles::from_file(&self.sandbox).unwrap_or_default()
     }
 
     /// Every per-peer cap the policy can set, to check at start that the
@@ -484,6 +526,11 @@ impl Policy {
 }
 
 impl Grant {
+    /// The sandbox profile imposed on this peer's children, if any.
+    pub fn sandbox_profile(&self) -> Option<&str> {
+        self.rule.sandbox.as_deref()
+    }
+
     /// Checks a spawn request's user and resource limits against the peer
     /// and this grant, and returns the credentials the child must switch
     /// to: `None` when it keeps the daemon's.

@@ -80,10 +80,10 @@ impl SpawnerPool {
         }
         self.shared.ready.notify_one();
         // A dropped sender: the thread panicked, or none could start.
-        child.await.unwrap_or(Err(SpawnError {
-            stage: zygote_proto::SpawnStage::Clone,
-            errno: libc::EAGAIN,
-        }))
+        child.await.unwrap_or(Err(SpawnError::new(
+            zygote_proto::SpawnStage::Clone,
+            libc::EAGAIN,
+        )))
     }
 
     fn start_threads(&self) {

@@ -15,6 +15,7 @@ use crate::daemon::handover::{Pause, SavedConnection};
 use crate::daemon::loglimit::LogLimit;
 use crate::daemon::peer;
 use crate::daemon::policy::Policy;
+use crate::daemon::sandbox::Sandboxes;
 use crate::daemon::spawners::SpawnerPool;
 use crate::daemon::uid_spawners::UidSpawners;
 use crate::service::metrics::Metrics;
@@ -95,6 +96,8 @@ pub struct Daemon {
     pub credentials: Credentials,
     /// Who may connect, and what each peer may ask for.
     pub policy: Policy,
+    /// The policy's sandbox profiles and what sandboxes share.
+    pub sandboxes: Sandboxes,
     /// Children running or being started, per peer uid and in total.
     pub(crate) child_counts: Mutex<ChildCounts>,
     /// Connections past their peer check, per peer uid and in total
@@ -164,16 +167,14 @@ impl Daemon {
     /// State for a daemon starting now, under `policy`.
     pub fn with_policy(policy: Policy) -> Self {
         let uid = rustix::process::geteuid().as_raw();
+        let gid = rustix::process::getegid().as_raw();
         let groups = rustix::process::getgroups()
             .map(|groups| groups.into_iter().map(|gid| gid.as_raw()).collect())
             .unwrap_or_default();
         Self {
             uid,
-            credentials: Credentials {
-                uid,
-                gid: rustix::process::getegid().as_raw(),
-                groups,
-            },
+            credentials: Credentials { uid, gid, groups },
+            sandboxes: Sandboxes::new(policy.sandbox_profiles(), uid, gid),
             policy,
             child_counts: Mutex::default(),
             connection_counts: Mutex::default(),
@@ -212,7 +213,8 @@ impl Daemon {
         match feature {
             Feature::Cgroups => self.cgroups.is_some(),
             Feature::Pty | Feature::LargeArgs => true,
-            Feature::Sandbox | Feature::Templates => false,
+            Feature::Sandbox => crate::daemon::sandbox::enforceable(),
+            Feature::Templates => false,
         }
     }
 
@@ -265,7 +267,7 @@ impl Daemon {
                     connections_limit: connections_limit
                         .unwrap_or_else(|| limits.connections_per_peer(privileged))
                         as u64,
-                    sandbox_profile: None,
+                    sandbox_profile: self.policy.imposed_profile_of_uid(uid),
                 }
             })
             .collect()
@@ -483,6 +485,7 @@ mod tests {
             nice: None,
             cpu_affinity: Vec::new(),
             oom_score_adj: None,
+            sandbox: None,
         }
     }
 

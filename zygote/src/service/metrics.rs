@@ -91,6 +91,8 @@ pub struct Metrics {
     spawns: IntCounterVec,
     peer_spawns: IntCounterVec,
     exec_errors: IntCounterVec,
+    sandboxed_spawns: IntCounterVec,
+    sandbox_failures: IntCounterVec,
     children_running: IntGauge,
     child_exits: IntCounterVec,
     connections_open: IntGauge,
@@ -154,6 +156,23 @@ impl Metrics {
                 "Spawns whose execve failed, by errno name.",
             ),
             &["errno"],
+        )
+        .expect("valid counter");
+        let sandboxed_spawns = IntCounterVec::new(
+            Opts::new(
+                "zygote_sandboxed_spawns_total",
+                "Spawns with a sandbox (requested or imposed by policy), by result: \
+                 ok, failed, refused.",
+            ),
+            &["result"],
+        )
+        .expect("valid counter");
+        let sandbox_failures = IntCounterVec::new(
+            Opts::new(
+                "zygote_sandbox_failures_total",
+                "Sandboxes refused or failed, by stage (validate, sandbox) and step.",
+            ),
+            &["stage", "step"],
         )
         .expect("valid counter");
         let children_running = IntGauge::new(
@@ -246,10 +265,12 @@ impl Metrics {
                 &zygote_proto::PROTOCOL_VERSION.to_string(),
             ])
             .set(1);
-        let collectors: [Box<dyn prometheus::core::Collector>; 16] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 18] = [
             Box::new(spawn_paths.clone()),
             Box::new(uid_spawners.clone()),
             Box::new(uid_spawner_restarts.clone()),
+            Box::new(sandboxed_spawns.clone()),
+            Box::new(sandbox_failures.clone()),
             Box::new(oom_kills.clone()),
             Box::new(tree_kills.clone()),
             Box::new(spawn_duration.clone()),
@@ -273,6 +294,8 @@ impl Metrics {
             spawns,
             peer_spawns,
             exec_errors,
+            sandboxed_spawns,
+            sandbox_failures,
             children_running,
             child_exits,
             connections_open,
@@ -327,6 +350,21 @@ impl Metrics {
             })
         });
         counters[result.index()].inc();
+    }
+
+    /// Counts a sandboxed spawn by its result.
+    pub fn sandboxed_spawn(&self, result: SpawnResult) {
+        self.sandboxed_spawns
+            .with_label_values(&[result.label()])
+            .inc();
+    }
+
+    /// Counts a sandbox refused (`stage` validate) or failed in the child
+    /// (`stage` sandbox) at `step`.
+    pub fn sandbox_failed(&self, stage: &str, step: &str) {
+        self.sandbox_failures
+            .with_label_values(&[stage, step])
+            .inc();
     }
 
     /// Records an `execve` failure.
@@ -441,9 +479,11 @@ impl Metrics {
         }
     }
 
-    fn counter_vecs(&self) -> [(&'static str, &IntCounterVec); 8] {
+    fn counter_vecs(&self) -> [(&'static str, &IntCounterVec); 10] {
         [
             ("spawn_paths", &self.spawn_paths),
+            ("sandboxed_spawns", &self.sandboxed_spawns),
+            ("sandbox_failures", &self.sandbox_failures),
             ("spawns", &self.spawns),
             ("peer_spawns", &self.peer_spawns),
             ("exec_errors", &self.exec_errors),
@@ -591,6 +631,29 @@ pub fn errno_name(errno: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sandboxed_spawns_and_failures_are_counted_by_result_and_step() {
+        let metrics = Metrics::new();
+        metrics.sandboxed_spawn(SpawnResult::Ok);
+        metrics.sandboxed_spawn(SpawnResult::Failed);
+        metrics.sandbox_failed("sandbox", "bind source");
+        let text = metrics.render();
+        assert!(
+            text.contains("zygote_sandboxed_spawns_total{result=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("zygote_sandboxed_spawns_total{result=\"failed\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "zygote_sandbox_failures_total{stage=\"sandbox\",step=\"bind source\"} 1"
+            ),
+            "{text}"
+        );
+    }
 
     #[test]
     fn render_has_help_for_every_metric_and_zeroed_series() {

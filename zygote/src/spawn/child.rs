@@ -15,6 +15,8 @@ use std::ptr;
 
 use zygote_proto::SpawnStage;
 
+use super::sandbox::{self, SandboxFailure, SandboxPlan};
+
 /// What `clone` hands the child: the plan as raw, ready-to-use data.
 ///
 /// Lives on the parent's stack during `clone`; the parent is suspended
@@ -68,17 +70,26 @@ pub(super) struct ChildArgs<'a> {
     /// close-on-exec status pipe, where the child also writes the failed
     /// step (see [`encode_failure`]).
     pub(super) report: Option<RawFd>,
+    /// The confinement to apply (fork path only).
+    pub(super) sandbox: Option<&'a SandboxPlan>,
+    /// With a new pid namespace: where its init reports the program's
+    /// exit (see [`sandbox::run_init`]).
+    pub(super) init_report: Option<RawFd>,
+    /// The sandbox's fds as the child sees them (see
+    /// [`sandbox::copy_fds`]).
+    pub(super) sandbox_fds: &'a [RawFd],
 }
 
 /// The status pipe's failure report: the stage's index in
-/// [`SpawnStage::ALL`] and the errno, native-endian. Eight bytes, under
-/// `PIPE_BUF`, so written and read whole.
-pub(super) fn encode_failure(stage: SpawnStage, errno: c_int) -> [u8; 8] {
+/// [`SpawnStage::ALL`] (low 16 bits) with the sandbox step, if any (high
+/// 16 bits, [`SandboxFailure::pack`]), and the errno, native-endian.
+/// Eight bytes, under `PIPE_BUF`, so written and read whole.
+pub(super) fn encode_failure(stage: SpawnStage, errno: c_int, detail: u16) -> [u8; 8] {
     let index = SpawnStage::ALL
         .iter()
         .position(|known| *known == stage)
         .and_then(|index| u32::try_from(index).ok())
-        .unwrap_or(u32::MAX);
+        .map_or(u32::MAX, |index| index | u32::from(detail) << 16);
     let mut bytes = [0u8; 8];
     let (first, second) = bytes.split_at_mut(4);
     first.copy_from_slice(&index.to_ne_bytes());
@@ -87,11 +98,15 @@ pub(super) fn encode_failure(stage: SpawnStage, errno: c_int) -> [u8; 8] {
 }
 
 /// Reverses [`encode_failure`]; `None` for an unknown stage.
-pub(super) fn decode_failure(bytes: [u8; 8]) -> Option<(SpawnStage, c_int)> {
+pub(super) fn decode_failure(
+    bytes: [u8; 8],
+) -> Option<(SpawnStage, c_int, Option<SandboxFailure>)> {
     let [a, b, c, d, e, f, g, h] = bytes;
-    let index = usize::try_from(u32::from_ne_bytes([a, b, c, d])).ok()?;
+    let word = u32::from_ne_bytes([a, b, c, d]);
+    let index = usize::try_from(word & 0xffff).ok()?;
     let stage = *SpawnStage::ALL.get(index)?;
-    Some((stage, c_int::from_ne_bytes([e, f, g, h])))
+    let detail = SandboxFailure::unpack(u16::try_from(word >> 16).unwrap_or(0));
+    Some((stage, c_int::from_ne_bytes([e, f, g, h]), detail))
 }
 
 /// The kernel's `struct rlimit64`, as `prlimit64(2)` takes it on every
@@ -188,12 +203,20 @@ impl SignalReset {
 pub(super) struct Failure {
     stage: Cell<Option<SpawnStage>>,
     errno: Cell<c_int>,
+    /// The sandbox step ([`SandboxFailure::pack`]); 0 for none.
+    detail: Cell<u16>,
 }
 
 impl Failure {
-    /// The stage and errno the child reported, if it failed.
-    pub(super) fn get(&self) -> Option<(SpawnStage, c_int)> {
-        self.stage.get().map(|stage| (stage, self.errno.get()))
+    /// The stage, errno and sandbox step the child reported, if it failed.
+    pub(super) fn get(&self) -> Option<(SpawnStage, c_int, Option<SandboxFailure>)> {
+        self.stage.get().map(|stage| {
+            (
+                stage,
+                self.errno.get(),
+                SandboxFailure::unpack(self.detail.get()),
+            )
+        })
     }
 }
 
@@ -213,7 +236,7 @@ pub(super) extern "C" fn child_main(arg: *mut c_void) -> c_int {
     args.failure.errno.set(errno);
     args.failure.stage.set(Some(stage));
     if let Some(fd) = args.report {
-        let report = encode_failure(stage, errno);
+        let report = encode_failure(stage, errno, args.failure.detail.get());
         // SAFETY: writes 8 bytes from a valid buffer to our own pipe end;
         // a failed write leaves the parent to see a plain exit.
         unsafe { libc::write(fd, report.as_ptr().cast(), report.len()) };
@@ -285,15 +308,39 @@ fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
     // has already kept a peer without privilege from lowering either.
     set_attributes(args)?;
 
+    if let Some(plan) = args.sandbox {
+        let peer = sandbox::Peer {
+            credentials: args.credentials,
+            fds: args.sandbox_fds,
+        };
+        sandboxed(args, sandbox::before_credentials(plan, &peer))?;
+    }
+
     if let Some((uid, gid, groups)) = args.credentials {
         switch_credentials(uid, gid, groups)?;
+    }
+
+    if let Some(report) = args.init_report {
+        sandboxed(args, sandbox::run_init(report, args.report))?;
     }
 
     if let Some(cwd) = args.cwd {
         // SAFETY: `cwd` is a NUL-terminated string owned by the plan.
         check(unsafe { libc::chdir(cwd.as_ptr()) }, SpawnStage::Chdir)?;
     }
+
+    if let Some(plan) = args.sandbox {
+        sandboxed(args, sandbox::before_exec(plan, args.sandbox_fds))?;
+    }
     Ok(())
+}
+
+/// A sandbox step's result, its detail kept for the report.
+fn sandboxed(args: &ChildArgs<'_>, result: Result<(), sandbox::Failed>) -> Result<(), Failed> {
+    result.map_err(|(stage, errno, detail)| {
+        args.failure.detail.set(SandboxFailure::pack(detail));
+        (stage, errno)
+    })
 }
 
 /// Makes the terminal on fd 0 the controlling terminal of the session this

@@ -395,12 +395,17 @@ pub(super) fn become_subreaper() -> io::Result<()> {
 /// # Errors
 ///
 /// As [`clone_child`].
-pub(super) fn fork_child(args: &ChildArgs<'_>) -> Result<(libc::pid_t, OwnedFd), c_int> {
+///
+/// `namespaces`: `CLONE_NEW*` flags for a sandboxed child (0 for none).
+pub(super) fn fork_child(
+    args: &ChildArgs<'_>,
+    namespaces: c_int,
+) -> Result<(libc::pid_t, OwnedFd), c_int> {
     let arg = ptr::from_ref(args).cast_mut().cast::<c_void>();
     // SAFETY: the child gets its own copy of our memory, `args` included,
     // valid in it as here; `child_main` runs only async-signal-safe code
     // (locks other threads held stay held in the copy) and never returns.
-    unsafe { clone_with(child::child_main, arg, Sharing::Fork) }
+    unsafe { clone_with(child::child_main, arg, Sharing::Fork(namespaces)) }
 }
 
 /// How the child relates to our memory.
@@ -408,8 +413,9 @@ pub(super) fn fork_child(args: &ChildArgs<'_>) -> Result<(libc::pid_t, OwnedFd),
 enum Sharing {
     /// `CLONE_VM | CLONE_VFORK`: shares it, while this thread waits.
     Vfork,
-    /// Neither: gets a copy, and this thread carries on.
-    Fork,
+    /// Neither: gets a copy, and this thread carries on; in new
+    /// namespaces when these `CLONE_NEW*` flags say so.
+    Fork(c_int),
 }
 
 /// `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD)` on a reusable stack.
@@ -460,7 +466,7 @@ unsafe fn clone_on(
 ) -> Result<(libc::pid_t, OwnedFd), c_int> {
     let flags = match sharing {
         Sharing::Vfork => libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-        Sharing::Fork => libc::SIGCHLD,
+        Sharing::Fork(namespaces) => libc::SIGCHLD | namespaces,
     };
     if CLONE_PIDFD_WORKS.load(Ordering::Relaxed) {
         let mut pidfd: c_int = -1;
@@ -612,6 +618,8 @@ pub(super) fn waitid(
             )));
         }
     };
+    // A pid namespace's init reports its program's own exit.
+    let status = super::sandbox::take_init_report(pid).unwrap_or(status);
     let usage = ResourceUsage {
         user_micros: micros(usage.ru_utime),
         system_micros: micros(usage.ru_stime),

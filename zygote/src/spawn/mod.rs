@@ -8,6 +8,9 @@
 //! - `clone`: the parent's side: the child's stack, `clone(2)`, and the raw
 //!   pidfd syscalls.
 //! - `child`: what runs in the child until exec; async-signal-safe only.
+//! - `sandbox`: a [`SandboxPlan`]'s data and the child's steps to apply
+//!   it (namespaces, the new root, Landlock, seccomp, the pid namespace's
+//!   init); async-signal-safe as `child` is.
 //! - `fork`: whole-process operations of the private zygote: `fork(2)` of
 //!   a single-threaded program into a template, and taking over an
 //!   inherited socket.
@@ -47,6 +50,7 @@ mod child;
 mod clone;
 mod fork;
 mod handover;
+mod sandbox;
 mod sched;
 mod selfsignal;
 mod sibling;
@@ -59,6 +63,12 @@ pub use sibling::{
 };
 
 pub use wrapper::{die_by, stop_self_by};
+
+pub use sandbox::{
+    LandlockPlan, MAX_MOUNTS, Mount, MountKind, SANDBOX_STAGE, SandboxFailure, SandboxPlan,
+    SeccompProgram, Step as SandboxStep, empty_network_namespace, landlock_abi,
+    user_namespaces_work,
+};
 
 pub use fork::{
     ForkError, Forked, close_fds_above_2_except, exit_now, fork_single_threaded, take_inherited_fd,
@@ -143,6 +153,9 @@ pub struct SpawnPlan {
     pub cpu_affinity: Vec<u64>,
     /// Written to `/proc/self/oom_score_adj`; the daemon's when absent.
     pub oom_score_adj: Option<i32>,
+    /// The confinement the child applies; such a child always starts on
+    /// the fork path ([`Spawner::start`]).
+    pub sandbox: Option<SandboxPlan>,
 }
 
 /// Who a child runs as: set with `setgroups`, `setresgid` and `setresuid`,
@@ -199,6 +212,19 @@ pub struct SpawnError {
     pub stage: SpawnStage,
     /// Its `errno` value.
     pub errno: i32,
+    /// Which sandbox step, when the stage is the sandbox's.
+    pub sandbox: Option<SandboxFailure>,
+}
+
+impl SpawnError {
+    /// A failure outside the sandbox.
+    pub fn new(stage: SpawnStage, errno: i32) -> Self {
+        Self {
+            stage,
+            errno,
+            sandbox: None,
+        }
+    }
 }
 
 /// Starts a child as `plan` says and returns once it has exec'd, like
@@ -272,12 +298,10 @@ fn spawn_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<SpawnedChild, S
     let cgroup = plan.cgroup.as_ref().map(AsFd::as_fd);
     // Below 5.7 (or where clone3 is filtered) the child joins by itself.
     let procs = match cgroup {
-        Some(dir) if !clone::into_cgroup_works() => {
-            Some(clone::open_cgroup_procs(dir).map_err(|errno| SpawnError {
-                stage: SpawnStage::Cgroup,
-                errno,
-            })?)
-        }
+        Some(dir) if !clone::into_cgroup_works() => Some(
+            clone::open_cgroup_procs(dir)
+                .map_err(|errno| SpawnError::new(SpawnStage::Cgroup, errno))?,
+        ),
         _ => None,
     };
     args.join_cgroup = procs.as_ref().map(AsRawFd::as_raw_fd);
@@ -286,18 +310,22 @@ fn spawn_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<SpawnedChild, S
         (Some(dir), None) => clone::clone_child_into(&args, dir),
         _ => clone::clone_child(&args).map_err(|errno| (SpawnStage::Clone, errno)),
     };
-    let (pid, pidfd) = cloned.map_err(|(stage, errno)| SpawnError { stage, errno })?;
+    let (pid, pidfd) = cloned.map_err(|(stage, errno)| SpawnError::new(stage, errno))?;
     OWN.pids
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .insert(pid);
     drop(gate);
-    if let Some((stage, errno)) = failure.get() {
+    if let Some((stage, errno, sandbox)) = failure.get() {
         // The child has already _exit'ed: reap it now, so no zombie stays.
         if let Err(error) = clone::waitid(pidfd.as_fd(), true) {
             tracing::warn!(pid, %error, "failed to reap a child that failed to exec");
         }
-        return Err(SpawnError { stage, errno });
+        return Err(SpawnError {
+            stage,
+            errno,
+            sandbox,
+        });
     }
     Ok(SpawnedChild { pid, pidfd })
 }
@@ -324,9 +352,13 @@ pub fn read_exec_report(status: BorrowedFd<'_>) -> io::Result<ExecReport> {
         match rustix::io::read(status, &mut report) {
             Ok(0) => return Ok(ExecReport::Execd),
             Ok(8) => {
-                let (stage, errno) =
-                    child::decode_failure(report).unwrap_or((SpawnStage::Exec, libc::EIO));
-                return Ok(ExecReport::Failed(SpawnError { stage, errno }));
+                let (stage, errno, sandbox) =
+                    child::decode_failure(report).unwrap_or((SpawnStage::Exec, libc::EIO, None));
+                return Ok(ExecReport::Failed(SpawnError {
+                    stage,
+                    errno,
+                    sandbox,
+                }));
             }
             Ok(_) => {
                 return Err(io::Error::new(
@@ -346,10 +378,8 @@ pub fn read_exec_report(status: BorrowedFd<'_>) -> io::Result<ExecReport> {
 /// filesystem) can hold this thread. The price is copying the page tables.
 fn start_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<StartedChild, SpawnError> {
     let mut prepared = Prepared::new(plan)?;
-    let pipe_failed = |errno: rustix::io::Errno| SpawnError {
-        stage: SpawnStage::Pipe,
-        errno: errno.raw_os_error(),
-    };
+    let pipe_failed =
+        |errno: rustix::io::Errno| SpawnError::new(SpawnStage::Pipe, errno.raw_os_error());
     let (status, write) = rustix::pipe::pipe_with(
         rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
     )
@@ -358,28 +388,64 @@ fn start_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<StartedChild, S
     // overwrite it, and kept open by the child's closing of the rest.
     let write = rustix::io::fcntl_dupfd_cloexec(&write, prepared.dup_floor).map_err(pipe_failed)?;
     prepared.keep_open(write.as_raw_fd());
+    let status_end = &write;
     let failure = Failure::default();
+    // With a new pid namespace the child is its init, which reports the
+    // program's exact exit here (see `sandbox::run_init`).
+    let new_pid_ns = plan
+        .sandbox
+        .as_ref()
+        .is_some_and(|sandbox| sandbox.clone_flags & libc::CLONE_NEWPID != 0);
+    let (init_report, init_write) = if new_pid_ns {
+        let (read, write) = rustix::pipe::pipe_with(
+            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        )
+        .map_err(pipe_failed)?;
+        // Above the status pipe's end, which `keep_open` kept first.
+        let write = rustix::io::fcntl_dupfd_cloexec(&write, status_end.as_raw_fd() + 1)
+            .map_err(pipe_failed)?;
+        (Some(read), Some(write))
+    } else {
+        (None, None)
+    };
+    if let Some(write) = &init_write {
+        prepared.keep_open(write.as_raw_fd());
+    }
+    // The sandbox's own fds, above every target and kept open.
+    let sandbox_fds = match &plan.sandbox {
+        Some(sandbox) => sandbox::copy_fds(sandbox, prepared.dup_floor).map_err(pipe_failed)?,
+        None => Vec::new(),
+    };
+    for fd in &sandbox_fds {
+        prepared.keep_open(fd.as_raw_fd());
+    }
+    let sandbox_raw: Vec<RawFd> = sandbox_fds.iter().map(AsRawFd::as_raw_fd).collect();
     let mut args = prepared.child_args(signals, &failure);
     args.report = Some(write.as_raw_fd());
+    args.init_report = init_write.as_ref().map(AsRawFd::as_raw_fd);
+    args.sandbox_fds = &sandbox_raw;
     // Forked children join their cgroup themselves, first thing, while
     // they still have the daemon's ids (clone3's placement is used on the
     // vfork path only).
     let procs = match plan.cgroup.as_ref() {
         Some(dir) => Some(
-            clone::open_cgroup_procs(dir.as_fd()).map_err(|errno| SpawnError {
-                stage: SpawnStage::Cgroup,
-                errno,
-            })?,
+            clone::open_cgroup_procs(dir.as_fd())
+                .map_err(|errno| SpawnError::new(SpawnStage::Cgroup, errno))?,
         ),
         None => None,
     };
     args.join_cgroup = procs.as_ref().map(AsRawFd::as_raw_fd);
     // Listed before the orphan reaper can see it, as in `spawn_with`.
     let gate = OWN.gate.read().unwrap_or_else(PoisonError::into_inner);
-    let (pid, pidfd) = clone::fork_child(&args).map_err(|errno| SpawnError {
-        stage: SpawnStage::Clone,
-        errno,
-    })?;
+    let clone_flags = plan
+        .sandbox
+        .as_ref()
+        .map_or(0, |sandbox| sandbox.clone_flags);
+    let (pid, pidfd) = clone::fork_child(&args, clone_flags)
+        .map_err(|errno| SpawnError::new(SpawnStage::Clone, errno))?;
+    if let Some(report) = init_report {
+        sandbox::expect_init_report(pid, report);
+    }
     OWN.pids
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -793,15 +859,9 @@ struct Prepared<'a> {
 impl<'a> Prepared<'a> {
     fn new(plan: &'a SpawnPlan) -> Result<Self, SpawnError> {
         if plan.exec_candidates.is_empty() {
-            return Err(SpawnError {
-                stage: SpawnStage::Exec,
-                errno: libc::ENOENT,
-            });
+            return Err(SpawnError::new(SpawnStage::Exec, libc::ENOENT));
         }
-        let invalid = SpawnError {
-            stage: SpawnStage::Validate,
-            errno: libc::EINVAL,
-        };
+        let invalid = SpawnError::new(SpawnStage::Validate, libc::EINVAL);
 
         let fds: Vec<(RawFd, RawFd)> = plan
             .fds
@@ -891,15 +951,20 @@ impl<'a> Prepared<'a> {
         let Ok(keep) = c_uint::try_from(keep) else {
             return;
         };
-        if let Some(last) = self.close_ranges.pop() {
-            let (first, end) = last;
-            if keep > first {
-                self.close_ranges.push((first, keep - 1));
+        let mut ranges = Vec::with_capacity(self.close_ranges.len() + 1);
+        for &(first, last) in &self.close_ranges {
+            if keep < first || keep > last {
+                ranges.push((first, last));
+                continue;
             }
-            if keep < end {
-                self.close_ranges.push((keep + 1, end));
+            if keep > first {
+                ranges.push((first, keep - 1));
+            }
+            if keep < last {
+                ranges.push((keep + 1, last));
             }
         }
+        self.close_ranges = ranges;
     }
 
     fn child_args<'b>(&'b self, signals: &'b SignalReset, failure: &'b Failure) -> ChildArgs<'b> {
@@ -931,6 +996,9 @@ impl<'a> Prepared<'a> {
             oom_score_adj: self.oom_score_adj.as_deref(),
             failure,
             report: None,
+            sandbox: plan.sandbox.as_ref(),
+            init_report: None,
+            sandbox_fds: &[],
         }
     }
 }

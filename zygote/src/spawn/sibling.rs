@@ -45,21 +45,19 @@ impl Spawner {
         let cgroup = plan.cgroup.as_ref().map(AsFd::as_fd);
         // Below 5.7 the child joins by itself, as on the daemon's paths.
         let procs = match cgroup {
-            Some(dir) if !clone::into_cgroup_works() => {
-                Some(clone::open_cgroup_procs(dir).map_err(|errno| SpawnError {
-                    stage: SpawnStage::Cgroup,
-                    errno,
-                })?)
-            }
+            Some(dir) if !clone::into_cgroup_works() => Some(
+                clone::open_cgroup_procs(dir)
+                    .map_err(|errno| SpawnError::new(SpawnStage::Cgroup, errno))?,
+            ),
             _ => None,
         };
         args.join_cgroup = procs.as_ref().map(AsRawFd::as_raw_fd);
         let into = if procs.is_none() { cgroup } else { None };
         let (pid, pidfd) = clone::clone_sibling(&args, into)
-            .map_err(|(stage, errno)| SpawnError { stage, errno })?;
+            .map_err(|(stage, errno)| SpawnError::new(stage, errno))?;
         let failure = failure
             .get()
-            .map(|(stage, errno)| SpawnError { stage, errno });
+            .map(|(stage, errno, _)| SpawnError::new(stage, errno));
         Ok(SiblingChild {
             pid,
             pidfd,

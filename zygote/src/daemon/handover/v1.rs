@@ -10,7 +10,7 @@ use zygote_proto::ResourceLimit;
 
 use super::{SavedChild, SavedCounter, SavedPeer};
 use crate::daemon::cgroup::{SavedCgroup, SavedSubtree};
-use crate::daemon::policy::{Grant, Policy};
+use crate::daemon::policy::v2::{GrantV2, PolicyV2};
 
 /// The protocol version of every connection a version-1 state hands over.
 pub const HANDED_OVER_VERSION: u32 = 2;
@@ -25,7 +25,7 @@ pub struct SavedDaemon {
     pub metrics_listener: Option<i32>,
     pub notify_socket: Option<i32>,
     pub watchdog_usec: Option<u64>,
-    pub policy: Policy,
+    pub policy: PolicyV2,
     pub child_nofile: Option<ResourceLimit>,
     pub cgroups: Option<SavedSubtree>,
     pub no_cgroups: String,
@@ -46,7 +46,7 @@ pub struct SavedConnection {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SavedClient {
     pub peer: SavedPeer,
-    pub grant: Grant,
+    pub grant: GrantV2,
     pub ids: Vec<u64>,
     pub closed: bool,
     pub children: Vec<SavedChild>,
@@ -56,7 +56,7 @@ impl From<SavedClient> for super::SavedClient {
     fn from(client: SavedClient) -> Self {
         Self {
             peer: client.peer,
-            grant: client.grant,
+            grant: client.grant.into(),
             ids: client.ids,
             closed: client.closed,
             children: client.children,
@@ -84,7 +84,7 @@ impl From<SavedDaemon> for super::SavedDaemon {
             metrics_listener: state.metrics_listener,
             notify_socket: state.notify_socket,
             watchdog_usec: state.watchdog_usec,
-            policy: state.policy,
+            policy: state.policy.into(),
             child_nofile: state.child_nofile,
             cgroups: state.cgroups,
             no_cgroups: state.no_cgroups,

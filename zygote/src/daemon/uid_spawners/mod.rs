@@ -366,6 +366,7 @@ fn launch(
         nice: None,
         cpu_affinity: Vec::new(),
         oom_score_adj: None,
+        sandbox: None,
     };
     let child = start(&plan).map_err(|error| std::io::Error::from_raw_os_error(error.errno))?;
     drop(plan);

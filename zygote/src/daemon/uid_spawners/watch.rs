@@ -212,7 +212,7 @@ impl Watched {
             Answer::Refused { stage, errno } => {
                 let _ = question
                     .answer
-                    .send(Outcome::Refused(SpawnError { stage, errno }));
+                    .send(Outcome::Refused(SpawnError::new(stage, errno)));
                 return Ok(());
             }
             Answer::Started { pid, failure } => (pid, failure),
@@ -240,7 +240,7 @@ impl Watched {
             Outcome::Child {
                 pid,
                 pidfd,
-                failure: failure.map(|(stage, errno)| SpawnError { stage, errno }),
+                failure: failure.map(|(stage, errno)| SpawnError::new(stage, errno)),
             }
         };
         // Nobody waits any more (its client left): the child goes.

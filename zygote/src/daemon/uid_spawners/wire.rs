@@ -75,6 +75,11 @@ pub(super) enum Answer {
 /// Encodes `plan` and lists the fds to attach; `None` when it must take
 /// another path: no credentials, too large, or too many fds.
 pub(super) fn encode_plan(plan: &SpawnPlan) -> Option<(Vec<u8>, Vec<BorrowedFd<'_>>)> {
+    // A sandbox is set up by the daemon's own child, never a spawner's:
+    // the plan would lose it on the way.
+    if plan.sandbox.is_some() {
+        return None;
+    }
     let credentials = plan.credentials.as_ref()?;
     let mut fds: Vec<BorrowedFd<'_>> = plan.fds.iter().map(|(fd, _)| fd.as_fd()).collect();
     fds.extend(plan.cgroup.as_ref().map(AsFd::as_fd));
@@ -131,6 +136,7 @@ pub(super) fn decode_plan(bytes: &[u8], fds: Vec<OwnedFd>) -> Option<SpawnPlan> 
         nice: plan.nice,
         cpu_affinity: plan.cpu_affinity,
         oom_score_adj: plan.oom_score_adj,
+        sandbox: None,
     })
 }
 
@@ -170,6 +176,7 @@ mod tests {
             nice: Some(5),
             cpu_affinity: vec![3],
             oom_score_adj: Some(100),
+            sandbox: None,
         }
     }
 
@@ -218,5 +225,11 @@ mod tests {
         let mut plan = sample();
         plan.argv = vec![CString::new(vec![b'a'; MAX_PLAN_BYTES]).expect("no NUL")];
         assert!(encode_plan(&plan).is_none(), "too large");
+        let mut plan = sample();
+        plan.sandbox = Some(crate::spawn::SandboxPlan::default());
+        assert!(
+            encode_plan(&plan).is_none(),
+            "a sandbox is the daemon's own child's to set up"
+        );
     }
 }

@@ -1,0 +1,623 @@
+//! Sandboxes against a real daemon and kernel: a peer whose policy
+//! imposes a profile tries to escape it.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::util::{
+    Daemon, eventually, output_within, root_or_skip, start_daemon_with, wait_within, zygote_bin,
+};
+
+/// A profile binding the system read-only and `work` read-write, in
+/// every namespace, under the `default` seccomp profile.
+fn full_profile(work: &str) -> String {
+    format!(
+        "[sandbox.box]\nnetwork = \"none\"\nisolate = true\nhostname = \"box\"\n\
+         seccomp = \"default\"\nro_bind = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\"]\n\
+         bind = [\"{work}\"]\n\n[[peer]]\nuids = [0, 65534]\nsandbox = \"box\"\n"
+    )
+}
+
+/// `zygote run -- /bin/sh -c SCRIPT` in `cwd`, as `uid` when given.
+fn run(daemon: &Daemon, cwd: &str, uid: Option<u32>, script: &str) -> Output {
+    let mut command = Command::new(zygote_bin());
+    command
+        .args(["run", "--", "/bin/sh", "-c", script])
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(uid) = uid {
+        command.uid(uid).gid(uid);
+    }
+    output_within(
+        command.spawn().expect("start zygote run"),
+        Duration::from_secs(30),
+        "zygote run",
+    )
+}
+
+/// Python that tries ptrace, keyctl and an AF_INET connect to 127.0.0.1,
+/// printing each errno's name.
+const SYSCALLS: &str = "
+import ctypes, errno, socket
+libc = ctypes.CDLL(None, use_errno=True)
+for name, number in (('ptrace', 101), ('keyctl', 250)):
+    ret = libc.syscall(number, 0, 0, 0, 0)
+    print(name, errno.errorcode.get(ctypes.get_errno(), 'ESCAPE') if ret < 0 else 'ESCAPE')
+try:
+    socket.create_connection(('127.0.0.1', 22), timeout=2)
+    print('connect ESCAPE')
+except OSError as error:
+    print('connect', errno.errorcode.get(error.errno, str(error)))
+";
+
+fn work_dir() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("zygote-sandbox-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    dir
+}
+
+#[test]
+fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let work = work_dir();
+    let path = work.path().to_str().unwrap();
+    let daemon = start_daemon_with(
+        "sandbox-escape",
+        Some(&full_profile(path)),
+        &["--socket-mode", "0666"],
+    );
+    let script = "\
+        cat /etc/shadow >/dev/null 2>&1 && echo ESCAPE-shadow; \
+        ls /root >/dev/null 2>&1 && echo ESCAPE-root; \
+        ls /home >/dev/null 2>&1 && echo ESCAPE-home; \
+        touch /usr/escape 2>/dev/null && echo ESCAPE-usr; \
+        touch /escape 2>/dev/null && echo ESCAPE-slash; \
+        touch inside && echo wrote-inside; \
+        mount -t tmpfs none /tmp 2>/dev/null && echo ESCAPE-mount; \
+        unshare -U true 2>/dev/null && echo ESCAPE-unshare; \
+        python3 syscalls.py; \
+        ./id-setuid | grep -q euid= && echo ESCAPE-setuid; \
+        echo pids $(ls /proc | grep -c '^[0-9]'); \
+        echo host $(hostname); \
+        grep -E '^(NoNewPrivs|CapBnd|CapEff|Seccomp):' /proc/self/status";
+    // A setuid-root copy of id(1): it would print euid=0 if it gained.
+    let setuid = work.path().join("id-setuid");
+    std::fs::copy("/usr/bin/id", &setuid).unwrap();
+    std::fs::set_permissions(&setuid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    std::fs::write(work.path().join("syscalls.py"), SYSCALLS).unwrap();
+    let output = run(&daemon, path, Some(65534), script);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!text.contains("ESCAPE"), "{text}");
+    for denied in ["ptrace EPERM", "keyctl EPERM", "connect ENETUNREACH"] {
+        assert!(text.contains(denied), "{denied}: {text}");
+    }
+    assert!(text.contains("wrote-inside"), "{text}");
+    assert!(work.path().join("inside").exists());
+    // The init, the shell, its subshell, ls and grep: only the child's own
+    // tree (the host has hundreds).
+    let pids: usize = text
+        .lines()
+        .find_map(|line| line.strip_prefix("pids "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("pid count");
+    assert!(pids <= 6, "{text}");
+    assert!(text.contains("host box"), "{text}");
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+    assert!(text.contains("CapBnd:\t0000000000000000"), "{text}");
+    assert!(text.contains("Seccomp:\t2"), "{text}");
+}
+
+#[test]
+fn landlock_alone_denies_writes_outside_its_read_write_list() {
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let work = work_dir();
+    let other = work_dir();
+    let path = work.path().to_str().unwrap();
+    let policy = format!(
+        "[sandbox.lock]\nlandlock_rx = [\"/\"]\nlandlock_rw = [\"{path}\", \"/dev/null\"]\n\
+         landlock_require = true\n\n[[peer]]\nuids = [65534]\nsandbox = \"lock\"\n"
+    );
+    let daemon = start_daemon_with(
+        "sandbox-landlock",
+        Some(&policy),
+        &["--socket-mode", "0666"],
+    );
+    let script = format!(
+        "touch {}/outside 2>/dev/null && echo ESCAPE-outside; touch inside && echo wrote-inside",
+        other.path().display()
+    );
+    let output = run(&daemon, path, Some(65534), &script);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("wrote-inside"), "{text} {output:?}");
+    assert!(!text.contains("ESCAPE"), "{text}");
+    assert!(!other.path().join("outside").exists());
+}
+
+#[test]
+fn sandboxed_init_forwards_signals_and_reports_exact_exits() {
+    if !root_or_skip("a root daemon with pid namespaces") {
+        return;
+    }
+    let work = work_dir();
+    let path = work.path().to_str().unwrap();
+    let daemon = start_daemon_with("sandbox-init", Some(&full_profile(path)), &[]);
+    // As pid 1 the shell would ignore SIGTERM: under the init it dies.
+    let output = run(&daemon, path, None, "echo $$; kill -TERM $$; sleep 5");
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "2");
+    assert_eq!(output.status.signal(), Some(libc::SIGTERM), "{output:?}");
+    let output = run(&daemon, path, None, "exit 7");
+    assert_eq!(output.status.code(), Some(7), "{output:?}");
+    // SIGTERM from outside (zygote run passes it on through the pidfd,
+    // to the init), for a shell with no handler: the init forwards it.
+    let ready = work.path().join("ready");
+    let mut child = Command::new(zygote_bin())
+        .args(["run", "--", "/bin/sh", "-c", "touch ready; sleep 30"])
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .current_dir(path)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start zygote run");
+    assert!(eventually(Duration::from_secs(10), || ready.exists()));
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = wait_within(&mut child, Duration::from_secs(10), "zygote run");
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+}
+
+#[test]
+fn a_peer_cannot_bind_a_path_it_cannot_reach() {
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let work = work_dir();
+    let secret = tempfile::Builder::new()
+        .prefix("zygote-secret-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    // The directory is open to all, but inside one only root can search:
+    // bound as root, it would show its file to anyone.
+    std::fs::set_permissions(secret.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let inner = secret.path().join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(inner.join("key"), "SECRET-CONTENT").unwrap();
+    let path = work.path().to_str().unwrap();
+    let policy = format!(
+        "[sandbox.box]\nro_bind = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\", \"{}:/secret\"]\n\
+         bind = [\"{path}\"]\n\n[[peer]]\nuids = [65534]\nsandbox = \"box\"\n",
+        inner.display()
+    );
+    let daemon = start_daemon_with("sandbox-reach", Some(&policy), &["--socket-mode", "0666"]);
+    let output = run(&daemon, path, Some(65534), "cat /secret/key");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(!text.contains("SECRET-CONTENT"), "{text}");
+    assert!(!output.status.success(), "{output:?}");
+    // Root, which can reach it, gets it bound (the same profile as root).
+    let root_policy = policy.replace("uids = [65534]", "uids = [0]");
+    let daemon = start_daemon_with("sandbox-reach-root", Some(&root_policy), &[]);
+    let output = run(&daemon, path, None, "cat /secret/key");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("SECRET-CONTENT"),
+        "{output:?}"
+    );
+}
+
+#[test]
+fn isolate_alone_mounts_a_proc_of_the_new_pid_namespace() {
+    if !root_or_skip("a root daemon with pid namespaces") {
+        return;
+    }
+    let policy = "[sandbox.iso]\nisolate = true\n\n[[peer]]\nuids = [0]\nsandbox = \"iso\"\n";
+    let daemon = start_daemon_with("sandbox-isolate", Some(policy), &[]);
+    let output = run(&daemon, "/", None, "echo $$ $(ls /proc | grep -c '^[0-9]')");
+    let text = String::from_utf8_lossy(&output.stdout);
+    // The shell is pid 2 (under the init) and sees the init, itself, its
+    // subshell, ls and grep at most; the host has hundreds.
+    let (pid, count) = text.trim().split_once(' ').expect("two numbers");
+    assert_eq!(pid, "2", "{text}");
+    assert!(count.parse::<usize>().unwrap() <= 5, "{text}");
+    // The status says which uid is confined, and by what.
+    let client = zygote_client::blocking::Client::connect(daemon.socket()).expect("connect");
+    let status = client.status().expect("status");
+    let root = status
+        .peers
+        .iter()
+        .find(|peer| peer.uid == 0)
+        .expect("root's use");
+    assert_eq!(root.sandbox_profile.as_deref(), Some("iso"), "{root:?}");
+}
+
+mod wire {
+    //! Sandboxes a request asks for, on the raw protocol: bad input is
+    //! refused by name and the connection goes on serving.
+
+    use std::os::fd::{AsFd, OwnedFd};
+    use std::time::Duration;
+
+    use zygote_proto::{
+        ClientMessage, FilesystemSpec, Hello, MountKind, MountSpec, NetworkMode, PROTOCOL_VERSION,
+        RECV_BUFFER_BYTES, SandboxSpec, SeccompSpec, ServerMessage, SpawnRequest, SpawnStage,
+        decode, encode, recv_frame, send_frame, socket,
+    };
+
+    use crate::util::{root_or_skip, start_daemon};
+
+    fn receive(fd: &OwnedFd) -> ServerMessage {
+        let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+        let frame = recv_frame(fd.as_fd(), &mut scratch)
+            .expect("recv (timed out?)")
+            .expect("a frame");
+        decode(&frame.bytes).expect("decode the daemon's reply")
+    }
+
+    fn send(fd: &OwnedFd, message: &ClientMessage) {
+        send_frame(fd.as_fd(), &encode(message).unwrap(), &[]).expect("send");
+    }
+
+    fn system() -> Vec<MountSpec> {
+        ["/usr", "/bin", "/lib", "/lib64"]
+            .into_iter()
+            .map(|path| MountSpec {
+                kind: MountKind::ReadOnlyBind,
+                source: path.into(),
+                destination: path.into(),
+            })
+            .collect()
+    }
+
+    fn request(id: u64, sandbox: SandboxSpec) -> ClientMessage {
+        let mut request = SpawnRequest::new(id, "/bin/true");
+        request.cwd = Some(b"/".to_vec());
+        request.sandbox = Some(sandbox);
+        ClientMessage::Spawn(request)
+    }
+
+    fn hello(fd: &OwnedFd) {
+        send(
+            fd,
+            &ClientMessage::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION,
+                client: "sandbox test".into(),
+            }),
+        );
+        assert!(matches!(receive(fd), ServerMessage::HelloAck(_)));
+    }
+
+    #[test]
+    fn a_request_cannot_loosen_the_profile_imposed_on_its_peer() {
+        if !root_or_skip("a root daemon with namespaces") {
+            return;
+        }
+        let policy = "[sandbox.box]\nnetwork = \"none\"\nisolate = true\n\n\
+                      [[peer]]\nuids = [0]\nsandbox = \"box\"\n";
+        let daemon = crate::util::start_daemon_with("sandbox-loosen", Some(policy), &[]);
+        let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+        rustix::net::sockopt::set_socket_timeout(
+            &fd,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(Duration::from_secs(10)),
+        )
+        .unwrap();
+        hello(&fd);
+        let loosen = [
+            SandboxSpec {
+                isolate: true,
+                ..SandboxSpec::default()
+            },
+            SandboxSpec {
+                network: NetworkMode::None,
+                ..SandboxSpec::default()
+            },
+            SandboxSpec {
+                profile: Some("other".into()),
+                ..SandboxSpec::default()
+            },
+        ];
+        for (id, sandbox) in (1..).zip(loosen) {
+            send(&fd, &request(id, sandbox));
+            match receive(&fd) {
+                ServerMessage::SpawnFailed(failed) => {
+                    assert_eq!(failed.errno, libc::EPERM, "{failed:?}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Naming the profile, a request adds to it: a seccomp filter.
+        let tighter = SandboxSpec {
+            profile: Some("box".into()),
+            seccomp: Some(SeccompSpec::Profile("default".into())),
+            ..SandboxSpec::default()
+        };
+        send(&fd, &request(9, tighter));
+        match receive(&fd) {
+            ServerMessage::Spawned(spawned) => {
+                let applied = spawned.sandbox.expect("applied");
+                assert_eq!(applied.profile.as_deref(), Some("box"), "{applied:?}");
+                assert_eq!(applied.seccomp.as_deref(), Some("default"), "{applied:?}");
+                assert!(applied.namespaces.iter().any(|n| n == "net"), "{applied:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_sandboxes_are_refused_by_name_and_the_connection_serves_on() {
+        if !root_or_skip("a root daemon with namespaces") {
+            return;
+        }
+        let daemon = start_daemon("sandbox-wire");
+        let fds_before = daemon.settled_fd_count();
+        let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+        rustix::net::sockopt::set_socket_timeout(
+            &fd,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(Duration::from_secs(10)),
+        )
+        .unwrap();
+        send(
+            &fd,
+            &ClientMessage::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION,
+                client: "sandbox test".into(),
+            }),
+        );
+        match receive(&fd) {
+            ServerMessage::HelloAck(ack) => {
+                assert!(ack.features.iter().any(|f| f == "sandbox"), "{ack:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let with_mount = |kind, source: &str, destination: &str| {
+            let mut mounts = system();
+            mounts.push(MountSpec {
+                kind,
+                source: source.into(),
+                destination: destination.into(),
+            });
+            SandboxSpec {
+                filesystem: Some(FilesystemSpec { mounts }),
+                ..SandboxSpec::default()
+            }
+        };
+        let too_many = SandboxSpec {
+            filesystem: Some(FilesystemSpec {
+                mounts: (0..65)
+                    .map(|i| MountSpec {
+                        kind: MountKind::Tmpfs,
+                        source: Vec::new(),
+                        destination: format!("/t{i}").into(),
+                    })
+                    .collect(),
+            }),
+            ..SandboxSpec::default()
+        };
+        let bad = [
+            (
+                with_mount(MountKind::Bind, "tmp", "/tmp"),
+                "\"tmp\": not an absolute path",
+            ),
+            (with_mount(MountKind::Bind, "/tmp/../etc", "/x"), "`..`"),
+            (
+                with_mount(MountKind::ReadOnlyBind, "/etc", "/proc/x"),
+                "/proc",
+            ),
+            (
+                SandboxSpec {
+                    profile: Some("nosuch".into()),
+                    ..SandboxSpec::default()
+                },
+                "\"nosuch\"",
+            ),
+            (
+                SandboxSpec {
+                    seccomp: Some(SeccompSpec::Profile("lenient".into())),
+                    ..SandboxSpec::default()
+                },
+                "\"lenient\"",
+            ),
+            (
+                SandboxSpec {
+                    seccomp: Some(SeccompSpec::Filter("default allow\nptrace now\n".into())),
+                    ..SandboxSpec::default()
+                },
+                "line 2",
+            ),
+            (too_many, "more than the 64"),
+        ];
+        for (id, (sandbox, named)) in (1..).zip(bad) {
+            send(&fd, &request(id, sandbox));
+            match receive(&fd) {
+                ServerMessage::SpawnFailed(failed) => {
+                    assert_eq!(failed.stage, SpawnStage::Validate, "{failed:?}");
+                    assert!(failed.message.contains(named), "{named}: {failed:?}");
+                }
+                other => panic!("{named}: {other:?}"),
+            }
+        }
+        // A missing source is found by the child, resolving it as the peer.
+        let missing = with_mount(MountKind::Bind, "/nonexistent/zygote", "/work");
+        send(&fd, &request(20, missing));
+        match receive(&fd) {
+            ServerMessage::SpawnFailed(failed) => {
+                assert_eq!(
+                    (failed.stage, failed.errno),
+                    (SpawnStage::Sandbox, libc::ENOENT),
+                    "{failed:?}"
+                );
+                assert!(failed.message.contains("/nonexistent/zygote"), "{failed:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // The same connection still spawns, and says what confined it.
+        let good = SandboxSpec {
+            filesystem: Some(FilesystemSpec { mounts: system() }),
+            network: NetworkMode::None,
+            isolate: true,
+            seccomp: Some(SeccompSpec::Profile("strict".into())),
+            landlock: Some(zygote_proto::LandlockSpec {
+                read_execute: vec![b"/".to_vec()],
+                read_write: vec![b"/dev".to_vec()],
+                ..zygote_proto::LandlockSpec::default()
+            }),
+            ..SandboxSpec::default()
+        };
+        send(&fd, &request(21, good));
+        match receive(&fd) {
+            ServerMessage::Spawned(spawned) => {
+                let applied = spawned.sandbox.expect("applied sandbox");
+                assert_eq!(applied.seccomp.as_deref(), Some("strict"));
+                // This kernel's ABI (7) enforces every rule.
+                assert!(
+                    applied.landlock_abi.is_some_and(|abi| abi >= 5),
+                    "{applied:?}"
+                );
+                assert!(applied.landlock_complete, "{applied:?}");
+                for namespace in ["mount", "pid", "ipc", "uts", "net"] {
+                    assert!(
+                        applied.namespaces.iter().any(|n| n == namespace),
+                        "{applied:?}"
+                    );
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+        match receive(&fd) {
+            ServerMessage::Exited(exit) => {
+                assert_eq!(exit.id, 21, "{exit:?}");
+                assert_eq!(exit.status, zygote_proto::ExitStatus::Exited(0), "{exit:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Nothing of the refused, failed or finished sandboxes stays open
+        // but the one empty network namespace, kept for the next.
+        drop(fd);
+        assert_eq!(daemon.settled_fd_count(), fds_before + 1);
+    }
+}
+
+#[test]
+fn a_rootless_daemon_confines_children_in_a_user_namespace() {
+    if !root_or_skip("a daemon started as another uid") {
+        return;
+    }
+    let work = work_dir();
+    let path = work.path().to_str().unwrap();
+    let daemon = crate::util::start_daemon_as(
+        "sandbox-rootless",
+        Some(65534),
+        Some(&full_profile(path)),
+        &[],
+    );
+    let script = "\
+        cat /etc/shadow >/dev/null 2>&1 && echo ESCAPE-shadow; \
+        touch /usr/escape 2>/dev/null && echo ESCAPE-usr; \
+        touch inside && echo wrote-inside; \
+        echo pids $(ls /proc | grep -c '^[0-9]') host $(hostname) id $(id -u); \
+        grep -E '^(NoNewPrivs|CapEff|Seccomp):' /proc/self/status; exit 4";
+    let output = run(&daemon, path, None, script);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(4), "{text} {output:?}");
+    assert!(!text.contains("ESCAPE"), "{text}");
+    assert!(text.contains("wrote-inside"), "{text}");
+    // The daemon's uid, mapped to itself; the sandbox's hostname and pids.
+    assert!(text.contains("host box id 65534"), "{text}");
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+    assert!(text.contains("CapEff:\t0000000000000000"), "{text}");
+    assert!(text.contains("Seccomp:\t2"), "{text}");
+}
+
+#[test]
+fn an_imposed_profile_survives_a_live_upgrade() {
+    if !root_or_skip("a root daemon with pid namespaces") {
+        return;
+    }
+    let policy = "[sandbox.iso]\nisolate = true\nhostname = \"kept\"\n\n[[peer]]\nuids = [0]\nsandbox = \"iso\"\n";
+    let daemon = start_daemon_with("sandbox-upgrade", Some(policy), &[]);
+    let output = Command::new(zygote_bin())
+        .arg("upgrade")
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .output()
+        .expect("zygote upgrade");
+    assert!(output.status.success(), "{output:?}\n{}", daemon.log());
+    // The new image read the profile from the state, not the file.
+    let output = run(&daemon, "/", None, "echo $$ $(hostname)");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "2 kept",
+        "{output:?}"
+    );
+}
+
+#[test]
+fn zygote_run_sandbox_flags_confine_the_command() {
+    const SCRIPT: &str = "echo $$ $(hostname) $(ls / | tr '\\n' ' '); touch made; \
+                          unshare -U true 2>/dev/null || echo denied";
+    if !root_or_skip("a root daemon with namespaces") {
+        return;
+    }
+    let work = work_dir();
+    let path = work.path().to_str().unwrap();
+    let daemon = crate::util::start_daemon("sandbox-cli");
+    let output = Command::new(zygote_bin())
+        .args([
+            "run",
+            "--ro-bind",
+            "/usr",
+            "--ro-bind",
+            "/bin",
+            "--ro-bind",
+            "/lib",
+        ])
+        .args([
+            "--ro-bind",
+            "/lib64",
+            "--bind",
+            path,
+            "--network",
+            "none",
+            "--isolate",
+        ])
+        .args(["--hostname", "cli", "--seccomp", "default", "--"])
+        .args(["/bin/sh", "-c", SCRIPT])
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .current_dir(path)
+        .stdin(Stdio::null())
+        .output()
+        .expect("zygote run");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    // The work directory lives under /var/tmp.
+    assert!(
+        text.starts_with("2 cli bin dev lib lib64 proc usr var"),
+        "{text}"
+    );
+    assert!(text.contains("denied"), "{text}");
+    assert!(work.path().join("made").exists());
+    // A missing bind source: refused, naming it, the command not run.
+    let output = Command::new(zygote_bin())
+        .args(["run", "--ro-bind", "/nonexistent/zygote", "--", "/bin/true"])
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .current_dir(path)
+        .output()
+        .expect("zygote run");
+    assert!(!output.status.success());
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(error.contains("/nonexistent/zygote"), "{error}");
+}

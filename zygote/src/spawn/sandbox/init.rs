@@ -1,0 +1,163 @@
+//! The pid namespace's init: forwards signals to the program and
+//! reports its exact exit (see [`run_init`]).
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_long};
+use std::os::fd::{OwnedFd, RawFd};
+use std::ptr;
+use std::sync::{LazyLock, Mutex, PoisonError};
+
+use zygote_proto::ExitStatus;
+
+use super::{Failed, Step, check, close, drop_capabilities};
+
+/// The exit reports of the pid namespaces' inits: init pid (in the
+/// daemon's namespace) to the read end of its report pipe.
+static INIT_REPORTS: LazyLock<Mutex<HashMap<i32, OwnedFd>>> = LazyLock::new(Default::default);
+
+/// Remembers where the init `pid` reports its program's exit.
+pub(in crate::spawn) fn expect_init_report(pid: i32, report: OwnedFd) {
+    INIT_REPORTS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(pid, report);
+}
+
+/// The exact exit of the program under the init `pid`, which has been
+/// reaped: what the init reported, if it is one and reported.
+pub(in crate::spawn) fn take_init_report(pid: i32) -> Option<ExitStatus> {
+    let report = INIT_REPORTS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&pid)?;
+    let mut bytes = [0u8; 8];
+    let read = rustix::io::read(&report, &mut bytes).ok()?;
+    if read != 8 {
+        return None;
+    }
+    let [a, b, c, d, e, f, g, h] = bytes;
+    let code = c_int::from_ne_bytes([a, b, c, d]);
+    let status = c_int::from_ne_bytes([e, f, g, h]);
+    Some(match code {
+        libc::CLD_EXITED => ExitStatus::Exited(status),
+        libc::CLD_DUMPED => ExitStatus::Signaled {
+            signal: status,
+            core_dumped: true,
+        },
+        _ => ExitStatus::Signaled {
+            signal: status,
+            core_dumped: false,
+        },
+    })
+}
+
+/// In a new pid namespace this child is its init (pid 1): a program run
+/// as pid 1 would ignore every signal it has no handler for (`SIGTERM`
+/// sent through its pidfd would do nothing). So the child forks the
+/// program, and stays as a minimal init: it forwards every signal it
+/// gets to the program, reaps orphans, and when the program ends writes
+/// its exact exit (code or signal) to `report` and exits with its code
+/// (or 128 + signal), which the daemon replaces by the report.
+///
+/// Returns in the program's process; never in the init's.
+pub(in crate::spawn) fn run_init(report: RawFd, status_pipe: Option<RawFd>) -> Result<(), Failed> {
+    // Every signal blocked before the fork, so that none meant for the
+    // init is lost (pid 1 drops those it has no handler for), and the
+    // program's SIGCHLD waits for the init's sigwaitinfo even when the
+    // program ends at once.
+    let (all, empty) = signal_sets();
+    // SAFETY: valid pointers to our own sets; this process is single-threaded.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &raw const all, ptr::null_mut()) };
+    // SAFETY: a raw fork (no CLONE_VM): glibc's fork would take locks that
+    // other daemon threads may have held when this child was copied.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as c_long, 0, 0, 0, 0) };
+    let program = check(pid, Step::Init, None);
+    if !matches!(program, Ok(pid) if pid > 0) {
+        // The program (or a failed fork): exec keeps the mask, so clear it.
+        // SAFETY: as above.
+        unsafe { libc::sigprocmask(libc::SIG_SETMASK, &raw const empty, ptr::null_mut()) };
+    }
+    let program = program? as libc::pid_t;
+    if program == 0 {
+        close(report);
+        return Ok(());
+    }
+    // The program's exec closes the last copy of the status pipe.
+    if let Some(fd) = status_pipe {
+        close(fd);
+    }
+    init_loop(program, report)
+}
+
+/// Every signal, and none.
+fn signal_sets() -> (libc::sigset_t, libc::sigset_t) {
+    // SAFETY: a zeroed sigset_t is valid, and filled or emptied in place.
+    unsafe {
+        let mut all = std::mem::zeroed::<libc::sigset_t>();
+        let mut empty = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigfillset(&raw mut all);
+        libc::sigemptyset(&raw mut empty);
+        (all, empty)
+    }
+}
+
+/// The init's life: see [`run_init`]. Never returns.
+fn init_loop(program: libc::pid_t, report: RawFd) -> ! {
+    // SAFETY: prctl with integer arguments: a program under the same uid
+    // must not read this copy of the daemon's memory.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+        // Its name in `ps` (its command line stays the daemon's).
+        libc::prctl(libc::PR_SET_NAME, c"zygote-init".as_ptr(), 0, 0, 0);
+    }
+    let _ = drop_capabilities();
+    let (all, _) = signal_sets();
+    loop {
+        // SAFETY: siginfo_t is a plain C struct; zeroed is valid.
+        let mut info = unsafe { std::mem::zeroed::<libc::siginfo_t>() };
+        // SAFETY: waits on a valid set, writing into a valid siginfo.
+        let signal = unsafe { libc::sigwaitinfo(&raw const all, &raw mut info) };
+        if signal < 0 {
+            continue;
+        }
+        if signal != libc::SIGCHLD {
+            // SAFETY: plain syscall; the program may have gone already.
+            unsafe { libc::kill(program, signal) };
+            continue;
+        }
+        reap_children(program, report);
+    }
+}
+
+/// Reaps every exited child; when the program is one, reports and exits.
+fn reap_children(program: libc::pid_t, report: RawFd) {
+    loop {
+        // SAFETY: siginfo_t is a plain C struct; zeroed is valid.
+        let mut info = unsafe { std::mem::zeroed::<libc::siginfo_t>() };
+        // SAFETY: writes into a valid siginfo.
+        let ret =
+            unsafe { libc::waitid(libc::P_ALL, 0, &raw mut info, libc::WEXITED | libc::WNOHANG) };
+        // SAFETY: a SIGCHLD siginfo (or zeroed), whose pid/status are valid.
+        let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+        if ret < 0 || pid == 0 {
+            return;
+        }
+        if pid != program {
+            continue;
+        }
+        let mut bytes = [0u8; 8];
+        let (first, second) = bytes.split_at_mut(4);
+        first.copy_from_slice(&info.si_code.to_ne_bytes());
+        second.copy_from_slice(&status.to_ne_bytes());
+        // SAFETY: writes 8 bytes from a valid buffer to our pipe end.
+        unsafe { libc::write(report, bytes.as_ptr().cast(), bytes.len()) };
+        let code = if info.si_code == libc::CLD_EXITED {
+            status
+        } else {
+            128 + status
+        };
+        // SAFETY: ends the init, and with it the namespace.
+        unsafe { libc::_exit(code) };
+    }
+}

@@ -1,0 +1,435 @@
+//! The sandbox's data for the child ([`SandboxPlan`]) and the code that
+//! applies it between `clone` and `execve`.
+//!
+//! Sandboxed children always start on the fork path (see
+//! [`super::Spawner::start`]): resolving a peer's paths can block (a FUSE
+//! mount, a stopped process's file), and only a forked child may block
+//! without holding a daemon thread. The fork path's child is still a copy
+//! of a multi-threaded process, so everything here is async-signal-safe
+//! as in `child`: raw syscalls on data the daemon prepared, no allocation.
+//!
+//! # Order
+//!
+//! As root (the daemon's ids), after the fds are placed: join the network
+//! namespace, set the hostname, build the filesystem and `pivot_root`
+//! into it, clear the capability bounding set. Then the credentials
+//! switch (`child`). With a new pid namespace the child is its init and
+//! forks the program ([`run_init`]). Then, as the peer: `chdir`,
+//! `no_new_privs`, all capabilities dropped, Landlock, and seccomp last.
+
+use std::ffi::{CStr, CString, c_int, c_long, c_uint, c_void};
+use std::os::fd::{OwnedFd, RawFd};
+use std::ptr;
+use std::sync::Arc;
+
+use zygote_proto::SpawnStage;
+
+mod filters;
+mod fs;
+mod init;
+
+use filters::drop_capabilities;
+use filters::{clear_capability_sets, enforce_landlock, install_seccomp};
+
+pub(in crate::spawn) use init::{expect_init_report, run_init, take_init_report};
+
+/// The stage a failed sandbox step reports; the step says which.
+pub const SANDBOX_STAGE: SpawnStage = SpawnStage::Sandbox;
+
+/// Most mounts a filesystem may list (the daemon refuses more): the
+/// child's report names a mount by index in one byte.
+pub const MAX_MOUNTS: usize = 64;
+
+/// Everything the child applies to confine itself, prepared by the
+/// daemon.
+#[derive(Debug, Default)]
+pub struct SandboxPlan {
+    /// `CLONE_NEW*` flags given to `clone`: mount, pid, ipc, uts, and net
+    /// for a fresh network namespace, user for a rootless daemon.
+    pub clone_flags: c_int,
+    /// A network namespace to join with `setns`: the daemon's empty one.
+    pub netns: Option<Arc<OwnedFd>>,
+    /// The hostname inside (needs a new uts namespace).
+    pub hostname: Option<Vec<u8>>,
+    /// The filesystem view: a new root; `None`: the host's.
+    pub filesystem: Option<Vec<Mount>>,
+    /// seccomp programs, installed in order last before exec (stacked
+    /// filters: the strictest answer wins).
+    pub seccomp: Vec<Arc<SeccompProgram>>,
+    /// Landlock rulesets, each enforced in turn (stacked: each one only
+    /// takes rights away).
+    pub landlock: Vec<LandlockPlan>,
+    /// Rootless: map the peer's uid and gid to themselves in the new user
+    /// namespace.
+    pub map_ids: Option<(u32, u32)>,
+    /// Mount a fresh `/proc` over the host's (a new pid namespace without
+    /// a filesystem of its own: the child's own mount namespace).
+    pub fresh_proc: bool,
+    /// Clear the capability bounding and ambient sets (needs
+    /// `CAP_SETPCAP`: a root daemon, or a user namespace of the child's
+    /// own; a rootless child without one has no capability to lose).
+    pub clear_bounding_set: bool,
+}
+
+/// One mount of a sandbox's filesystem.
+#[derive(Debug)]
+pub struct Mount {
+    /// What to mount.
+    pub kind: MountKind,
+    /// The source (a host path) for binds.
+    pub source: CString,
+    /// Inside the new root, relative (no leading `/`), checked: no `..`,
+    /// no empty component.
+    pub destination: CString,
+}
+
+/// How a [`Mount`] is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountKind {
+    /// A read-only, nosuid, nodev recursive bind.
+    ReadOnlyBind,
+    /// A read-write, nosuid, nodev recursive bind.
+    Bind,
+    /// A fresh tmpfs.
+    Tmpfs,
+    /// A fresh procfs (of the child's pid namespace).
+    Proc,
+}
+
+/// A compiled seccomp filter.
+pub struct SeccompProgram {
+    /// The name reported: a profile's, or "custom".
+    pub name: String,
+    /// The BPF instructions.
+    pub filter: Vec<libc::sock_filter>,
+}
+
+impl std::fmt::Debug for SeccompProgram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SeccompProgram")
+            .field("name", &self.name)
+            .field("instructions", &self.filter.len())
+            .finish()
+    }
+}
+
+/// A Landlock ruleset the daemon created (network rules included), and
+/// the path rules the child adds, each path opened as the peer.
+#[derive(Debug)]
+pub struct LandlockPlan {
+    /// The ruleset's fd.
+    pub ruleset: OwnedFd,
+    /// `(path, allowed access)` for `LANDLOCK_RULE_PATH_BENEATH`.
+    pub paths: Vec<(CString, u64)>,
+    /// The access rights that apply to a file (not a directory): the
+    /// others are dropped from a rule on a file, as the kernel wants.
+    pub file_access: u64,
+}
+
+/// A sandbox step that failed, reported with stage `Sandbox`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Step {
+    /// Mapping the peer's ids in the new user namespace.
+    UserNamespace = 1,
+    /// Joining the empty network namespace.
+    Network,
+    /// `sethostname`.
+    Hostname,
+    /// Making the mounts private.
+    Propagation,
+    /// Creating the new root.
+    Root,
+    /// Resolving a bind source as the peer.
+    Source,
+    /// Making a mount.
+    Mount,
+    /// Creating a destination inside.
+    Destination,
+    /// The minimal `/dev`.
+    Dev,
+    /// `pivot_root` and detaching the old root.
+    PivotRoot,
+    /// Clearing the capability bounding set and ambient set.
+    Capabilities,
+    /// Starting the program under the pid namespace's init.
+    Init,
+    /// `PR_SET_NO_NEW_PRIVS`.
+    NoNewPrivs,
+    /// Opening a Landlock path as the peer.
+    LandlockPath,
+    /// Adding a Landlock rule or enforcing the ruleset.
+    Landlock,
+    /// Installing the seccomp filter.
+    Seccomp,
+}
+
+impl Step {
+    const ALL: [Self; 16] = [
+        Self::UserNamespace,
+        Self::Network,
+        Self::Hostname,
+        Self::Propagation,
+        Self::Root,
+        Self::Source,
+        Self::Mount,
+        Self::Destination,
+        Self::Dev,
+        Self::PivotRoot,
+        Self::Capabilities,
+        Self::Init,
+        Self::NoNewPrivs,
+        Self::LandlockPath,
+        Self::Landlock,
+        Self::Seccomp,
+    ];
+
+    /// Its name in messages and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::UserNamespace => "user namespace",
+            Self::Network => "network namespace",
+            Self::Hostname => "hostname",
+            Self::Propagation => "mount propagation",
+            Self::Root => "new root",
+            Self::Source => "bind source",
+            Self::Mount => "mount",
+            Self::Destination => "mount destination",
+            Self::Dev => "/dev",
+            Self::PivotRoot => "pivot_root",
+            Self::Capabilities => "capabilities",
+            Self::Init => "init",
+            Self::NoNewPrivs => "no_new_privs",
+            Self::LandlockPath => "landlock path",
+            Self::Landlock => "landlock",
+            Self::Seccomp => "seccomp",
+        }
+    }
+
+    fn from_u8(value: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|step| *step as u8 == value)
+    }
+}
+
+/// Which sandbox step failed, and on which item (a mount's or Landlock
+/// path's index in the plan), if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxFailure {
+    /// The step.
+    pub step: Step,
+    /// The mount or Landlock path's index.
+    pub item: Option<u8>,
+}
+
+impl SandboxFailure {
+    /// Packs it in 16 bits (0: none), for the child's report.
+    pub(super) fn pack(failure: Option<Self>) -> u16 {
+        failure.map_or(0, |failure| {
+            u16::from(failure.step as u8) << 8 | u16::from(failure.item.map_or(0xff, |item| item))
+        })
+    }
+
+    /// Reverses [`SandboxFailure::pack`].
+    pub(super) fn unpack(bits: u16) -> Option<Self> {
+        let [step, item] = bits.to_be_bytes();
+        Some(Self {
+            step: Step::from_u8(step)?,
+            item: (item != 0xff).then_some(item),
+        })
+    }
+}
+
+/// A failed step in the child: the stage's errno plus the sandbox detail.
+pub(super) type Failed = (SpawnStage, c_int, Option<SandboxFailure>);
+
+pub(super) fn fail(step: Step, item: Option<usize>) -> Failed {
+    let item = item.and_then(|item| u8::try_from(item).ok());
+    (SANDBOX_STAGE, errno(), Some(SandboxFailure { step, item }))
+}
+
+pub(super) fn check(ret: c_long, step: Step, item: Option<usize>) -> Result<c_long, Failed> {
+    if ret < 0 {
+        Err(fail(step, item))
+    } else {
+        Ok(ret)
+    }
+}
+
+pub(super) fn errno() -> c_int {
+    // SAFETY: `__errno_location` returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+pub(super) fn close(fd: c_int) {
+    // SAFETY: closes an fd this child opened and no one else uses.
+    unsafe { libc::close(fd) };
+}
+
+/// What the child needs from the rest of its plan for the sandbox.
+pub(super) struct Peer<'a> {
+    /// The credentials the child switches to (uid, gid, groups), under
+    /// which paths are resolved; `None`: the daemon's own.
+    pub(super) credentials: Option<(libc::uid_t, libc::gid_t, &'a [libc::gid_t])>,
+    /// The sandbox's fds ([`copy_fds`]).
+    pub(super) fds: &'a [RawFd],
+}
+
+/// Copies of the plan's fds above every target of the child (`floor`),
+/// which the child's closing of other fds leaves open: the network
+/// namespace (or -1's place taken by nothing: the list starts with it
+/// only when there is one), then each Landlock ruleset.
+///
+/// # Errors
+///
+/// When an fd cannot be duplicated.
+pub(super) fn copy_fds(plan: &SandboxPlan, floor: RawFd) -> rustix::io::Result<Vec<OwnedFd>> {
+    let netns = plan.netns.iter().map(|fd| &**fd);
+    let rulesets = plan.landlock.iter().map(|landlock| &landlock.ruleset);
+    netns
+        .chain(rulesets)
+        .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, floor))
+        .collect()
+}
+
+/// The steps taken with the daemon's privileges, before the credentials
+/// switch.
+pub(super) fn before_credentials(plan: &SandboxPlan, peer: &Peer<'_>) -> Result<(), Failed> {
+    if let Some((uid, gid)) = plan.map_ids {
+        map_ids(uid, gid)?;
+    }
+    if plan.netns.is_some() {
+        let netns = peer.fds.first().copied().unwrap_or(-1);
+        // SAFETY: plain syscall on an fd kept open for us.
+        let ret = unsafe { libc::setns(netns, libc::CLONE_NEWNET) };
+        check(ret.into(), Step::Network, None)?;
+    }
+    if let Some(hostname) = &plan.hostname {
+        // SAFETY: the kernel reads `len` bytes from a valid slice.
+        let ret = unsafe { libc::sethostname(hostname.as_ptr().cast(), hostname.len()) };
+        check(ret.into(), Step::Hostname, None)?;
+    }
+    if let Some(mounts) = &plan.filesystem {
+        fs::build_root(mounts, peer, plan.clone_flags & libc::CLONE_NEWPID != 0)?;
+    } else if plan.fresh_proc {
+        fs::remount_proc()?;
+    }
+    if plan.clear_bounding_set {
+        clear_capability_sets()?;
+    }
+    Ok(())
+}
+
+/// The steps taken as the peer, last before exec.
+pub(super) fn before_exec(plan: &SandboxPlan, fds: &[RawFd]) -> Result<(), Failed> {
+    // SAFETY: plain prctl with integer arguments.
+    let ret = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    check(ret.into(), Step::NoNewPrivs, None)?;
+    drop_capabilities()?;
+    let rulesets = fds.iter().skip(usize::from(plan.netns.is_some()));
+    for (landlock, ruleset) in plan.landlock.iter().zip(rulesets) {
+        enforce_landlock(landlock, *ruleset)?;
+    }
+    for program in &plan.seccomp {
+        install_seccomp(program)?;
+    }
+    Ok(())
+}
+
+/// Writes `setgroups`, `uid_map` and `gid_map` of this child's new user
+/// namespace: the peer's ids map to themselves, nothing else exists.
+fn map_ids(uid: u32, gid: u32) -> Result<(), Failed> {
+    write_file(c"/proc/self/setgroups", b"deny", Step::UserNamespace)?;
+    let mut line = [0u8; 32];
+    let len = id_map_line(uid, &mut line);
+    write_file(c"/proc/self/uid_map", &line[..len], Step::UserNamespace)?;
+    let len = id_map_line(gid, &mut line);
+    write_file(c"/proc/self/gid_map", &line[..len], Step::UserNamespace)
+}
+
+/// `"ID ID 1"` in `buffer`; returns its length.
+fn id_map_line(id: u32, buffer: &mut [u8; 32]) -> usize {
+    let mut digits = [0u8; 10];
+    let mut count = 0;
+    let mut rest = id;
+    for slot in digits.iter_mut().rev() {
+        *slot = b'0' + u8::try_from(rest % 10).unwrap_or(0);
+        rest /= 10;
+        count += 1;
+        if rest == 0 {
+            break;
+        }
+    }
+    let number = digits.get(10 - count..).unwrap_or(&[]);
+    let mut len = 0;
+    for part in [number, b" ", number, b" 1"] {
+        for byte in part {
+            if let Some(slot) = buffer.get_mut(len) {
+                *slot = *byte;
+                len += 1;
+            }
+        }
+    }
+    len
+}
+
+fn write_file(path: &CStr, text: &[u8], step: Step) -> Result<(), Failed> {
+    // SAFETY: opens a NUL-terminated path.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    check(fd.into(), step, None)?;
+    // SAFETY: writes from a valid slice.
+    let written = unsafe { libc::write(fd, text.as_ptr().cast(), text.len()) };
+    let failed = (written < 0).then(|| fail(step, None));
+    close(fd);
+    failed.map_or(Ok(()), Err)
+}
+
+/// The kernel's Landlock ABI version; 0 when Landlock is unavailable.
+pub fn landlock_abi() -> u32 {
+    // SAFETY: with LANDLOCK_CREATE_RULESET_VERSION the kernel reads no
+    // attribute (NULL, size 0) and returns the version.
+    let version = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            ptr::null::<c_void>(),
+            0usize,
+            1 as c_uint, // LANDLOCK_CREATE_RULESET_VERSION
+        )
+    };
+    u32::try_from(version).unwrap_or(0)
+}
+
+/// A new, empty network namespace (only a loopback, down), made once by
+/// the daemon: sandboxes with network `none` join it, which costs a
+/// `setns` instead of a namespace per child.
+///
+/// # Errors
+///
+/// Without `CAP_SYS_ADMIN`, or when the thread cannot start.
+pub fn empty_network_namespace() -> std::io::Result<OwnedFd> {
+    // A thread of its own: unshare moves only the calling thread, which
+    // then ends, leaving the namespace alive through the fd.
+    std::thread::Builder::new()
+        .name("zygote-netns".into())
+        .spawn(|| {
+            // SAFETY: plain syscall; only this short-lived thread moves.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let file = std::fs::File::open("/proc/thread-self/ns/net")?;
+            Ok(OwnedFd::from(file))
+        })?
+        .join()
+        .map_err(|_| std::io::Error::other("the network namespace thread panicked"))?
+}
+
+/// Whether an unprivileged process may create user namespaces here (what
+/// a rootless daemon's sandboxes need).
+pub fn user_namespaces_work() -> bool {
+    let read = |path| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+    };
+    read("/proc/sys/user/max_user_namespaces").is_some_and(|max| max > 0)
+        && read("/proc/sys/kernel/unprivileged_userns_clone").is_none_or(|on| on == 1)
+}
