@@ -163,9 +163,9 @@ fn a_spawner_that_dies_is_reported_and_replaced() {
         Some(1.0)
     );
     assert!(daemon.log().contains("restarts=1"), "{}", daemon.log());
-    let line = format!("uid {PEER}, pid {}, 1 spawns, 1 restarts", second[0]);
+    let row = format!("  {PEER:>10}  {:>10}  {:>10}  {:>8}\n", second[0], 1, 1);
     assert!(
-        status_text(&daemon, None).contains(&line),
+        status_text(&daemon, None).contains(&row),
         "{}",
         status_text(&daemon, None)
     );
