@@ -518,7 +518,10 @@ fn zygote_status_shows_each_peers_use_to_root_and_only_its_own_to_others() {
     assert_eq!(runner_use["sandbox_profile"], serde_json::Value::Null);
     let own = peer_of(&root, 0).expect("root's own line");
     assert_eq!(own["connections"], 1, "{own}");
-    assert_eq!(root["spawners"], serde_json::json!([]));
+    // The runner's child came from its uid's spawner, which root sees.
+    let spawners = root["spawners"].as_array().expect("a spawners array");
+    assert_eq!(spawners.len(), 1, "{root}");
+    assert_eq!(spawners[0]["uid"], RUNNER);
     // Another uid: its own line alone.
     let looker = status_json_as(socket, LOOKER);
     let peers = looker["peers"].as_array().expect("a peers array");
@@ -526,6 +529,7 @@ fn zygote_status_shows_each_peers_use_to_root_and_only_its_own_to_others() {
     assert_eq!(peers[0]["uid"], LOOKER);
     assert_eq!(peers[0]["connections"], 1);
     assert_eq!(peers[0]["children"], 0);
+    assert_eq!(looker["spawners"], serde_json::json!([]), "another uid's spawner");
     // The plain form: a table with a line per uid.
     let output = Command::new(zygote_bin())
         .args(["status", "--socket"])
