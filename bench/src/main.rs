@@ -231,11 +231,15 @@ impl Bench {
                 } else {
                     &sandboxes.filters
                 };
+                // The sandbox's root holds the bench's own directory only
+                // where the profile binds it: start in `/`.
                 self.runtime.block_on(methods::run_zygote(
                     &daemon.client,
                     program,
                     budget,
-                    |_| {},
+                    |command| {
+                        command.current_dir("/");
+                    },
                 ))?
             }
             Method::ZygoteBwrap => match sandboxes.and_then(|s| s.bwrap.as_deref()) {
