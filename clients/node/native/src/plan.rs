@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use napi_derive::napi;
 use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
-use zygote_client::{Client, Command, Stdio};
+use zygote_client::{Client, Command, Feature, Stdio};
 
 use crate::sys::dup_cloexec;
 
@@ -56,6 +56,57 @@ pub struct SpawnSpec {
     pub memory_max: Option<i64>,
     /// cgroup `pids.max`.
     pub pids_max: Option<u32>,
+    /// The sandbox, checked by `lib/sandbox.js`.
+    pub sandbox: Option<SandboxPlan>,
+}
+
+/// The `sandbox` option, checked and normalised by `lib/sandbox.js`.
+#[napi(object)]
+pub struct SandboxPlan {
+    /// A profile of the daemon's policy.
+    pub profile: Option<String>,
+    /// The filesystem view; `None` keeps the host's.
+    pub mounts: Option<Vec<MountPlan>>,
+    /// An empty network namespace instead of the host's network.
+    pub network_none: bool,
+    /// New pid, ipc and uts namespaces.
+    pub isolate: bool,
+    /// The hostname inside.
+    pub hostname: Option<String>,
+    /// A seccomp profile name.
+    pub seccomp: Option<String>,
+    /// A custom seccomp filter's text.
+    pub seccomp_filter: Option<String>,
+    /// Landlock rules.
+    pub landlock: Option<LandlockPlan>,
+}
+
+/// One mount of [`SandboxPlan::mounts`].
+#[napi(object)]
+pub struct MountPlan {
+    /// `"ro"`, `"rw"` or `"tmpfs"`.
+    pub kind: String,
+    /// The host path; `None` for `"tmpfs"`.
+    pub source: Option<String>,
+    /// The path inside.
+    pub destination: String,
+}
+
+/// [`SandboxPlan::landlock`].
+#[napi(object)]
+pub struct LandlockPlan {
+    /// Paths readable.
+    pub read_only: Vec<String>,
+    /// Paths readable and executable.
+    pub read_execute: Vec<String>,
+    /// Paths readable and writable.
+    pub read_write: Vec<String>,
+    /// TCP ports the child may bind.
+    pub tcp_bind: Vec<u32>,
+    /// TCP ports the child may connect to.
+    pub tcp_connect: Vec<u32>,
+    /// Refuse the spawn when the kernel cannot enforce every rule.
+    pub require: bool,
 }
 
 /// What the child gets at one fd.
@@ -128,10 +179,32 @@ fn invalid(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, what.to_owned())
 }
 
+/// A plan the zygote cannot be sent: its errno and what to say.
+pub struct Refused {
+    /// The errno JavaScript sees.
+    pub errno: i32,
+    /// The message, naming what was refused.
+    pub message: String,
+}
+
+impl From<io::Error> for Refused {
+    fn from(error: io::Error) -> Self {
+        Self {
+            errno: error.raw_os_error().unwrap_or(libc::EINVAL),
+            message: error.to_string(),
+        }
+    }
+}
+
 impl Plan {
     /// The zygote command for this plan. The command holds the child's
     /// ends: drop it once spawned, so that the child alone keeps them.
-    pub fn command(self, client: &Client) -> io::Result<Command> {
+    ///
+    /// # Errors
+    ///
+    /// A value the request cannot carry, or a feature the zygote does not
+    /// offer (`EOPNOTSUPP`).
+    pub fn command(self, client: &Client) -> Result<Command, Refused> {
         let Plan { spec, env, fds } = self;
         let mut command = Command::new(client, &spec.file);
         if let Some((arg0, rest)) = spec.args.split_first() {
@@ -166,9 +239,36 @@ impl Plan {
         if let Some(pids) = spec.pids_max {
             command.pids_max(u64::from(pids));
         }
+        if let Some(sandbox) = spec.sandbox {
+            apply_sandbox(client, &mut command, sandbox)?;
+        }
         apply_fds(&mut command, fds)?;
         Ok(command)
     }
+}
+
+/// Refuses, before anything is sent, a sandbox the zygote does not offer,
+/// as the zygote would refuse it: `EOPNOTSUPP`, naming the feature.
+fn apply_sandbox(
+    client: &Client,
+    _command: &mut Command,
+    _sandbox: SandboxPlan,
+) -> Result<(), Refused> {
+    if !client.offers(Feature::Sandbox) {
+        return Err(Refused {
+            errno: libc::EOPNOTSUPP,
+            message: format!(
+                "the zygote does not offer the feature {} (it speaks protocol version {}); \
+                 the child was not started",
+                Feature::Sandbox,
+                client.protocol_version()
+            ),
+        });
+    }
+    Err(Refused {
+        errno: libc::EOPNOTSUPP,
+        message: "this build of the addon cannot send a sandbox".to_owned(),
+    })
 }
 
 fn apply_fds(command: &mut Command, fds: Vec<Option<ChildFd>>) -> io::Result<()> {
@@ -227,6 +327,7 @@ mod tests {
             timeout_ms: None,
             memory_max: None,
             pids_max: None,
+            sandbox: None,
         }
     }
 

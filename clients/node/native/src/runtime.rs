@@ -138,9 +138,8 @@ pub fn start_spawn(id: u32, plan: Plan, events: Events) {
         };
         let mut command = match plan.command(&client) {
             Ok(command) => command,
-            Err(error) => {
-                let errno = error.raw_os_error().unwrap_or(libc::EINVAL);
-                return event(&events, id, Kind::Failed, errno, 2, error.to_string());
+            Err(refused) => {
+                return event(&events, id, Kind::Failed, refused.errno, 2, refused.message);
             }
         };
         let spawned = command.spawn().await;

@@ -113,7 +113,7 @@ pub fn spawn_sync(
         };
         let mut command = match plan.command(&client) {
             Ok(command) => command,
-            Err(error) => return result(error.raw_os_error().unwrap_or(0), 2, error.to_string()),
+            Err(refused) => return result(refused.errno, 2, refused.message),
         };
         let spawned = command.spawn().await;
         drop(command);

@@ -1,0 +1,103 @@
+'use strict';
+// The sandbox option: every field checked before anything is sent, the
+// local refusal when the zygote does not offer the feature 'sandbox', and
+// the connection still spawning afterwards, against a real zygote.
+
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { promisify } = require('node:util');
+const { sharedDaemon, finished, within } = require('./helpers');
+const zygote = require('..');
+const { sandboxPlan, appliedSandbox } = require('../lib/sandbox');
+
+const shared = sharedDaemon();
+
+const sample = () => ({
+  mounts: [{ type: 'ro', source: '/usr' }, { type: 'tmpfs', destination: '/tmp' }],
+  network: 'none',
+  isolate: true,
+  hostname: 'h',
+  seccomp: 'default',
+  landlock: { readWrite: ['/w'], tcpConnect: [443], require: true },
+});
+
+test('a sandbox becomes the plan the addon maps onto the request', () => {
+  assert.deepEqual(sandboxPlan(sample()), {
+    profile: undefined,
+    mounts: [{ kind: 'ro', source: '/usr', destination: '/usr' }, { kind: 'tmpfs', destination: '/tmp' }],
+    networkNone: true,
+    isolate: true,
+    hostname: 'h',
+    seccomp: 'default',
+    seccompFilter: undefined,
+    landlock: { readOnly: [], readExecute: [], readWrite: ['/w'], tcpBind: [], tcpConnect: [443], require: true },
+  });
+  assert.equal(sandboxPlan(undefined), undefined);
+  assert.deepEqual(sandboxPlan({}).mounts, undefined, 'no mounts: the host filesystem');
+  assert.deepEqual(sandboxPlan({ mounts: [] }).mounts, [], 'an empty root');
+  assert.deepEqual(appliedSandbox('{"profile":null,"namespaces":["net"],"seccomp":"default","landlock_abi":7,'
+    + '"landlock_complete":false}'), { profile: null, namespaces: ['net'], seccomp: 'default', landlockAbi: 7,
+    landlockComplete: false });
+  assert.equal(appliedSandbox(''), null);
+});
+
+const bad = [
+  [{ mounts: [{ type: 'ro', source: 'usr' }] }, 'ERR_INVALID_ARG_VALUE', /mounts\[0\]\.source' must be an absolute/],
+  [{ mounts: [{ type: 'rw', source: '/a', destination: '' }] }, 'ERR_INVALID_ARG_VALUE', /destination' must be an abs/],
+  [{ mounts: [{ type: 'ro', source: '/a\u0000b' }] }, 'ERR_INVALID_ARG_VALUE', /without null bytes/],
+  [{ mounts: [{ type: 'tmpfs', source: '/x', destination: '/y' }] }, 'ERR_INVALID_ARG_VALUE', /absent for tmpfs/],
+  [{ mounts: [{ type: 'overlay', source: '/x' }] }, 'ERR_INVALID_ARG_VALUE', /'ro', 'rw', 'tmpfs'/],
+  [{ mounts: '/usr' }, 'ERR_INVALID_ARG_TYPE', /options\.sandbox\.mounts" property must be an instance of Array/],
+  [{ mounts: [{ type: 'ro', source: 5 }] }, 'ERR_INVALID_ARG_TYPE', /source" property must be of type string/],
+  [{ network: 'bridge' }, 'ERR_INVALID_ARG_VALUE', /'host', 'none'/],
+  [{ hostname: 'h' }, 'ERR_INVALID_ARG_VALUE', /needs options\.sandbox\.isolate/],
+  [{ isolate: true, hostname: 'a\u0000' }, 'ERR_INVALID_ARG_VALUE', /hostname' must be a string without null/],
+  [{ profile: '\ud800' }, 'ERR_INVALID_ARG_VALUE', /profile' must be well-formed Unicode/],
+  [{ profile: 7 }, 'ERR_INVALID_ARG_TYPE', /profile" property must be of type string/],
+  [{ seccomp: 'default', seccompFilter: 'x' }, 'ERR_INVALID_ARG_VALUE', /cannot be given with/],
+  [{ isolate: 'yes' }, 'ERR_INVALID_ARG_TYPE', /isolate" property must be of type boolean/],
+  [{ landlock: { tcpBind: [65536] } }, 'ERR_OUT_OF_RANGE', /tcpBind\[0\]" is out of range/],
+  [{ landlock: { tcpConnect: [-1] } }, 'ERR_OUT_OF_RANGE', /tcpConnect\[0\]" is out of range/],
+  [{ landlock: { tcpConnect: [1.5] } }, 'ERR_INVALID_ARG_TYPE', /must be an integer/],
+  [{ landlock: { readOnly: ['/', 'etc'] } }, 'ERR_INVALID_ARG_VALUE', /readOnly\[1\]' must be an absolute/],
+  [{ landlock: { readonly: ['/etc'] } }, 'ERR_INVALID_ARG_VALUE', /landlock\.readonly' is not a known field/],
+  [{ netwrok: 'none' }, 'ERR_INVALID_ARG_VALUE', /sandbox\.netwrok' is not a known field/],
+  [{ landlock: { require: 1 } }, 'ERR_INVALID_ARG_TYPE', /require" property must be of type boolean/],
+  ['strict', 'ERR_INVALID_ARG_TYPE', /options\.sandbox" property must be of type object/],
+];
+
+test('every bad field is refused before anything is sent, and the zygote still spawns', async () => {
+  for (const [sandbox, code, message] of bad) {
+    assert.throws(() => zygote.spawn('/bin/true', [], { sandbox }), { code, message }, JSON.stringify(sandbox));
+    assert.throws(() => zygote.spawnSync('/bin/true', [], { sandbox }), { code, message });
+    assert.throws(() => zygote.execFile('/bin/true', [], { sandbox }, () => {}), { code, message });
+  }
+  const { code } = await finished(zygote.spawn('/bin/true', [], { stdio: 'ignore' }));
+  assert.equal(code, 0);
+});
+
+test('a zygote that does not offer sandbox gets no request: ENOTSUP naming the feature', async (t) => {
+  const hello = await within(zygote.hello(), 20000, 'hello');
+  if (hello.features.includes('sandbox')) {
+    t.skip('this zygote offers sandbox: the local refusal cannot be seen');
+    return;
+  }
+  assert.ok(shared.daemon.socket);
+  const child = zygote.spawn('/bin/true', [], { stdio: 'ignore', sandbox: { isolate: true } });
+  const error = await within(new Promise((resolve) => child.once('error', resolve)), 20000, 'the refusal');
+  assert.equal(error.code, 'ENOTSUP');
+  assert.equal(error.errno, -95);
+  assert.match(error.message, /does not offer the feature sandbox \(it speaks protocol version \d\)/);
+  assert.equal(child.pid, undefined);
+  assert.equal(child.sandbox, null);
+
+  const sync = zygote.spawnSync('/bin/true', [], { sandbox: { network: 'none' } });
+  assert.equal(sync.error.code, 'ENOTSUP');
+  assert.match(sync.error.message, /feature sandbox/);
+
+  await assert.rejects(promisify(zygote.execFile)('/bin/true', [], { sandbox: {} }), { code: 'ENOTSUP' });
+
+  const after = zygote.spawn('/bin/echo', ['still'], { stdio: ['ignore', 'pipe', 'ignore'] });
+  assert.deepEqual(await finished(after), { code: 0, signal: null, stdout: 'still\n', stderr: '' });
+  assert.equal(after.sandbox, null, 'an unsandboxed child reports none');
+});
