@@ -321,3 +321,20 @@ def test_version_2_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
             assert client.run(["/bin/true"]).returncode == 0
     finally:
         daemon.stop()
+
+
+def test_installed_popen_never_drops_a_sandbox() -> None:
+    """A call the installed drop-in would hand to the stdlib (here for its
+    preexec_fn) is refused when it asks for a sandbox: the stdlib cannot
+    apply one."""
+    import subprocess
+
+    zygote.install()
+    try:
+        with pytest.raises(zygote.ZygoteError) as raised:
+            subprocess.Popen(["/bin/true"], preexec_fn=lambda: None, sandbox=zygote.Sandbox())  # type: ignore[call-overload]
+        assert raised.value.errno == errno.EOPNOTSUPP
+        assert "cannot apply its sandbox" in str(raised.value)
+        assert "preexec_fn" in str(raised.value)
+    finally:
+        zygote.uninstall()

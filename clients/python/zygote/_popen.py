@@ -282,6 +282,14 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             process_group = None
 
         def fall_back(reason: str) -> None:
+            if self._zygote_options.sandbox is not None:
+                # The stdlib cannot confine the child: refused, never run
+                # without its sandbox.
+                raise ZygoteError(
+                    errno.EOPNOTSUPP,
+                    f"the zygote cannot start this child ({reason}), and subprocess "
+                    "cannot apply its sandbox",
+                )
             self._zygote_fallback = True
             self.zygote_fallback_reason = reason
             super(Popen, self)._execute_child(*stdlib_args)  # type: ignore[misc]
