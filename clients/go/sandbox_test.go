@@ -250,3 +250,61 @@ func TestSandboxAppliedIsReported(t *testing.T) {
 		}
 	}
 }
+
+// TestSandboxAgainstTheDaemon runs against the real daemon, which does not
+// offer sandbox until it enforces one: a sandboxed spawn is refused
+// before it is sent, naming the feature; bad fields are refused with
+// EINVAL; the connection spawns afterwards.
+func TestSandboxAgainstTheDaemon(t *testing.T) {
+	c := dial(t)
+	defer c.Close()
+	if c.Offers(featureSandbox) {
+		t.Skip("SKIP: this daemon offers sandbox: the local refusal cannot be seen")
+	}
+	cmd := c.Command("/bin/true")
+	cmd.Zygote.Sandbox = &Sandbox{Network: NetworkNone}
+	var start *StartError
+	if err := cmd.Run(); !errors.As(err, &start) || start.Errno != syscall.EOPNOTSUPP || !strings.Contains(start.Message, "feature sandbox") {
+		t.Fatalf("a sandboxed spawn: %v, want EOPNOTSUPP naming the feature sandbox", err)
+	}
+	cmd = c.Command("/bin/true")
+	cmd.Zygote.Sandbox = &Sandbox{Filesystem: &Filesystem{Mounts: []Mount{{Kind: Bind, Source: "tmp", Destination: "/tmp"}}}}
+	if err := cmd.Start(); !errors.Is(err, syscall.EINVAL) || !strings.Contains(err.Error(), "not an absolute path") {
+		t.Fatalf("a relative bind source: %v, want EINVAL", err)
+	}
+	out, err := c.Command("/bin/echo", "after").Output()
+	if err != nil || string(out) != "after\n" {
+		t.Fatalf("a spawn after the refusals: %q, %v", out, err)
+	}
+}
+
+// TestStatusShowsPeers: the daemon's status lists this peer's uid, with
+// its connection and a running child counted, within its shares.
+func TestStatusShowsPeers(t *testing.T) {
+	c := dial(t)
+	defer c.Close()
+	if c.ProtocolVersion() < sandboxSince {
+		t.Fatalf("the daemon speaks protocol version %d; peers need %d", c.ProtocolVersion(), sandboxSince)
+	}
+	sleeper := c.Command("/bin/sleep", "30")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() }()
+	s, err := c.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mine *PeerUse
+	for i := range s.Peers {
+		if s.Peers[i].UID == uint32(os.Geteuid()) {
+			mine = &s.Peers[i]
+		}
+	}
+	if mine == nil {
+		t.Fatalf("status peers %+v lack uid %d", s.Peers, os.Geteuid())
+	}
+	if mine.Connections < 1 || mine.Children < 1 || mine.Children > mine.ChildrenLimit || mine.Connections > mine.ConnectionsLimit {
+		t.Fatalf("uid %d: %+v, want at least one connection and one child, within the limits", os.Geteuid(), *mine)
+	}
+}
