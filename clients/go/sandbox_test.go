@@ -156,7 +156,8 @@ func TestSandboxFieldsChecked(t *testing.T) {
 
 // sandboxPeer is a scripted daemon of version v offering features: it
 // counts the spawns it receives, answers one with a sandbox with Spawned
-// (carrying applied) and Exited, and any other with SpawnFailed.
+// (carrying applied) and Exited, or with Exited alone when it asked for
+// defer_spawned, and any other with SpawnFailed.
 func sandboxPeer(t *testing.T, v uint32, applied *appliedSandbox, spawns *atomic.Int32, features ...string) string {
 	return scriptedPeer(t, func(conn *net.UnixConn, frame []byte) [][]byte {
 		m, err := decodeClientIn(frame, v)
@@ -174,6 +175,12 @@ func sandboxPeer(t *testing.T, v uint32, applied *appliedSandbox, spawns *atomic
 			b, _ := encodeServerIn(&serverMessage{SpawnFailed: &spawnFailed{ID: m.Spawn.ID, Errno: int32(syscall.EPERM), Message: "no sandbox"}}, v)
 			return [][]byte{b}
 		}
+		code := int32(0)
+		exit, _ := encodeServerIn(&serverMessage{Exited: &exitNotice{ID: m.Spawn.ID, Status: exitStatus{Exited: &code}, Pid: 42}}, v)
+		if m.Spawn.DeferSpawned {
+			// A deferred child that ended at once gets its exit alone.
+			return [][]byte{exit}
+		}
 		pidfd, _, errno := syscall.Syscall(434 /* pidfd_open */, uintptr(os.Getpid()), 0, 0)
 		if errno != 0 {
 			t.Errorf("pidfd_open: %v", errno)
@@ -185,8 +192,6 @@ func sandboxPeer(t *testing.T, v uint32, applied *appliedSandbox, spawns *atomic
 		if err != nil {
 			return [][]byte{nil}
 		}
-		code := int32(0)
-		exit, _ := encodeServerIn(&serverMessage{Exited: &exitNotice{ID: m.Spawn.ID, Status: exitStatus{Exited: &code}, Pid: 42}}, v)
 		return [][]byte{exit}
 	})
 }
