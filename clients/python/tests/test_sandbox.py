@@ -4,6 +4,7 @@ offer the feature, and what the daemon reports it applied."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import socket
@@ -277,6 +278,11 @@ def test_real_daemon_without_the_feature(tmp_path: Path) -> None:
                 client.run(["/bin/true"], sandbox=zygote.Sandbox(network="none"))
             assert raised.value.errno == errno.EOPNOTSUPP
             assert "feature sandbox" in str(raised.value)
+            with pytest.raises(OSError) as raised:
+                asyncio.run(
+                    client.create_subprocess_exec("/bin/true", sandbox=zygote.Sandbox(isolate=True))
+                )
+            assert raised.value.errno == errno.EOPNOTSUPP
             with pytest.raises(ValueError, match="not an absolute path"):
                 client.run(["/bin/true"], sandbox=zygote.Sandbox(mounts=[zygote.Mount.ro("x")]))
             with pytest.raises(OverflowError):
