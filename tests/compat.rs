@@ -1,8 +1,9 @@
 //! Protocol compatibility: a client built against an earlier protocol
 //! version keeps being served, in its own layout, by this daemon.
 //!
-//! The old client is a fixture: the frames it sent, recorded in
-//! `proto/vectors/v1/conversation.json` by the encoder of protocol version 1,
+//! The old clients are fixtures: the frames they sent, recorded in
+//! `proto/vectors/v1/conversation.json` by the encoder of protocol version 1
+//! and in `proto/vectors/v2/conversation.json` in the layout of version 2,
 //! and [`v1`], a decoder of version-1 replies written from that version's
 //! `PROTOCOL.md` and frozen with it. Neither follows later changes to
 //! `zygote-proto`: that is the point.
@@ -22,6 +23,10 @@ use crate::util::{runtime, start_daemon, start_daemon_custom, zygote_bin};
 const CONVERSATION: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../proto/vectors/v1/conversation.json"
+);
+const CONVERSATION_V2: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../proto/vectors/v2/conversation.json"
 );
 const VECTORS_V1: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -98,9 +103,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
     assert_eq!(conversation.len(), 7, "{CONVERSATION}: frames");
     let daemon = start_daemon("compat-v1-conversation");
     let fd = socket::connect_to(daemon.socket(), false).expect("connect");
-    let send = |name: &str| send_frame(fd.as_fd(), frame(&conversation, name), &[]).expect("send");
-
-    send("hello");
+    send_frame(fd.as_fd(), frame(&conversation, "hello"), &[]).expect("send");
     match receive_v1(&fd).0 {
         v1::Reply::HelloAck {
             protocol_version,
@@ -114,11 +117,53 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
         }
         other => panic!("expected a version-1 HelloAck, got {other:?}"),
     }
+    replay_after_hello(&conversation, &fd);
+}
+
+/// The same conversation recorded by a client of version 2: its
+/// `HelloAck` lists features (the frozen version-2 layout), and every
+/// later reply is in the layout versions 1 and 2 share, which the frozen
+/// version-1 decoder reads in full.
+#[test]
+fn version_2_conversation_is_served_in_the_version_2_layout() {
+    let conversation = recorded(CONVERSATION_V2);
+    assert_eq!(conversation.len(), 7, "{CONVERSATION_V2}: frames");
+    // Each recorded frame is a version-2 frame, as that layout encodes it.
+    for (name, bytes) in &conversation {
+        let message: zygote_proto::v2::ClientMessage =
+            decode(bytes).unwrap_or_else(|error| panic!("{name}: {error}"));
+        assert_eq!(&encode(&message).expect("encode"), bytes, "{name}");
+    }
+    let daemon = start_daemon("compat-v2-conversation");
+    let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+    send_frame(fd.as_fd(), frame(&conversation, "hello"), &[]).expect("send");
+    let mut buffer = vec![0; RECV_BUFFER_BYTES];
+    let ack = recv_frame(fd.as_fd(), &mut buffer)
+        .expect("receive")
+        .expect("a HelloAck");
+    match decode::<zygote_proto::v2::ServerMessage>(&ack.bytes) {
+        Ok(zygote_proto::v2::ServerMessage::HelloAck(ack)) => {
+            assert_eq!(ack.protocol_version, 2);
+            assert!(ack.features.iter().any(|name| name == "pty"), "{ack:?}");
+            assert!(
+                !ack.features.iter().any(|name| name == "sandbox"),
+                "{ack:?}"
+            );
+        }
+        other => panic!("expected a version-2 HelloAck, got {other:?}"),
+    }
+    replay_after_hello(&conversation, &fd);
+}
+
+/// Replays the rest of a recorded conversation (after its hello) and
+/// checks every reply in the layout versions 1 and 2 share.
+fn replay_after_hello(conversation: &[(String, Vec<u8>)], fd: &OwnedFd) {
+    let send = |name: &str| send_frame(fd.as_fd(), frame(conversation, name), &[]).expect("send");
 
     // sleep 30, then SIGTERM: Spawned, SignalSent, Exited by signal 15
     // (the last two in either order).
     send("spawn_sleep");
-    let (reply, fds) = receive_v1(&fd);
+    let (reply, fds) = receive_v1(fd);
     let v1::Reply::Spawned { id: 1, pid } = reply else {
         panic!("expected Spawned for spawn 1, got {reply:?}");
     };
@@ -128,7 +173,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
     let mut signal_sent = false;
     let mut exited = false;
     while !(signal_sent && exited) {
-        match receive_v1(&fd).0 {
+        match receive_v1(fd).0 {
             v1::Reply::SignalSent { id: 2 } => signal_sent = true,
             v1::Reply::Exited {
                 id: 1,
@@ -145,7 +190,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
 
     // sh -c 'echo replayed; exit 3' with stdout a pipe.
     send("spawn_echo_pipe");
-    let (reply, fds) = receive_v1(&fd);
+    let (reply, fds) = receive_v1(fd);
     assert!(
         matches!(reply, v1::Reply::Spawned { id: 3, .. }),
         "expected Spawned for spawn 3, got {reply:?}"
@@ -155,7 +200,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
     let mut output = String::new();
     stdout.read_to_string(&mut output).expect("read stdout");
     assert_eq!(output, "replayed\n");
-    match receive_v1(&fd).0 {
+    match receive_v1(fd).0 {
         v1::Reply::Exited {
             id: 3,
             status: v1::Status::Exited(3),
@@ -166,7 +211,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
     }
 
     send("spawn_missing");
-    match receive_v1(&fd).0 {
+    match receive_v1(fd).0 {
         v1::Reply::SpawnFailed {
             id: 4,
             stage,
@@ -180,7 +225,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
     }
 
     send("status");
-    match receive_v1(&fd).0 {
+    match receive_v1(fd).0 {
         v1::Reply::Status {
             id: 5,
             server_version,
@@ -194,7 +239,7 @@ fn version_1_conversation_is_served_in_the_version_1_layout() {
     }
 
     send("signal_unknown");
-    match receive_v1(&fd).0 {
+    match receive_v1(fd).0 {
         v1::Reply::RequestFailed { id: 6, errno, .. } => assert_eq!(errno, libc::ESRCH),
         other => panic!("expected RequestFailed 6, got {other:?}"),
     }
@@ -562,4 +607,109 @@ mod v1 {
         }
         Ok(reply)
     }
+}
+
+/// A version-3 request for a sandbox, which this daemon does not offer
+/// yet, is refused before anything is created, as `EOPNOTSUPP` naming the
+/// feature at stage `Validate`; the connection carries on.
+#[test]
+fn a_sandbox_request_is_refused_while_the_daemon_does_not_offer_it() {
+    use zygote_proto::{SandboxSpec, SpawnRequest, SpawnStage};
+    let daemon = start_daemon("compat-sandbox-refused");
+    let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+    rustix::net::sockopt::set_socket_timeout(
+        &fd,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(REPLY_DEADLINE),
+    )
+    .expect("SO_RCVTIMEO");
+    let send = |message: &ClientMessage| {
+        send_frame(fd.as_fd(), &encode(message).expect("encode"), &[]).expect("send");
+    };
+    let mut buffer = vec![0; RECV_BUFFER_BYTES];
+    let mut receive = || -> ServerMessage {
+        let frame = recv_frame(fd.as_fd(), &mut buffer)
+            .expect("receive")
+            .expect("a reply");
+        decode(&frame.bytes).expect("a version-3 reply")
+    };
+    send(&ClientMessage::Hello(Hello {
+        protocol_version: 3,
+        client: "compat-test".into(),
+    }));
+    match receive() {
+        ServerMessage::HelloAck(ack) => {
+            assert_eq!(ack.protocol_version, 3);
+            assert!(
+                !ack.features.iter().any(|name| name == "sandbox"),
+                "{ack:?}"
+            );
+        }
+        other => panic!("expected HelloAck, got {other:?}"),
+    }
+    let sandboxed = SpawnRequest {
+        sandbox: Some(SandboxSpec {
+            isolate: true,
+            ..SandboxSpec::default()
+        }),
+        ..SpawnRequest::new(1, "/bin/true")
+    };
+    send(&ClientMessage::Spawn(sandboxed));
+    match receive() {
+        ServerMessage::SpawnFailed(failed) => {
+            assert_eq!(failed.id, 1);
+            assert_eq!(failed.stage, SpawnStage::Validate);
+            assert_eq!(failed.errno, libc::EOPNOTSUPP);
+            assert!(
+                failed.message.contains("feature sandbox"),
+                "{}",
+                failed.message
+            );
+        }
+        other => panic!("expected SpawnFailed, got {other:?}"),
+    }
+    send(&ClientMessage::Spawn(SpawnRequest::new(2, "/bin/true")));
+    match receive() {
+        ServerMessage::Spawned(spawned) => {
+            assert_eq!(spawned.id, 2);
+            assert_eq!(spawned.sandbox, None, "nothing confined it");
+        }
+        other => panic!("expected Spawned, got {other:?}"),
+    }
+}
+
+/// `Status` in version 3 lists the use of each peer uid: the asking
+/// root client sees its own connection and child, with its caps.
+#[test]
+fn status_reports_the_use_of_each_peer() {
+    let daemon = start_daemon("compat-peer-use");
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        let other = Client::connect(daemon.socket()).await.expect("connect");
+        let mut child = client
+            .command("sleep")
+            .arg("30")
+            .kill_on_close(libc::SIGKILL)
+            .spawn()
+            .await
+            .expect("spawn");
+        let status = other.status().await.expect("status");
+        let me = rustix::process::getuid().as_raw();
+        let mine: Vec<_> = status.peers.iter().filter(|peer| peer.uid == me).collect();
+        assert_eq!(mine.len(), 1, "{:?}", status.peers);
+        assert_eq!(mine[0].connections, 2, "{:?}", mine[0]);
+        assert_eq!(mine[0].children, 1, "{:?}", mine[0]);
+        assert!(mine[0].children_limit >= 1 && mine[0].connections_limit >= 2);
+        assert_eq!(mine[0].sandbox_profile, None);
+        assert!(status.spawners.is_empty());
+        child.kill().await.expect("kill");
+        child.wait().await.expect("wait");
+        let status = other.status().await.expect("status");
+        let mine = status
+            .peers
+            .iter()
+            .find(|peer| peer.uid == me)
+            .expect("own entry");
+        assert_eq!(mine.children, 0, "{mine:?}");
+    });
 }

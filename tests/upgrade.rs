@@ -571,6 +571,62 @@ fn a_state_the_new_image_cannot_read_keeps_the_socket_and_reaps_the_children() {
     );
 }
 
+/// A connection that negotiated version 2 is still answered in version
+/// 2's layouts by the new image: the handover carries its version.
+#[test]
+fn a_version_2_connection_keeps_its_layout_across_an_upgrade() {
+    use std::os::fd::AsFd;
+    use zygote_proto::{
+        ClientMessage, Hello, RECV_BUFFER_BYTES, StatusRequest, decode, encode, recv_frame,
+        send_frame, v2,
+    };
+    let installed = Installed::new("a");
+    let daemon = start("upgrade-version-2", &installed, &[]);
+    let fd = zygote_proto::socket::connect_to(daemon.socket(), false).expect("connect");
+    rustix::net::sockopt::set_socket_timeout(
+        &fd,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_secs(20)),
+    )
+    .expect("SO_RCVTIMEO");
+    let send = |bytes: Vec<u8>| send_frame(fd.as_fd(), &bytes, &[]).expect("send");
+    let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+    // Replies decode strictly in the version-2 layout: a version-3 one
+    // has bytes left over.
+    let mut receive = || -> v2::ServerMessage {
+        let frame = recv_frame(fd.as_fd(), &mut scratch)
+            .expect("recv")
+            .expect("open");
+        decode(&frame.bytes).expect("a reply in the version-2 layout")
+    };
+    let hello = ClientMessage::Hello(Hello {
+        protocol_version: 2,
+        client: "version 2 test".into(),
+    });
+    send(encode(&hello).expect("encode"));
+    match receive() {
+        v2::ServerMessage::HelloAck(ack) => assert_eq!(ack.protocol_version, 2),
+        other => panic!("expected HelloAck, got {other:?}"),
+    }
+    installed.install("b");
+    let (ok, text) = upgrade(&daemon);
+    assert!(ok, "{text}; log:\n{}", daemon.log());
+    let status = v2::ClientMessage::Status(StatusRequest { id: 1 });
+    send(encode(&status).expect("encode"));
+    match receive() {
+        v2::ServerMessage::Status(status) => assert_eq!(status.server_version, version("b")),
+        other => panic!("expected Status, got {other:?}"),
+    }
+    let request = v2::SpawnRequest::try_from(zygote_proto::SpawnRequest::new(2, "/bin/true"))
+        .expect("no sandbox");
+    send(encode(&v2::ClientMessage::Spawn(request)).expect("encode"));
+    match receive() {
+        v2::ServerMessage::Spawned(spawned) => assert_eq!(spawned.id, 2),
+        other => panic!("expected Spawned, got {other:?}; log:\n{}", daemon.log()),
+    }
+    assert!(matches!(receive(), v2::ServerMessage::Exited(_)));
+}
+
 #[test]
 fn the_state_fixture_of_format_1_still_reads() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upgrade-state-v1.bin");
@@ -586,7 +642,13 @@ fn the_state_fixture_of_format_1_still_reads() {
         text,
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(text.contains("3 connections, 2 children"), "{text}");
+    // Its connections spoke versions 1 or 2, the same layouts after the
+    // handshake: they carry on in version 2.
+    assert!(
+        text.contains("state format 1 ")
+            && text.contains("3 connections, 2 children, protocol versions [2]"),
+        "{text}"
+    );
     // Cut short: refused by name.
     let bytes = std::fs::read(&fixture).expect("read fixture");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -602,10 +664,32 @@ fn the_state_fixture_of_format_1_still_reads() {
     assert!(error.contains("state truncated"), "{error}");
 }
 
-/// Writes the fixture from a live daemon's state (run by hand when the
-/// format changes: keep the old fixture, add the new one).
 #[test]
-#[ignore = "writes tests/fixtures/upgrade-state-v1.bin"]
+fn the_state_fixture_of_format_2_still_reads() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upgrade-state-v2.bin");
+    let output = StdCommand::new(zygote_bin())
+        .arg("check-state")
+        .arg(&fixture)
+        .output()
+        .expect("zygote check-state");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}{}",
+        text,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        text.contains("state format 2 ")
+            && text.contains("4 connections, 2 children, protocol versions [2, 3]"),
+        "{text}"
+    );
+}
+
+/// Writes the fixture from a live daemon's state (run by hand when the
+/// format changes: keep the old fixtures, add the new one).
+#[test]
+#[ignore = "writes tests/fixtures/upgrade-state-v2.bin"]
 fn write_state_fixture() {
     let installed = Installed::new("a");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -633,10 +717,23 @@ fn write_state_fixture() {
             .spawn()
             .await
             .expect("spawn");
+        // A client of version 2 beside the version-3 ones.
+        let older = zygote_proto::socket::connect_to(daemon.socket(), false).expect("connect");
+        let hello = zygote_proto::ClientMessage::Hello(zygote_proto::Hello {
+            protocol_version: 2,
+            client: "fixture".into(),
+        });
+        let bytes = zygote_proto::encode(&hello).expect("encode");
+        zygote_proto::send_frame(std::os::fd::AsFd::as_fd(&older), &bytes, &[]).expect("send");
+        let mut scratch = vec![0u8; zygote_proto::RECV_BUFFER_BYTES];
+        zygote_proto::recv_frame(std::os::fd::AsFd::as_fd(&older), &mut scratch)
+            .expect("recv")
+            .expect("HelloAck");
         let (ok, text) = upgrade(&daemon);
         assert!(ok, "{text}");
+        drop(older);
     });
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upgrade-state-v1.bin");
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/upgrade-state-v2.bin");
     std::fs::create_dir_all(target.parent().expect("dir")).expect("mkdir");
     std::fs::copy(&dump, &target).expect("copy the state");
 }

@@ -11,6 +11,7 @@ use rustix::io::Errno;
 use rustix::process::{Signal, pidfd_send_signal};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, Interest, ReadBuf};
 use tokio::net::unix::pipe;
+use zygote_proto::AppliedSandbox;
 
 use crate::client::Session;
 use crate::connection::{ExitWatch, JobEvents};
@@ -52,6 +53,8 @@ pub(crate) struct ChildCore {
     kill_on_drop: bool,
     /// `kill` ends the child's whole cgroup, through the zygote.
     kill_tree: bool,
+    /// What confined the child, as the zygote reported it.
+    sandbox: Option<AppliedSandbox>,
 }
 
 /// A freshly spawned child with its raw pipe ends, before a flavour wraps
@@ -80,6 +83,7 @@ impl ChildCore {
             pidfd,
             exit,
             finished: None,
+            sandbox: None,
             kill_on_drop: false,
             kill_tree: false,
         }
@@ -98,6 +102,16 @@ impl ChildCore {
     pub(crate) fn kill_on_drop(mut self, kill: bool) -> Self {
         self.kill_on_drop = kill;
         self
+    }
+
+    /// Records what confined the child.
+    pub(crate) fn confined_by(mut self, sandbox: Option<AppliedSandbox>) -> Self {
+        self.sandbox = sandbox;
+        self
+    }
+
+    pub(crate) fn sandbox(&self) -> Option<&AppliedSandbox> {
+        self.sandbox.as_ref()
     }
 
     pub(crate) fn id(&self) -> u32 {
@@ -424,6 +438,14 @@ impl Child {
     /// [`pidfd`](Child::pidfd), which cannot refer to a recycled pid.
     pub fn id(&self) -> u32 {
         self.core.id()
+    }
+
+    /// What confined the child, as the zygote reported it: the profile,
+    /// namespaces, seccomp filter and Landlock ABI applied. `None` when
+    /// nothing did (and always from a zygote of protocol version 2 or
+    /// older).
+    pub fn sandbox(&self) -> Option<&AppliedSandbox> {
+        self.core.sandbox()
     }
 
     /// A pidfd for the child (`pidfd_open(2)`), to poll or signal it

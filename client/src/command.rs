@@ -514,8 +514,14 @@ impl Command {
         };
         let reply = session.spawn(request, &attached).await?;
         drop(large_args);
-        let (spawn_id, pid, fds, exit) = match reply {
-            SpawnReply::Spawned { id, pid, fds, exit } => (id, pid, fds, exit),
+        let (spawn_id, pid, fds, exit, sandbox) = match reply {
+            SpawnReply::Spawned {
+                id,
+                pid,
+                fds,
+                exit,
+                sandbox,
+            } => (id, pid, fds, exit, sandbox),
             SpawnReply::Exited(notice) if deferred => return Ok(Started::Exited(notice)),
             SpawnReply::Exited(notice) => {
                 return Err(Error::Protocol {
@@ -566,7 +572,8 @@ impl Command {
         Ok(Started::Child(SpawnedParts {
             core: ChildCore::new(session, spawn_id, pid, pidfd, exit)
                 .kill_on_drop(self.spec.kill_on_drop)
-                .kill_tree(self.spec.cgroup.is_some_and(|cgroup| cgroup.kill_tree)),
+                .kill_tree(self.spec.cgroup.is_some_and(|cgroup| cgroup.kill_tree))
+                .confined_by(sandbox),
             stdin,
             stdout,
             stderr,

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use zygote_proto::StatusReply;
+use zygote_proto::{PeerUse, SpawnerInfo, StatusReply};
 
 /// The zygote's version, uptime and counters, as [`Client::status`]
 /// returns them.
@@ -27,6 +27,12 @@ pub struct DaemonStatus {
     pub spawns_succeeded: u64,
     /// Spawns that failed or were refused, since start.
     pub spawns_failed: u64,
+    /// Use per peer uid: every uid's for root and the zygote's own uid,
+    /// only the caller's own for any other. Empty from a zygote of
+    /// protocol version 2 or older.
+    pub peers: Vec<PeerUse>,
+    /// The zygote's per-uid spawner processes; empty when it has none.
+    pub spawners: Vec<SpawnerInfo>,
 }
 
 impl DaemonStatus {
@@ -40,6 +46,8 @@ impl DaemonStatus {
             children_running: reply.children_running,
             spawns_succeeded: reply.spawns_succeeded,
             spawns_failed: reply.spawns_failed,
+            peers: reply.peers,
+            spawners: reply.spawners,
         }
     }
 }

@@ -130,4 +130,7 @@ pub use daemon_status::DaemonStatus;
 pub use error::{Error, Result};
 pub use status::{ExitStatus, Output, ResourceUsage};
 pub use stdio::Stdio;
-pub use zygote_proto::{Feature, Limits, PROTOCOL_VERSION, ProtocolErrorKind, SpawnStage};
+pub use zygote_proto::{
+    AppliedSandbox, Feature, Limits, PROTOCOL_VERSION, PeerUse, ProtocolErrorKind, SpawnStage,
+    SpawnerInfo,
+};

@@ -308,6 +308,7 @@ impl Spec {
             oom_score_adj: snapshot.settings.attributes.oom_score_adj,
             large_args: None,
             defer_spawned: false,
+            sandbox: None,
         };
         Ok(Prepared {
             request,

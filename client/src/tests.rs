@@ -63,7 +63,12 @@ impl FakeDaemon {
 
     fn spawned(&self, id: u64, pid: i32, fds: &[OwnedFd]) {
         let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
-        self.send(ServerMessage::Spawned(Spawned { id, pid }), &borrowed);
+        let spawned = Spawned {
+            id,
+            pid,
+            sandbox: None,
+        };
+        self.send(ServerMessage::Spawned(spawned), &borrowed);
     }
 
     fn exited(&self, id: u64, code: i32) {
@@ -776,4 +781,74 @@ fn spawn_future_is_send() {
         send(command.status());
     }
     let _ = check;
+}
+
+/// Against a zygote of protocol version 2: the client sends its requests
+/// in version 2's layouts and reads the replies in them (a version-3
+/// `Spawned` would have a byte left over); a status reply from it has no
+/// per-peer use.
+#[tokio::test]
+async fn a_version_2_zygote_is_spoken_to_in_its_layouts() {
+    use zygote_proto::v2;
+    let (sleeper, pidfd) = sleeper();
+    let (client_end, daemon) = fake_daemon(move |mut daemon| {
+        let frame = recv_frame(daemon.socket.as_fd(), &mut daemon.scratch)
+            .unwrap()
+            .unwrap();
+        assert!(matches!(
+            decode::<v2::ClientMessage>(&frame.bytes),
+            Ok(v2::ClientMessage::Hello(_))
+        ));
+        daemon.send(
+            ServerMessage::HelloAck(HelloAck {
+                protocol_version: 2,
+                server_version: "fake/2".into(),
+                limits: LIMITS,
+                features: vec!["pty".into()],
+            }),
+            &[],
+        );
+        let mut replies = Vec::new();
+        while let Some(frame) = recv_frame(daemon.socket.as_fd(), &mut daemon.scratch).unwrap() {
+            let reply = match decode::<v2::ClientMessage>(&frame.bytes) {
+                Ok(v2::ClientMessage::Spawn(request)) => v2::ServerMessage::Spawned(v2::Spawned {
+                    id: request.id,
+                    pid: 4242,
+                }),
+                Ok(v2::ClientMessage::Status(request)) => {
+                    v2::ServerMessage::Status(v2::StatusReply {
+                        id: request.id,
+                        server_version: "fake/2".into(),
+                        pid: 1,
+                        uptime_millis: 1,
+                        connections_open: 1,
+                        connections_accepted: 1,
+                        children_running: 1,
+                        spawns_succeeded: 1,
+                        spawns_failed: 0,
+                    })
+                }
+                other => panic!("not a version-2 request: {other:?}"),
+            };
+            let fds = match reply {
+                v2::ServerMessage::Spawned(_) => vec![pidfd.as_fd()],
+                _ => Vec::new(),
+            };
+            send_frame(daemon.socket.as_fd(), &encode(&reply).unwrap(), &fds).unwrap();
+            replies.push(reply);
+        }
+        replies.len()
+    });
+    let client = Client::from_fd(client_end).await.unwrap();
+    assert_eq!(client.protocol_version(), 2);
+    let child = client.command("sleep").spawn().await.unwrap();
+    assert_eq!(child.id(), 4242);
+    assert_eq!(child.sandbox(), None);
+    let status = client.status().await.unwrap();
+    assert!(status.peers.is_empty() && status.spawners.is_empty());
+    assert_eq!(status.server_version, "fake/2");
+    drop(child);
+    drop(client);
+    assert_eq!(join(daemon).await, 2);
+    reap(sleeper);
 }

@@ -5,7 +5,9 @@
 
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::ProtoError;
+use crate::message::{ClientMessage, ServerMessage};
+use crate::version::SANDBOX_SINCE;
+use crate::{ProtoError, v2};
 
 /// Encodes a message as one frame's bytes (postcard).
 ///
@@ -41,5 +43,87 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ProtoError> {
         Ok((_, rest)) => Err(ProtoError::TrailingBytes { count: rest.len() }),
         Err(postcard::Error::DeserializeUnexpectedEnd) => Err(ProtoError::Truncated),
         Err(source) => Err(ProtoError::Malformed(source)),
+    }
+}
+
+/// A message to encode in the layout of a negotiated protocol version:
+/// version 3 as it is, versions 1 and 2 in the frozen layouts of
+/// [`v2`]. Only the messages whose layout changed are
+/// converted (a copy); the others encode as they are.
+///
+/// Encoding a [`ClientMessage`] whose spawn asks for a sandbox in an older
+/// version fails: that layout has no room for it, and a sandbox is never
+/// dropped silently.
+#[derive(Debug, Clone, Copy)]
+pub struct InVersion<'a, T> {
+    /// The message.
+    pub message: &'a T,
+    /// The connection's negotiated version.
+    pub version: u32,
+}
+
+impl<'a, T> InVersion<'a, T> {
+    /// `message` in the layout of `version`.
+    pub fn new(message: &'a T, version: u32) -> Self {
+        Self { message, version }
+    }
+}
+
+impl Serialize for InVersion<'_, ServerMessage> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if self.version >= SANDBOX_SINCE {
+            return self.message.serialize(serializer);
+        }
+        match self.message {
+            ServerMessage::Spawned(_)
+            | ServerMessage::SpawnFailed(_)
+            | ServerMessage::Status(_) => {
+                v2::ServerMessage::from(self.message.clone()).serialize(serializer)
+            }
+            // The same layout in every version, and the same variant index.
+            _ => self.message.serialize(serializer),
+        }
+    }
+}
+
+impl Serialize for InVersion<'_, ClientMessage> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if self.version >= SANDBOX_SINCE {
+            return self.message.serialize(serializer);
+        }
+        match self.message {
+            ClientMessage::Spawn(_) => v2::ClientMessage::try_from(self.message.clone())
+                .map_err(serde::ser::Error::custom)?
+                .serialize(serializer),
+            _ => self.message.serialize(serializer),
+        }
+    }
+}
+
+/// Decodes a client's frame in the layout of the connection's negotiated
+/// `version` (see [`InVersion`]).
+///
+/// # Errors
+///
+/// As [`decode`].
+pub fn decode_client(bytes: &[u8], version: u32) -> Result<ClientMessage, ProtoError> {
+    if version >= SANDBOX_SINCE {
+        decode(bytes)
+    } else {
+        decode::<v2::ClientMessage>(bytes).map(Into::into)
+    }
+}
+
+/// Decodes the daemon's frame in the layout of the connection's
+/// negotiated `version` (see [`InVersion`]).
+///
+/// # Errors
+///
+/// As [`decode`].
+pub fn decode_server(bytes: &[u8], version: u32) -> Result<ServerMessage, ProtoError> {
+    if version >= SANDBOX_SINCE {
+        decode(bytes)
+    } else {
+        decode::<v2::ServerMessage>(bytes).map(Into::into)
     }
 }

@@ -11,12 +11,17 @@
 //! # Layout
 //!
 //! - [`message`]: the message types, one per concept.
-//! - [`codec`]: [`encode`] and [`decode`], pure functions.
+//! - [`codec`]: [`encode`] and [`decode`], pure functions, and the
+//!   same per negotiated version ([`InVersion`], [`decode_client`],
+//!   [`decode_server`]).
 //! - `bytes`: byte-string fields encoded as one length and the bytes.
 //! - `env`: [`Env`], an environment packed in one buffer.
 //! - [`fdpass`]: one frame in or out with its fds (`sendmsg`/`recvmsg`).
 //! - [`socket`]: creating close-on-exec SEQPACKET sockets.
 //! - [`version`]: protocol versions, features and their negotiation.
+//! - [`v2`]: the frozen version-2 layouts of the messages version 3
+//!   changed, and their conversions.
+//! - `sandbox`: the confinement a request asks for and the one applied.
 //! - `hello_ack`: [`HelloAck`]'s layout, which follows its version.
 //! - `asyncio` (feature `tokio`): the same on tokio's reactor.
 
@@ -27,7 +32,9 @@ mod error;
 pub mod fdpass;
 mod hello_ack;
 pub mod message;
+mod sandbox;
 pub mod socket;
+pub mod v2;
 pub mod version;
 
 #[cfg(feature = "tokio")]
@@ -35,14 +42,19 @@ mod asyncio;
 
 #[cfg(feature = "tokio")]
 pub use asyncio::{AsyncSeqpacket, AsyncSeqpacketListener, register};
-pub use codec::{decode, encode, encode_into};
+pub use codec::{InVersion, decode, decode_client, decode_server, encode, encode_into};
 pub use env::Env;
 pub use error::ProtoError;
 pub use fdpass::{Frame, RECV_BUFFER_BYTES, Received, recv_frame, recv_frame_in, send_frame};
 pub use message::*;
 pub use rustix::net::UCred;
+pub use sandbox::{
+    AppliedSandbox, FilesystemSpec, LandlockSpec, MountKind, MountSpec, NetworkMode, SandboxSpec,
+    SeccompSpec,
+};
 pub use version::{
-    FEATURES_SINCE, Feature, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, VersionMismatch, negotiate,
+    FEATURES_SINCE, Feature, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, SANDBOX_SINCE,
+    VersionMismatch, negotiate,
 };
 
 /// Largest frame either side sends or accepts, in bytes. A spawn request's

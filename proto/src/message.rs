@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::env::Env;
 pub use crate::env::EnvVar;
+use crate::sandbox::{AppliedSandbox, SandboxSpec};
 
 /// Everything a client may send.
 // One message lives per frame, briefly; boxing the spawn request would
@@ -211,6 +212,10 @@ pub struct SpawnRequest {
     /// Refused with a `Pipe` stdio or a `pty`, whose ends only travel in
     /// `Spawned`.
     pub defer_spawned: bool,
+    /// Confine the child (version 3). `None`: no sandbox requested (a
+    /// policy may still impose one). Refused with `EOPNOTSUPP` by a daemon
+    /// that does not offer the `sandbox` feature.
+    pub sandbox: Option<SandboxSpec>,
 }
 
 /// The arguments and environment of a large request, postcard-encoded in a
@@ -257,6 +262,7 @@ impl SpawnRequest {
             oom_score_adj: None,
             large_args: None,
             defer_spawned: false,
+            sandbox: None,
         }
     }
 }
@@ -386,11 +392,15 @@ pub enum SpawnStage {
     Affinity,
     /// Writing `/proc/self/oom_score_adj`.
     OomScoreAdj,
+    /// Setting up the sandbox (version 3): the message names the step,
+    /// the path if any, and the errno. Sent as [`SpawnStage::Exec`] to a
+    /// connection of an older version.
+    Sandbox,
 }
 
 impl SpawnStage {
     /// Every stage, in wire (variant index) order.
-    pub const ALL: [Self; 19] = [
+    pub const ALL: [Self; 20] = [
         Self::Validate,
         Self::Pipe,
         Self::Clone,
@@ -410,6 +420,7 @@ impl SpawnStage {
         Self::Nice,
         Self::Affinity,
         Self::OomScoreAdj,
+        Self::Sandbox,
     ];
 
     /// Lowercase name, as used in logs and metric labels.
@@ -434,6 +445,7 @@ impl SpawnStage {
             Self::Nice => "nice",
             Self::Affinity => "affinity",
             Self::OomScoreAdj => "oom_score_adj",
+            Self::Sandbox => "sandbox",
         }
     }
 }
@@ -445,6 +457,8 @@ pub struct Spawned {
     pub id: u64,
     /// The child's pid in the daemon's pid namespace.
     pub pid: i32,
+    /// What confined the child (version 3); `None` when nothing did.
+    pub sandbox: Option<AppliedSandbox>,
 }
 
 /// Reply to a spawn that failed.
@@ -662,4 +676,40 @@ pub struct StatusReply {
     pub spawns_succeeded: u64,
     /// Spawns that failed or were refused, since start.
     pub spawns_failed: u64,
+    /// Use per peer uid (version 3). Root (and the daemon's own uid) sees
+    /// every uid; any other peer sees only its own entry.
+    pub peers: Vec<PeerUse>,
+    /// The per-uid spawner processes (version 3); empty when the daemon
+    /// has none.
+    pub spawners: Vec<SpawnerInfo>,
+}
+
+/// What the peers of one uid use of the daemon, in a [`StatusReply`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerUse {
+    /// The peer uid.
+    pub uid: u32,
+    /// Connections open.
+    pub connections: u64,
+    /// Children running (started, not yet reaped).
+    pub children: u64,
+    /// The uid's share of the child table (its cap).
+    pub children_limit: u64,
+    /// The uid's share of the connections (its cap).
+    pub connections_limit: u64,
+    /// The sandbox profile the policy imposes on this uid, if any.
+    pub sandbox_profile: Option<String>,
+}
+
+/// One per-uid spawner process, in a [`StatusReply`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnerInfo {
+    /// The uid it spawns for.
+    pub uid: u32,
+    /// Its pid.
+    pub pid: i32,
+    /// Spawns served since this spawner started.
+    pub spawns: u64,
+    /// Times a spawner for this uid was restarted after a crash.
+    pub restarts: u64,
 }

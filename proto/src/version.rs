@@ -12,7 +12,7 @@ use std::fmt;
 
 /// The newest protocol version this crate speaks, and the one its clients
 /// send in [`Hello`](crate::Hello).
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The oldest protocol version a daemon serves: version 1, the layout that
 /// was declared protocol 1.0. It is never raised.
@@ -21,6 +21,13 @@ pub const OLDEST_PROTOCOL_VERSION: u32 = 1;
 /// The first version whose [`HelloAck`](crate::HelloAck) lists the
 /// daemon's features.
 pub const FEATURES_SINCE: u32 = 2;
+
+/// The first version whose [`SpawnRequest`](crate::SpawnRequest) carries
+/// a sandbox, whose [`Spawned`](crate::Spawned) reports it, whose
+/// [`StatusReply`](crate::StatusReply) lists the use per peer, and which
+/// has [`SpawnStage::Sandbox`](crate::SpawnStage::Sandbox). Older versions
+/// use the layouts of [`v2`](crate::v2).
+pub const SANDBOX_SINCE: u32 = 3;
 
 /// The version a daemon speaks with a client whose `Hello` says
 /// `client_newest`: the newest version both know.
@@ -68,7 +75,8 @@ pub enum Feature {
     /// [`SpawnRequest::pty`](crate::SpawnRequest::pty): a new
     /// pseudo-terminal for the child.
     Pty,
-    /// A sandbox for the child: not offered by this daemon yet.
+    /// [`SpawnRequest::sandbox`](crate::SpawnRequest::sandbox): a sandbox
+    /// for the child (version 3).
     Sandbox,
     /// Spawns naming a template instead of a program: not offered by this
     /// daemon yet.
@@ -120,11 +128,12 @@ mod tests {
     fn negotiation_picks_the_newest_common_version() {
         assert_eq!(negotiate(1), Ok(1));
         assert_eq!(negotiate(2), Ok(2));
+        assert_eq!(negotiate(3), Ok(3));
         assert_eq!(negotiate(u32::MAX), Ok(PROTOCOL_VERSION));
         let refused = negotiate(0).expect_err("version 0 was never released");
         assert_eq!(
             refused.to_string(),
-            "the client speaks protocol version 0 at most; this zygote speaks versions 1 to 2"
+            "the client speaks protocol version 0 at most; this zygote speaks versions 1 to 3"
         );
     }
 

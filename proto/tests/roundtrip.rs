@@ -8,11 +8,13 @@ use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 
 use zygote_proto::{
-    ClientMessage, ContinueNotice, Env, EnvVar, ExitNotice, ExitStatus, FEATURES_SINCE, FdMapping,
-    Hello, HelloAck, KillOnClose, Limits, ProtoError, ProtocolError, ProtocolErrorKind, PtySpec,
-    RequestFailed, ResourceLimit, ResourceUsage, ServerMessage, SignalRequest, SignalSent,
-    SpawnFailed, SpawnRequest, SpawnStage, Spawned, StatusReply, StatusRequest, StdioSpec,
-    StopNotice, Timeout, UserSpec, WindowSize, decode, encode,
+    AppliedSandbox, ClientMessage, ContinueNotice, Env, EnvVar, ExitNotice, ExitStatus,
+    FEATURES_SINCE, FdMapping, FilesystemSpec, Hello, HelloAck, InVersion, KillOnClose,
+    LandlockSpec, Limits, MountKind, MountSpec, NetworkMode, PeerUse, ProtoError, ProtocolError,
+    ProtocolErrorKind, PtySpec, RequestFailed, ResourceLimit, ResourceUsage, SandboxSpec,
+    SeccompSpec, ServerMessage, SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage,
+    Spawned, SpawnerInfo, StatusReply, StatusRequest, StdioSpec, StopNotice, Timeout, UserSpec,
+    WindowSize, decode, decode_client, decode_server, encode, v2,
 };
 
 fn bytes() -> impl Strategy<Value = Vec<u8>> {
@@ -49,7 +51,130 @@ fn exit_status() -> impl Strategy<Value = ExitStatus> {
     ]
 }
 
+fn paths() -> impl Strategy<Value = Vec<Vec<u8>>> {
+    prop::collection::vec(bytes(), 0..3)
+}
+
+fn sandbox() -> impl Strategy<Value = SandboxSpec> {
+    let mount = (
+        prop::sample::select(vec![
+            MountKind::ReadOnlyBind,
+            MountKind::Bind,
+            MountKind::Tmpfs,
+        ]),
+        bytes(),
+        bytes(),
+    )
+        .prop_map(|(kind, source, destination)| MountSpec {
+            kind,
+            source,
+            destination,
+        });
+    let filesystem =
+        prop::collection::vec(mount, 0..4).prop_map(|mounts| FilesystemSpec { mounts });
+    let seccomp = prop_oneof![
+        text().prop_map(SeccompSpec::Profile),
+        text().prop_map(SeccompSpec::Filter),
+    ];
+    let landlock = (
+        (paths(), paths(), paths()),
+        prop::collection::vec(any::<u16>(), 0..3),
+        prop::collection::vec(any::<u16>(), 0..3),
+        any::<bool>(),
+    )
+        .prop_map(
+            |((read_only, read_execute, read_write), tcp_bind, tcp_connect, require)| {
+                LandlockSpec {
+                    read_only,
+                    read_execute,
+                    read_write,
+                    tcp_bind,
+                    tcp_connect,
+                    require,
+                }
+            },
+        );
+    (
+        prop::option::of(text()),
+        prop::option::of(filesystem),
+        prop::sample::select(vec![NetworkMode::Host, NetworkMode::None]),
+        any::<bool>(),
+        prop::option::of(text()),
+        prop::option::of(seccomp),
+        prop::option::of(landlock),
+    )
+        .prop_map(
+            |(profile, filesystem, network, isolate, hostname, seccomp, landlock)| SandboxSpec {
+                profile,
+                filesystem,
+                network,
+                isolate,
+                hostname,
+                seccomp,
+                landlock,
+            },
+        )
+}
+
+fn applied_sandbox() -> impl Strategy<Value = AppliedSandbox> {
+    (
+        prop::option::of(text()),
+        prop::collection::vec(text(), 0..4),
+        prop::option::of(text()),
+        prop::option::of(any::<u32>()),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(profile, namespaces, seccomp, landlock_abi, landlock_complete)| AppliedSandbox {
+                profile,
+                namespaces,
+                seccomp,
+                landlock_abi,
+                landlock_complete,
+            },
+        )
+}
+
+fn peer_use() -> impl Strategy<Value = PeerUse> {
+    (
+        any::<u32>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        prop::option::of(text()),
+    )
+        .prop_map(
+            |(uid, connections, children, children_limit, connections_limit, sandbox_profile)| {
+                PeerUse {
+                    uid,
+                    connections,
+                    children,
+                    children_limit,
+                    connections_limit,
+                    sandbox_profile,
+                }
+            },
+        )
+}
+
+fn spawner_info() -> impl Strategy<Value = SpawnerInfo> {
+    (any::<u32>(), any::<i32>(), any::<u64>(), any::<u64>()).prop_map(
+        |(uid, pid, spawns, restarts)| SpawnerInfo {
+            uid,
+            pid,
+            spawns,
+            restarts,
+        },
+    )
+}
+
 fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
+    (spawn_request_without_sandbox(), prop::option::of(sandbox()))
+        .prop_map(|(request, sandbox)| SpawnRequest { sandbox, ..request })
+}
+
+fn spawn_request_without_sandbox() -> impl Strategy<Value = SpawnRequest> {
     let env = prop::collection::vec(
         (bytes(), bytes()).prop_map(|(key, value)| EnvVar { key, value }),
         0..6,
@@ -160,6 +285,7 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
                 oom_score_adj,
                 large_args,
                 defer_spawned,
+                sandbox: None,
             },
         )
 }
@@ -212,8 +338,16 @@ fn server_message() -> impl Strategy<Value = ServerMessage> {
                     })
                 }
             ),
-        (any::<u64>(), any::<i32>())
-            .prop_map(|(id, pid)| ServerMessage::Spawned(Spawned { id, pid })),
+        (
+            any::<u64>(),
+            any::<i32>(),
+            prop::option::of(applied_sandbox())
+        )
+            .prop_map(|(id, pid, sandbox)| ServerMessage::Spawned(Spawned {
+                id,
+                pid,
+                sandbox
+            })),
         (any::<u64>(), stage(), any::<i32>(), text()).prop_map(|(id, stage, errno, message)| {
             ServerMessage::SpawnFailed(SpawnFailed {
                 id,
@@ -263,6 +397,10 @@ fn server_message() -> impl Strategy<Value = ServerMessage> {
                 any::<u64>(),
                 any::<u64>()
             ),
+            (
+                prop::collection::vec(peer_use(), 0..3),
+                prop::collection::vec(spawner_info(), 0..3)
+            ),
         )
             .prop_map(
                 |(
@@ -274,6 +412,7 @@ fn server_message() -> impl Strategy<Value = ServerMessage> {
                         spawns_succeeded,
                         spawns_failed,
                     ),
+                    (peers, spawners),
                 )| {
                     ServerMessage::Status(StatusReply {
                         id,
@@ -285,6 +424,8 @@ fn server_message() -> impl Strategy<Value = ServerMessage> {
                         children_running,
                         spawns_succeeded,
                         spawns_failed,
+                        peers,
+                        spawners,
                     })
                 }
             ),
@@ -363,6 +504,27 @@ proptest! {
     fn arbitrary_bytes_never_panic(input in prop::collection::vec(any::<u8>(), 0..256)) {
         check_arbitrary::<ClientMessage>(&input)?;
         check_arbitrary::<ServerMessage>(&input)?;
+    }
+
+    /// In the layout of version 2, a server message loses only its
+    /// version-3 content, and a client message without a sandbox survives
+    /// whole; one with a sandbox does not encode.
+    #[test]
+    fn messages_round_trip_in_version_2(
+        server in server_message(),
+        client in client_message(),
+    ) {
+        let bytes = encode(&InVersion::new(&server, 2)).expect("encodes");
+        let expected = ServerMessage::from(v2::ServerMessage::from(server.clone()));
+        prop_assert_eq!(decode_server(&bytes, 2).expect("decodes"), expected);
+        let sandboxed = matches!(&client, ClientMessage::Spawn(request) if request.sandbox.is_some());
+        match encode(&InVersion::new(&client, 2)) {
+            Ok(bytes) => {
+                prop_assert!(!sandboxed);
+                prop_assert_eq!(decode_client(&bytes, 2).expect("decodes"), client);
+            }
+            Err(_) => prop_assert!(sandboxed),
+        }
     }
 
     /// Random bytes rarely get past the first byte; corrupting one byte of a

@@ -13,11 +13,13 @@
 use std::collections::BTreeMap;
 
 use zygote_proto::{
-    CgroupSpec, ClientMessage, ContinueNotice, CpuMax, EnvVar, ExitNotice, ExitStatus, FdMapping,
-    Hello, HelloAck, KillOnClose, Limits, ProtocolError, ProtocolErrorKind, PtySpec, RequestFailed,
-    ResourceLimit, ResourceUsage, ServerMessage, SignalRequest, SignalSent, SpawnFailed,
-    SpawnRequest, SpawnStage, Spawned, StatusReply, StatusRequest, StdioSpec, StopNotice, Timeout,
-    TreeUsage, UpgradeRequest, UserSpec, WindowSize, decode, encode,
+    AppliedSandbox, CgroupSpec, ClientMessage, ContinueNotice, CpuMax, EnvVar, ExitNotice,
+    ExitStatus, FdMapping, FilesystemSpec, Hello, HelloAck, InVersion, KillOnClose, LandlockSpec,
+    Limits, MountKind, MountSpec, NetworkMode, PeerUse, ProtocolError, ProtocolErrorKind, PtySpec,
+    RequestFailed, ResourceLimit, ResourceUsage, SandboxSpec, SeccompSpec, ServerMessage,
+    SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage, Spawned, SpawnerInfo,
+    StatusReply, StatusRequest, StdioSpec, StopNotice, Timeout, TreeUsage, UpgradeRequest,
+    UserSpec, WindowSize, decode, decode_client, decode_server, encode, v2,
 };
 
 /// A whole frame: what a client or the daemon sends.
@@ -81,6 +83,10 @@ const NAMES: &[&str] = &[
     "upgrade_request",
     "spawn_deferred",
     "spawn_env_odd_keys",
+    "spawn_sandbox",
+    "spawn_sandbox_filter",
+    "spawned_sandbox",
+    "spawn_failed_sandbox",
 ];
 
 /// The vectors `PROTOCOL.md` shows with a hex block.
@@ -106,6 +112,9 @@ const DOCUMENTED: &[&str] = &[
     "continued",
     "upgrade_request",
     "spawn_deferred",
+    "spawn_sandbox",
+    "spawned_sandbox",
+    "spawn_failed_sandbox",
 ];
 
 fn env(key: &str, value: &str) -> EnvVar {
@@ -119,11 +128,11 @@ fn env(key: &str, value: &str) -> EnvVar {
 fn value(name: &str) -> Option<Frame> {
     Some(match name {
         "hello" => Frame::Client(ClientMessage::Hello(Hello {
-            protocol_version: 2,
+            protocol_version: 3,
             client: "py/0.1".to_owned(),
         })),
         "hello_ack" => Frame::Server(ServerMessage::HelloAck(HelloAck {
-            protocol_version: 2,
+            protocol_version: 3,
             server_version: "0.1.0".to_owned(),
             limits: Limits {
                 max_frame_bytes: 262_144,
@@ -188,6 +197,7 @@ fn value(name: &str) -> Option<Frame> {
             oom_score_adj: Some(300),
             large_args: None,
             defer_spawned: false,
+            sandbox: None,
         })),
         "spawn_minimal" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
             id: 300,
@@ -216,13 +226,18 @@ fn value(name: &str) -> Option<Frame> {
             oom_score_adj: None,
             large_args: None,
             defer_spawned: false,
+            sandbox: None,
         })),
         "signal" => Frame::Client(ClientMessage::Signal(SignalRequest {
             id: 8,
             spawn_id: 7,
             signal: 15,
         })),
-        "spawned" => Frame::Server(ServerMessage::Spawned(Spawned { id: 7, pid: 4242 })),
+        "spawned" => Frame::Server(ServerMessage::Spawned(Spawned {
+            id: 7,
+            pid: 4242,
+            sandbox: None,
+        })),
         "spawn_failed" => Frame::Server(ServerMessage::SpawnFailed(SpawnFailed {
             id: 9,
             stage: SpawnStage::Exec,
@@ -264,6 +279,30 @@ fn value(name: &str) -> Option<Frame> {
             children_running: 3,
             spawns_succeeded: 1000,
             spawns_failed: 4,
+            peers: vec![
+                PeerUse {
+                    uid: 0,
+                    connections: 1,
+                    children: 0,
+                    children_limit: 4096,
+                    connections_limit: 1024,
+                    sandbox_profile: None,
+                },
+                PeerUse {
+                    uid: 1000,
+                    connections: 1,
+                    children: 3,
+                    children_limit: 1024,
+                    connections_limit: 256,
+                    sandbox_profile: Some("build".to_owned()),
+                },
+            ],
+            spawners: vec![SpawnerInfo {
+                uid: 1000,
+                pid: 813,
+                spawns: 1000,
+                restarts: 1,
+            }],
         })),
         "signal_sent" => Frame::Server(ServerMessage::SignalSent(SignalSent { id: 8 })),
         "request_failed" => Frame::Server(ServerMessage::RequestFailed(RequestFailed {
@@ -328,6 +367,7 @@ fn value(name: &str) -> Option<Frame> {
         "spawned_max" => Frame::Server(ServerMessage::Spawned(Spawned {
             id: u64::MAX,
             pid: i32::MAX,
+            sandbox: None,
         })),
         "spawn_failed_validate" => Frame::Server(ServerMessage::SpawnFailed(SpawnFailed {
             id: 128,
@@ -376,6 +416,8 @@ fn value(name: &str) -> Option<Frame> {
             children_running: 1 << 35,
             spawns_succeeded: 127,
             spawns_failed: 128,
+            peers: Vec::new(),
+            spawners: Vec::new(),
         })),
         "spawn_pty" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
             pty: Some(PtySpec {
@@ -432,6 +474,72 @@ fn value(name: &str) -> Option<Frame> {
         "spawn_env_odd_keys" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
             env: vec![env("=A", "B"), env("", "C=D"), env("K", "v")].into(),
             ..SpawnRequest::new(14, "/usr/bin/env")
+        })),
+        _ => return sandbox_value(name),
+    })
+}
+
+/// The vectors of the version-3 sandbox fields.
+fn sandbox_value(name: &str) -> Option<Frame> {
+    let mount = |kind, source: &str, destination: &str| MountSpec {
+        kind,
+        source: source.as_bytes().to_vec(),
+        destination: destination.as_bytes().to_vec(),
+    };
+    Some(match name {
+        "spawn_sandbox" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
+            sandbox: Some(SandboxSpec {
+                profile: Some("build".to_owned()),
+                filesystem: Some(FilesystemSpec {
+                    mounts: vec![
+                        mount(MountKind::ReadOnlyBind, "/usr", "/usr"),
+                        mount(MountKind::Bind, "/srv/work", "/work"),
+                        mount(MountKind::Tmpfs, "", "/tmp"),
+                    ],
+                }),
+                network: NetworkMode::None,
+                isolate: true,
+                hostname: Some("box".to_owned()),
+                seccomp: Some(SeccompSpec::Profile("default".to_owned())),
+                landlock: Some(LandlockSpec {
+                    read_only: vec![b"/usr".to_vec()],
+                    read_execute: vec![b"/usr/bin".to_vec()],
+                    read_write: vec![b"/work".to_vec()],
+                    tcp_bind: vec![8080],
+                    tcp_connect: vec![443],
+                    require: true,
+                }),
+            }),
+            ..SpawnRequest::new(15, "/usr/bin/make")
+        })),
+        "spawn_sandbox_filter" => Frame::Client(ClientMessage::Spawn(SpawnRequest {
+            sandbox: Some(SandboxSpec {
+                seccomp: Some(SeccompSpec::Filter("deny ptrace\n".to_owned())),
+                landlock: Some(LandlockSpec {
+                    read_write: vec![b"/tmp/\xff".to_vec()],
+                    tcp_connect: vec![0, u16::MAX],
+                    ..LandlockSpec::default()
+                }),
+                ..SandboxSpec::default()
+            }),
+            ..SpawnRequest::new(16, "true")
+        })),
+        "spawned_sandbox" => Frame::Server(ServerMessage::Spawned(Spawned {
+            id: 15,
+            pid: 4243,
+            sandbox: Some(AppliedSandbox {
+                profile: Some("build".to_owned()),
+                namespaces: vec!["mount".to_owned(), "pid".to_owned(), "net".to_owned()],
+                seccomp: Some("default".to_owned()),
+                landlock_abi: Some(7),
+                landlock_complete: true,
+            }),
+        })),
+        "spawn_failed_sandbox" => Frame::Server(ServerMessage::SpawnFailed(SpawnFailed {
+            id: 15,
+            stage: SpawnStage::Sandbox,
+            errno: 2,
+            message: "bind /srv/work: ENOENT".to_owned(),
         })),
         _ => return None,
     })
@@ -722,47 +830,116 @@ fn variant_indices_match_the_tables() {
     assert!(decode::<ExitStatus>(&[2, 0]).is_err());
 }
 
-/// Where the frames of each released protocol version are kept.
-const RELEASED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/vectors/v1/frames.json");
+/// Where the frames of each released protocol version are kept: the
+/// layouts of versions 1 and 2 are frozen in `zygote_proto::v2`.
+const RELEASED_V1: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/vectors/v1/frames.json");
+const RELEASED_V2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/vectors/v2/frames.json");
 
-/// Every frame recorded in the layout of protocol version 1 still decodes,
-/// to the value its JSON names, and encodes back to the same bytes: the
-/// layout of version 1 has not moved. (When a later version changes a
-/// message, this test decodes that message with the daemon's frozen
-/// version-1 decoder instead.)
-#[test]
-fn released_version_1_frames_still_decode() {
-    let text = std::fs::read_to_string(RELEASED)
-        .unwrap_or_else(|error| panic!("reading {RELEASED}: {error}"));
+/// Checks every frame recorded in `path` in the layout of `version`: it
+/// decodes with the frozen types to the value its JSON names, decodes by
+/// version into the current types, and encodes back by version to the
+/// same bytes. So that layout has not moved, and a daemon reads it and
+/// answers in it.
+fn check_released(path: &str, version: u32) {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|error| panic!("reading {path}: {error}"));
     let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
-    assert_eq!(json["protocol_version"], 1);
+    assert_eq!(json["protocol_version"], version);
     let vectors = json["vectors"].as_array().expect("a vectors array");
-    assert!(vectors.len() >= 30, "{RELEASED} lost vectors");
+    assert!(vectors.len() >= 30, "{path} lost vectors");
     for vector in vectors {
         let name = vector["name"].as_str().expect("name");
         let bytes = unhex(vector["hex"].as_str().expect("hex"));
-        let (decoded, json, encoded) = match vector["direction"].as_str() {
+        let frozen_json = |result: Result<serde_json::Value, _>| {
+            result.unwrap_or_else(|error: zygote_proto::ProtoError| {
+                panic!("version-{version} frame {name}: {error}")
+            })
+        };
+        let (json, encoded) = match vector["direction"].as_str() {
             Some("client") => {
-                let message: ClientMessage = decode(&bytes)
-                    .unwrap_or_else(|error| panic!("version-1 frame {name}: {error}"));
-                let json = serde_json::to_value(&message).expect("JSON");
-                (format!("{message:?}"), json, encode(&message))
+                let frozen = frozen_json(
+                    decode::<v2::ClientMessage>(&bytes)
+                        .map(|message| serde_json::to_value(&message).expect("JSON")),
+                );
+                let message = decode_client(&bytes, version).expect("decodes by version");
+                (frozen, encode(&InVersion::new(&message, version)))
             }
             Some("server") => {
-                let message: ServerMessage = decode(&bytes)
-                    .unwrap_or_else(|error| panic!("version-1 frame {name}: {error}"));
-                let json = serde_json::to_value(&message).expect("JSON");
-                (format!("{message:?}"), json, encode(&message))
+                let frozen = frozen_json(
+                    decode::<v2::ServerMessage>(&bytes)
+                        .map(|message| serde_json::to_value(&message).expect("JSON")),
+                );
+                let message = decode_server(&bytes, version).expect("decodes by version");
+                (frozen, encode(&InVersion::new(&message, version)))
             }
-            other => panic!("version-1 frame {name}: direction {other:?}"),
+            other => panic!("version-{version} frame {name}: direction {other:?}"),
         };
-        assert_eq!(json, vector["message"], "version-1 frame {name}: {decoded}");
+        assert_eq!(json, vector["message"], "version-{version} frame {name}");
         assert_eq!(
             hex(&encoded.expect("encodes")),
             hex(&bytes),
-            "version-1 frame {name} encodes differently now"
+            "version-{version} frame {name} encodes differently now"
         );
     }
+}
+
+#[test]
+fn released_version_1_frames_still_decode() {
+    check_released(RELEASED_V1, 1);
+}
+
+#[test]
+fn released_version_2_frames_still_decode() {
+    check_released(RELEASED_V2, 2);
+}
+
+/// Replies with version-3 content reach an older connection without it:
+/// the new fields are dropped, `Sandbox` is sent as `Exec`, and a sandbox
+/// request cannot be encoded in the older layout at all.
+#[test]
+fn version_3_content_converts_for_older_connections() {
+    let Some(Frame::Server(spawned)) = value("spawned_sandbox") else {
+        panic!("spawned_sandbox is a server frame");
+    };
+    let Some(Frame::Server(plain)) = value("spawned") else {
+        panic!("spawned is a server frame");
+    };
+    let old = |message: &ServerMessage| encode(&InVersion::new(message, 2)).expect("encodes");
+    let v2_spawned = decode::<v2::ServerMessage>(&old(&spawned)).expect("a version-2 frame");
+    assert_eq!(
+        v2_spawned,
+        v2::ServerMessage::Spawned(v2::Spawned { id: 15, pid: 4243 })
+    );
+    assert_eq!(
+        old(&plain).len() + 1,
+        encode(&plain).expect("encodes").len()
+    );
+    let Some(Frame::Server(failed)) = value("spawn_failed_sandbox") else {
+        panic!("spawn_failed_sandbox is a server frame");
+    };
+    match decode::<v2::ServerMessage>(&old(&failed)).expect("a version-2 frame") {
+        v2::ServerMessage::SpawnFailed(failed) => {
+            assert_eq!(failed.stage, v2::SpawnStage::Exec);
+            assert_eq!(failed.message, "bind /srv/work: ENOENT");
+        }
+        other => panic!("{other:?}"),
+    }
+    let Some(Frame::Server(status)) = value("status_reply") else {
+        panic!("status_reply is a server frame");
+    };
+    let back = decode_server(&old(&status), 2).expect("decodes");
+    let ServerMessage::Status(back) = back else {
+        panic!("{back:?}");
+    };
+    assert!(back.peers.is_empty() && back.spawners.is_empty());
+    assert_eq!(back.spawns_failed, 4);
+    let Some(Frame::Client(sandboxed)) = value("spawn_sandbox") else {
+        panic!("spawn_sandbox is a client frame");
+    };
+    assert!(
+        encode(&InVersion::new(&sandboxed, 2)).is_err(),
+        "no room for a sandbox"
+    );
 }
 
 /// Writes `frames.json` from the values above.

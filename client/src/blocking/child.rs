@@ -75,6 +75,12 @@ impl Child {
         self.core.id()
     }
 
+    /// What confined the child, as the zygote reported it; `None` when
+    /// nothing did. See [`Child::sandbox`](crate::Child::sandbox).
+    pub fn sandbox(&self) -> Option<&crate::AppliedSandbox> {
+        self.core.sandbox()
+    }
+
     /// A pidfd for the child, to poll or signal it without pid-reuse
     /// races.
     pub fn pidfd(&self) -> BorrowedFd<'_> {

@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{oneshot, watch};
 use zygote_proto::{
-    AsyncSeqpacket, ClientMessage, ExitNotice, Limits, RequestFailed, ServerMessage, SignalRequest,
-    SpawnFailed, SpawnRequest, StatusReply, StatusRequest, encode_into,
+    AppliedSandbox, AsyncSeqpacket, ClientMessage, ExitNotice, InVersion, Limits, RequestFailed,
+    ServerMessage, SignalRequest, SpawnFailed, SpawnRequest, StatusReply, StatusRequest,
+    encode_into,
 };
 
 use crate::{Error, Result};
@@ -122,6 +123,8 @@ pub(crate) enum SpawnReply {
         pid: i32,
         fds: Vec<OwnedFd>,
         exit: ExitWatch,
+        /// What confined the child.
+        sandbox: Option<AppliedSandbox>,
     },
     /// The zygote could not start it.
     Failed(SpawnFailed),
@@ -341,7 +344,8 @@ impl Connection {
         if buffer.capacity() < last {
             buffer.reserve_exact(last.min(KEPT_SEND_BUFFER));
         }
-        let bytes = encode_into(message, buffer)
+        // In the layout of the version the zygote answered in.
+        let bytes = encode_into(&InVersion::new(message, self.protocol_version), buffer)
             .map_err(|error| Error::proto("encoding a request", error))?;
         self.last_request_bytes
             .store(bytes.len(), Ordering::Relaxed);

@@ -5,7 +5,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use tokio::sync::{oneshot, watch};
-use zygote_proto::{Frame, ProtoError, ServerMessage, decode};
+use zygote_proto::{Frame, ProtoError, ServerMessage, decode_server};
 
 use super::{Connection, ExitState, ExitWatch, Pending, SpawnReply};
 
@@ -17,7 +17,7 @@ impl Connection {
     /// A reason to end the connection: an undecodable frame, a reply of the
     /// wrong kind, or the zygote's `ProtocolError`.
     fn dispatch(&self, frame: Frame) -> std::result::Result<(), String> {
-        let message = decode::<ServerMessage>(&frame.bytes)
+        let message = decode_server(&frame.bytes, self.protocol_version)
             .map_err(|error| format!("received an undecodable frame: {error}"))?;
         let fds = frame.fds;
         // Each waiter is woken after the lock is released: a wake-up can
@@ -49,6 +49,7 @@ impl Connection {
                         pid: spawned.pid,
                         fds,
                         exit: ExitWatch(exit),
+                        sandbox: spawned.sandbox,
                     });
                 }
                 Some(other) => {

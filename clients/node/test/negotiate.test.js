@@ -1,5 +1,5 @@
 'use strict';
-// Version negotiation: the addon sends Hello with version 2 and reads a
+// Version negotiation: the addon sends Hello with version 3 and reads a
 // HelloAck in whichever layout the daemon picked; a daemon answering in
 // version 1 (no features) is served.
 
@@ -16,6 +16,8 @@ const { addon } = require('../lib/native');
 
 const vectors = JSON.parse(fs.readFileSync(path.join(REPO, 'proto', 'vectors', 'frames.json'), 'utf8'));
 const frame = (name) => vectors.vectors.find((vector) => vector.name === name).hex;
+const vectorsV2 = JSON.parse(fs.readFileSync(path.join(REPO, 'proto', 'vectors', 'v2', 'frames.json'), 'utf8'));
+const frameV2 = (name) => vectorsV2.vectors.find((vector) => vector.name === name).hex;
 
 async function scriptedPeer(t, answerHex) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'zygote-peer-'));
@@ -37,12 +39,12 @@ test('a daemon answering in version 1 is served, with no features', { skip: !has
   const hello = await within(zygote.hello(), 20000, 'hello');
   assert.deepEqual(hello, { protocolVersion: 1, features: [], serverVersion: '0.1.0' });
   const sent = JSON.parse(addon.decodeFrame('client', Buffer.from(await peer.nextHello(), 'hex')));
-  assert.equal(sent.Hello.protocol_version, 2, 'the client offers its newest version');
+  assert.equal(sent.Hello.protocol_version, 3, 'the client offers its newest version');
   zygote.setSocket(null);
 });
 
 test('a daemon answering in version 2 gives its features', { skip: !hasPython() && 'no python3' }, async (t) => {
-  const peer = await scriptedPeer(t, frame('hello_ack'));
+  const peer = await scriptedPeer(t, frameV2('hello_ack'));
   zygote.setSocket(peer.socket);
   const hello = await within(zygote.hello(), 20000, 'hello');
   assert.deepEqual(hello, { protocolVersion: 2, features: ['pty', 'large_args'], serverVersion: '0.1.0' });

@@ -38,7 +38,7 @@ pub struct Cli {
 /// step with zygote-proto's).
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
-    " (protocol 2; serves protocol versions 1 to 2)"
+    " (protocol 3; serves protocol versions 1 to 3)"
 );
 
 /// `zygote --help` and the DESCRIPTION of zygote(1).

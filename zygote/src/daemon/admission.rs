@@ -42,15 +42,14 @@ pub fn reserve(daemon: &Arc<Daemon>, uid: u32, per_peer: usize) -> Result<Slot, 
             counts.total
         ));
     }
-    let own = counts.by_uid.entry(uid).or_insert(0);
-    if *own >= per_peer {
+    let own = counts.by_uid.get(&uid).copied().unwrap_or(0);
+    if own >= per_peer {
         return Err(format!(
             "busy: uid {uid} already runs {own} children through this zygote, its limit \
              (limits.max_children_per_peer)"
         ));
     }
-    *own += 1;
-    counts.total += 1;
+    counts.add(uid, per_peer);
     Ok(Slot {
         daemon: Arc::clone(daemon),
         uid,
@@ -59,18 +58,11 @@ pub fn reserve(daemon: &Arc<Daemon>, uid: u32, per_peer: usize) -> Result<Slot, 
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut counts = self
-            .daemon
+        self.daemon
             .child_counts
             .lock()
-            .expect("child counts poisoned");
-        counts.total -= 1;
-        if let Some(own) = counts.by_uid.get_mut(&self.uid) {
-            *own -= 1;
-            if *own == 0 {
-                counts.by_uid.remove(&self.uid);
-            }
-        }
+            .expect("child counts poisoned")
+            .remove(self.uid);
     }
 }
 
@@ -112,15 +104,14 @@ pub fn reserve_connection(
             counts.total
         ));
     }
-    let own = counts.by_uid.entry(uid).or_insert(0);
-    if *own >= per_peer {
+    let own = counts.by_uid.get(&uid).copied().unwrap_or(0);
+    if own >= per_peer {
         return Err(format!(
             "busy: uid {uid} already has {own} connections open to this zygote, its limit \
              (limits.max_connections_per_peer); close some, or try again later"
         ));
     }
-    *own += 1;
-    counts.total += 1;
+    counts.add(uid, per_peer);
     Ok(ConnectionSlot {
         daemon: Arc::clone(daemon),
         uid,
@@ -129,17 +120,10 @@ pub fn reserve_connection(
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        let mut counts = self
-            .daemon
+        self.daemon
             .connection_counts
             .lock()
-            .expect("connection counts poisoned");
-        counts.total -= 1;
-        if let Some(own) = counts.by_uid.get_mut(&self.uid) {
-            *own -= 1;
-            if *own == 0 {
-                counts.by_uid.remove(&self.uid);
-            }
-        }
+            .expect("connection counts poisoned")
+            .remove(self.uid);
     }
 }

@@ -20,9 +20,10 @@ use std::time::Instant;
 use tokio::sync::{Notify, Semaphore, watch};
 use tracing::{debug, warn};
 use zygote_proto::{
-    AsyncSeqpacket, ClientMessage, FEATURES_SINCE, Frame, HelloAck, LIMITS, ProtoError,
-    ProtocolError, ProtocolErrorKind, RECV_BUFFER_BYTES, RequestFailed, ServerMessage,
-    SignalRequest, SignalSent, SpawnFailed, SpawnStage, StatusReply, UCred, decode, negotiate,
+    AsyncSeqpacket, ClientMessage, FEATURES_SINCE, Frame, HelloAck, LIMITS,
+    OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, ProtoError, ProtocolError, ProtocolErrorKind,
+    RECV_BUFFER_BYTES, RequestFailed, ServerMessage, SignalRequest, SignalSent, SpawnFailed,
+    SpawnStage, StatusReply, UCred, negotiate,
 };
 
 use crate::daemon::admission;
@@ -106,21 +107,25 @@ async fn serve_opened(
     daemon.metrics.connection_closed();
 }
 
-/// A connection's shared state, new or restored after an upgrade; `left`
-/// when its client is already gone.
+/// A connection's shared state, new or restored after an upgrade, that
+/// speaks protocol `version`; `left` when its client is already gone.
 fn new_connection(
     socket: Weak<AsyncSeqpacket>,
     peer: Peer,
     grant: Grant,
+    version: u32,
     left: bool,
 ) -> Arc<Connection> {
     // Running children are capped by admission; the headroom is for
     // requests being refused or replies the client has not read yet.
     let max_in_flight = grant.max_children.saturating_add(IN_FLIGHT_HEADROOM);
-    let outbox = Outbox::new(Bounds {
-        replies: MAX_UNANSWERED,
-        fds: MAX_UNREAD_FDS,
-    });
+    let outbox = Outbox::new(
+        Bounds {
+            replies: MAX_UNANSWERED,
+            fds: MAX_UNREAD_FDS,
+        },
+        version,
+    );
     if left {
         // Nobody to send to: replies are dropped as they come.
         outbox.close(false);
@@ -130,6 +135,7 @@ fn new_connection(
         socket,
         peer,
         grant,
+        version,
         state: Mutex::default(),
         in_flight: Arc::new(Semaphore::new(max_in_flight)),
         max_in_flight,
@@ -240,8 +246,8 @@ async fn serve_counted(
     };
     // Once the hello is read, it is answered before any park.
     let handshaken = handshake(&socket, daemon, hello).await;
-    match handshaken {
-        Ok(()) => {}
+    let version = match handshaken {
+        Ok(version) => version,
         // A probe (connect, then close) is not a protocol error.
         Err(None) => {
             debug!(
@@ -263,7 +269,7 @@ async fn serve_counted(
             close_with(&socket, daemon, failure.0, failure.1).await;
             return;
         }
-    }
+    };
     // One connection per `zygote run`: DEBUG, as per-spawn lines are.
     debug!(
         peer_pid = peer.pid,
@@ -272,7 +278,7 @@ async fn serve_counted(
         peer_groups = ?peer.groups,
         "client connected"
     );
-    let connection = new_connection(Arc::downgrade(&socket), peer, grant, false);
+    let connection = new_connection(Arc::downgrade(&socket), peer, grant, version, false);
     daemon.register(&connection);
     serve_requests(&socket, &connection, daemon, shutdown, active, scratch).await;
 }
@@ -291,7 +297,14 @@ pub(crate) async fn serve_restored(
     let _slot = admission::reserve_connection(&daemon, connection.peer.uid, usize::MAX).ok();
     daemon.metrics.connection_restored();
     if let Some(id) = first {
-        send_reply(&socket, &ServerMessage::Status(daemon.status(id)), &[]).await;
+        let status = daemon.status(id, &connection.peer);
+        send_reply(
+            &socket,
+            &ServerMessage::Status(status),
+            connection.version,
+            &[],
+        )
+        .await;
     }
     let scratch = vec![0u8; RECV_BUFFER_BYTES];
     serve_requests(&socket, &connection, &daemon, shutdown, active, scratch).await;
@@ -449,13 +462,13 @@ struct Request<'a> {
 
 type Fatal = (ProtocolErrorKind, String);
 
-/// The handshake, from the first frame received; `Err(None)` when the
-/// client left before saying hello.
+/// The handshake, from the first frame received: the version negotiated;
+/// `Err(None)` when the client left before saying hello.
 async fn handshake(
     socket: &AsyncSeqpacket,
     daemon: &Daemon,
     received: Result<Option<Frame>, ProtoError>,
-) -> Result<(), Option<Fatal>> {
+) -> Result<u32, Option<Fatal>> {
     let frame = match received {
         Ok(Some(frame)) => frame,
         Ok(None) => return Err(None),
@@ -471,8 +484,12 @@ async fn answer_hello(
     socket: &AsyncSeqpacket,
     daemon: &Daemon,
     frame: &Frame,
-) -> Result<(), Fatal> {
-    let hello = match decode_client(&frame.bytes)? {
+) -> Result<u32, Fatal> {
+    // `Hello` has the same layout in every version; another message sent
+    // first is named, in whichever layout it decodes.
+    let first = decode_client(&frame.bytes, PROTOCOL_VERSION)
+        .or_else(|error| decode_client(&frame.bytes, OLDEST_PROTOCOL_VERSION).map_err(|_| error))?;
+    let hello = match first {
         ClientMessage::Hello(hello) => hello,
         other => {
             return Err((
@@ -501,11 +518,14 @@ async fn answer_hello(
     socket
         .send_message(&ack, &[])
         .await
-        .map_err(|error| (ProtocolErrorKind::Malformed, error.to_string()))
+        .map_err(|error| (ProtocolErrorKind::Malformed, error.to_string()))?;
+    Ok(version)
 }
 
-fn decode_client(bytes: &[u8]) -> Result<ClientMessage, Fatal> {
-    decode(bytes).map_err(|error| (ProtocolErrorKind::Malformed, error.to_string()))
+/// A client's frame, in the layout of the connection's `version`.
+fn decode_client(bytes: &[u8], version: u32) -> Result<ClientMessage, Fatal> {
+    zygote_proto::decode_client(bytes, version)
+        .map_err(|error| (ProtocolErrorKind::Malformed, error.to_string()))
 }
 
 fn unexpected_fds(message: &str, count: usize) -> Fatal {
@@ -539,7 +559,7 @@ async fn dispatch(
         received_at,
         stopping,
     } = request;
-    match decode_client(bytes)? {
+    match decode_client(bytes, connection.version)? {
         ClientMessage::Hello(_) => Err((
             ProtocolErrorKind::UnexpectedMessage,
             "received a second Hello".into(),
@@ -618,7 +638,7 @@ async fn dispatch(
             let reply = if connection.id_in_use(request.id) {
                 in_use(request.id)
             } else {
-                ServerMessage::Status(daemon.status(request.id))
+                ServerMessage::Status(daemon.status(request.id, &connection.peer))
             };
             connection.reply(daemon, reply);
             Ok(())
@@ -638,6 +658,8 @@ async fn dispatch(
 /// Hands an `Upgrade` request to the accept loop; the answer comes from
 /// the new image (`Status`), or from the upgrade's failure
 /// (`RequestFailed`). Only root and the daemon's own uid may ask.
+// The refusal is queued as it is: boxing it would only add an allocation.
+#[allow(clippy::result_large_err)]
 fn ask_upgrade(
     id: u64,
     socket: &Arc<AsyncSeqpacket>,
@@ -784,12 +806,14 @@ async fn close_with(
 ) {
     daemon.metrics.protocol_error(kind);
     let reply = ServerMessage::ProtocolError(ProtocolError { kind, message });
-    send_reply(socket, &reply, &[]).await;
+    // The same layout in every version.
+    send_reply(socket, &reply, OLDEST_PROTOCOL_VERSION, &[]).await;
 }
 
 impl Daemon {
-    /// The `Status` reply.
-    pub(crate) fn status(&self, id: u64) -> StatusReply {
+    /// The `Status` reply to `peer`, which sees the use of its own uid
+    /// (of every uid when privileged).
+    pub(crate) fn status(&self, id: u64, peer: &Peer) -> StatusReply {
         let metrics = &self.metrics;
         StatusReply {
             id,
@@ -802,6 +826,9 @@ impl Daemon {
             spawns_succeeded: metrics.spawns(SpawnResult::Ok),
             spawns_failed: metrics.spawns(SpawnResult::Failed)
                 + metrics.spawns(SpawnResult::Refused),
+            peers: self.peer_use(peer.uid),
+            // No per-uid spawner processes in this daemon yet.
+            spawners: Vec::new(),
         }
     }
 }
@@ -852,6 +879,7 @@ pub(crate) async fn restore(
         socket.as_ref().map_or_else(Weak::new, Arc::downgrade),
         client.peer.into(),
         client.grant,
+        client.protocol_version,
         socket.is_none() || client.closed,
     );
     connection.restore_state(&client.ids, socket.is_none() || client.closed);

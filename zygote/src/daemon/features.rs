@@ -33,6 +33,7 @@ pub fn used_by(request: &SpawnRequest) -> impl Iterator<Item = Feature> {
         (request.cgroup.is_some(), Feature::Cgroups),
         (request.pty.is_some(), Feature::Pty),
         (request.large_args.is_some(), Feature::LargeArgs),
+        (request.sandbox.is_some(), Feature::Sandbox),
     ]
     .into_iter()
     .filter_map(|(used, feature)| used.then_some(feature))

@@ -20,6 +20,9 @@ use crate::daemon::cgroup::{SavedCgroup, SavedSubtree};
 use crate::daemon::peer::Peer;
 use crate::daemon::policy::{Grant, Policy};
 
+#[allow(missing_docs)]
+mod v1;
+
 /// The first bytes of a state file.
 pub const MAGIC: [u8; 8] = *b"ZYGSTATE";
 
@@ -32,7 +35,10 @@ pub const MAGIC: [u8; 8] = *b"ZYGSTATE";
 /// `ResourceUsage` and `ResourceLimit`: a change to any of them is a
 /// format change too. `tests/fixtures/upgrade-state-v1.bin` fails to read
 /// until it is handled.
-pub const STATE_VERSION: u32 = 1;
+///
+/// Version 2 adds each connection's negotiated protocol version
+/// ([`SavedClient::protocol_version`]).
+pub const STATE_VERSION: u32 = 2;
 
 /// Header: magic, version (u32 LE), body length (u64 LE), FNV-1a 64 of the
 /// body (u64 LE).
@@ -72,8 +78,20 @@ pub enum StateError {
 /// Every state format this binary reads, by version.
 #[derive(Debug)]
 pub enum Versioned {
-    /// Version 1.
-    V1(SavedDaemon),
+    /// Version 1, frozen: connections without their protocol version.
+    V1(v1::SavedDaemon),
+    /// Version 2.
+    V2(SavedDaemon),
+}
+
+impl Versioned {
+    /// The format version it was read in.
+    pub fn format(&self) -> u32 {
+        match self {
+            Self::V1(_) => 1,
+            Self::V2(_) => 2,
+        }
+    }
 }
 
 /// The daemon's whole state at the moment of the upgrade.
@@ -149,6 +167,8 @@ pub struct SavedClient {
     pub closed: bool,
     /// Its children not yet reaped or not yet reported.
     pub children: Vec<SavedChild>,
+    /// The protocol version negotiated in its hello (state version 2).
+    pub protocol_version: u32,
 }
 
 /// A connected peer, as saved.
@@ -370,6 +390,9 @@ pub fn decode(bytes: &[u8]) -> Result<Versioned, StateError> {
         1 => postcard::from_bytes(body)
             .map(Versioned::V1)
             .map_err(|error| StateError::Decode(error.to_string())),
+        2 => postcard::from_bytes(body)
+            .map(Versioned::V2)
+            .map_err(|error| StateError::Decode(error.to_string())),
         _ => Err(StateError::Version(version)),
     }
 }
@@ -396,7 +419,8 @@ pub fn read(file: &std::fs::File) -> Result<Versioned, StateError> {
 /// The newest format, converted from whichever version was read.
 pub fn latest(state: Versioned) -> SavedDaemon {
     match state {
-        Versioned::V1(state) => state,
+        Versioned::V1(state) => state.into(),
+        Versioned::V2(state) => state,
     }
 }
 
@@ -614,7 +638,7 @@ mod tests {
             reply_to: None,
         };
         let bytes = encode(&state).unwrap();
-        assert!(matches!(decode(&bytes), Ok(Versioned::V1(_))));
+        assert!(matches!(decode(&bytes), Ok(Versioned::V2(_))));
         assert!(matches!(
             decode(&bytes[..bytes.len() - 1]),
             Err(StateError::Truncated { .. })

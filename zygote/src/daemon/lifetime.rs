@@ -16,7 +16,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
 use zygote_proto::{
-    AsyncSeqpacket, ContinueNotice, ExitNotice, ServerMessage, SpawnFailed, SpawnRequest,
+    AsyncSeqpacket, ContinueNotice, ExitNotice, Feature, ServerMessage, SpawnFailed, SpawnRequest,
     SpawnStage, Spawned, StopNotice,
 };
 
@@ -46,6 +46,9 @@ pub struct Connection {
     pub peer: Peer,
     /// What the policy lets it do.
     pub grant: Grant,
+    /// The protocol version negotiated in its hello: requests are decoded
+    /// and replies encoded in its layouts.
+    pub version: u32,
     /// Its children and request ids.
     pub state: Mutex<State>,
     /// Caps the spawn tasks of this connection, each holding a permit
@@ -189,6 +192,7 @@ impl Closable for Connection {
                 grant: self.grant.clone(),
                 ids,
                 closed: state.closed,
+                protocol_version: self.version,
                 children,
             }),
         }
@@ -443,8 +447,12 @@ impl SpawnTask {
         request: &SpawnRequest,
     ) -> Result<(Option<spawn::Credentials>, admission::Slot), SpawnFailed> {
         let peer = &self.connection.peer;
-        // A feature this daemon withholds is refused by its name.
-        let withheld = |feature: &_| self.daemon.masked_features.contains(feature);
+        // A feature this daemon withholds or lacks is refused by its name
+        // (cgroups without a subtree are refused below, saying why).
+        let withheld = |feature: &Feature| {
+            self.daemon.masked_features.contains(feature)
+                || (*feature != Feature::Cgroups && !self.daemon.offers(*feature))
+        };
         if let Some(feature) = features::used_by(request).find(withheld) {
             let (stage, errno, message) = features::refusal(feature);
             return Err(refused(request.id, stage, errno, message));
@@ -625,7 +633,14 @@ impl SpawnTask {
         let mut fds = Vec::with_capacity(1 + client_ends.len());
         fds.push(ReplyFd::Pidfd(Arc::clone(pidfd)));
         fds.extend(client_ends.into_iter().map(ReplyFd::Owned));
-        self.reply(ServerMessage::Spawned(Spawned { id, pid }), fds);
+        self.reply(
+            ServerMessage::Spawned(Spawned {
+                id,
+                pid,
+                sandbox: None,
+            }),
+            fds,
+        );
     }
 
     /// Counts and logs a spawn whose child exec'd.
@@ -904,7 +919,14 @@ impl SpawnTask {
         if pending.swap(false, Ordering::Relaxed) {
             debug!(pid, "child still running: sending its deferred Spawned");
             let fds = vec![ReplyFd::Pidfd(Arc::clone(pidfd))];
-            self.reply(ServerMessage::Spawned(Spawned { id, pid }), fds);
+            self.reply(
+                ServerMessage::Spawned(Spawned {
+                    id,
+                    pid,
+                    sandbox: None,
+                }),
+                fds,
+            );
         }
     }
 

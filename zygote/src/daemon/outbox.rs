@@ -99,6 +99,9 @@ struct State {
 /// One connection's queue of replies; see the module's documentation.
 pub struct Outbox {
     bounds: Bounds,
+    /// The connection's negotiated protocol version: replies go out in
+    /// its layout.
+    version: u32,
     state: Mutex<State>,
     /// Wakes the writer: a reply was queued, or the outbox closed.
     queued: Notify,
@@ -126,10 +129,12 @@ pub enum Wait {
 }
 
 impl Outbox {
-    /// An empty outbox with these bounds.
-    pub fn new(bounds: Bounds) -> Arc<Self> {
+    /// An empty outbox with these bounds, for a connection that speaks
+    /// protocol `version`.
+    pub fn new(bounds: Bounds, version: u32) -> Arc<Self> {
         Arc::new(Self {
             bounds,
+            version,
             state: Mutex::default(),
             queued: Notify::new(),
             room: Notify::new(),
@@ -285,7 +290,7 @@ impl Outbox {
             }
             let sent = {
                 let fds: Vec<BorrowedFd<'_>> = outgoing.fds.iter().map(ReplyFd::as_fd).collect();
-                let send = send_reply_checked(&socket, &outgoing.message, &fds);
+                let send = send_reply_checked(&socket, &outgoing.message, self.version, &fds);
                 tokio::pin!(send);
                 loop {
                     if deadline.is_none() && self.draining().is_some() {
@@ -368,7 +373,10 @@ mod tests {
         runtime.block_on(async {
             let (ours, theirs) = socket::pair(false).expect("socketpair");
             let socket = Arc::new(AsyncSeqpacket::new(ours).expect("register"));
-            let outbox = Outbox::new(Bounds { replies: 4, fds: 8 });
+            let outbox = Outbox::new(
+                Bounds { replies: 4, fds: 8 },
+                zygote_proto::PROTOCOL_VERSION,
+            );
             let pause = Pause::default();
             let active = pause.enter().await;
             let coordinator = Coordinator::new();

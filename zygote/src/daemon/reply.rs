@@ -5,36 +5,41 @@ use std::borrow::Cow;
 use std::os::fd::BorrowedFd;
 
 use tracing::warn;
-use zygote_proto::{AsyncSeqpacket, ServerMessage};
+use zygote_proto::{AsyncSeqpacket, InVersion, ServerMessage};
 
 /// Longest error text a reply carries, in bytes. Refusals may quote what
 /// the client sent (an env name, a path); a client must not be able to
 /// make the daemon hold many copies of 100 KiB of its own text.
 pub(crate) const MAX_REPLY_TEXT: usize = 1024;
 
-/// Sends a reply; a client that already left is not an error.
+/// Sends a reply in the layout of the connection's protocol `version`; a
+/// client that already left is not an error.
 pub(crate) async fn send_reply(
     socket: &AsyncSeqpacket,
     message: &ServerMessage,
+    version: u32,
     fds: &[BorrowedFd<'_>],
 ) {
     let message = clipped(message);
-    if let Err(error) = socket.send_message(&*message, fds).await {
+    let message = InVersion::new(&*message, version);
+    if let Err(error) = socket.send_message(&message, fds).await {
         if !error.is_disconnect() {
             warn!(%error, "failed to send a reply");
         }
     }
 }
 
-/// Sends a reply; `Err` when it could not be sent (the client left, or
-/// another error, logged).
+/// As [`send_reply`]; `Err` when it could not be sent (the client left,
+/// or another error, logged).
 pub(crate) async fn send_reply_checked(
     socket: &AsyncSeqpacket,
     message: &ServerMessage,
+    version: u32,
     fds: &[BorrowedFd<'_>],
 ) -> Result<(), ()> {
     let message = clipped(message);
-    socket.send_message(&*message, fds).await.map_err(|error| {
+    let message = InVersion::new(&*message, version);
+    socket.send_message(&message, fds).await.map_err(|error| {
         if !error.is_disconnect() {
             warn!(%error, "failed to send a reply");
         }

@@ -18,7 +18,7 @@ use crate::daemon::policy::Policy;
 use crate::daemon::spawners::SpawnerPool;
 use crate::service::metrics::Metrics;
 use crate::spawn::{self, Credentials, SpawnError, SpawnPlan, SpawnedChild, Spawner, StartedChild};
-use zygote_proto::{AsyncSeqpacket, Feature};
+use zygote_proto::{AsyncSeqpacket, Feature, PeerUse};
 
 /// An open connection, as the daemon's shutdown sees it.
 pub(crate) trait Closable: Send + Sync {
@@ -55,6 +55,33 @@ impl std::fmt::Debug for OpenConnections {
 pub struct ChildCounts {
     pub(crate) total: usize,
     pub(crate) by_uid: HashMap<u32, usize>,
+    /// Each counted uid's cap, as its latest reservation was allowed
+    /// (for `zygote status`).
+    pub(crate) caps: HashMap<u32, usize>,
+}
+
+impl ChildCounts {
+    /// Counts one more for `uid`, whose cap is `cap`.
+    pub(crate) fn add(&mut self, uid: u32, cap: usize) {
+        *self.by_uid.entry(uid).or_insert(0) += 1;
+        self.total += 1;
+        // A restored connection is counted without a cap of its own.
+        if cap != usize::MAX {
+            self.caps.insert(uid, cap);
+        }
+    }
+
+    /// Counts one less for `uid`.
+    pub(crate) fn remove(&mut self, uid: u32) {
+        self.total -= 1;
+        if let Some(own) = self.by_uid.get_mut(&uid) {
+            *own -= 1;
+            if *own == 0 {
+                self.by_uid.remove(&uid);
+                self.caps.remove(&uid);
+            }
+        }
+    }
 }
 
 /// State shared by every connection.
@@ -190,6 +217,52 @@ impl Daemon {
             .into_iter()
             .filter(|feature| self.offers(*feature))
             .map(|feature| feature.name().to_owned())
+            .collect()
+    }
+
+    /// What the peers of each uid use, for a `Status` reply to a peer of
+    /// `viewer`: every uid for root and the daemon's own uid, its own
+    /// alone for any other, by uid. A cap not known from a reservation is
+    /// the policy's default share.
+    pub(crate) fn peer_use(&self, viewer: u32) -> Vec<PeerUse> {
+        let sees_all = viewer == 0 || viewer == self.uid;
+        let children = self.child_counts.lock().expect("child counts poisoned");
+        let connections = self
+            .connection_counts
+            .lock()
+            .expect("connection counts poisoned");
+        let mut uids: Vec<u32> = if sees_all {
+            children
+                .by_uid
+                .keys()
+                .chain(connections.by_uid.keys())
+                .copied()
+                .collect()
+        } else {
+            vec![viewer]
+        };
+        uids.sort_unstable();
+        uids.dedup();
+        let limits = &self.policy.limits;
+        uids.into_iter()
+            .map(|uid| {
+                let privileged = uid == 0 || uid == self.uid;
+                let count = |counts: &ChildCounts| counts.by_uid.get(&uid).copied().unwrap_or(0);
+                let children_limit = children.caps.get(&uid).copied();
+                let connections_limit = connections.caps.get(&uid).copied();
+                PeerUse {
+                    uid,
+                    connections: count(&connections) as u64,
+                    children: count(&children) as u64,
+                    children_limit: children_limit
+                        .unwrap_or_else(|| limits.children_per_peer(privileged))
+                        as u64,
+                    connections_limit: connections_limit
+                        .unwrap_or_else(|| limits.connections_per_peer(privileged))
+                        as u64,
+                    sandbox_profile: None,
+                }
+            })
             .collect()
     }
 

@@ -145,19 +145,27 @@ impl Handover {
 ///
 /// [`StateError`] naming what is wrong.
 pub fn check_state(file: &std::fs::File) -> Result<String, StateError> {
-    let state = handover::latest(handover::read(file)?);
-    let children: usize = state
-        .connections
-        .iter()
-        .filter_map(|connection| connection.client.as_ref())
-        .map(|client| client.children.len())
-        .sum();
+    let versioned = handover::read(file)?;
+    let format = versioned.format();
+    let state = handover::latest(versioned);
+    let clients = || {
+        state
+            .connections
+            .iter()
+            .filter_map(|connection| connection.client.as_ref())
+    };
+    let children: usize = clients().map(|client| client.children.len()).sum();
+    let mut versions: Vec<u32> = clients().map(|client| client.protocol_version).collect();
+    versions.sort_unstable();
+    versions.dedup();
+    let versions: Vec<String> = versions.iter().map(u32::to_string).collect();
     Ok(format!(
-        "state format {} written by zygote {}: {} connections, {} children; this zygote {} reads it",
-        handover::STATE_VERSION,
+        "state format {format} written by zygote {}: {} connections, {} children, \
+         protocol versions [{}]; this zygote {} reads it",
         state.written_by,
         state.connections.len(),
         children,
+        versions.join(", "),
         crate::version(),
     ))
 }
@@ -227,7 +235,8 @@ pub(crate) async fn perform<F: Future<Output = ()>>(
         });
         tokio::spawn(async move {
             if let Some(socket) = socket.upgrade() {
-                send_reply(&socket, &reply, &[]).await;
+                // `RequestFailed` has the same layout in every version.
+                send_reply(&socket, &reply, zygote_proto::OLDEST_PROTOCOL_VERSION, &[]).await;
             }
         });
     }
