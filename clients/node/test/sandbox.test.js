@@ -101,3 +101,43 @@ test('a zygote that does not offer sandbox gets no request: ENOTSUP naming the f
   assert.deepEqual(await finished(after), { code: 0, signal: null, stdout: 'still\n', stderr: '' });
   assert.equal(after.sandbox, null, 'an unsandboxed child reports none');
 });
+
+function hasPython() {
+  try {
+    require('node:child_process').execFileSync('python3', ['-c', 'import os; os.pidfd_open']);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+test('what the zygote reports it applied is child.sandbox (a policy confines every child here)',
+  { skip: !hasPython() && 'no python3 with os.pidfd_open' }, async (t) => {
+  const childProcess = require('node:child_process');
+  const fs = require('node:fs');
+  const os = require('node:os');
+  const path = require('node:path');
+  const readline = require('node:readline');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'zygote-peer-'));
+  const socket = path.join(dir, 'peer.sock');
+  const applied = { profile: 'ci', namespaces: ['mount', 'net'], seccomp: 'default', landlock_abi: 7,
+    landlock_complete: true };
+  const peer = childProcess.spawn('python3', [path.join(__dirname, 'fixtures', 'confining-peer.py'), socket,
+    JSON.stringify(applied)], { stdio: ['ignore', 'pipe', 'inherit'] });
+  t.after(() => {
+    peer.kill('SIGKILL');
+    fs.rmSync(dir, { recursive: true, force: true });
+    zygote.setSocket(shared.daemon.socket);
+  });
+  const lines = readline.createInterface({ input: peer.stdout })[Symbol.asyncIterator]();
+  assert.equal((await within(lines.next(), 20000, 'the peer to listen')).value, 'ready');
+  zygote.setSocket(socket);
+  const want = { profile: 'ci', namespaces: ['mount', 'net'], seccomp: 'default', landlockAbi: 7,
+    landlockComplete: true };
+  const child = zygote.spawn('/bin/true', [], { stdio: 'ignore' });
+  await within(new Promise((resolve) => child.once('spawn', resolve)), 20000, 'spawn');
+  assert.deepEqual(child.sandbox, want);
+  assert.equal(child.pid, 4242);
+  assert.deepEqual(await finished(child), { code: 0, signal: null, stdout: '', stderr: '' });
+  assert.deepEqual(zygote.spawnSync('/bin/true', [], { stdio: 'ignore' }).sandbox, want);
+});

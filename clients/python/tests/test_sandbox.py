@@ -295,14 +295,13 @@ def test_real_daemon_without_the_feature(tmp_path: Path) -> None:
                 sleeper.kill()
                 sleeper.wait(timeout=10)
             assert client.run(["/bin/true"]).returncode == 0
-        if client.protocol_version >= 3:
-            mine = [peer for peer in status["peers"] if peer["uid"] == os.geteuid()]
-            assert len(mine) == 1, status["peers"]
-            assert mine[0]["connections"] >= 1
-            assert mine[0]["children"] >= 1
-            assert mine[0]["children_limit"] >= mine[0]["children"]
-        else:
-            assert status["peers"] == [] and status["spawners"] == []
+        assert client.protocol_version == 3
+        mine = [peer for peer in status["peers"] if peer["uid"] == os.geteuid()]
+        assert len(mine) == 1, status["peers"]
+        assert mine[0]["connections"] >= 1
+        assert mine[0]["children"] >= 1
+        assert mine[0]["children_limit"] >= mine[0]["children"]
+        assert mine[0]["connections_limit"] >= mine[0]["connections"]
     finally:
         daemon.stop()
 

@@ -9,6 +9,9 @@ use std::time::Duration;
 use napi_derive::napi;
 use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
 use zygote_client::{Client, Command, Feature, Stdio};
+use zygote_proto::{
+    FilesystemSpec, LandlockSpec, MountKind, MountSpec, NetworkMode, SandboxSpec, SeccompSpec,
+};
 
 use crate::sys::dup_cloexec;
 
@@ -247,13 +250,94 @@ impl Plan {
     }
 }
 
+/// The request's sandbox for a plan `lib/sandbox.js` checked. The values
+/// are checked again against their wire types here (a port over 65535, an
+/// unknown mount kind), as the addon's functions can be called directly.
+fn sandbox_spec(plan: SandboxPlan) -> io::Result<SandboxSpec> {
+    let filesystem = match plan.mounts {
+        None => None,
+        Some(mounts) => Some(FilesystemSpec {
+            mounts: mounts
+                .into_iter()
+                .map(mount_spec)
+                .collect::<io::Result<_>>()?,
+        }),
+    };
+    let seccomp = match (plan.seccomp, plan.seccomp_filter) {
+        (Some(_), Some(_)) => return Err(invalid("both seccomp and seccompFilter")),
+        (Some(name), None) => Some(SeccompSpec::Profile(name)),
+        (None, Some(text)) => Some(SeccompSpec::Filter(text)),
+        (None, None) => None,
+    };
+    let landlock = match plan.landlock {
+        None => None,
+        Some(rules) => Some(LandlockSpec {
+            read_only: rules
+                .read_only
+                .into_iter()
+                .map(String::into_bytes)
+                .collect(),
+            read_execute: rules
+                .read_execute
+                .into_iter()
+                .map(String::into_bytes)
+                .collect(),
+            read_write: rules
+                .read_write
+                .into_iter()
+                .map(String::into_bytes)
+                .collect(),
+            tcp_bind: ports(rules.tcp_bind)?,
+            tcp_connect: ports(rules.tcp_connect)?,
+            require: rules.require,
+        }),
+    };
+    Ok(SandboxSpec {
+        profile: plan.profile,
+        filesystem,
+        network: if plan.network_none {
+            NetworkMode::None
+        } else {
+            NetworkMode::Host
+        },
+        isolate: plan.isolate,
+        hostname: plan.hostname,
+        seccomp,
+        landlock,
+    })
+}
+
+fn mount_spec(mount: MountPlan) -> io::Result<MountSpec> {
+    let kind = match mount.kind.as_str() {
+        "ro" => MountKind::ReadOnlyBind,
+        "rw" => MountKind::Bind,
+        "tmpfs" => MountKind::Tmpfs,
+        other => return Err(invalid(&format!("unknown mount type {other}"))),
+    };
+    Ok(MountSpec {
+        kind,
+        source: mount.source.unwrap_or_default().into_bytes(),
+        destination: mount.destination.into_bytes(),
+    })
+}
+
+fn ports(ports: Vec<u32>) -> io::Result<Vec<u16>> {
+    ports
+        .into_iter()
+        .map(|port| {
+            u16::try_from(port).map_err(|_| invalid(&format!("TCP port {port} over 65535")))
+        })
+        .collect()
+}
+
 /// Refuses, before anything is sent, a sandbox the zygote does not offer,
 /// as the zygote would refuse it: `EOPNOTSUPP`, naming the feature.
 fn apply_sandbox(
     client: &Client,
     _command: &mut Command,
-    _sandbox: SandboxPlan,
+    sandbox: SandboxPlan,
 ) -> Result<(), Refused> {
+    let _spec = sandbox_spec(sandbox)?;
     if !client.offers(Feature::Sandbox) {
         return Err(Refused {
             errno: libc::EOPNOTSUPP,
@@ -265,9 +349,11 @@ fn apply_sandbox(
             ),
         });
     }
+    // zygote-client's Command has no sandbox setter yet: refused rather
+    // than sent without it.
     Err(Refused {
         errno: libc::EOPNOTSUPP,
-        message: "this build of the addon cannot send a sandbox".to_owned(),
+        message: "zygote-client cannot carry a sandbox yet; the child was not started".to_owned(),
     })
 }
 
@@ -345,6 +431,90 @@ mod tests {
         assert_eq!(has_end, [true, false, false, true, false]);
         let child_has: Vec<bool> = plan.fds.iter().map(Option::is_some).collect();
         assert_eq!(child_has, [true, true, true, true, false]);
+    }
+
+    #[test]
+    fn a_sandbox_plan_maps_onto_the_request_field_by_field() {
+        let plan = SandboxPlan {
+            profile: Some("ci".into()),
+            mounts: Some(vec![
+                MountPlan {
+                    kind: "ro".into(),
+                    source: Some("/usr".into()),
+                    destination: "/usr".into(),
+                },
+                MountPlan {
+                    kind: "tmpfs".into(),
+                    source: None,
+                    destination: "/tmp".into(),
+                },
+            ]),
+            network_none: true,
+            isolate: true,
+            hostname: Some("h".into()),
+            seccomp: None,
+            seccomp_filter: Some("deny ptrace".into()),
+            landlock: Some(LandlockPlan {
+                read_only: vec!["/etc".into()],
+                read_execute: Vec::new(),
+                read_write: vec!["/w".into()],
+                tcp_bind: Vec::new(),
+                tcp_connect: vec![443],
+                require: true,
+            }),
+        };
+        let spec = sandbox_spec(plan).expect("maps");
+        assert_eq!(
+            spec,
+            SandboxSpec {
+                profile: Some("ci".into()),
+                filesystem: Some(FilesystemSpec {
+                    mounts: vec![
+                        MountSpec {
+                            kind: MountKind::ReadOnlyBind,
+                            source: b"/usr".to_vec(),
+                            destination: b"/usr".to_vec(),
+                        },
+                        MountSpec {
+                            kind: MountKind::Tmpfs,
+                            source: Vec::new(),
+                            destination: b"/tmp".to_vec(),
+                        },
+                    ],
+                }),
+                network: NetworkMode::None,
+                isolate: true,
+                hostname: Some("h".into()),
+                seccomp: Some(SeccompSpec::Filter("deny ptrace".into())),
+                landlock: Some(LandlockSpec {
+                    read_only: vec![b"/etc".to_vec()],
+                    read_execute: Vec::new(),
+                    read_write: vec![b"/w".to_vec()],
+                    tcp_bind: Vec::new(),
+                    tcp_connect: vec![443],
+                    require: true,
+                }),
+            }
+        );
+        let over = SandboxPlan {
+            profile: None,
+            mounts: None,
+            network_none: false,
+            isolate: false,
+            hostname: None,
+            seccomp: None,
+            seccomp_filter: None,
+            landlock: Some(LandlockPlan {
+                read_only: Vec::new(),
+                read_execute: Vec::new(),
+                read_write: Vec::new(),
+                tcp_bind: vec![65536],
+                tcp_connect: Vec::new(),
+                require: false,
+            }),
+        };
+        let error = sandbox_spec(over).expect_err("a port over 65535 is refused");
+        assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
     }
 
     #[test]
