@@ -178,6 +178,8 @@ export interface SpawnSyncReturns<T> {
   status: number | null;
   signal: NodeJS.Signals | null;
   error?: Error;
+  /** What confined the child, as the zygote reported it; null when nothing did. */
+  sandbox: AppliedSandbox | null;
 }
 
 export function spawnSync(command: string, options: SpawnSyncOptions & { encoding: BufferEncoding }):

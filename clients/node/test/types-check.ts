@@ -41,3 +41,5 @@ void abi;
 zygote.spawn('ls', [], { sandbox: { network: 'bridge' } });
 // @ts-expect-error: a tmpfs mount has no source
 zygote.spawn('ls', [], { sandbox: { mounts: [{ type: 'tmpfs', source: '/x', destination: '/y' }] } });
+const confined: zygote.AppliedSandbox | null = zygote.spawnSync('true').sandbox;
+void confined;
