@@ -713,3 +713,33 @@ fn status_reports_the_use_of_each_peer() {
         assert_eq!(mine.children, 0, "{mine:?}");
     });
 }
+
+/// The Rust client does not send a sandbox to this daemon, which does not
+/// offer it: the spawn fails at once with `EOPNOTSUPP` naming the
+/// feature, and the client carries on.
+#[test]
+fn rust_client_refuses_a_sandbox_the_daemon_does_not_offer() {
+    let daemon = start_daemon("compat-sandbox-client");
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        assert!(!client.offers(Feature::Sandbox));
+        let error = client
+            .command("true")
+            .sandbox(zygote_client::Sandbox::new().isolate())
+            .spawn()
+            .await
+            .expect_err("sandbox is not offered");
+        assert_eq!(error.raw_os_error(), Some(libc::EOPNOTSUPP), "{error}");
+        assert!(error.to_string().contains("feature sandbox"), "{error}");
+        let status = client.status().await.expect("status");
+        assert_eq!(status.spawns_failed, 0, "nothing reached the daemon");
+        assert!(
+            client
+                .command("true")
+                .status()
+                .await
+                .expect("spawn")
+                .success()
+        );
+    });
+}

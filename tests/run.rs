@@ -105,3 +105,45 @@ fn run_uses_the_callers_environment_cwd_and_stdin() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
 }
+
+/// The sandbox options while the zygote does not offer sandboxes: the
+/// command is not run (no request is even sent), the tool exits 125 and
+/// names the feature; a bad option value is refused by name first.
+#[test]
+fn run_refuses_sandbox_options_the_zygote_does_not_offer() {
+    let daemon = start_daemon("run-sandbox-refused");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("ran");
+    let out = zygote_run(
+        daemon.socket(),
+        &format!(
+            r#""$ZYGOTE" run --isolate --ro-bind /usr --tmpfs /tmp --network none -- touch '{}'"#,
+            marker.display()
+        ),
+    );
+    assert_eq!(out.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("feature sandbox"), "{stderr}");
+    assert!(!marker.exists(), "the command ran unconfined");
+    let out = zygote_run(
+        daemon.socket(),
+        r#""$ZYGOTE" run --seccomp /nonexistent/filter -- true"#,
+    );
+    assert_eq!(out.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--seccomp /nonexistent/filter: No such file"),
+        "{stderr}"
+    );
+    let out = zygote_run(daemon.socket(), r#""$ZYGOTE" run --tmpfs tmp -- true"#);
+    assert_eq!(out.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--tmpfs tmp: "), "{stderr}");
+    // Without sandbox options the same command runs.
+    let out = zygote_run(
+        daemon.socket(),
+        &format!(r#""$ZYGOTE" run -- touch '{}'"#, marker.display()),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert!(marker.exists());
+}

@@ -451,6 +451,102 @@ fn zygote_status_prints_version_uptime_and_counters() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no zygote is listening"));
 }
 
+/// `zygote status --json` of the daemon at `socket`, run as `uid`.
+fn status_json_as(socket: &Path, uid: u32) -> serde_json::Value {
+    use std::os::unix::process::CommandExt;
+    let output = Command::new(zygote_bin())
+        .args(["status", "--json", "--socket"])
+        .arg(socket)
+        .current_dir("/")
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&text).unwrap_or_else(|error| panic!("{error}: {text}"))
+}
+
+/// The use per peer uid: root sees every uid's connections and children
+/// with their caps (the plain form as a table); a peer of another uid
+/// sees only its own line.
+#[test]
+fn zygote_status_shows_each_peers_use_to_root_and_only_its_own_to_others() {
+    use std::os::unix::process::CommandExt;
+    const RUNNER: u32 = 65534;
+    const LOOKER: u32 = 65533;
+    if !crate::util::root_or_skip("status of other uids (a root daemon and two other uids)") {
+        return;
+    }
+    let daemon = crate::util::start_daemon_with("status-peers", None, &["--socket-mode", "0666"]);
+    let socket = daemon.socket();
+    // Killed on drop: the zygote then kills its child (kill-on-close).
+    let _runner = Process::start(
+        Command::new(zygote_bin())
+            .args(["run", "--socket"])
+            .arg(socket)
+            .args(["--", "sleep", "60"])
+            .current_dir("/")
+            .uid(RUNNER)
+            .gid(RUNNER)
+            .stdin(Stdio::null()),
+        "zygote run as another uid",
+    );
+    let peer_of = |json: &serde_json::Value, uid: u32| {
+        json["peers"]
+            .as_array()
+            .expect("a peers array")
+            .iter()
+            .find(|peer| peer["uid"] == uid)
+            .cloned()
+    };
+    // Root: its own status connection and the runner's use.
+    let mut root = serde_json::Value::Null;
+    let seen = eventually(Duration::from_secs(20), || {
+        root = status_json_as(socket, 0);
+        peer_of(&root, RUNNER).is_some_and(|peer| peer["children"] == 1)
+    });
+    assert!(seen, "the runner's child never showed: {root}");
+    let runner_use = peer_of(&root, RUNNER).expect("runner");
+    assert_eq!(runner_use["connections"], 1, "{runner_use}");
+    assert!(runner_use["children_limit"].as_u64().expect("a cap") >= 1);
+    assert!(runner_use["connections_limit"].as_u64().expect("a cap") >= 1);
+    assert_eq!(runner_use["sandbox_profile"], serde_json::Value::Null);
+    let own = peer_of(&root, 0).expect("root's own line");
+    assert_eq!(own["connections"], 1, "{own}");
+    assert_eq!(root["spawners"], serde_json::json!([]));
+    // Another uid: its own line alone.
+    let looker = status_json_as(socket, LOOKER);
+    let peers = looker["peers"].as_array().expect("a peers array");
+    assert_eq!(peers.len(), 1, "{looker}");
+    assert_eq!(peers[0]["uid"], LOOKER);
+    assert_eq!(peers[0]["connections"], 1);
+    assert_eq!(peers[0]["children"], 0);
+    // The plain form: a table with a line per uid.
+    let output = Command::new(zygote_bin())
+        .args(["status", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("\npeers:\n") && text.contains("CONNECTIONS"),
+        "{text}"
+    );
+    let line = text
+        .lines()
+        .find(|line| line.trim_start().starts_with(&RUNNER.to_string()))
+        .unwrap_or_else(|| panic!("no line for uid {RUNNER}: {text}"));
+    assert!(
+        line.contains("1/") && line.trim_end().ends_with('-'),
+        "{line}"
+    );
+}
+
 #[test]
 fn socket_activated_metrics_socket_serves_metrics() {
     if !have_tool("systemd-socket-activate", "systemd") {

@@ -338,6 +338,15 @@ impl Command {
         self
     }
 
+    /// Confines the child in `sandbox` (see [`Sandbox`](crate::Sandbox)).
+    /// A zygote that does not offer the feature `sandbox` is not asked:
+    /// the spawn fails with `EOPNOTSUPP` naming the feature, before
+    /// anything is sent.
+    pub fn sandbox(&mut self, sandbox: crate::Sandbox) -> &mut Self {
+        self.spec.sandbox = Some(sandbox);
+        self
+    }
+
     /// Asks the zygote to report when the child stops (e.g. on Ctrl-Z at
     /// its terminal) and continues; follow them with [`Child::job_events`].
     pub fn report_stops(&mut self, report: bool) -> &mut Self {
@@ -489,6 +498,27 @@ impl Command {
         // Reconnects first when the connection was lost, so that the
         // limits are the new zygote's.
         let session = self.client.session().await?;
+        // Never sent to a zygote that would not enforce it (nor could
+        // read it, in a version before 3).
+        if self.spec.sandbox.is_some()
+            && !session
+                .features()
+                .iter()
+                .any(|name| name == crate::Feature::Sandbox.name())
+        {
+            return Err(Error::Spawn {
+                program: self.spec.program.clone(),
+                stage: zygote_proto::SpawnStage::Validate,
+                errno: libc::EOPNOTSUPP,
+                message: format!(
+                    "this zygote does not offer the feature sandbox (it offers: {}; protocol \
+                     version {}): the request was not sent",
+                    offered(session.features()),
+                    session.protocol_version()
+                ),
+            }
+            .into());
+        }
         let settings = self.client.process_settings();
         let snapshot = Snapshot::capture(self.spec.inherit_fds, settings)?;
         // Kept open until the request is sent.
@@ -602,4 +632,13 @@ fn output_pipe() -> Result<(tokio::net::unix::pipe::Receiver, OwnedFd)> {
     let read = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(read)
         .map_err(|error| Error::io("registering an output pipe with tokio", error))?;
     Ok((read, write))
+}
+
+/// The features a zygote offers, for a message.
+fn offered(features: &[String]) -> String {
+    if features.is_empty() {
+        "none".to_owned()
+    } else {
+        features.join(", ")
+    }
 }

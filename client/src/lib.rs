@@ -114,6 +114,7 @@ mod error;
 mod fork;
 pub mod private;
 mod request;
+mod sandbox;
 mod status;
 mod stdio;
 mod sys;
@@ -128,6 +129,7 @@ pub use command::Command;
 pub use connection::{JobEvents, JobState};
 pub use daemon_status::DaemonStatus;
 pub use error::{Error, Result};
+pub use sandbox::Sandbox;
 pub use status::{ExitStatus, Output, ResourceUsage};
 pub use stdio::Stdio;
 pub use zygote_proto::{

@@ -54,6 +54,8 @@ pub(crate) struct Spec {
     pub report_stops: bool,
     /// The child's cgroup: limits, whole-tree kill and wait.
     pub cgroup: Option<CgroupSpec>,
+    /// Confinement for the child.
+    pub sandbox: Option<crate::Sandbox>,
 }
 
 /// Grace period between a timeout's SIGTERM and SIGKILL, unless set.
@@ -106,6 +108,7 @@ impl Spec {
             pty: None,
             report_stops: false,
             cgroup: None,
+            sandbox: None,
         }
     }
 
@@ -308,7 +311,11 @@ impl Spec {
             oom_score_adj: snapshot.settings.attributes.oom_score_adj,
             large_args: None,
             defer_spawned: false,
-            sandbox: None,
+            sandbox: self
+                .sandbox
+                .as_ref()
+                .map(crate::Sandbox::to_spec)
+                .transpose()?,
         };
         Ok(Prepared {
             request,

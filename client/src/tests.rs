@@ -852,3 +852,142 @@ async fn a_version_2_zygote_is_spoken_to_in_its_layouts() {
     assert_eq!(join(daemon).await, 2);
     reap(sleeper);
 }
+
+/// A fake zygote of version 3 that offers `features` and answers spawns
+/// with `Spawned` (the sandbox echoed back as applied) and `Exited`;
+/// returns the spawn requests it received.
+fn sandbox_daemon(
+    features: &'static [&'static str],
+    pidfd: OwnedFd,
+) -> (OwnedFd, JoinHandle<Vec<zygote_proto::SpawnRequest>>) {
+    fake_daemon(move |mut daemon| {
+        assert!(matches!(daemon.recv(), Some((ClientMessage::Hello(_), _))));
+        daemon.send(
+            ServerMessage::HelloAck(HelloAck {
+                protocol_version: PROTOCOL_VERSION,
+                server_version: "fake/3".into(),
+                limits: LIMITS,
+                features: features.iter().map(|name| (*name).to_owned()).collect(),
+            }),
+            &[],
+        );
+        let mut requests = Vec::new();
+        while let Some((message, _)) = daemon.recv() {
+            let ClientMessage::Spawn(request) = message else {
+                panic!("expected Spawn, got {message:?}");
+            };
+            let applied = request
+                .sandbox
+                .as_ref()
+                .map(|spec| zygote_proto::AppliedSandbox {
+                    profile: spec.profile.clone(),
+                    namespaces: vec!["mount".into()],
+                    seccomp: Some("default".into()),
+                    landlock_abi: Some(7),
+                    landlock_complete: true,
+                });
+            let spawned = Spawned {
+                id: request.id,
+                pid: 4242,
+                sandbox: applied,
+            };
+            daemon.send(ServerMessage::Spawned(spawned), &[pidfd.as_fd()]);
+            daemon.exited(request.id, 0);
+            requests.push(request);
+        }
+        requests
+    })
+}
+
+/// A sandbox goes out to a zygote that offers it, in both flavours of
+/// `Command`, and the child reports what was applied; to one that does
+/// not, nothing is sent and the spawn fails with EOPNOTSUPP naming the
+/// feature.
+#[tokio::test]
+async fn a_sandbox_is_sent_only_to_a_zygote_that_offers_it() {
+    let (sleeper, pidfd) = sleeper();
+    let (client_end, daemon) = sandbox_daemon(&["sandbox"], pidfd.try_clone().unwrap());
+    let client = Client::from_fd(client_end).await.unwrap();
+    let sandbox = crate::Sandbox::new()
+        .profile("build")
+        .ro_bind("/usr", "/usr");
+    let mut child = client
+        .command("true")
+        .sandbox(sandbox.clone())
+        .spawn()
+        .await
+        .unwrap();
+    let applied = child.sandbox().expect("applied").clone();
+    assert_eq!(applied.profile.as_deref(), Some("build"));
+    assert_eq!(applied.landlock_abi, Some(7));
+    child.wait().await.unwrap();
+    let plain = client.command("true").spawn().await.unwrap();
+    assert_eq!(plain.sandbox(), None);
+    drop((child, plain));
+    drop(client);
+    let requests = join(daemon).await;
+    assert_eq!(requests.len(), 2);
+    let spec = requests[0].sandbox.as_ref().expect("the sandbox was sent");
+    assert_eq!(spec.profile.as_deref(), Some("build"));
+    assert_eq!(spec.filesystem.as_ref().unwrap().mounts[0].source, b"/usr");
+    assert_eq!(requests[1].sandbox, None);
+
+    let (client_end, daemon) = sandbox_daemon(&["pty"], pidfd);
+    let client = Client::from_fd(client_end).await.unwrap();
+    let error = client
+        .command("true")
+        .sandbox(sandbox)
+        .spawn()
+        .await
+        .expect_err("not offered");
+    assert_eq!(error.raw_os_error(), Some(libc::EOPNOTSUPP), "{error}");
+    assert!(error.to_string().contains("feature sandbox"), "{error}");
+    let relative = client
+        .command("true")
+        .sandbox(crate::Sandbox::new().landlock_rw("out"))
+        .spawn()
+        .await
+        .expect_err("a relative path");
+    assert!(
+        matches!(relative, Error::Spawn { errno, .. } if errno == libc::EOPNOTSUPP),
+        "{relative}"
+    );
+    assert!(client.command("true").status().await.unwrap().success());
+    drop(client);
+    let requests = join(daemon).await;
+    assert_eq!(requests.len(), 1, "only the plain spawn was sent");
+    assert_eq!(requests[0].sandbox, None);
+    reap(sleeper);
+}
+
+/// The blocking `Command` sends a sandbox too, and its child reports what
+/// was applied; a relative path is refused before anything is sent.
+#[test]
+fn the_blocking_command_sends_a_sandbox() {
+    let (sleeper, pidfd) = sleeper();
+    let (client_end, daemon) = sandbox_daemon(&["sandbox"], pidfd);
+    let client = blocking::Client::from_fd(client_end).unwrap();
+    let relative = blocking::Command::new(&client, "true")
+        .sandbox(crate::Sandbox::new().bind("/srv", "work"))
+        .spawn()
+        .expect_err("a relative destination");
+    assert!(matches!(relative, Error::InvalidInput { .. }), "{relative}");
+    assert!(relative.to_string().contains("\"work\""), "{relative}");
+    let mut child = blocking::Command::new(&client, "true")
+        .sandbox(crate::Sandbox::new().isolate().network_none())
+        .spawn()
+        .unwrap();
+    assert_eq!(
+        child.sandbox().map(|applied| applied.namespaces.clone()),
+        Some(vec!["mount".to_owned()])
+    );
+    child.wait().unwrap();
+    drop(child);
+    drop(client);
+    let requests = daemon.join().unwrap();
+    assert_eq!(requests.len(), 1, "the refused one was not sent");
+    let spec = requests[0].sandbox.as_ref().expect("sent");
+    assert!(spec.isolate);
+    assert_eq!(spec.network, zygote_proto::NetworkMode::None);
+    reap(sleeper);
+}

@@ -347,6 +347,8 @@ impl Command {
         fn setsid(setsid: bool);
         /// Gives the child a new pseudo-terminal; see [`crate::Command::pty`].
         fn pty(rows: u16, cols: u16);
+        /// Confines the child; see [`crate::Command::sandbox`].
+        fn sandbox(sandbox: crate::Sandbox);
         /// Sets the child's umask instead of copying this process's.
         fn umask(mask: u32);
         /// Runs the child as `uid`; see [`crate::Command::uid`].

@@ -11,6 +11,7 @@ pub mod docs;
 mod exit_code;
 pub mod pty;
 pub mod run;
+pub mod sandbox;
 pub mod serve;
 pub mod status;
 pub mod upgrade;
@@ -231,6 +232,9 @@ pub struct RunArgs {
     /// when this tool ends, whatever ends it.
     #[arg(long)]
     pub no_kill_on_close: bool,
+    /// The sandbox options (boxed: most runs have none).
+    #[command(flatten)]
+    pub sandbox: Box<sandbox::SandboxArgs>,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,

@@ -163,6 +163,9 @@ fn configure(command: &mut Command, args: &RunArgs) -> Result<(), String> {
     if let Some(limit) = args.timeout {
         command.timeout(limit).timeout_grace(args.kill_after);
     }
+    if let Some(sandbox) = args.sandbox.sandbox()? {
+        command.sandbox(sandbox);
+    }
     command.setsid(args.setsid);
     if !args.no_kill_on_close {
         // Whatever ends this tool, SIGKILL included, ends the child.

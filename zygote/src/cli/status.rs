@@ -1,9 +1,9 @@
-//! `zygote status`: ask a running zygote for its version, uptime and
-//! counters, and print them.
+//! `zygote status`: ask a running zygote for its version, uptime,
+//! counters, use per peer uid and spawners, and print them.
 
 use std::time::Duration;
 
-use zygote_client::{Client, DaemonStatus};
+use zygote_client::{Client, DaemonStatus, PeerUse, SpawnerInfo};
 
 use crate::cli::StatusArgs;
 
@@ -84,7 +84,8 @@ fn render(socket: &str, status: &DaemonStatus, protocol: &Protocol) -> String {
          uptime:            {}\n\
          connections:       {} open, {} accepted\n\
          children running:  {}\n\
-         spawns:            {} succeeded, {} failed\n",
+         spawns:            {} succeeded, {} failed\n\
+         {}{}",
         status.server_version,
         protocol.lines(),
         status.pid,
@@ -94,7 +95,51 @@ fn render(socket: &str, status: &DaemonStatus, protocol: &Protocol) -> String {
         status.children_running,
         status.spawns_succeeded,
         status.spawns_failed,
+        peers_table(&status.peers),
+        spawners_table(&status.spawners),
     )
+}
+
+/// The use of each peer uid the zygote showed (every uid to root and the
+/// zygote's own uid, the caller's own to anyone else), as a table; nothing
+/// when it showed none (a zygote of protocol version 2 or older).
+fn peers_table(peers: &[PeerUse]) -> String {
+    if peers.is_empty() {
+        return String::new();
+    }
+    let mut table = format!(
+        "\npeers:\n  {:>10}  {:>13}  {:>15}  {}\n",
+        "UID", "CONNECTIONS", "CHILDREN", "SANDBOX"
+    );
+    for peer in peers {
+        table.push_str(&format!(
+            "  {:>10}  {:>13}  {:>15}  {}\n",
+            peer.uid,
+            format!("{}/{}", peer.connections, peer.connections_limit),
+            format!("{}/{}", peer.children, peer.children_limit),
+            peer.sandbox_profile.as_deref().unwrap_or("-"),
+        ));
+    }
+    table
+}
+
+/// The zygote's per-uid spawner processes, as a table; nothing when it
+/// has none.
+fn spawners_table(spawners: &[SpawnerInfo]) -> String {
+    if spawners.is_empty() {
+        return String::new();
+    }
+    let mut table = format!(
+        "\nspawners:\n  {:>10}  {:>10}  {:>10}  {:>8}\n",
+        "UID", "PID", "SPAWNS", "RESTARTS"
+    );
+    for spawner in spawners {
+        table.push_str(&format!(
+            "  {:>10}  {:>10}  {:>10}  {:>8}\n",
+            spawner.uid, spawner.pid, spawner.spawns, spawner.restarts
+        ));
+    }
+    table
 }
 
 /// One JSON object with the same facts; durations in milliseconds.
@@ -111,6 +156,20 @@ fn render_json(socket: &str, status: &DaemonStatus, protocol: &Protocol) -> Stri
         "children_running": status.children_running,
         "spawns_succeeded": status.spawns_succeeded,
         "spawns_failed": status.spawns_failed,
+        "peers": status.peers.iter().map(|peer| serde_json::json!({
+            "uid": peer.uid,
+            "connections": peer.connections,
+            "connections_limit": peer.connections_limit,
+            "children": peer.children,
+            "children_limit": peer.children_limit,
+            "sandbox_profile": peer.sandbox_profile,
+        })).collect::<Vec<_>>(),
+        "spawners": status.spawners.iter().map(|spawner| serde_json::json!({
+            "uid": spawner.uid,
+            "pid": spawner.pid,
+            "spawns": spawner.spawns,
+            "restarts": spawner.restarts,
+        })).collect::<Vec<_>>(),
     })
     .to_string()
 }
@@ -141,6 +200,49 @@ mod tests {
         assert_eq!(human_duration(Duration::from_millis(900)), "0s");
         assert_eq!(human_duration(Duration::from_secs(61)), "1m 1s");
         assert_eq!(human_duration(Duration::from_secs(90_061)), "1d 1h 1m 1s");
+    }
+
+    #[test]
+    fn peers_and_spawners_print_as_tables() {
+        let peers = [
+            PeerUse {
+                uid: 0,
+                connections: 1,
+                children: 0,
+                children_limit: 4096,
+                connections_limit: 1024,
+                sandbox_profile: None,
+            },
+            PeerUse {
+                uid: 1000,
+                connections: 2,
+                children: 3,
+                children_limit: 1024,
+                connections_limit: 256,
+                sandbox_profile: Some("build".to_owned()),
+            },
+        ];
+        assert_eq!(
+            peers_table(&peers),
+            "\npeers:\n\
+             \x20        UID    CONNECTIONS         CHILDREN  SANDBOX\n\
+             \x20          0         1/1024           0/4096  -\n\
+             \x20       1000          2/256           3/1024  build\n"
+        );
+        assert_eq!(peers_table(&[]), "");
+        let spawners = [SpawnerInfo {
+            uid: 1000,
+            pid: 77,
+            spawns: 5,
+            restarts: 1,
+        }];
+        assert_eq!(
+            spawners_table(&spawners),
+            "\nspawners:\n\
+             \x20        UID         PID      SPAWNS  RESTARTS\n\
+             \x20       1000          77           5         1\n"
+        );
+        assert_eq!(spawners_table(&[]), "");
     }
 
     #[test]
