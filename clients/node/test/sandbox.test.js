@@ -111,7 +111,7 @@ function hasPython() {
   }
 }
 
-test('what the zygote reports it applied is child.sandbox (a policy confines every child here)',
+test('a zygote that offers sandbox gets the request; what it reports it applied is child.sandbox',
   { skip: !hasPython() && 'no python3 with os.pidfd_open' }, async (t) => {
   const childProcess = require('node:child_process');
   const fs = require('node:fs');
@@ -134,10 +134,32 @@ test('what the zygote reports it applied is child.sandbox (a policy confines eve
   zygote.setSocket(socket);
   const want = { profile: 'ci', namespaces: ['mount', 'net'], seccomp: 'default', landlockAbi: 7,
     landlockComplete: true };
+  const received = async () => JSON.parse((await within(lines.next(), 20000, 'a spawn')).value);
   const child = zygote.spawn('/bin/true', [], { stdio: 'ignore' });
   await within(new Promise((resolve) => child.once('spawn', resolve)), 20000, 'spawn');
+  assert.equal(await received(), null, 'a spawn that asked for no sandbox');
   assert.deepEqual(child.sandbox, want);
   assert.equal(child.pid, 4242);
   assert.deepEqual(await finished(child), { code: 0, signal: null, stdout: '', stderr: '' });
   assert.deepEqual(zygote.spawnSync('/bin/true', [], { stdio: 'ignore' }).sandbox, want);
+  assert.equal(await received(), null);
+
+  // A zygote that offers sandbox gets the request, field by field.
+  const boxed = zygote.spawn('/bin/true', [], { stdio: 'ignore', sandbox: { ...sample(), profile: 'ci' } });
+  const bytes = (text) => [...Buffer.from(text)];
+  assert.deepEqual(await received(), {
+    profile: 'ci',
+    filesystem: { mounts: [
+      { kind: 'ReadOnlyBind', source: bytes('/usr'), destination: bytes('/usr') },
+      { kind: 'Tmpfs', source: [], destination: bytes('/tmp') },
+    ] },
+    network: 'None',
+    isolate: true,
+    hostname: 'h',
+    seccomp: { Profile: 'default' },
+    landlock: { read_only: [], read_execute: [], read_write: [bytes('/w')], tcp_bind: [], tcp_connect: [443],
+      require: true },
+  });
+  assert.deepEqual((await finished(boxed)).code, 0);
+  assert.deepEqual(boxed.sandbox, want);
 });

@@ -8,10 +8,7 @@ use std::time::Duration;
 
 use napi_derive::napi;
 use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
-use zygote_client::{Client, Command, Feature, Stdio};
-use zygote_proto::{
-    FilesystemSpec, LandlockSpec, MountKind, MountSpec, NetworkMode, SandboxSpec, SeccompSpec,
-};
+use zygote_client::{Client, Command, Feature, Sandbox, Stdio};
 
 use crate::sys::dup_cloexec;
 
@@ -250,94 +247,77 @@ impl Plan {
     }
 }
 
-/// The request's sandbox for a plan `lib/sandbox.js` checked. The values
+/// The client's sandbox for a plan `lib/sandbox.js` checked. The values
 /// are checked again against their wire types here (a port over 65535, an
-/// unknown mount kind), as the addon's functions can be called directly.
-fn sandbox_spec(plan: SandboxPlan) -> io::Result<SandboxSpec> {
-    let filesystem = match plan.mounts {
-        None => None,
-        Some(mounts) => Some(FilesystemSpec {
-            mounts: mounts
-                .into_iter()
-                .map(mount_spec)
-                .collect::<io::Result<_>>()?,
-        }),
-    };
-    let seccomp = match (plan.seccomp, plan.seccomp_filter) {
+/// unknown mount type), as the addon's functions can be called directly;
+/// zygote-client checks that every path is absolute.
+fn sandbox_of(plan: SandboxPlan) -> io::Result<Sandbox> {
+    let mut sandbox = Sandbox::new();
+    if let Some(profile) = plan.profile {
+        sandbox = sandbox.profile(profile);
+    }
+    for mount in plan.mounts.unwrap_or_default() {
+        let source = mount.source.unwrap_or_default();
+        sandbox = match mount.kind.as_str() {
+            "ro" => sandbox.ro_bind(source, mount.destination),
+            "rw" => sandbox.bind(source, mount.destination),
+            "tmpfs" => sandbox.tmpfs(mount.destination),
+            other => return Err(invalid(&format!("unknown mount type {other}"))),
+        };
+    }
+    if plan.network_none {
+        sandbox = sandbox.network_none();
+    }
+    if plan.isolate {
+        sandbox = sandbox.isolate();
+    }
+    if let Some(hostname) = plan.hostname {
+        sandbox = sandbox.hostname(hostname);
+    }
+    sandbox = match (plan.seccomp, plan.seccomp_filter) {
         (Some(_), Some(_)) => return Err(invalid("both seccomp and seccompFilter")),
-        (Some(name), None) => Some(SeccompSpec::Profile(name)),
-        (None, Some(text)) => Some(SeccompSpec::Filter(text)),
-        (None, None) => None,
+        (Some(name), None) => sandbox.seccomp_profile(name),
+        (None, Some(text)) => sandbox.seccomp_filter(text),
+        (None, None) => sandbox,
     };
-    let landlock = match plan.landlock {
-        None => None,
-        Some(rules) => Some(LandlockSpec {
-            read_only: rules
-                .read_only
-                .into_iter()
-                .map(String::into_bytes)
-                .collect(),
-            read_execute: rules
-                .read_execute
-                .into_iter()
-                .map(String::into_bytes)
-                .collect(),
-            read_write: rules
-                .read_write
-                .into_iter()
-                .map(String::into_bytes)
-                .collect(),
-            tcp_bind: ports(rules.tcp_bind)?,
-            tcp_connect: ports(rules.tcp_connect)?,
-            require: rules.require,
-        }),
-    };
-    Ok(SandboxSpec {
-        profile: plan.profile,
-        filesystem,
-        network: if plan.network_none {
-            NetworkMode::None
-        } else {
-            NetworkMode::Host
-        },
-        isolate: plan.isolate,
-        hostname: plan.hostname,
-        seccomp,
-        landlock,
-    })
+    if let Some(rules) = plan.landlock {
+        sandbox = landlock_of(sandbox, rules)?;
+    }
+    Ok(sandbox)
 }
 
-fn mount_spec(mount: MountPlan) -> io::Result<MountSpec> {
-    let kind = match mount.kind.as_str() {
-        "ro" => MountKind::ReadOnlyBind,
-        "rw" => MountKind::Bind,
-        "tmpfs" => MountKind::Tmpfs,
-        other => return Err(invalid(&format!("unknown mount type {other}"))),
-    };
-    Ok(MountSpec {
-        kind,
-        source: mount.source.unwrap_or_default().into_bytes(),
-        destination: mount.destination.into_bytes(),
-    })
+fn landlock_of(mut sandbox: Sandbox, rules: LandlockPlan) -> io::Result<Sandbox> {
+    // Also for rules that name nothing: Landlock is then on, allowing
+    // nothing, as asked.
+    sandbox = sandbox.landlock_require(rules.require);
+    for path in rules.read_only {
+        sandbox = sandbox.landlock_ro(path);
+    }
+    for path in rules.read_execute {
+        sandbox = sandbox.landlock_rx(path);
+    }
+    for path in rules.read_write {
+        sandbox = sandbox.landlock_rw(path);
+    }
+    for port in rules.tcp_bind {
+        sandbox = sandbox.tcp_bind(port_of(port)?);
+    }
+    for port in rules.tcp_connect {
+        sandbox = sandbox.tcp_connect(port_of(port)?);
+    }
+    Ok(sandbox)
 }
 
-fn ports(ports: Vec<u32>) -> io::Result<Vec<u16>> {
-    ports
-        .into_iter()
-        .map(|port| {
-            u16::try_from(port).map_err(|_| invalid(&format!("TCP port {port} over 65535")))
-        })
-        .collect()
+fn port_of(port: u32) -> io::Result<u16> {
+    u16::try_from(port).map_err(|_| invalid(&format!("TCP port {port} over 65535")))
 }
 
-/// Refuses, before anything is sent, a sandbox the zygote does not offer,
-/// as the zygote would refuse it: `EOPNOTSUPP`, naming the feature.
-fn apply_sandbox(
-    client: &Client,
-    _command: &mut Command,
-    sandbox: SandboxPlan,
-) -> Result<(), Refused> {
-    let _spec = sandbox_spec(sandbox)?;
+/// Confines the command; refuses, before anything is sent, a sandbox the
+/// zygote does not offer, as the zygote would refuse it: `EOPNOTSUPP`,
+/// naming the feature (zygote-client refuses it too, but as a failure of
+/// the program, whose errno alone Node reports).
+fn apply_sandbox(client: &Client, command: &mut Command, plan: SandboxPlan) -> Result<(), Refused> {
+    let sandbox = sandbox_of(plan)?;
     if !client.offers(Feature::Sandbox) {
         return Err(Refused {
             errno: libc::EOPNOTSUPP,
@@ -349,12 +329,8 @@ fn apply_sandbox(
             ),
         });
     }
-    // zygote-client's Command has no sandbox setter yet: refused rather
-    // than sent without it.
-    Err(Refused {
-        errno: libc::EOPNOTSUPP,
-        message: "zygote-client cannot carry a sandbox yet; the child was not started".to_owned(),
-    })
+    command.sandbox(sandbox);
+    Ok(())
 }
 
 fn apply_fds(command: &mut Command, fds: Vec<Option<ChildFd>>) -> io::Result<()> {
@@ -433,8 +409,19 @@ mod tests {
         assert_eq!(child_has, [true, true, true, true, false]);
     }
 
+    fn landlock_plan(tcp_bind: Vec<u32>) -> LandlockPlan {
+        LandlockPlan {
+            read_only: vec!["/etc".into()],
+            read_execute: Vec::new(),
+            read_write: vec!["/w".into()],
+            tcp_bind,
+            tcp_connect: vec![443],
+            require: true,
+        }
+    }
+
     #[test]
-    fn a_sandbox_plan_maps_onto_the_request_field_by_field() {
+    fn a_sandbox_plan_maps_onto_the_client_sandbox_field_by_field() {
         let plan = SandboxPlan {
             profile: Some("ci".into()),
             mounts: Some(vec![
@@ -442,6 +429,11 @@ mod tests {
                     kind: "ro".into(),
                     source: Some("/usr".into()),
                     destination: "/usr".into(),
+                },
+                MountPlan {
+                    kind: "rw".into(),
+                    source: Some("/srv".into()),
+                    destination: "/work".into(),
                 },
                 MountPlan {
                     kind: "tmpfs".into(),
@@ -454,48 +446,22 @@ mod tests {
             hostname: Some("h".into()),
             seccomp: None,
             seccomp_filter: Some("deny ptrace".into()),
-            landlock: Some(LandlockPlan {
-                read_only: vec!["/etc".into()],
-                read_execute: Vec::new(),
-                read_write: vec!["/w".into()],
-                tcp_bind: Vec::new(),
-                tcp_connect: vec![443],
-                require: true,
-            }),
+            landlock: Some(landlock_plan(Vec::new())),
         };
-        let spec = sandbox_spec(plan).expect("maps");
-        assert_eq!(
-            spec,
-            SandboxSpec {
-                profile: Some("ci".into()),
-                filesystem: Some(FilesystemSpec {
-                    mounts: vec![
-                        MountSpec {
-                            kind: MountKind::ReadOnlyBind,
-                            source: b"/usr".to_vec(),
-                            destination: b"/usr".to_vec(),
-                        },
-                        MountSpec {
-                            kind: MountKind::Tmpfs,
-                            source: Vec::new(),
-                            destination: b"/tmp".to_vec(),
-                        },
-                    ],
-                }),
-                network: NetworkMode::None,
-                isolate: true,
-                hostname: Some("h".into()),
-                seccomp: Some(SeccompSpec::Filter("deny ptrace".into())),
-                landlock: Some(LandlockSpec {
-                    read_only: vec![b"/etc".to_vec()],
-                    read_execute: Vec::new(),
-                    read_write: vec![b"/w".to_vec()],
-                    tcp_bind: Vec::new(),
-                    tcp_connect: vec![443],
-                    require: true,
-                }),
-            }
-        );
+        let want = Sandbox::new()
+            .profile("ci")
+            .ro_bind("/usr", "/usr")
+            .bind("/srv", "/work")
+            .tmpfs("/tmp")
+            .network_none()
+            .isolate()
+            .hostname("h")
+            .seccomp_filter("deny ptrace")
+            .landlock_require(true)
+            .landlock_ro("/etc")
+            .landlock_rw("/w")
+            .tcp_connect(443);
+        assert_eq!(sandbox_of(plan).expect("maps"), want);
         let over = SandboxPlan {
             profile: None,
             mounts: None,
@@ -504,16 +470,9 @@ mod tests {
             hostname: None,
             seccomp: None,
             seccomp_filter: None,
-            landlock: Some(LandlockPlan {
-                read_only: Vec::new(),
-                read_execute: Vec::new(),
-                read_write: Vec::new(),
-                tcp_bind: vec![65536],
-                tcp_connect: Vec::new(),
-                require: false,
-            }),
+            landlock: Some(landlock_plan(vec![65536])),
         };
-        let error = sandbox_spec(over).expect_err("a port over 65535 is refused");
+        let error = sandbox_of(over).expect_err("a port over 65535 is refused");
         assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
     }
 
