@@ -37,7 +37,13 @@ function text(value, name) {
 }
 
 function absolutePath(value, name) {
-  if (Buffer.isBuffer(value)) value = value.toString();
+  if (Buffer.isBuffer(value)) {
+    const text = value.toString();
+    // The addon carries paths as strings: a path that is not UTF-8 would
+    // arrive as another path.
+    if (!Buffer.from(text).equals(value)) throw errors.invalidArgValue(name, value, 'must be valid UTF-8');
+    value = text;
+  }
   if (typeof value !== 'string') throw errors.invalidArgType(name, 'of type string or an instance of Buffer', value);
   if (value.length === 0) throw errors.invalidArgValue(name, value, 'must be an absolute path');
   if (value.includes('\u0000')) throw errors.invalidArgValue(name, value, 'must be a string without null bytes');

@@ -35,6 +35,8 @@ test('a sandbox becomes the plan the addon maps onto the request', () => {
   assert.equal(sandboxPlan(undefined), undefined);
   assert.deepEqual(sandboxPlan({}).mounts, undefined, 'no mounts: the host filesystem');
   assert.deepEqual(sandboxPlan({ mounts: [] }).mounts, [], 'an empty root');
+  assert.deepEqual(sandboxPlan({ mounts: [{ type: 'rw', source: Buffer.from('/data') }] }).mounts,
+    [{ kind: 'rw', source: '/data', destination: '/data' }]);
   assert.deepEqual(appliedSandbox('{"profile":null,"namespaces":["net"],"seccomp":"default","landlock_abi":7,'
     + '"landlock_complete":false}'), { profile: null, namespaces: ['net'], seccomp: 'default', landlockAbi: 7,
     landlockComplete: false });
@@ -49,6 +51,7 @@ const bad = [
   [{ mounts: [{ type: 'overlay', source: '/x' }] }, 'ERR_INVALID_ARG_VALUE', /'ro', 'rw', 'tmpfs'/],
   [{ mounts: '/usr' }, 'ERR_INVALID_ARG_TYPE', /options\.sandbox\.mounts" property must be an instance of Array/],
   [{ mounts: [{ type: 'ro', source: 5 }] }, 'ERR_INVALID_ARG_TYPE', /source" property must be of type string/],
+  [{ mounts: [{ type: 'ro', source: Buffer.from([0x2f, 0xff]) }] }, 'ERR_INVALID_ARG_VALUE', /must be valid UTF-8/],
   [{ network: 'bridge' }, 'ERR_INVALID_ARG_VALUE', /'host', 'none'/],
   [{ hostname: 'h' }, 'ERR_INVALID_ARG_VALUE', /needs options\.sandbox\.isolate/],
   [{ isolate: true, hostname: 'a\u0000' }, 'ERR_INVALID_ARG_VALUE', /hostname' must be a string without null/],
