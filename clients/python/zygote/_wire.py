@@ -228,6 +228,60 @@ _STATUS_V3 = (
 )
 
 
+_HELLO_ACK = _by_version(
+    (
+        ("protocol_version", "u32"),
+        ("server_version", "string"),
+        ("limits", _struct(("max_frame_bytes", "u32"), ("max_fds_per_frame", "u32"))),
+    ),
+    FEATURES_SINCE,
+    ("features", _list("string")),
+)
+_EXITED = _struct(
+    ("id", "u64"),
+    (
+        "status",
+        _enum(
+            ("Exited", "i32"),
+            ("Signaled", _struct(("signal", "i32"), ("core_dumped", "bool"))),
+        ),
+    ),
+    (
+        "usage",
+        _struct(("user_micros", "u64"), ("system_micros", "u64"), ("max_rss_kib", "u64")),
+    ),
+    ("timed_out", "bool"),
+    (
+        "tree",
+        _opt(
+            _struct(
+                ("user_micros", "u64"),
+                ("system_micros", "u64"),
+                ("memory_peak_bytes", _opt("u64")),
+                ("oom_kills", "u64"),
+                ("memory_max", _opt("u64")),
+            )
+        ),
+    ),
+    ("pid", "i32"),
+)
+_PROTOCOL_ERROR = _struct(
+    (
+        "kind",
+        _enum(
+            ("Malformed", None),
+            ("TooLarge", None),
+            ("UnsupportedVersion", None),
+            ("UnexpectedMessage", None),
+            ("UnexpectedFds", None),
+            ("PermissionDenied", None),
+            ("Busy", None),
+        ),
+    ),
+    ("message", "string"),
+)
+
+
 def _server_message(version: int) -> Schema:
     new = version >= SANDBOX_SINCE
     spawned: Tuple[Tuple[str, Schema], ...] = (("id", "u64"), ("pid", "i32"))
@@ -235,18 +289,7 @@ def _server_message(version: int) -> Schema:
         spawned += (("sandbox", _opt(_APPLIED_SANDBOX)),)
     stages = SPAWN_STAGES if new else SPAWN_STAGES[:-1]
     return _enum(
-        (
-            "HelloAck",
-            _by_version(
-                (
-                    ("protocol_version", "u32"),
-                    ("server_version", "string"),
-                    ("limits", _struct(("max_frame_bytes", "u32"), ("max_fds_per_frame", "u32"))),
-                ),
-                FEATURES_SINCE,
-                ("features", _list("string")),
-            ),
-        ),
+        ("HelloAck", _HELLO_ACK),
         ("Spawned", _struct(*spawned)),
         (
             "SpawnFailed",
@@ -257,64 +300,10 @@ def _server_message(version: int) -> Schema:
                 ("message", "string"),
             ),
         ),
-        (
-            "Exited",
-            _struct(
-                ("id", "u64"),
-                (
-                    "status",
-                    _enum(
-                        ("Exited", "i32"),
-                        ("Signaled", _struct(("signal", "i32"), ("core_dumped", "bool"))),
-                    ),
-                ),
-                (
-                    "usage",
-                    _struct(
-                        ("user_micros", "u64"), ("system_micros", "u64"), ("max_rss_kib", "u64")
-                    ),
-                ),
-                ("timed_out", "bool"),
-                (
-                    "tree",
-                    _opt(
-                        _struct(
-                            ("user_micros", "u64"),
-                            ("system_micros", "u64"),
-                            ("memory_peak_bytes", _opt("u64")),
-                            ("oom_kills", "u64"),
-                            ("memory_max", _opt("u64")),
-                        )
-                    ),
-                ),
-                ("pid", "i32"),
-            ),
-        ),
-        (
-            "SignalSent",
-            _struct(
-                ("id", "u64"),
-            ),
-        ),
+        ("Exited", _EXITED),
+        ("SignalSent", _struct(("id", "u64"))),
         ("RequestFailed", _struct(("id", "u64"), ("errno", "i32"), ("message", "string"))),
-        (
-            "ProtocolError",
-            _struct(
-                (
-                    "kind",
-                    _enum(
-                        ("Malformed", None),
-                        ("TooLarge", None),
-                        ("UnsupportedVersion", None),
-                        ("UnexpectedMessage", None),
-                        ("UnexpectedFds", None),
-                        ("PermissionDenied", None),
-                        ("Busy", None),
-                    ),
-                ),
-                ("message", "string"),
-            ),
-        ),
+        ("ProtocolError", _PROTOCOL_ERROR),
         ("Status", _struct(*(_STATUS_V3 if new else _STATUS_V2))),
         ("Stopped", _struct(("id", "u64"), ("signal", "i32"))),
         ("Continued", _struct(("id", "u64"))),
