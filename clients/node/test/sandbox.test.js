@@ -138,17 +138,22 @@ test('a zygote that offers sandbox gets the request; what it reports it applied 
   const want = { profile: 'ci', namespaces: ['mount', 'net'], seccomp: 'default', landlockAbi: 7,
     landlockComplete: true };
   const received = async () => JSON.parse((await within(lines.next(), 20000, 'a spawn')).value);
+  // finished() listens from the start: the child closes as soon as the
+  // zygote reports its exit, maybe while this test awaits something else.
   const child = zygote.spawn('/bin/true', [], { stdio: 'ignore' });
-  await within(new Promise((resolve) => child.once('spawn', resolve)), 20000, 'spawn');
+  const spawned = within(new Promise((resolve) => child.once('spawn', resolve)), 20000, 'spawn');
+  const closed = finished(child);
+  await spawned;
   assert.equal(await received(), null, 'a spawn that asked for no sandbox');
   assert.deepEqual(child.sandbox, want);
   assert.equal(child.pid, 4242);
-  assert.deepEqual(await finished(child), { code: 0, signal: null, stdout: '', stderr: '' });
+  assert.deepEqual(await closed, { code: 0, signal: null, stdout: '', stderr: '' });
   assert.deepEqual(zygote.spawnSync('/bin/true', [], { stdio: 'ignore' }).sandbox, want);
   assert.equal(await received(), null);
 
   // A zygote that offers sandbox gets the request, field by field.
   const boxed = zygote.spawn('/bin/true', [], { stdio: 'ignore', sandbox: { ...sample(), profile: 'ci' } });
+  const boxedClosed = finished(boxed);
   const bytes = (text) => [...Buffer.from(text)];
   assert.deepEqual(await received(), {
     profile: 'ci',
@@ -163,6 +168,6 @@ test('a zygote that offers sandbox gets the request; what it reports it applied 
     landlock: { read_only: [], read_execute: [], read_write: [bytes('/w')], tcp_bind: [], tcp_connect: [443],
       require: true },
   });
-  assert.deepEqual((await finished(boxed)).code, 0);
+  assert.equal((await boxedClosed).code, 0);
   assert.deepEqual(boxed.sandbox, want);
 });
