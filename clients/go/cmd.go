@@ -485,10 +485,10 @@ func (a *attachment) add(f *os.File) (uint32, error) {
 // Process.Pid is 0 and Process.Signal (and so Cancel and WaitDelay) goes
 // through the daemon by spawn id. A daemon lost before that has no pidfd
 // to recover the exit status from: Run then returns a *ConnectionError.
-// Output and CombinedOutput defer in the same way.
+// Output and CombinedOutput defer in the same way. A command with a
+// Sandbox is not deferred, so that Process.Sandbox always says what
+// confined it.
 func (c *Cmd) Run() error {
-	// A sandboxed child always gets its Spawned, which says what
-	// confined it (Process.Sandbox).
 	if err := c.start(c.Zygote.Sandbox == nil); err != nil {
 		return err
 	}
