@@ -85,7 +85,7 @@ func BenchmarkBuildRequest(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		frame, err := encodeClientTo(getFrameBuf(), &clientMessage{Spawn: p.req})
+		frame, err := encodeClientTo(getFrameBuf(), &clientMessage{Spawn: p.req}, protocolVersion)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -291,7 +291,7 @@ func TestCgroupOptionsWithoutSubtreeAreRefused(t *testing.T) {
 func TestOOMKillIsReportedAsSuch(t *testing.T) {
 	// No memory controller here to provoke one: the daemon's exit notice
 	// of an OOM-killed tree as it sends it, the shared vector's bytes.
-	data, err := os.ReadFile(filepath.Join("..", "..", "proto", "vectors", "v2", "frames.json"))
+	data, err := os.ReadFile(filepath.Join("..", "..", "proto", "vectors", "frames.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -285,7 +285,8 @@ func newConnection(sock *socket, timeout time.Duration) (*connection, error) {
 }
 
 func (c *connection) handshake(timeout time.Duration) error {
-	frame, _ := encodeClient(&clientMessage{Hello: &hello{ProtocolVersion: protocolVersion, Client: clientName}})
+	offered := helloVersion.Load()
+	frame, _ := encodeClient(&clientMessage{Hello: &hello{ProtocolVersion: offered, Client: clientName}})
 	if err := c.send(frame, nil); err != nil {
 		return err
 	}
@@ -300,8 +301,8 @@ func (c *connection) handshake(timeout time.Duration) error {
 	case m.HelloAck != nil:
 		// The daemon answers in the newest version both know: ours or
 		// older, never one we did not offer.
-		if v := m.HelloAck.ProtocolVersion; v < oldestProtocolVersion || v > protocolVersion {
-			return &ProtocolError{Expected: fmt.Sprintf("HelloAck for protocol version %d to %d", oldestProtocolVersion, protocolVersion),
+		if v := m.HelloAck.ProtocolVersion; v < oldestProtocolVersion || v > offered {
+			return &ProtocolError{Expected: fmt.Sprintf("HelloAck for protocol version %d to %d", oldestProtocolVersion, offered),
 				Got: fmt.Sprintf("HelloAck for version %d", v)}
 		}
 		if len(fds) != 0 {
@@ -318,6 +319,15 @@ func (c *connection) handshake(timeout time.Duration) error {
 		return &ProtocolError{Expected: "HelloAck", Got: m.name()}
 	}
 }
+
+// helloVersion is the version Hello offers: protocolVersion, lowered by
+// tests to talk to a real daemon as a client of an older version does,
+// in the layouts a daemon of that version answers in.
+var helloVersion = func() *atomic.Uint32 {
+	var v atomic.Uint32
+	v.Store(protocolVersion)
+	return &v
+}()
 
 // ServerVersion is the daemon's version, from the latest handshake.
 func (c *Client) ServerVersion() string { return c.cur.Load().server }
@@ -535,7 +545,7 @@ func (c *connection) recvOne(fd uintptr, b *recvBuffers) (*serverMessage, []int,
 	if n == 0 && len(fds) == 0 {
 		return nil, nil, &ConnectionError{Reason: "the daemon closed the connection"}
 	}
-	m, err := decodeServer(buf[:n])
+	m, err := decodeServerIn(buf[:n], c.protocol)
 	if err != nil {
 		closeFds(fds)
 		return nil, nil, &ProtocolError{Expected: "a well-formed ServerMessage", Got: "a malformed frame (" + err.Error() + ")"}
@@ -852,7 +862,12 @@ func (c *Client) request(spawn, deferred bool, build func(id uint64) *clientMess
 		if err != nil {
 			return nil, nil, err
 		}
-		frame, err := encodeClientTo(getFrameBuf(), build(id))
+		msg := build(id)
+		err = conn.refuseUnoffered(msg)
+		var frame []byte
+		if err == nil {
+			frame, err = encodeClientTo(getFrameBuf(), msg, conn.protocol)
+		}
 		if err == nil {
 			err = conn.send(frame, fds)
 		}
@@ -935,7 +950,7 @@ func (c *connection) roundTrip(id uint64, build func(id uint64) *clientMessage) 
 	}
 	c.pending[id] = p
 	c.mu.Unlock()
-	frame, err := encodeClient(build(id))
+	frame, err := encodeClientTo(nil, build(id), c.protocol)
 	if err == nil {
 		err = c.send(frame, nil)
 	}
@@ -969,6 +984,31 @@ type Status struct {
 	ChildrenRunning     uint64
 	SpawnsSucceeded     uint64
 	SpawnsFailed        uint64
+	// Peers is the use per peer uid: every uid for root (and the daemon's
+	// own uid), only its own for any other peer. Empty from a daemon
+	// older than protocol version 3.
+	Peers []PeerUse
+	// Spawners are the daemon's per-uid spawner processes, if it has any.
+	Spawners []Spawner
+}
+
+// PeerUse is one peer uid's use of the daemon and its share of it.
+type PeerUse struct {
+	UID              uint32
+	Connections      uint64
+	Children         uint64 // children running: started, not yet reaped
+	ChildrenLimit    uint64 // the uid's share of the child table
+	ConnectionsLimit uint64 // the uid's share of the connections
+	// SandboxProfile is the profile the policy imposes on this uid, "" for none.
+	SandboxProfile string
+}
+
+// Spawner is one of the daemon's per-uid spawner processes.
+type Spawner struct {
+	UID      uint32
+	Pid      int
+	Spawns   uint64 // spawns served since it started
+	Restarts uint64 // times a spawner for this uid was restarted after a crash
 }
 
 // Status asks the daemon for its counters.
@@ -983,8 +1023,18 @@ func (c *Client) Status() (*Status, error) {
 	if s == nil {
 		return nil, &ProtocolError{Expected: "Status", Got: m.name()}
 	}
-	return &Status{s.ServerVersion, int(s.Pid), time.Duration(s.UptimeMillis) * time.Millisecond,
-		s.ConnectionsOpen, s.ConnectionsAccepted, s.ChildrenRunning, s.SpawnsSucceeded, s.SpawnsFailed}, nil
+	out := &Status{ServerVersion: s.ServerVersion, Pid: int(s.Pid), Uptime: time.Duration(s.UptimeMillis) * time.Millisecond,
+		ConnectionsOpen: s.ConnectionsOpen, ConnectionsAccepted: s.ConnectionsAccepted, ChildrenRunning: s.ChildrenRunning,
+		SpawnsSucceeded: s.SpawnsSucceeded, SpawnsFailed: s.SpawnsFailed,
+		Peers: make([]PeerUse, 0, len(s.Peers)), Spawners: make([]Spawner, 0, len(s.Spawners))}
+	for _, p := range s.Peers {
+		out.Peers = append(out.Peers, PeerUse{UID: p.UID, Connections: p.Connections, Children: p.Children,
+			ChildrenLimit: p.ChildrenLimit, ConnectionsLimit: p.ConnectionsLimit, SandboxProfile: deref(p.SandboxProfile)})
+	}
+	for _, sp := range s.Spawners {
+		out.Spawners = append(out.Spawners, Spawner{UID: sp.UID, Pid: int(sp.Pid), Spawns: sp.Spawns, Restarts: sp.Restarts})
+	}
+	return out, nil
 }
 
 // signal asks the daemon that spawned it to signal the child of spawn

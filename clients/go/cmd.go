@@ -69,6 +69,9 @@ type Options struct {
 	// or a limit's controller is not delegated to it: a limit is never
 	// silently ignored.
 	Cgroup *CgroupOptions
+	// Sandbox confines the child (see Sandbox); nil asks for none. What
+	// was applied is in Process.Sandbox.
+	Sandbox *Sandbox
 }
 
 // CgroupOptions are settings of the cgroup the zygote creates for one
@@ -482,9 +485,11 @@ func (a *attachment) add(f *os.File) (uint32, error) {
 // Process.Pid is 0 and Process.Signal (and so Cancel and WaitDelay) goes
 // through the daemon by spawn id. A daemon lost before that has no pidfd
 // to recover the exit status from: Run then returns a *ConnectionError.
-// Output and CombinedOutput defer in the same way.
+// Output and CombinedOutput defer in the same way. A command with a
+// Sandbox is not deferred, so that Process.Sandbox always says what
+// confined it.
 func (c *Cmd) Run() error {
-	if err := c.start(true); err != nil {
+	if err := c.start(c.Zygote.Sandbox == nil); err != nil {
 		return err
 	}
 	err := c.Wait()
@@ -722,6 +727,7 @@ func (c *Cmd) awaitSpawned(proc *Process, p *plan) ([]int, error) {
 		return nil, &ProtocolError{Expected: fmt.Sprintf("Spawned with %d fds or SpawnFailed", 1+npiped), Got: got}
 	}
 	proc.Pid = int(m.Spawned.Pid)
+	proc.Sandbox = newAppliedSandbox(m.Spawned.Sandbox)
 	proc.pidfd = r.fds[0]
 	return r.fds[1:], nil
 }
@@ -992,6 +998,11 @@ func (c *Cmd) buildOptions(req *spawnRequest) error {
 	req.Timeout = timeout
 	if o.Cgroup != nil {
 		req.Cgroup = o.Cgroup.spec()
+	}
+	if o.Sandbox != nil {
+		if req.Sandbox, err = o.Sandbox.spec(); err != nil {
+			return err
+		}
 	}
 	return nil
 }

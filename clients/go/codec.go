@@ -15,7 +15,7 @@ import (
 
 // protocolVersion is the newest version of proto/PROTOCOL.md this package
 // speaks, sent in Hello; the daemon answers in the newest version both know.
-const protocolVersion = 2
+const protocolVersion = 3
 
 // oldestProtocolVersion is the oldest version this package reads a HelloAck
 // in; a daemon answers no older than the client's own version unless it
@@ -25,6 +25,11 @@ const oldestProtocolVersion = 1
 // featuresSince is the first version whose HelloAck lists the daemon's
 // optional features.
 const featuresSince = 2
+
+// sandboxSince is the first version with SpawnRequest.sandbox,
+// Spawned.sandbox, SpawnStage::Sandbox and StatusReply's peers and
+// spawners. An older connection uses the layouts without them.
+const sandboxSince = 3
 
 // bstr is a byte string: postcard bytes, JSON an array of integers.
 type bstr []byte
@@ -236,6 +241,8 @@ type spawnRequest struct {
 	// DeferSpawned asks for Spawned only if the child still runs 10
 	// to 20 ms after exec; a child that ends sooner gets Exited alone.
 	DeferSpawned bool `json:"defer_spawned"`
+	// Sandbox confines the child (version 3 on).
+	Sandbox *sandboxSpec `json:"sandbox"`
 
 	// envEncoded and rlimitsEncoded, when set, are Env and Rlimits
 	// already encoded (count and entries), which the encoder copies: the
@@ -310,6 +317,8 @@ type upgradeRequest struct {
 type spawned struct {
 	ID  uint64 `json:"id"`
 	Pid int32  `json:"pid"`
+	// Sandbox is what confined the child (version 3 on).
+	Sandbox *appliedSandbox `json:"sandbox"`
 }
 
 // spawnStage is SpawnStage's variant index.
@@ -318,7 +327,16 @@ type spawnStage uint8
 var stageNames = [...]string{
 	"Validate", "Pipe", "Clone", "Signals", "Setsid", "Setpgid", "Setrlimit",
 	"Chdir", "Dup", "CloseFds", "Exec", "Admission", "Setgroups", "Setgid", "Setuid",
-	"Cgroup", "Nice", "Affinity", "OomScoreAdj",
+	"Cgroup", "Nice", "Affinity", "OomScoreAdj", "Sandbox",
+}
+
+// stagesIn is how many SpawnStage variants a connection of version v
+// may receive: Sandbox is sent as Exec before version 3.
+func stagesIn(v uint32) int {
+	if v < sandboxSince {
+		return len(stageNames) - 1
+	}
+	return len(stageNames)
 }
 
 func (s spawnStage) String() string {
@@ -431,6 +449,9 @@ type statusReply struct {
 	ChildrenRunning     uint64 `json:"children_running"`
 	SpawnsSucceeded     uint64 `json:"spawns_succeeded"`
 	SpawnsFailed        uint64 `json:"spawns_failed"`
+	// Peers and Spawners are in the reply from version 3 on.
+	Peers    []peerUse     `json:"peers"`
+	Spawners []spawnerInfo `json:"spawners"`
 }
 
 // ---- encoding ----
@@ -491,7 +512,8 @@ func (e *encoder) rlimits(ls []resourceLimit) {
 	}
 }
 
-func (e *encoder) spawn(r *spawnRequest) {
+// spawn encodes a SpawnRequest in the layout of version v.
+func (e *encoder) spawn(r *spawnRequest, v uint32) error {
 	e.varint(r.ID)
 	e.bytes(r.Program)
 	if e.option(r.Argv0 != nil) {
@@ -579,6 +601,12 @@ func (e *encoder) spawn(r *spawnRequest) {
 		e.varint(uint64(*r.LargeArgs))
 	}
 	e.boolean(r.DeferSpawned)
+	if v >= sandboxSince {
+		e.sandbox(r.Sandbox)
+	} else if r.Sandbox != nil {
+		return errSandboxVersion(v)
+	}
+	return nil
 }
 
 func (e *encoder) optU64(v *uint64) {
@@ -611,12 +639,12 @@ func (d *decoder) optU32(what string) *uint32 {
 
 var errNoVariant = errors.New("message has no variant set")
 
-// encodeClient encodes one client frame.
-func encodeClient(m *clientMessage) ([]byte, error) { return encodeClientTo(nil, m) }
+// encodeClient encodes one client frame in the newest version's layout.
+func encodeClient(m *clientMessage) ([]byte, error) { return encodeClientTo(nil, m, protocolVersion) }
 
-// encodeClientTo encodes one client frame into buf's storage, when it is
-// large enough, or into a new slice.
-func encodeClientTo(buf []byte, m *clientMessage) ([]byte, error) {
+// encodeClientTo encodes one client frame in the layout of version v into
+// buf's storage, when it is large enough, or into a new slice.
+func encodeClientTo(buf []byte, m *clientMessage, v uint32) ([]byte, error) {
 	size := 256
 	if r := m.Spawn; r != nil {
 		// One allocation for the usual request: the strings, and a few
@@ -649,7 +677,9 @@ func encodeClientTo(buf []byte, m *clientMessage) ([]byte, error) {
 		e.bytes([]byte(m.Hello.Client))
 	case m.Spawn != nil:
 		e.varint(1)
-		e.spawn(m.Spawn)
+		if err := e.spawn(m.Spawn, v); err != nil {
+			return nil, err
+		}
 	case m.Signal != nil:
 		e.varint(2)
 		e.varint(m.Signal.ID)
@@ -819,17 +849,23 @@ func (d *decoder) finish() error {
 	return d.err
 }
 
-// decodeServer decodes one daemon frame.
-func decodeServer(b []byte) (*serverMessage, error) {
+// decodeServer decodes one daemon frame in the newest version's layout.
+func decodeServer(b []byte) (*serverMessage, error) { return decodeServerIn(b, protocolVersion) }
+
+// decodeServerIn decodes one daemon frame in the layout of version v.
+func decodeServerIn(b []byte, v uint32) (*serverMessage, error) {
 	d := &decoder{b: b}
 	m := &serverMessage{}
 	switch d.variant("ServerMessage", 10) {
 	case 0:
 		m.HelloAck = d.helloAck()
 	case 1:
-		m.Spawned = &spawned{d.u64("id"), d.i32("pid")}
+		m.Spawned = &spawned{ID: d.u64("id"), Pid: d.i32("pid")}
+		if v >= sandboxSince {
+			m.Spawned.Sandbox = d.appliedSandbox()
+		}
 	case 2:
-		m.SpawnFailed = &spawnFailed{d.u64("id"), spawnStage(d.variant("SpawnStage", len(stageNames))),
+		m.SpawnFailed = &spawnFailed{d.u64("id"), spawnStage(d.variant("SpawnStage", stagesIn(v))),
 			d.i32("errno"), d.str("message")}
 	case 3:
 		x := &exitNotice{ID: d.u64("id")}
@@ -861,6 +897,9 @@ func decodeServer(b []byte) (*serverMessage, error) {
 			UptimeMillis: d.u64("uptime_millis"), ConnectionsOpen: d.u64("connections_open"),
 			ConnectionsAccepted: d.u64("connections_accepted"), ChildrenRunning: d.u64("children_running"),
 			SpawnsSucceeded: d.u64("spawns_succeeded"), SpawnsFailed: d.u64("spawns_failed")}
+		if v >= sandboxSince {
+			d.statusTail(m.Status)
+		}
 	case 8:
 		m.Stopped = &stopNotice{d.u64("id"), d.i32("signal")}
 	case 9:

@@ -6,8 +6,12 @@ import "errors"
 // server frames and decoding client frames, for the conformance tests and
 // the fake daemons of the tests.
 
-// encodeServer encodes one daemon frame (used by the conformance tests).
-func encodeServer(m *serverMessage) ([]byte, error) {
+// encodeServer encodes one daemon frame in the newest version's layout
+// (used by the conformance tests).
+func encodeServer(m *serverMessage) ([]byte, error) { return encodeServerIn(m, protocolVersion) }
+
+// encodeServerIn encodes one daemon frame in the layout of version v.
+func encodeServerIn(m *serverMessage, v uint32) ([]byte, error) {
 	e := &encoder{}
 	switch {
 	case m.HelloAck != nil:
@@ -26,6 +30,9 @@ func encodeServer(m *serverMessage) ([]byte, error) {
 		e.varint(1)
 		e.varint(m.Spawned.ID)
 		e.i32(m.Spawned.Pid)
+		if v >= sandboxSince {
+			e.appliedSandbox(m.Spawned.Sandbox)
+		}
 	case m.SpawnFailed != nil:
 		e.varint(2)
 		e.varint(m.SpawnFailed.ID)
@@ -77,9 +84,12 @@ func encodeServer(m *serverMessage) ([]byte, error) {
 		e.varint(s.ID)
 		e.bytes([]byte(s.ServerVersion))
 		e.i32(s.Pid)
-		for _, v := range []uint64{s.UptimeMillis, s.ConnectionsOpen, s.ConnectionsAccepted,
+		for _, n := range []uint64{s.UptimeMillis, s.ConnectionsOpen, s.ConnectionsAccepted,
 			s.ChildrenRunning, s.SpawnsSucceeded, s.SpawnsFailed} {
-			e.varint(v)
+			e.varint(n)
+		}
+		if v >= sandboxSince {
+			e.statusTail(s)
 		}
 	case m.Stopped != nil:
 		e.varint(8)
@@ -94,7 +104,8 @@ func encodeServer(m *serverMessage) ([]byte, error) {
 	return e.b, nil
 }
 
-func (d *decoder) spawn() *spawnRequest {
+// spawn decodes a SpawnRequest in the layout of version v.
+func (d *decoder) spawn(v uint32) *spawnRequest {
 	r := &spawnRequest{ID: d.u64("id"), Program: d.bytes("program")}
 	if d.option("argv0") {
 		r.Argv0 = d.bytes("argv0")
@@ -182,18 +193,25 @@ func (d *decoder) spawn() *spawnRequest {
 		r.LargeArgs = &index
 	}
 	r.DeferSpawned = d.boolean("defer_spawned")
+	if v >= sandboxSince {
+		r.Sandbox = d.sandbox()
+	}
 	return r
 }
 
-// decodeClient decodes one client frame (used by the conformance tests).
-func decodeClient(b []byte) (*clientMessage, error) {
+// decodeClient decodes one client frame in the newest version's layout
+// (used by the conformance tests).
+func decodeClient(b []byte) (*clientMessage, error) { return decodeClientIn(b, protocolVersion) }
+
+// decodeClientIn decodes one client frame in the layout of version v.
+func decodeClientIn(b []byte, v uint32) (*clientMessage, error) {
 	d := &decoder{b: b}
 	m := &clientMessage{}
 	switch d.variant("ClientMessage", 5) {
 	case 0:
 		m.Hello = &hello{d.u32("protocol_version"), d.str("client")}
 	case 1:
-		m.Spawn = d.spawn()
+		m.Spawn = d.spawn(v)
 	case 2:
 		m.Signal = &signalRequest{d.u64("id"), d.u64("spawn_id"), d.i32("signal")}
 	case 3:

@@ -21,8 +21,9 @@
 // the resource usage. One Client may be used by any number of goroutines:
 // their spawns are multiplexed over one connection.
 //
-// The protocol is proto/PROTOCOL.md (version 1): SOCK_SEQPACKET with
-// SCM_RIGHTS, spoken here with the standard library alone. Every fd this
+// The protocol is proto/PROTOCOL.md (versions 1 to 3, negotiated at
+// connect): SOCK_SEQPACKET with SCM_RIGHTS, spoken here with the standard
+// library alone. Every fd this
 // package creates or receives is close-on-exec.
 //
 // # What differs from os/exec
@@ -65,8 +66,10 @@
 //     a timeout with a grace period, and the child's own cgroup
 //     (CgroupOptions: memory, pids and CPU limits, a kill and a Wait that
 //     cover the whole process tree, and its tree-wide usage in
-//     ProcessState.TreeUsage). The daemon's policy bounds them: a child
-//     never gets more privilege than this program.
+//     ProcessState.TreeUsage), and a Sandbox (namespaces, mounts,
+//     seccomp, Landlock; what was applied is in Process.Sandbox). The
+//     daemon's policy bounds them: a child never gets more privilege than
+//     this program.
 //   - Process has Wait and Release as os.Process does; Wait returns the
 //     status without treating a non-zero exit as an error.
 //   - Where the condition is os/exec's (a second Start, no command, a

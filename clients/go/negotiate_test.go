@@ -26,9 +26,10 @@ func TestHandshakeNegotiates(t *testing.T) {
 		features []string
 		refused  string
 	}{
+		{"version 3 with features", helloAckIn(3, "pty", "sandbox"), 3, []string{"pty", "sandbox"}, ""},
 		{"version 2 with features", helloAckIn(2, "pty", "teleport"), 2, []string{"pty", "teleport"}, ""},
 		{"version 1, no features", helloAckIn(1), 1, nil, ""},
-		{"a version the client did not offer", helloAckIn(protocolVersion + 1), 0, nil, "HelloAck for version 3"},
+		{"a version the client did not offer", helloAckIn(protocolVersion + 1), 0, nil, "HelloAck for version 4"},
 		{"version 0", helloAckIn(0), 0, nil, "HelloAck for version 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -60,7 +61,7 @@ func TestHandshakeNegotiates(t *testing.T) {
 			if strings.Join(c.Features(), ",") != strings.Join(tc.features, ",") {
 				t.Errorf("Features() = %q, want %q", c.Features(), tc.features)
 			}
-			if c.Offers("pty") != (tc.version == 2) {
+			if c.Offers("pty") != (tc.version >= 2) {
 				t.Errorf("Offers(pty) = %v", c.Offers("pty"))
 			}
 		})
@@ -98,6 +99,41 @@ func TestDaemonWithFewerFeatures(t *testing.T) {
 		t.Fatalf("a cgroup spawn: %v, want EOPNOTSUPP naming the feature cgroups", err)
 	}
 	if err := c.Command("true").Run(); err != nil {
+		t.Fatalf("a spawn after the refusal: %v", err)
+	}
+}
+
+// TestVersion2Daemon talks to a real daemon in version 2, the layouts
+// a daemon that knows no newer version answers in: spawns and status
+// work without the version-3 fields, and a sandbox is refused before it
+// is sent, naming the feature.
+func TestVersion2Daemon(t *testing.T) {
+	d := ownDaemon(t)
+	helloVersion.Store(2)
+	defer helloVersion.Store(protocolVersion)
+	c, err := Dial(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.ProtocolVersion() != 2 {
+		t.Fatalf("ProtocolVersion() = %d, want 2", c.ProtocolVersion())
+	}
+	out, err := c.Command("/bin/echo", "two").Output()
+	if err != nil || string(out) != "two\n" {
+		t.Fatalf("a spawn in version 2: %q, %v", out, err)
+	}
+	s, err := c.Status()
+	if err != nil || s.SpawnsSucceeded == 0 || len(s.Peers) != 0 || len(s.Spawners) != 0 {
+		t.Fatalf("status in version 2: %+v, %v", s, err)
+	}
+	cmd := c.Command("/bin/true")
+	cmd.Zygote.Sandbox = &Sandbox{Network: NetworkNone}
+	var start *StartError
+	if err := cmd.Run(); !errors.As(err, &start) || start.Errno != syscall.EOPNOTSUPP || !strings.Contains(start.Message, "feature sandbox") {
+		t.Fatalf("a sandbox in version 2: %v, want EOPNOTSUPP naming the feature sandbox", err)
+	}
+	if err := c.Command("/bin/true").Run(); err != nil {
 		t.Fatalf("a spawn after the refusal: %v", err)
 	}
 }

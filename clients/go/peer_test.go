@@ -69,7 +69,8 @@ func TestRefusedAndWrongReplies(t *testing.T) {
 
 	t.Run("wrong reply to a spawn", func(t *testing.T) {
 		path := scriptedPeer(t, func(_ *net.UnixConn, frame []byte) [][]byte {
-			m, err := decodeClient(frame)
+			// The connection speaks version 1, as helloAckFrame says.
+			m, err := decodeClientIn(frame, 1)
 			if err != nil {
 				return [][]byte{nil}
 			}

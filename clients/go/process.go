@@ -22,6 +22,9 @@ type Process struct {
 	// Pid is the child's pid in the daemon's pid namespace. Within Run
 	// it is 0 until the daemon has reported the child (see Cmd.Run).
 	Pid int
+	// Sandbox is what confined the child, as the daemon reported it; nil
+	// when nothing did (or, for a deferred spawn, until it was reported).
+	Sandbox *AppliedSandbox
 
 	client   *Client
 	conn     *connection // the connection it was spawned on
@@ -162,6 +165,7 @@ func (p *Process) adopt() error {
 		p.setAdopted(-1)
 	case m.Spawned != nil && len(r.fds) == 1:
 		p.Pid = int(m.Spawned.Pid)
+		p.Sandbox = newAppliedSandbox(m.Spawned.Sandbox)
 		p.setAdopted(r.fds[0])
 	case m.SpawnFailed != nil:
 		closeFds(r.fds)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -43,8 +44,21 @@ func strictUnmarshal(data []byte, v any) error {
 // compares the result with the vector's message, and encodes the message
 // back to exactly the vector's bytes.
 func TestVectors(t *testing.T) {
-	// This package speaks protocol 2: the frames of version 2, frozen.
-	path := filepath.Join("..", "..", "proto", "vectors", "v2", "frames.json")
+	checkVectors(t, filepath.Join("..", "..", "proto", "vectors", "frames.json"), protocolVersion, 20)
+}
+
+// TestVectorsOfOlderVersions checks the frozen frames of each older
+// version with the layouts this package speaks to a daemon of that
+// version.
+func TestVectorsOfOlderVersions(t *testing.T) {
+	for v := uint32(oldestProtocolVersion); v < protocolVersion; v++ {
+		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) {
+			checkVectors(t, filepath.Join("..", "..", "proto", "vectors", fmt.Sprintf("v%d", v), "frames.json"), v, 20)
+		})
+	}
+}
+
+func checkVectors(t *testing.T, path string, version uint32, atLeast int) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("reading the shared vectors: %v", err)
@@ -53,10 +67,10 @@ func TestVectors(t *testing.T) {
 	if err := json.Unmarshal(data, &file); err != nil {
 		t.Fatalf("parsing %s: %v", path, err)
 	}
-	if file.ProtocolVersion != protocolVersion {
-		t.Fatalf("%s is for protocol %d, this package speaks %d", path, file.ProtocolVersion, protocolVersion)
+	if file.ProtocolVersion != int(version) {
+		t.Fatalf("%s is for protocol %d, want %d", path, file.ProtocolVersion, version)
 	}
-	if len(file.Vectors) < 20 {
+	if len(file.Vectors) < atLeast {
 		t.Fatalf("%s has only %d vectors", path, len(file.Vectors))
 	}
 	for _, v := range file.Vectors {
@@ -69,7 +83,7 @@ func TestVectors(t *testing.T) {
 			var reencoded []byte
 			switch v.Direction {
 			case "client":
-				m, err := decodeClient(frame)
+				m, err := decodeClientIn(frame, version)
 				if err != nil {
 					t.Fatalf("decoding: %v", err)
 				}
@@ -77,12 +91,12 @@ func TestVectors(t *testing.T) {
 				if err := strictUnmarshal(v.Message, &j); err != nil {
 					t.Fatalf("message into Go: %v", err)
 				}
-				if reencoded, err = encodeClient(&j); err != nil {
+				if reencoded, err = encodeClientTo(nil, &j, version); err != nil {
 					t.Fatalf("encoding: %v", err)
 				}
 				decoded, fromJSON = m, &j
 			case "server":
-				m, err := decodeServer(frame)
+				m, err := decodeServerIn(frame, version)
 				if err != nil {
 					t.Fatalf("decoding: %v", err)
 				}
@@ -90,7 +104,7 @@ func TestVectors(t *testing.T) {
 				if err := strictUnmarshal(v.Message, &j); err != nil {
 					t.Fatalf("message into Go: %v", err)
 				}
-				if reencoded, err = encodeServer(&j); err != nil {
+				if reencoded, err = encodeServerIn(&j, version); err != nil {
 					t.Fatalf("encoding: %v", err)
 				}
 				decoded, fromJSON = m, &j
@@ -104,7 +118,8 @@ func TestVectors(t *testing.T) {
 			if err != nil {
 				t.Fatalf("decoded value to JSON: %v", err)
 			}
-			if got, want := normalJSON(t, out), normalJSON(t, v.Message); !reflect.DeepEqual(got, want) {
+			got := withoutNewerFields(normalJSON(t, out), version)
+			if want := normalJSON(t, v.Message); !reflect.DeepEqual(got, want) {
 				t.Errorf("decoded value as JSON:\n got %s\nwant %s", out, v.Message)
 			}
 			if got := hex.EncodeToString(reencoded); got != v.Hex {
@@ -112,6 +127,27 @@ func TestVectors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withoutNewerFields drops, from a message's JSON, the fields that the
+// layout of version v does not have.
+func withoutNewerFields(message any, v uint32) any {
+	if v >= sandboxSince {
+		return message
+	}
+	m, ok := message.(map[string]any)
+	if !ok {
+		return message
+	}
+	for variant, fields := range map[string][]string{"Spawn": {"sandbox"}, "Spawned": {"sandbox"},
+		"Status": {"peers", "spawners"}} {
+		if body, ok := m[variant].(map[string]any); ok {
+			for _, f := range fields {
+				delete(body, f)
+			}
+		}
+	}
+	return m
 }
 
 // TestDecoderRejects checks the malformed frames of PROTOCOL.md §3.

@@ -23,6 +23,56 @@ export interface ZygoteOptions {
   pidsMax?: number;
 }
 
+/** One mount of a sandbox's filesystem view. */
+export type SandboxMount =
+  | { type: 'ro' | 'rw'; source: string | Buffer; destination?: string | Buffer }
+  | { type: 'tmpfs'; destination: string | Buffer };
+
+/** Landlock rules: the only paths, and TCP ports, the child may use. */
+export interface LandlockOptions {
+  readOnly?: Array<string | Buffer>;
+  readExecute?: Array<string | Buffer>;
+  readWrite?: Array<string | Buffer>;
+  tcpBind?: number[];
+  tcpConnect?: number[];
+  /** Refuse the spawn when the kernel cannot enforce every rule (default: best effort). */
+  require?: boolean;
+}
+
+/** Confines the child. The zygote must offer the feature 'sandbox' (see
+ * hello()); otherwise the spawn fails before anything is sent, with an
+ * ENOTSUP error naming the feature. A sandbox is never weakened silently. */
+export interface SandboxOptions {
+  /** A profile of the zygote's policy file, applied first; the rest only tightens it. */
+  profile?: string;
+  /** Absent: the host's filesystem. Present: an empty root with these mounts, in order. */
+  mounts?: SandboxMount[];
+  /** 'none': an empty network namespace. Default 'host'. */
+  network?: 'host' | 'none';
+  /** New pid, ipc and uts namespaces. */
+  isolate?: boolean;
+  /** The hostname inside; needs isolate. */
+  hostname?: string;
+  /** A seccomp profile: 'default', 'strict', or one of the policy's. */
+  seccomp?: string;
+  /** A custom seccomp filter's text, instead of seccomp. */
+  seccompFilter?: string;
+  landlock?: LandlockOptions;
+}
+
+/** What confined a child, as the zygote reported it. */
+export interface AppliedSandbox {
+  profile: string | null;
+  /** 'mount', 'pid', 'ipc', 'uts', 'net', 'user'. */
+  namespaces: string[];
+  /** A profile name, 'custom', or null. */
+  seccomp: string | null;
+  /** The Landlock ABI enforced; null when Landlock was not applied. */
+  landlockAbi: number | null;
+  /** false when best-effort Landlock could not enforce every rule. */
+  landlockComplete: boolean;
+}
+
 export interface SpawnOptions {
   cwd?: string | URL | Buffer;
   env?: NodeJS.ProcessEnv;
@@ -39,6 +89,7 @@ export interface SpawnOptions {
   windowsHide?: boolean;
   windowsVerbatimArguments?: boolean;
   zygote?: ZygoteOptions;
+  sandbox?: SandboxOptions;
 }
 
 export interface ExecFileOptions extends SpawnOptions {
@@ -63,6 +114,8 @@ export class ChildProcess extends EventEmitter {
   stdout: Readable | null;
   stderr: Readable | null;
   readonly stdio: Array<Readable | Writable | null>;
+  /** What confined the child, set when 'spawn' is emitted; null when nothing did. */
+  sandbox: AppliedSandbox | null;
   kill(signal?: NodeJS.Signals | number): boolean;
   ref(): void;
   unref(): void;
@@ -125,6 +178,8 @@ export interface SpawnSyncReturns<T> {
   status: number | null;
   signal: NodeJS.Signals | null;
   error?: Error;
+  /** What confined the child, as the zygote reported it; null when nothing did. */
+  sandbox: AppliedSandbox | null;
 }
 
 export function spawnSync(command: string, options: SpawnSyncOptions & { encoding: BufferEncoding }):

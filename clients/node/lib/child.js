@@ -6,6 +6,7 @@ const net = require('node:net');
 const native = require('./native');
 const errors = require('./errors');
 const { normalize } = require('./options');
+const { appliedSandbox } = require('./sandbox');
 
 const kId = Symbol('id');
 // EACCES, EAGAIN, EMFILE, ENFILE, ENOENT: the errors Node emits from spawn.
@@ -32,6 +33,8 @@ class ChildProcess extends EventEmitter {
     this.stdout = null;
     this.stderr = null;
     this.stdio = [];
+    // What confined the child, as the zygote reported it with 'spawn'.
+    this.sandbox = null;
     this[kId] = 0;
     this[kState] = {
       running: false, // spawned or spawning, exit not reported yet
@@ -75,6 +78,7 @@ class ChildProcess extends EventEmitter {
     const state = this[kState];
     if (kind === native.SPAWNED) {
       this.pid = a;
+      this.sandbox = appliedSandbox(message);
       state.spawned = true;
       this.emit('spawn');
       for (const signal of state.pendingSignals.splice(0)) this._signal(signal);

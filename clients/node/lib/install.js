@@ -42,6 +42,9 @@ function stdioEntries(options) {
 // Why the zygote cannot reproduce this call exactly, or null when it can.
 function fallbackReason(args) {
   const options = args.find((arg, i) => i > 0 && arg && typeof arg === 'object' && !Array.isArray(arg));
+  // Only the zygote can confine a child: the originals would ignore the
+  // option and run it unconfined. Such a call is served or refused here.
+  if (options && options.sandbox != null) return null;
   for (const entry of stdioEntries(options)) {
     if (entry === 'ipc') return "stdio has 'ipc': the zygote does not give children an IPC channel";
     if (entry && typeof entry === 'object') {

@@ -5,6 +5,7 @@
 
 const { URL, fileURLToPath } = require('node:url');
 const errors = require('./errors');
+const { sandboxPlan } = require('./sandbox');
 
 const MAX_ID = 0xffffffff;
 
@@ -189,6 +190,7 @@ function normalize(command, argsIn, optionsIn) {
     uid,
     gid,
     ...zygoteOptions(options),
+    sandbox: sandboxPlan(options.sandbox),
   };
   return { file, args, spec, options };
 }

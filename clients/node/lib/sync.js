@@ -6,6 +6,7 @@
 const native = require('./native');
 const errors = require('./errors');
 const { normalize } = require('./options');
+const { appliedSandbox } = require('./sandbox');
 
 function inputBytes(input) {
   if (input == null) return undefined;
@@ -45,6 +46,7 @@ function spawnSync(command, args, options) {
     stderr: err,
     status: raw.status === undefined || raw.status === null ? null : raw.status,
     signal: raw.signal ? errors.signalName(raw.signal) : null,
+    sandbox: appliedSandbox(raw.sandbox),
   };
   const syscall = `spawnSync ${normal.file}`;
   if (raw.errno !== 0 || raw.message) {

@@ -72,3 +72,21 @@ test('with no zygote at the socket, install falls back to child_process', async 
     zygote.setSocket(shared.daemon.socket);
   }
 });
+
+test('a call with a sandbox is never handed to child_process, which would run it unconfined', async () => {
+  const reasons = [];
+  zygote.setSocket(path.join(require('node:os').tmpdir(), `zygote-absent-${process.pid}.sock`));
+  zygote.install({ onFallback: (reason) => reasons.push(reason) });
+  try {
+    const child = childProcess.spawn('/bin/true', [], { stdio: 'ignore', sandbox: { network: 'none' } });
+    const error = await within(new Promise((resolve) => child.once('error', resolve)), 20000, 'the refusal');
+    assert.equal(error.code, 'ERR_ZYGOTE_UNAVAILABLE');
+    assert.equal(child.pid, undefined);
+    assert.throws(() => childProcess.spawn(process.execPath, ['-e', ''], { stdio: ['pipe', 'pipe', 'pipe', 'ipc'],
+      sandbox: {} }), { code: 'ERR_ZYGOTE_UNSUPPORTED' });
+    assert.deepEqual(reasons, []);
+  } finally {
+    zygote.uninstall();
+    zygote.setSocket(shared.daemon.socket);
+  }
+});

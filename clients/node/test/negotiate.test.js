@@ -51,6 +51,24 @@ test('a daemon answering in version 2 gives its features', { skip: !hasPython() 
   zygote.setSocket(null);
 });
 
+test('a daemon answering in version 2 gets no sandboxed request: ENOTSUP naming the feature',
+  { skip: !hasPython() && 'no python3' }, async (t) => {
+    const ack = addon.encodeFrame('server', JSON.stringify({ HelloAck: { protocol_version: 2, server_version: 'old',
+      limits: { max_frame_bytes: 262144, max_fds_per_frame: 64 }, features: ['pty', 'large_args'] } }));
+    const peer = await scriptedPeer(t, ack.toString('hex'));
+    zygote.setSocket(peer.socket);
+    try {
+      const child = zygote.spawn('/bin/true', [], { stdio: 'ignore', sandbox: { isolate: true } });
+      const error = await within(new Promise((resolve) => child.once('error', resolve)), 20000, 'the refusal');
+      assert.equal(error.code, 'ENOTSUP');
+      assert.match(error.message, /does not offer the feature sandbox \(it speaks protocol version 2\)/);
+      const sync = zygote.spawnSync('/bin/true', [], { sandbox: {} });
+      assert.equal(sync.error.code, 'ENOTSUP');
+    } finally {
+      zygote.setSocket(null);
+    }
+  });
+
 function hasPython() {
   try {
     childProcess.execFileSync('python3', ['-c', '']);

@@ -12,9 +12,9 @@ const zygote = require('..');
 
 const shared = sharedDaemon();
 
-test('the zygote answers in protocol version 2 with its features', async () => {
+test('the zygote answers in protocol version 3 with its features', async () => {
   const hello = await within(zygote.hello(), 20000, 'hello');
-  assert.equal(hello.protocolVersion, 2);
+  assert.equal(hello.protocolVersion, 3);
   assert.ok(Array.isArray(hello.features));
   assert.ok(shared.daemon.socket);
 });

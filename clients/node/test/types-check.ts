@@ -27,3 +27,19 @@ void [text, bytes];
 
 // @ts-expect-error: the command must be a string
 zygote.spawn(42);
+
+const boxed = zygote.spawn('ls', [], {
+  sandbox: {
+    mounts: [{ type: 'ro', source: '/usr' }, { type: 'tmpfs', destination: '/tmp' }],
+    network: 'none', isolate: true, hostname: 'box', seccomp: 'default',
+    landlock: { readWrite: ['/tmp'], tcpConnect: [443], require: true },
+  },
+});
+const abi: number | null | undefined = boxed.sandbox?.landlockAbi;
+void abi;
+// @ts-expect-error: the network is 'host' or 'none'
+zygote.spawn('ls', [], { sandbox: { network: 'bridge' } });
+// @ts-expect-error: a tmpfs mount has no source
+zygote.spawn('ls', [], { sandbox: { mounts: [{ type: 'tmpfs', source: '/x', destination: '/y' }] } });
+const confined: zygote.AppliedSandbox | null = zygote.spawnSync('true').sandbox;
+void confined;

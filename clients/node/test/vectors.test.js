@@ -39,6 +39,29 @@ for (const vector of vectors.vectors) {
   });
 }
 
+// Each older version's frozen frames, in that version's layouts: what
+// the addon reads from and writes to a daemon of that version.
+for (let version = 1; version < vectors.protocol_version; version++) {
+  const older = parse(fs.readFileSync(path.join(REPO, 'proto', 'vectors', `v${version}`, 'frames.json'), 'utf8'));
+  test(`the frames of version ${version} are of that version`, () => {
+    assert.equal(older.protocol_version, version);
+    assert.ok(older.vectors.length > 10);
+  });
+  for (const vector of older.vectors) {
+    test(`version ${version} vector ${vector.name} round-trips`, () => {
+      const frame = Buffer.from(vector.hex, 'hex');
+      assert.deepEqual(parse(addon.decodeFrame(vector.direction, frame, version)), vector.message);
+      assert.equal(addon.encodeFrame(vector.direction, stringify(vector.message), version).toString('hex'), vector.hex);
+    });
+  }
+}
+
+test('a version-3 reply does not decode in the version-2 layout', () => {
+  const spawned = vectors.vectors.find((vector) => vector.name === 'spawned_sandbox');
+  assert.ok(spawned, 'a Spawned vector with a sandbox');
+  assert.throws(() => addon.decodeFrame('server', Buffer.from(spawned.hex, 'hex'), 2), /decoding/);
+});
+
 test('a frame with a byte left over is refused', () => {
   const signalSent = vectors.vectors.find((vector) => vector.name === 'signal_sent' || vector.message.SignalSent);
   assert.ok(signalSent, 'a SignalSent vector');

@@ -143,9 +143,9 @@ def deferral_flags(monkeypatch: pytest.MonkeyPatch) -> List[bool]:
     flags: List[bool] = []
     original = _request.encode_spawn
 
-    def encode(message: Dict[str, Any], max_frame: int) -> bytes:
+    def encode(message: Dict[str, Any], max_frame: int, version: int) -> bytes:
         flags.append(message["Spawn"]["defer_spawned"])
-        return original(message, max_frame)
+        return original(message, max_frame, version)
 
     monkeypatch.setattr(_request, "encode_spawn", encode)
     return flags

@@ -4,42 +4,68 @@ to its message and the message re-encodes to exactly the frame."""
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
 
 import pytest
 from conftest import REPO
 
 from zygote import _wire
 
-# This package speaks protocol 2: the frames of version 2, frozen.
-VECTORS = REPO / "proto" / "vectors" / "v2" / "frames.json"
+VECTORS = REPO / "proto" / "vectors" / "frames.json"
 
 
-def load() -> List[Dict[str, Any]]:
-    if not VECTORS.exists():
-        pytest.fail(f"the shared vectors file {VECTORS} is missing")
-    data = json.loads(VECTORS.read_text())
-    assert data["protocol_version"] == _wire.PROTOCOL_VERSION
+def load(path: Path = VECTORS, version: int = _wire.PROTOCOL_VERSION) -> List[Dict[str, Any]]:
+    if not path.exists():
+        pytest.fail(f"the shared vectors file {path} is missing")
+    data = json.loads(path.read_text())
+    assert data["protocol_version"] == version
     vectors: List[Dict[str, Any]] = data["vectors"]
     return vectors
 
 
-def schema(vector: Dict[str, Any]) -> _wire.Schema:
-    return _wire.CLIENT_MESSAGE if vector["direction"] == "client" else _wire.SERVER_MESSAGE
+def schema(vector: Dict[str, Any], version: int = _wire.PROTOCOL_VERSION) -> _wire.Schema:
+    if vector["direction"] == "client":
+        return _wire.client_schema(version)
+    return _wire.server_schema(version)
+
+
+def check_round_trip(vector: Dict[str, Any], version: int) -> None:
+    frame = bytes.fromhex(vector["hex"])
+    decoded = _wire.decode(schema(vector, version), frame)
+    assert _wire.to_json(decoded) == vector["message"]
+    assert _wire.encode(schema(vector, version), vector["message"]).hex() == vector["hex"]
+    # The decoded form (bytes, not lists of ints) encodes the same.
+    assert _wire.encode(schema(vector, version), decoded) == frame
+    if "Spawn" in vector["message"]:
+        # The hand-written spawn encoder the client uses, too.
+        assert _wire.encode_spawn(vector["message"]["Spawn"], version) == frame
+        assert _wire.encode_spawn(decoded["Spawn"], version) == frame
 
 
 @pytest.mark.parametrize("vector", load(), ids=lambda vector: vector["name"])
 def test_vector_round_trips(vector: Dict[str, Any]) -> None:
-    frame = bytes.fromhex(vector["hex"])
-    decoded = _wire.decode(schema(vector), frame)
-    assert _wire.to_json(decoded) == vector["message"]
-    assert _wire.encode(schema(vector), vector["message"]).hex() == vector["hex"]
-    # The decoded form (bytes, not lists of ints) encodes the same.
-    assert _wire.encode(schema(vector), decoded) == frame
-    if "Spawn" in vector["message"]:
-        # The hand-written spawn encoder the client uses, too.
-        assert _wire.encode_spawn(vector["message"]["Spawn"]) == frame
-        assert _wire.encode_spawn(decoded["Spawn"]) == frame
+    check_round_trip(vector, _wire.PROTOCOL_VERSION)
+
+
+def older_vectors() -> List[Tuple[int, Dict[str, Any]]]:
+    """The frozen frames of every older version, proto/vectors/vN/."""
+    found = []
+    for version in range(_wire.OLDEST_PROTOCOL_VERSION, _wire.PROTOCOL_VERSION):
+        path = REPO / "proto" / "vectors" / f"v{version}" / "frames.json"
+        found += [(version, vector) for vector in load(path, version)]
+    return found
+
+
+@pytest.mark.parametrize(
+    "version, vector",
+    older_vectors(),
+    ids=lambda item: str(item) if isinstance(item, int) else item["name"],
+)
+def test_older_version_vector_round_trips(version: int, vector: Dict[str, Any]) -> None:
+    """A connection of an older version decodes and encodes that version's
+    frames byte for byte."""
+    check_round_trip(vector, version)
 
 
 def test_the_file_covers_every_variant() -> None:

@@ -4,7 +4,7 @@ A zygote is a small daemon that starts children on request over a Unix
 socket (see the project README), so that a large process, one with many
 threads or fds, or one that would fork (``preexec_fn``, ``user=``) never
 forks. This package speaks its protocol (proto/PROTOCOL.md, versions 1
-and 2, negotiated at connect) directly; it is pure Python with no
+to 3, negotiated at connect) directly; it is pure Python with no
 dependencies.
 
 The API is :mod:`subprocess`'s, with the same names and the stdlib's own
@@ -55,8 +55,9 @@ What differs from :mod:`subprocess`:
   so. Python 3.12+ warns (``DeprecationWarning``) about forking a process
   with threads: the client's reader thread is one.
 - **Extra keywords:** ``kill_on_close``, ``zygote_timeout``,
-  ``zygote_grace``, ``rlimits`` and ``cgroup`` (a :class:`Cgroup`: limits
-  and whole-tree kill and wait; see :class:`Popen`).
+  ``zygote_grace``, ``rlimits``, ``cgroup`` (a :class:`Cgroup`: limits
+  and whole-tree kill and wait) and ``sandbox`` (a :class:`Sandbox`; see
+  :class:`Popen`).
 - **A lost daemon:** a child's exit status is read from its pidfd (Linux
   6.15+; :attr:`Popen.zygote_lost`), and a :class:`Client` reconnects to
   its path for new spawns (see :class:`Client`). A :func:`run` child that
@@ -90,6 +91,7 @@ from ._errors import ZygoteError
 from ._install import install, installed, uninstall
 from ._popen import Popen
 from ._request import Cgroup
+from ._sandbox import AppliedSandbox, Landlock, Mount, Sandbox
 
 __version__ = "0.1.0"
 
@@ -106,12 +108,16 @@ __all__ = [
     "PIPE",
     "RECONNECT_ATTEMPTS",
     "STDOUT",
+    "AppliedSandbox",
     "CalledProcessError",
     "Cgroup",
     "Client",
     "CompletedProcess",
+    "Landlock",
+    "Mount",
     "Popen",
     "Process",
+    "Sandbox",
     "SubprocessError",
     "TimeoutExpired",
     "ZygoteError",

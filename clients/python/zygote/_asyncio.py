@@ -17,7 +17,7 @@ import subprocess
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from . import _lost, _request, _spawn
+from . import _lost, _request, _sandbox, _spawn
 from ._conn import Connection, SpawnSlot
 from ._errors import ZygoteError
 from ._popen import kill_tree, returncode_of, tree_of
@@ -60,6 +60,8 @@ class Process:
         self.timed_out = False
         self.tree_usage: Optional[Dict[str, Any]] = None
         self.oom_killed = False
+        #: What confined the child, as the daemon reported it.
+        self.sandbox: Optional[_sandbox.AppliedSandbox] = None
         self.zygote_lost = False
         self._conn = conn
         self._spawn_id = spawn_id
@@ -252,7 +254,7 @@ async def _create_once(
 ) -> Process:
     """One try of :func:`create_subprocess_exec`; ``zygote_options`` are
     :class:`zygote._request.ZygoteOptions`' (``kill_on_close``,
-    ``zygote_timeout``, ``zygote_grace``, ``rlimits``, ``cgroup``)."""
+    ``zygote_timeout``, ``zygote_grace``, ``rlimits``, ``cgroup``, ``sandbox``)."""
     options = _request.ZygoteOptions(**zygote_options)
     loop = asyncio.get_running_loop()
     if client.alive:
@@ -305,7 +307,7 @@ async def _create_once(
             raise ZygoteError(slot.error.errno, slot.error.strerror)
         raise _request.spawn_error(slot.reply["SpawnFailed"], program, cwd)
     streams = await _streams(loop, slot, specs, local_pipe, limit)
-    return Process(
+    process = Process(
         slot.reply["Spawned"]["pid"],
         slot.fds[0],
         exited,
@@ -316,6 +318,8 @@ async def _create_once(
         request.request_id,
         options.cgroup,
     )
+    process.sandbox = _sandbox.AppliedSandbox.from_wire(slot.reply["Spawned"].get("sandbox"))
+    return process
 
 
 async def _submit(

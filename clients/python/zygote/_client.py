@@ -300,12 +300,18 @@ class Client:
         return await _asyncio.create_subprocess_exec(self, "/bin/sh", "-c", cmd, **kwargs)
 
     def status(self) -> Dict[str, Any]:
-        """The daemon's counters (``zygote status``), as a dict."""
+        """The daemon's counters (``zygote status``), as a dict. ``peers``
+        lists the use per peer uid (``uid``, ``connections``, ``children``,
+        ``children_limit``, ``connections_limit``, ``sandbox_profile``):
+        every uid for root and the daemon's own uid, only its own for any
+        other peer. ``spawners`` lists the per-uid spawner processes
+        (``uid``, ``pid``, ``spawns``, ``restarts``). Both are empty from a
+        daemon older than protocol version 3."""
         conn = self._connection()
         reply = conn.request({"Status": {"id": conn.next_id()}})
         if "Status" not in reply:
             raise ZygoteError(errno.EPROTO, f"unexpected reply to Status: {reply!r}")
-        return dict(reply["Status"])
+        return {"peers": [], "spawners": [], **reply["Status"]}
 
     def close(self) -> None:
         """Closes the connection. Children keep running."""

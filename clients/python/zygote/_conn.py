@@ -29,6 +29,9 @@ _READER_END_SECONDS = 1.0
 
 #: The name this client gives in ``Hello``.
 CLIENT_NAME = "zygote-py/0.1.0"
+#: The protocol version Hello offers: the newest, lowered by tests to talk
+#: to a real daemon as a client of an older version does.
+HELLO_VERSION = _wire.PROTOCOL_VERSION
 #: How long the handshake and a blocked send may take before the daemon
 #: counts as stuck.
 HANDSHAKE_SECONDS = 10.0
@@ -140,7 +143,8 @@ class Connection:
     # --- the handshake, before the reader runs -------------------------
 
     def _handshake(self) -> Dict[str, Any]:
-        hello = {"Hello": {"protocol_version": _wire.PROTOCOL_VERSION, "client": CLIENT_NAME}}
+        offered = HELLO_VERSION
+        hello = {"Hello": {"protocol_version": offered, "client": CLIENT_NAME}}
         self._sock.settimeout(HANDSHAKE_SECONDS)
         try:
             self._sock.sendmsg([_wire.encode_client(hello)], [], socket.MSG_NOSIGNAL)
@@ -172,12 +176,12 @@ class Connection:
             # The daemon answers in the newest version both know: ours or
             # older, never one we did not offer.
             version = ack["protocol_version"]
-            if not _wire.OLDEST_PROTOCOL_VERSION <= version <= _wire.PROTOCOL_VERSION:
+            if not _wire.OLDEST_PROTOCOL_VERSION <= version <= offered:
                 raise ZygoteError(
                     errno.EPROTO,
                     f"zygote at {self.where} answered in protocol version {version}; "
                     f"this client speaks versions {_wire.OLDEST_PROTOCOL_VERSION} "
-                    f"to {_wire.PROTOCOL_VERSION}",
+                    f"to {offered}",
                 )
             return ack
         if isinstance(message, dict) and "ProtocolError" in message:
@@ -230,7 +234,7 @@ class Connection:
                     )
                     break
                 try:
-                    message = _wire.decode_server(frame)
+                    message = _wire.decode_server(frame, self.protocol_version)
                 except _wire.DecodeError as error:
                     _close_all(fds)
                     reason = ZygoteError(

@@ -23,7 +23,7 @@ import warnings
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from . import _lost, _request, _spawn, _wire
+from . import _lost, _request, _sandbox, _spawn, _wire
 from ._conn import Connection, SpawnSlot
 from ._errors import ZygoteError
 
@@ -162,7 +162,11 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
       cgroup (``memory_max``, ``pids_max``, ``cpu_max``, ...), and
       ``kill_tree``/``wait_tree``; :attr:`tree_usage` then holds the whole
       tree's CPU time and peak memory, :attr:`oom_killed` whether the OOM
-      killer ended a process of it.
+      killer ended a process of it;
+    - ``sandbox``: a :class:`zygote.Sandbox` that confines the child (the
+      daemon must offer the feature ``sandbox``, or the spawn raises
+      :class:`OSError` ``EOPNOTSUPP`` before anything is sent);
+      :attr:`sandbox` is then what the daemon applied.
 
     Differences from the stdlib: the child's parent is the zygote, not this
     process (``os.getppid()`` in the child, ``waitpid`` here fails); it gets
@@ -189,6 +193,10 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     #: request had a :class:`zygote.Cgroup`.
     tree_usage: Optional[Dict[str, Any]] = None
     oom_killed: bool = False
+    #: What confined the child, as the daemon reported it; ``None`` when
+    #: nothing did (or, for a child of run() that ended at once, when the
+    #: daemon sent its exit alone).
+    sandbox: Optional[_sandbox.AppliedSandbox] = None
     #: True when the status was read from the pidfd (the daemon was lost).
     zygote_lost: bool = False
     _zygote_slot: Optional[SpawnSlot] = None
@@ -215,6 +223,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         zygote_grace: float = _request.DEFAULT_GRACE_SECONDS,
         rlimits: Optional[Mapping[int, Union[int, Tuple[int, int]]]] = None,
         cgroup: Optional[_request.Cgroup] = None,
+        sandbox: Optional[_sandbox.Sandbox] = None,
         _zygote_defer: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -226,6 +235,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             zygote_grace=zygote_grace,
             rlimits=rlimits,
             cgroup=cgroup,
+            sandbox=sandbox,
         )
         self._zygote_process_group: Optional[int] = None
         if not _HAS_PROCESS_GROUP and "process_group" in kwargs:
@@ -272,6 +282,14 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             process_group = None
 
         def fall_back(reason: str) -> None:
+            if self._zygote_options.sandbox is not None:
+                # The stdlib cannot confine the child: refused, never run
+                # without its sandbox.
+                raise ZygoteError(
+                    errno.EOPNOTSUPP,
+                    f"the zygote cannot start this child ({reason}), and subprocess "
+                    "cannot apply its sandbox",
+                )
             self._zygote_fallback = True
             self.zygote_fallback_reason = reason
             super(Popen, self)._execute_child(*stdlib_args)  # type: ignore[misc]
@@ -375,6 +393,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         for fd in extra:
             os.close(fd)
         self.pid = slot.reply["Spawned"]["pid"]
+        self.sandbox = _sandbox.AppliedSandbox.from_wire(slot.reply["Spawned"].get("sandbox"))
         self.pidfd = pidfd
         weakref.finalize(self, os.close, pidfd)
 

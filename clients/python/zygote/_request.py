@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _check, _wire
+from . import _check, _sandbox, _wire
 
 U64_MAX = _check.U64_MAX
 RLIMIT_COUNT = _check.RLIMIT_COUNT
@@ -266,6 +266,7 @@ class ZygoteOptions:
     zygote_grace: float = DEFAULT_GRACE_SECONDS
     rlimits: Optional[Mapping[int, Union[int, Tuple[int, int]]]] = None
     cgroup: Optional[Cgroup] = None
+    sandbox: Optional[_sandbox.Sandbox] = None
 
 
 @dataclass(frozen=True)
@@ -513,14 +514,18 @@ def build_spawn(
             "cgroup": cgroup.to_wire() if cgroup is not None else None,
             **state.attributes,
             "defer_spawned": bool(spec.defer),
+            "sandbox": _sandbox.wire_of(spec.options.sandbox),
         }
     }
     return message, attachments.fds
 
 
-def encode_spawn(message: Dict[str, Any], max_frame: int) -> bytes:
-    """The frame, or :class:`UnservableError` when it is over the frame limit."""
-    frame = _wire.encode_spawn(message["Spawn"])
+def encode_spawn(
+    message: Dict[str, Any], max_frame: int, version: int = _wire.PROTOCOL_VERSION
+) -> bytes:
+    """The frame in the layout of ``version``, or :class:`UnservableError`
+    when it is over the frame limit."""
+    frame = _wire.encode_spawn(message["Spawn"], version)
     if len(frame) > max_frame:
         raise UnservableError(
             f"the request is {len(frame)} bytes, over the zygote's frame limit of {max_frame}"

@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Any, Callable, Optional, Protocol
 
-from . import _request
+from . import _request, _sandbox
 from ._conn import Connection, SpawnSlot
 from ._errors import ZygoteError
 
@@ -80,8 +80,9 @@ class Outgoing:
         self.slot = slot
         self.request_id = conn.next_id()
         message, self.fds = _request.build_spawn(spec, self.request_id, conn.max_fds, state)
+        _sandbox.check_offered(spec.options.sandbox, conn.features, conn.protocol_version)
         # Through the module, so that tests can watch the encoded requests.
-        self.frame = _request.encode_spawn(message, conn.max_frame)
+        self.frame = _request.encode_spawn(message, conn.max_frame, conn.protocol_version)
 
     def register(self) -> None:
         self.conn.register_spawn(self.request_id, self.slot)

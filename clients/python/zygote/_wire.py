@@ -16,11 +16,15 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 #: The newest protocol version this package speaks, sent in ``Hello``; the
 #: daemon answers in the newest version both know.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 #: The oldest version this package reads a ``HelloAck`` in.
 OLDEST_PROTOCOL_VERSION = 1
 #: The first version whose ``HelloAck`` lists the daemon's features.
 FEATURES_SINCE = 2
+#: The first version with ``SpawnRequest.sandbox``, ``Spawned.sandbox``,
+#: ``SpawnStage::Sandbox`` and ``StatusReply``'s ``peers`` and ``spawners``;
+#: an older connection uses the layouts without them.
+SANDBOX_SINCE = 3
 #: The limits of PROTOCOL.md section 1, used until ``HelloAck`` gives the
 #: daemon's own.
 MAX_FRAME_BYTES = 262144
@@ -60,7 +64,47 @@ def _by_version(
 
 
 _STDIO = _enum(("Null", None), ("Pipe", None), ("Fd", "u32"))
-_SPAWN = _struct(
+_SANDBOX = _struct(
+    ("profile", _opt("string")),
+    (
+        "filesystem",
+        _opt(
+            _struct(
+                (
+                    "mounts",
+                    _list(
+                        _struct(
+                            (
+                                "kind",
+                                _enum(("ReadOnlyBind", None), ("Bind", None), ("Tmpfs", None)),
+                            ),
+                            ("source", "bytes"),
+                            ("destination", "bytes"),
+                        )
+                    ),
+                ),
+            )
+        ),
+    ),
+    ("network", _enum(("Host", None), ("None", None))),
+    ("isolate", "bool"),
+    ("hostname", _opt("string")),
+    ("seccomp", _opt(_enum(("Profile", "string"), ("Filter", "string")))),
+    (
+        "landlock",
+        _opt(
+            _struct(
+                ("read_only", _list("bytes")),
+                ("read_execute", _list("bytes")),
+                ("read_write", _list("bytes")),
+                ("tcp_bind", _list("u16")),
+                ("tcp_connect", _list("u16")),
+                ("require", "bool"),
+            )
+        ),
+    ),
+)
+_SPAWN_V2 = _struct(
     ("id", "u64"),
     ("program", "bytes"),
     ("argv0", _opt("bytes")),
@@ -103,20 +147,23 @@ _SPAWN = _struct(
     # Spawned only for a child still running 10 to 20 ms after exec.
     ("defer_spawned", "bool"),
 )
+_SPAWN = _struct(*_SPAWN_V2[1], ("sandbox", _opt(_SANDBOX)))
 
-CLIENT_MESSAGE: Schema = _enum(
-    ("Hello", _struct(("protocol_version", "u32"), ("client", "string"))),
-    ("Spawn", _SPAWN),
-    ("Signal", _struct(("id", "u64"), ("spawn_id", "u64"), ("signal", "i32"))),
-    (
-        "Status",
-        _struct(
-            ("id", "u64"),
-        ),
-    ),
-    # `zygote upgrade`: a live upgrade in place (PROTOCOL.md §5.12).
-    ("Upgrade", _struct(("id", "u64"))),
-)
+
+def _client_message(spawn: Schema) -> Schema:
+    return _enum(
+        ("Hello", _struct(("protocol_version", "u32"), ("client", "string"))),
+        ("Spawn", spawn),
+        ("Signal", _struct(("id", "u64"), ("spawn_id", "u64"), ("signal", "i32"))),
+        ("Status", _struct(("id", "u64"))),
+        # `zygote upgrade`: a live upgrade in place (PROTOCOL.md §5.12).
+        ("Upgrade", _struct(("id", "u64"))),
+    )
+
+
+#: ``ClientMessage`` in the newest layout, and in that of versions 1 and 2.
+CLIENT_MESSAGE: Schema = _client_message(_SPAWN)
+CLIENT_MESSAGE_V2: Schema = _client_message(_SPAWN_V2)
 
 SPAWN_STAGES = (
     "Validate",
@@ -138,104 +185,146 @@ SPAWN_STAGES = (
     "Nice",
     "Affinity",
     "OomScoreAdj",
+    "Sandbox",
 )
 
-SERVER_MESSAGE: Schema = _enum(
-    (
-        "HelloAck",
-        _by_version(
-            (
-                ("protocol_version", "u32"),
-                ("server_version", "string"),
-                ("limits", _struct(("max_frame_bytes", "u32"), ("max_fds_per_frame", "u32"))),
-            ),
-            FEATURES_SINCE,
-            ("features", _list("string")),
-        ),
-    ),
-    ("Spawned", _struct(("id", "u64"), ("pid", "i32"))),
-    (
-        "SpawnFailed",
-        _struct(
-            ("id", "u64"),
-            ("stage", _enum(*((name, None) for name in SPAWN_STAGES))),
-            ("errno", "i32"),
-            ("message", "string"),
-        ),
-    ),
-    (
-        "Exited",
-        _struct(
-            ("id", "u64"),
-            (
-                "status",
-                _enum(
-                    ("Exited", "i32"),
-                    ("Signaled", _struct(("signal", "i32"), ("core_dumped", "bool"))),
-                ),
-            ),
-            (
-                "usage",
-                _struct(("user_micros", "u64"), ("system_micros", "u64"), ("max_rss_kib", "u64")),
-            ),
-            ("timed_out", "bool"),
-            (
-                "tree",
-                _opt(
-                    _struct(
-                        ("user_micros", "u64"),
-                        ("system_micros", "u64"),
-                        ("memory_peak_bytes", _opt("u64")),
-                        ("oom_kills", "u64"),
-                        ("memory_max", _opt("u64")),
-                    )
-                ),
-            ),
-            ("pid", "i32"),
-        ),
-    ),
-    (
-        "SignalSent",
-        _struct(
-            ("id", "u64"),
-        ),
-    ),
-    ("RequestFailed", _struct(("id", "u64"), ("errno", "i32"), ("message", "string"))),
-    (
-        "ProtocolError",
-        _struct(
-            (
-                "kind",
-                _enum(
-                    ("Malformed", None),
-                    ("TooLarge", None),
-                    ("UnsupportedVersion", None),
-                    ("UnexpectedMessage", None),
-                    ("UnexpectedFds", None),
-                    ("PermissionDenied", None),
-                    ("Busy", None),
-                ),
-            ),
-            ("message", "string"),
-        ),
-    ),
-    (
-        "Status",
-        _struct(
-            ("id", "u64"),
-            ("server_version", "string"),
-            ("pid", "i32"),
-            ("uptime_millis", "u64"),
-            ("connections_open", "u64"),
-            ("connections_accepted", "u64"),
-            ("children_running", "u64"),
-            ("spawns_succeeded", "u64"),
-            ("spawns_failed", "u64"),
-        ),
-    ),
-    ("Stopped", _struct(("id", "u64"), ("signal", "i32"))),
-    ("Continued", _struct(("id", "u64"))),
+_APPLIED_SANDBOX = _struct(
+    ("profile", _opt("string")),
+    ("namespaces", _list("string")),
+    ("seccomp", _opt("string")),
+    ("landlock_abi", _opt("u32")),
+    ("landlock_complete", "bool"),
 )
+_STATUS_V2 = (
+    ("id", "u64"),
+    ("server_version", "string"),
+    ("pid", "i32"),
+    ("uptime_millis", "u64"),
+    ("connections_open", "u64"),
+    ("connections_accepted", "u64"),
+    ("children_running", "u64"),
+    ("spawns_succeeded", "u64"),
+    ("spawns_failed", "u64"),
+)
+_STATUS_V3 = (
+    *_STATUS_V2,
+    (
+        "peers",
+        _list(
+            _struct(
+                ("uid", "u32"),
+                ("connections", "u64"),
+                ("children", "u64"),
+                ("children_limit", "u64"),
+                ("connections_limit", "u64"),
+                ("sandbox_profile", _opt("string")),
+            )
+        ),
+    ),
+    (
+        "spawners",
+        _list(_struct(("uid", "u32"), ("pid", "i32"), ("spawns", "u64"), ("restarts", "u64"))),
+    ),
+)
+
+
+_HELLO_ACK = _by_version(
+    (
+        ("protocol_version", "u32"),
+        ("server_version", "string"),
+        ("limits", _struct(("max_frame_bytes", "u32"), ("max_fds_per_frame", "u32"))),
+    ),
+    FEATURES_SINCE,
+    ("features", _list("string")),
+)
+_EXITED = _struct(
+    ("id", "u64"),
+    (
+        "status",
+        _enum(
+            ("Exited", "i32"),
+            ("Signaled", _struct(("signal", "i32"), ("core_dumped", "bool"))),
+        ),
+    ),
+    (
+        "usage",
+        _struct(("user_micros", "u64"), ("system_micros", "u64"), ("max_rss_kib", "u64")),
+    ),
+    ("timed_out", "bool"),
+    (
+        "tree",
+        _opt(
+            _struct(
+                ("user_micros", "u64"),
+                ("system_micros", "u64"),
+                ("memory_peak_bytes", _opt("u64")),
+                ("oom_kills", "u64"),
+                ("memory_max", _opt("u64")),
+            )
+        ),
+    ),
+    ("pid", "i32"),
+)
+_PROTOCOL_ERROR = _struct(
+    (
+        "kind",
+        _enum(
+            ("Malformed", None),
+            ("TooLarge", None),
+            ("UnsupportedVersion", None),
+            ("UnexpectedMessage", None),
+            ("UnexpectedFds", None),
+            ("PermissionDenied", None),
+            ("Busy", None),
+        ),
+    ),
+    ("message", "string"),
+)
+
+
+def _server_message(version: int) -> Schema:
+    new = version >= SANDBOX_SINCE
+    spawned: Tuple[Tuple[str, Schema], ...] = (("id", "u64"), ("pid", "i32"))
+    if new:
+        spawned += (("sandbox", _opt(_APPLIED_SANDBOX)),)
+    stages = SPAWN_STAGES if new else SPAWN_STAGES[:-1]
+    return _enum(
+        ("HelloAck", _HELLO_ACK),
+        ("Spawned", _struct(*spawned)),
+        (
+            "SpawnFailed",
+            _struct(
+                ("id", "u64"),
+                ("stage", _enum(*((name, None) for name in stages))),
+                ("errno", "i32"),
+                ("message", "string"),
+            ),
+        ),
+        ("Exited", _EXITED),
+        ("SignalSent", _struct(("id", "u64"))),
+        ("RequestFailed", _struct(("id", "u64"), ("errno", "i32"), ("message", "string"))),
+        ("ProtocolError", _PROTOCOL_ERROR),
+        ("Status", _struct(*(_STATUS_V3 if new else _STATUS_V2))),
+        ("Stopped", _struct(("id", "u64"), ("signal", "i32"))),
+        ("Continued", _struct(("id", "u64"))),
+    )
+
+
+#: ``ServerMessage`` in the newest layout, and in that of versions 1 and 2
+#: (whose ``HelloAck`` follows its own version field).
+SERVER_MESSAGE: Schema = _server_message(PROTOCOL_VERSION)
+SERVER_MESSAGE_V2: Schema = _server_message(2)
+
+
+def client_schema(version: int) -> Schema:
+    """``ClientMessage`` in the layout of protocol ``version``."""
+    return CLIENT_MESSAGE if version >= SANDBOX_SINCE else CLIENT_MESSAGE_V2
+
+
+def server_schema(version: int) -> Schema:
+    """``ServerMessage`` in the layout of protocol ``version``."""
+    return SERVER_MESSAGE if version >= SANDBOX_SINCE else SERVER_MESSAGE_V2
+
 
 _UINT_BITS = {"u16": 16, "u32": 32, "u64": 64}
 
@@ -439,13 +528,15 @@ def _stdio(spec: Any) -> bytes:
     return b"\x02" + _u32(spec["Fd"])
 
 
-def encode_spawn(body: Dict[str, Any]) -> bytes:
+def encode_spawn(body: Dict[str, Any], version: int = PROTOCOL_VERSION) -> bytes:
     """``ClientMessage::Spawn`` by hand: the generic encoder walks the
     schema for every environment byte string, which showed in the
     per-spawn cost. The vectors test checks both give the same bytes.
     A value out of its field's range raises :class:`ValueError` (the
     caller checks them first, with the stdlib's exceptions); no input
-    gives a frame the daemon cannot decode."""
+    gives a frame the daemon cannot decode. ``version`` is the
+    connection's: before version 3 the request has no ``sandbox``, and one
+    that asks for a sandbox raises :class:`ValueError` rather than lose it."""
     parts: List[bytes] = [b"\x01", _uvar(body["id"])]
     add = parts.append
     program = bytes(body["program"])
@@ -531,6 +622,15 @@ def encode_spawn(body: Dict[str, Any]) -> bytes:
     large = body.get("large_args")
     add(b"\x00" if large is None else b"\x01" + _u32(large))
     add(b"\x01" if body.get("defer_spawned") else b"\x00")
+    sandbox = body.get("sandbox")
+    if version >= SANDBOX_SINCE:
+        out = bytearray()
+        _encode(out, _opt(_SANDBOX), sandbox)
+        add(bytes(out))
+    elif sandbox is not None:
+        raise ValueError(
+            f"a sandbox needs protocol version {SANDBOX_SINCE}; the connection speaks {version}"
+        )
     return b"".join(parts)
 
 
@@ -596,14 +696,14 @@ def decode(schema: Schema, frame: bytes) -> Any:
     return value
 
 
-def encode_client(message: Dict[str, Any]) -> bytes:
-    """Encodes a ``ClientMessage``."""
-    return encode(CLIENT_MESSAGE, message)
+def encode_client(message: Dict[str, Any], version: int = PROTOCOL_VERSION) -> bytes:
+    """Encodes a ``ClientMessage`` in the layout of ``version``."""
+    return encode(client_schema(version), message)
 
 
-def decode_server(frame: bytes) -> Any:
-    """Decodes a ``ServerMessage``."""
-    return decode(SERVER_MESSAGE, frame)
+def decode_server(frame: bytes, version: int = PROTOCOL_VERSION) -> Any:
+    """Decodes a ``ServerMessage`` in the layout of ``version``."""
+    return decode(server_schema(version), frame)
 
 
 def to_json(value: Any) -> Any:
@@ -619,7 +719,9 @@ def to_json(value: Any) -> Any:
 
 __all__: List[str] = [
     "CLIENT_MESSAGE",
+    "CLIENT_MESSAGE_V2",
     "SERVER_MESSAGE",
+    "SERVER_MESSAGE_V2",
     "DecodeError",
     "decode",
     "encode",

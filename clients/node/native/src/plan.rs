@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use napi_derive::napi;
 use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
-use zygote_client::{Client, Command, Stdio};
+use zygote_client::{Client, Command, Feature, Sandbox, Stdio};
 
 use crate::sys::dup_cloexec;
 
@@ -56,6 +56,57 @@ pub struct SpawnSpec {
     pub memory_max: Option<i64>,
     /// cgroup `pids.max`.
     pub pids_max: Option<u32>,
+    /// The sandbox, checked by `lib/sandbox.js`.
+    pub sandbox: Option<SandboxPlan>,
+}
+
+/// The `sandbox` option, checked and normalised by `lib/sandbox.js`.
+#[napi(object)]
+pub struct SandboxPlan {
+    /// A profile of the daemon's policy.
+    pub profile: Option<String>,
+    /// The filesystem view; `None` keeps the host's.
+    pub mounts: Option<Vec<MountPlan>>,
+    /// An empty network namespace instead of the host's network.
+    pub network_none: bool,
+    /// New pid, ipc and uts namespaces.
+    pub isolate: bool,
+    /// The hostname inside.
+    pub hostname: Option<String>,
+    /// A seccomp profile name.
+    pub seccomp: Option<String>,
+    /// A custom seccomp filter's text.
+    pub seccomp_filter: Option<String>,
+    /// Landlock rules.
+    pub landlock: Option<LandlockPlan>,
+}
+
+/// One mount of [`SandboxPlan::mounts`].
+#[napi(object)]
+pub struct MountPlan {
+    /// `"ro"`, `"rw"` or `"tmpfs"`.
+    pub kind: String,
+    /// The host path; `None` for `"tmpfs"`.
+    pub source: Option<String>,
+    /// The path inside.
+    pub destination: String,
+}
+
+/// [`SandboxPlan::landlock`].
+#[napi(object)]
+pub struct LandlockPlan {
+    /// Paths readable.
+    pub read_only: Vec<String>,
+    /// Paths readable and executable.
+    pub read_execute: Vec<String>,
+    /// Paths readable and writable.
+    pub read_write: Vec<String>,
+    /// TCP ports the child may bind.
+    pub tcp_bind: Vec<u32>,
+    /// TCP ports the child may connect to.
+    pub tcp_connect: Vec<u32>,
+    /// Refuse the spawn when the kernel cannot enforce every rule.
+    pub require: bool,
 }
 
 /// What the child gets at one fd.
@@ -128,10 +179,32 @@ fn invalid(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, what.to_owned())
 }
 
+/// A plan the zygote cannot be sent: its errno and what to say.
+pub struct Refused {
+    /// The errno JavaScript sees.
+    pub errno: i32,
+    /// The message, naming what was refused.
+    pub message: String,
+}
+
+impl From<io::Error> for Refused {
+    fn from(error: io::Error) -> Self {
+        Self {
+            errno: error.raw_os_error().unwrap_or(libc::EINVAL),
+            message: error.to_string(),
+        }
+    }
+}
+
 impl Plan {
     /// The zygote command for this plan. The command holds the child's
     /// ends: drop it once spawned, so that the child alone keeps them.
-    pub fn command(self, client: &Client) -> io::Result<Command> {
+    ///
+    /// # Errors
+    ///
+    /// A value the request cannot carry, or a feature the zygote does not
+    /// offer (`EOPNOTSUPP`).
+    pub fn command(self, client: &Client) -> Result<Command, Refused> {
         let Plan { spec, env, fds } = self;
         let mut command = Command::new(client, &spec.file);
         if let Some((arg0, rest)) = spec.args.split_first() {
@@ -166,9 +239,98 @@ impl Plan {
         if let Some(pids) = spec.pids_max {
             command.pids_max(u64::from(pids));
         }
+        if let Some(sandbox) = spec.sandbox {
+            apply_sandbox(client, &mut command, sandbox)?;
+        }
         apply_fds(&mut command, fds)?;
         Ok(command)
     }
+}
+
+/// The client's sandbox for a plan `lib/sandbox.js` checked. The values
+/// are checked again against their wire types here (a port over 65535, an
+/// unknown mount type), as the addon's functions can be called directly;
+/// zygote-client checks that every path is absolute.
+fn sandbox_of(plan: SandboxPlan) -> io::Result<Sandbox> {
+    let mut sandbox = Sandbox::new();
+    if let Some(profile) = plan.profile {
+        sandbox = sandbox.profile(profile);
+    }
+    for mount in plan.mounts.unwrap_or_default() {
+        let source = mount.source.unwrap_or_default();
+        sandbox = match mount.kind.as_str() {
+            "ro" => sandbox.ro_bind(source, mount.destination),
+            "rw" => sandbox.bind(source, mount.destination),
+            "tmpfs" => sandbox.tmpfs(mount.destination),
+            other => return Err(invalid(&format!("unknown mount type {other}"))),
+        };
+    }
+    if plan.network_none {
+        sandbox = sandbox.network_none();
+    }
+    if plan.isolate {
+        sandbox = sandbox.isolate();
+    }
+    if let Some(hostname) = plan.hostname {
+        sandbox = sandbox.hostname(hostname);
+    }
+    sandbox = match (plan.seccomp, plan.seccomp_filter) {
+        (Some(_), Some(_)) => return Err(invalid("both seccomp and seccompFilter")),
+        (Some(name), None) => sandbox.seccomp_profile(name),
+        (None, Some(text)) => sandbox.seccomp_filter(text),
+        (None, None) => sandbox,
+    };
+    if let Some(rules) = plan.landlock {
+        sandbox = landlock_of(sandbox, rules)?;
+    }
+    Ok(sandbox)
+}
+
+fn landlock_of(mut sandbox: Sandbox, rules: LandlockPlan) -> io::Result<Sandbox> {
+    // Also for rules that name nothing: Landlock is then on, allowing
+    // nothing, as asked.
+    sandbox = sandbox.landlock_require(rules.require);
+    for path in rules.read_only {
+        sandbox = sandbox.landlock_ro(path);
+    }
+    for path in rules.read_execute {
+        sandbox = sandbox.landlock_rx(path);
+    }
+    for path in rules.read_write {
+        sandbox = sandbox.landlock_rw(path);
+    }
+    for port in rules.tcp_bind {
+        sandbox = sandbox.tcp_bind(port_of(port)?);
+    }
+    for port in rules.tcp_connect {
+        sandbox = sandbox.tcp_connect(port_of(port)?);
+    }
+    Ok(sandbox)
+}
+
+fn port_of(port: u32) -> io::Result<u16> {
+    u16::try_from(port).map_err(|_| invalid(&format!("TCP port {port} over 65535")))
+}
+
+/// Confines the command; refuses, before anything is sent, a sandbox the
+/// zygote does not offer, as the zygote would refuse it: `EOPNOTSUPP`,
+/// naming the feature (zygote-client refuses it too, but as a failure of
+/// the program, whose errno alone Node reports).
+fn apply_sandbox(client: &Client, command: &mut Command, plan: SandboxPlan) -> Result<(), Refused> {
+    let sandbox = sandbox_of(plan)?;
+    if !client.offers(Feature::Sandbox) {
+        return Err(Refused {
+            errno: libc::EOPNOTSUPP,
+            message: format!(
+                "the zygote does not offer the feature {} (it speaks protocol version {}); \
+                 the child was not started",
+                Feature::Sandbox,
+                client.protocol_version()
+            ),
+        });
+    }
+    command.sandbox(sandbox);
+    Ok(())
 }
 
 fn apply_fds(command: &mut Command, fds: Vec<Option<ChildFd>>) -> io::Result<()> {
@@ -227,6 +389,7 @@ mod tests {
             timeout_ms: None,
             memory_max: None,
             pids_max: None,
+            sandbox: None,
         }
     }
 
@@ -244,6 +407,73 @@ mod tests {
         assert_eq!(has_end, [true, false, false, true, false]);
         let child_has: Vec<bool> = plan.fds.iter().map(Option::is_some).collect();
         assert_eq!(child_has, [true, true, true, true, false]);
+    }
+
+    fn landlock_plan(tcp_bind: Vec<u32>) -> LandlockPlan {
+        LandlockPlan {
+            read_only: vec!["/etc".into()],
+            read_execute: Vec::new(),
+            read_write: vec!["/w".into()],
+            tcp_bind,
+            tcp_connect: vec![443],
+            require: true,
+        }
+    }
+
+    #[test]
+    fn a_sandbox_plan_maps_onto_the_client_sandbox_field_by_field() {
+        let plan = SandboxPlan {
+            profile: Some("ci".into()),
+            mounts: Some(vec![
+                MountPlan {
+                    kind: "ro".into(),
+                    source: Some("/usr".into()),
+                    destination: "/usr".into(),
+                },
+                MountPlan {
+                    kind: "rw".into(),
+                    source: Some("/srv".into()),
+                    destination: "/work".into(),
+                },
+                MountPlan {
+                    kind: "tmpfs".into(),
+                    source: None,
+                    destination: "/tmp".into(),
+                },
+            ]),
+            network_none: true,
+            isolate: true,
+            hostname: Some("h".into()),
+            seccomp: None,
+            seccomp_filter: Some("deny ptrace".into()),
+            landlock: Some(landlock_plan(Vec::new())),
+        };
+        let want = Sandbox::new()
+            .profile("ci")
+            .ro_bind("/usr", "/usr")
+            .bind("/srv", "/work")
+            .tmpfs("/tmp")
+            .network_none()
+            .isolate()
+            .hostname("h")
+            .seccomp_filter("deny ptrace")
+            .landlock_require(true)
+            .landlock_ro("/etc")
+            .landlock_rw("/w")
+            .tcp_connect(443);
+        assert_eq!(sandbox_of(plan).expect("maps"), want);
+        let over = SandboxPlan {
+            profile: None,
+            mounts: None,
+            network_none: false,
+            isolate: false,
+            hostname: None,
+            seccomp: None,
+            seccomp_filter: None,
+            landlock: Some(landlock_plan(vec![65536])),
+        };
+        let error = sandbox_of(over).expect_err("a port over 65535 is refused");
+        assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
     }
 
     #[test]

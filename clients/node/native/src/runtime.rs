@@ -12,7 +12,8 @@ use crate::with_pidfds;
 /// What an event is about; JavaScript reads the number.
 #[derive(Clone, Copy)]
 pub enum Kind {
-    /// The child runs: `a` is its pid.
+    /// The child runs: `a` is its pid, `message` what confined it (the
+    /// JSON of the zygote's `AppliedSandbox`, empty when nothing did).
     Spawned = 0,
     /// The spawn failed: `a` is the errno (0 if none), `b` says who
     /// failed: 1 the program itself could not be started (as Node's
@@ -138,9 +139,8 @@ pub fn start_spawn(id: u32, plan: Plan, events: Events) {
         };
         let mut command = match plan.command(&client) {
             Ok(command) => command,
-            Err(error) => {
-                let errno = error.raw_os_error().unwrap_or(libc::EINVAL);
-                return event(&events, id, Kind::Failed, errno, 2, error.to_string());
+            Err(refused) => {
+                return event(&events, id, Kind::Failed, refused.errno, 2, refused.message);
             }
         };
         let spawned = command.spawn().await;
@@ -154,7 +154,7 @@ pub fn start_spawn(id: u32, plan: Plan, events: Events) {
             with_pidfds(|fds| fds.insert(id, Arc::new(pidfd)));
         }
         let pid = i32::try_from(child.id()).unwrap_or(0);
-        event(&events, id, Kind::Spawned, pid, 0, String::new());
+        event(&events, id, Kind::Spawned, pid, 0, applied_json(&child));
         let status = child.wait().await;
         with_pidfds(|fds| fds.remove(&id));
         match status {
@@ -169,6 +169,15 @@ pub fn start_spawn(id: u32, plan: Plan, events: Events) {
             Err(error) => event(&events, id, Kind::Lost, 0, 0, error.to_string()),
         }
     });
+}
+
+/// What confined the child, as JSON for `lib/sandbox.js`; empty when
+/// nothing did.
+pub fn applied_json(child: &zygote_client::Child) -> String {
+    child
+        .sandbox()
+        .and_then(|applied| serde_json::to_string(applied).ok())
+        .unwrap_or_default()
 }
 
 pub fn start_hello(id: u32, events: Events) {

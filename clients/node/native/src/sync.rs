@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::plan::{self, SpawnSpec};
-use crate::runtime::{client, shared, who_failed};
+use crate::runtime::{applied_json, client, shared, who_failed};
 
 /// What `spawnSync` returns to `lib/sync.js`.
 #[napi(object)]
@@ -38,6 +38,9 @@ pub struct SyncResult {
     pub timed_out: bool,
     /// A pipe passed `max_buffer` and the child was sent the kill signal.
     pub overflowed: bool,
+    /// What confined the child: the JSON of the zygote's `AppliedSandbox`,
+    /// empty when nothing did.
+    pub sandbox: String,
 }
 
 /// Limits of one `spawnSync`.
@@ -64,6 +67,7 @@ fn result(errno: i32, who: i32, message: String) -> SyncResult {
         message,
         timed_out: false,
         overflowed: false,
+        sandbox: String::new(),
     }
 }
 
@@ -113,7 +117,7 @@ pub fn spawn_sync(
         };
         let mut command = match plan.command(&client) {
             Ok(command) => command,
-            Err(error) => return result(error.raw_os_error().unwrap_or(0), 2, error.to_string()),
+            Err(refused) => return result(refused.errno, 2, refused.message),
         };
         let spawned = command.spawn().await;
         drop(command);
@@ -130,6 +134,7 @@ pub fn spawn_sync(
             stream(parents.next().flatten()),
             stream(parents.next().flatten()),
         );
+        let sandbox = applied_json(&child);
         let limit = usize::try_from(limits.max_buffer as u64).unwrap_or(usize::MAX);
         let pidfd = child.pidfd().try_clone_to_owned().ok();
         let kill = || {
@@ -193,6 +198,7 @@ pub fn spawn_sync(
         done.stderr = Some(err.into());
         done.timed_out = timed_out;
         done.overflowed = overflowed;
+        done.sandbox = sandbox;
         done
     };
     Ok(shared().runtime.block_on(run))
