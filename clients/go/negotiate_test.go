@@ -69,10 +69,10 @@ func TestHandshakeNegotiates(t *testing.T) {
 }
 
 // TestDaemonWithFewerFeatures runs against a real daemon that withholds
-// cgroups and pty: the client speaks version 2, sees the features offered,
+// cgroups, pty and sandbox: the client speaks version 2, sees the features offered,
 // still spawns, and a cgroup request is refused naming the feature.
 func TestDaemonWithFewerFeatures(t *testing.T) {
-	t.Setenv("ZYGOTE_MASK_FEATURES", "cgroups,pty")
+	t.Setenv("ZYGOTE_MASK_FEATURES", "cgroups,pty,sandbox")
 	d := ownDaemon(t)
 	c, err := Dial(d.socket)
 	if err != nil {

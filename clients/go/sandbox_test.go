@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -261,10 +262,15 @@ func TestSandboxAppliedIsReported(t *testing.T) {
 // before it is sent, naming the feature; bad fields are refused with
 // EINVAL; the connection spawns afterwards.
 func TestSandboxAgainstTheDaemon(t *testing.T) {
-	c := dial(t)
+	t.Setenv("ZYGOTE_MASK_FEATURES", featureSandbox)
+	d := ownDaemon(t)
+	c, err := Dial(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer c.Close()
 	if c.Offers(featureSandbox) {
-		t.Skip("SKIP: this daemon offers sandbox: the local refusal cannot be seen")
+		t.Fatalf("Features() = %q: the withheld sandbox is offered", c.Features())
 	}
 	cmd := c.Command("/bin/true")
 	cmd.Zygote.Sandbox = &Sandbox{Network: NetworkNone}
@@ -280,6 +286,39 @@ func TestSandboxAgainstTheDaemon(t *testing.T) {
 	out, err := c.Command("/bin/echo", "after").Output()
 	if err != nil || string(out) != "after\n" {
 		t.Fatalf("a spawn after the refusals: %q, %v", out, err)
+	}
+}
+
+// TestSandboxConfinesTheChild runs children in sandboxes of the real
+// daemon: an empty network namespace shows only loopback, the default
+// seccomp profile refuses unshare, and the child reports what confined it.
+func TestSandboxConfinesTheChild(t *testing.T) {
+	c := dial(t)
+	defer c.Close()
+	if !c.Offers(featureSandbox) {
+		t.Skip("SKIP: this daemon does not offer sandbox (it needs root or user namespaces)")
+	}
+	cmd := c.Command("/bin/sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+	cmd.Zygote.Sandbox = &Sandbox{Network: NetworkNone}
+	out, err := cmd.Output()
+	if err != nil || string(out) != "lo\n" {
+		t.Fatalf("interfaces under network none: %q, %v; want only lo", out, err)
+	}
+	if cmd.Process.Sandbox == nil || !slices.Contains(cmd.Process.Sandbox.Namespaces, "net") {
+		t.Fatalf("applied sandbox %+v: no net namespace reported", cmd.Process.Sandbox)
+	}
+	cmd = c.Command("unshare", "--ipc", "true")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("unshare without a sandbox: %v", err)
+	}
+	cmd = c.Command("unshare", "--ipc", "true")
+	cmd.Zygote.Sandbox = &Sandbox{Seccomp: "default"}
+	var exit *ExitError
+	if err := cmd.Run(); !errors.As(err, &exit) || exit.ExitCode() == 0 {
+		t.Fatalf("unshare under the default seccomp profile: %v, want a failure", err)
+	}
+	if cmd.Process.Sandbox == nil || cmd.Process.Sandbox.Seccomp != "default" {
+		t.Fatalf("applied sandbox %+v: seccomp default not reported", cmd.Process.Sandbox)
 	}
 }
 

@@ -6,7 +6,7 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const { promisify } = require('node:util');
-const { sharedDaemon, finished, within } = require('./helpers');
+const { Daemon, sharedDaemon, finished, within } = require('./helpers');
 const zygote = require('..');
 const { sandboxPlan, appliedSandbox } = require('../lib/sandbox');
 
@@ -80,12 +80,14 @@ test('every bad field is refused before anything is sent, and the zygote still s
 });
 
 test('a zygote that does not offer sandbox gets no request: ENOTSUP naming the feature', async (t) => {
+  const masked = await new Daemon(null, { ZYGOTE_MASK_FEATURES: 'sandbox' }).start();
+  zygote.setSocket(masked.socket);
+  t.after(async () => {
+    zygote.setSocket(shared.daemon.socket);
+    await masked.stop();
+  });
   const hello = await within(zygote.hello(), 20000, 'hello');
-  if (hello.features.includes('sandbox')) {
-    t.skip('this zygote offers sandbox: the local refusal cannot be seen');
-    return;
-  }
-  assert.ok(shared.daemon.socket);
+  assert.ok(!hello.features.includes('sandbox'), `withheld, yet offered: ${hello.features}`);
   const child = zygote.spawn('/bin/true', [], { stdio: 'ignore', sandbox: { isolate: true } });
   const error = await within(new Promise((resolve) => child.once('error', resolve)), 20000, 'the refusal');
   assert.equal(error.code, 'ENOTSUP');
@@ -103,6 +105,25 @@ test('a zygote that does not offer sandbox gets no request: ENOTSUP naming the f
   const after = zygote.spawn('/bin/echo', ['still'], { stdio: ['ignore', 'pipe', 'ignore'] });
   assert.deepEqual(await finished(after), { code: 0, signal: null, stdout: 'still\n', stderr: '' });
   assert.equal(after.sandbox, null, 'an unsandboxed child reports none');
+});
+
+test('a zygote that offers sandbox confines the child: network none, seccomp default', async (t) => {
+  const hello = await within(zygote.hello(), 20000, 'hello');
+  if (!hello.features.includes('sandbox')) {
+    t.skip('this zygote does not offer sandbox (it needs root or user namespaces)');
+    return;
+  }
+  const listing = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '";
+  const confined = zygote.spawn('/bin/sh', ['-c', listing],
+    { stdio: ['ignore', 'pipe', 'ignore'], sandbox: { network: 'none' } });
+  assert.deepEqual(await finished(confined), { code: 0, signal: null, stdout: 'lo\n', stderr: '' });
+  assert.ok(confined.sandbox && confined.sandbox.namespaces.includes('net'), JSON.stringify(confined.sandbox));
+
+  const free = zygote.spawnSync('unshare', ['--ipc', 'true']);
+  assert.equal(free.status, 0, 'unshare without a sandbox');
+  const filtered = zygote.spawnSync('unshare', ['--ipc', 'true'], { sandbox: { seccomp: 'default' } });
+  assert.notEqual(filtered.status, 0, 'unshare under the default seccomp profile');
+  assert.equal(filtered.sandbox.seccomp, 'default');
 });
 
 function hasPython() {

@@ -8,6 +8,7 @@ import asyncio
 import errno
 import os
 import socket
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
@@ -264,16 +265,16 @@ def test_applied_sandbox_is_reported(peer_path: str) -> None:
         peer.close()
 
 
-def test_real_daemon_without_the_feature(tmp_path: Path) -> None:
-    """Against the real daemon, which does not offer ``sandbox`` until it
-    enforces one: refused locally naming the feature; bad values are
-    refused with the stdlib's exceptions; the connection still spawns;
-    status shows this peer's uid with its counts."""
+def test_real_daemon_without_the_feature(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Against the real daemon withholding ``sandbox``: refused locally
+    naming the feature; bad values are refused with the stdlib's
+    exceptions; the connection still spawns; status shows this peer's uid
+    with its counts."""
+    monkeypatch.setenv("ZYGOTE_MASK_FEATURES", "sandbox")
     daemon = Daemon(tmp_path)
     try:
         with zygote.Client(daemon.socket) as client:
-            if "sandbox" in client.features:
-                pytest.skip("this daemon offers sandbox: the local refusal cannot be seen")
+            assert "sandbox" not in client.features
             with pytest.raises(OSError) as raised:
                 client.run(["/bin/true"], sandbox=zygote.Sandbox(network="none"))
             assert raised.value.errno == errno.EOPNOTSUPP
@@ -302,6 +303,36 @@ def test_real_daemon_without_the_feature(tmp_path: Path) -> None:
         assert mine[0]["children"] >= 1
         assert mine[0]["children_limit"] >= mine[0]["children"]
         assert mine[0]["connections_limit"] >= mine[0]["connections"]
+    finally:
+        daemon.stop()
+
+
+def test_real_daemon_confines_the_child(tmp_path: Path) -> None:
+    """Children in sandboxes of the real daemon: an empty network
+    namespace shows only loopback, the default seccomp profile refuses
+    unshare, and Popen.sandbox says what confined the child."""
+    daemon = Daemon(tmp_path)
+    try:
+        with zygote.Client(daemon.socket) as client:
+            if "sandbox" not in client.features:
+                pytest.skip("this daemon does not offer sandbox (it needs root or user namespaces)")
+            listing = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"
+            with client.Popen(
+                ["/bin/sh", "-c", listing],
+                stdout=subprocess.PIPE,
+                sandbox=zygote.Sandbox(network="none"),
+            ) as child:
+                out, _ = child.communicate(timeout=30)
+            assert out == b"lo\n"
+            assert child.sandbox is not None and "net" in child.sandbox.namespaces
+            assert client.run(["unshare", "--ipc", "true"]).returncode == 0
+            with client.Popen(
+                ["unshare", "--ipc", "true"],
+                stderr=subprocess.DEVNULL,
+                sandbox=zygote.Sandbox(seccomp="default"),
+            ) as child:
+                assert child.wait(timeout=30) != 0
+            assert child.sandbox is not None and child.sandbox.seccomp == "default"
     finally:
         daemon.stop()
 
