@@ -92,7 +92,8 @@ pub(crate) struct Args {
     /// Only these methods besides the floor (for profiling one): std-spawn,
     /// std-fork, zygote-shared, zygote-private, zygote-template,
     /// zygote-shared-blocking, zygote-private-blocking,
-    /// zygote-template-blocking, zygote-shared-nonroot.
+    /// zygote-template-blocking, zygote-shared-nonroot,
+    /// zygote-sandbox-filters, zygote-sandbox-full, zygote-bwrap.
     #[arg(long, value_delimiter = ',')]
     methods: Vec<String>,
     /// Rounds of the cgroup-per-child comparison (shared daemon with and
