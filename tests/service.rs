@@ -529,7 +529,11 @@ fn zygote_status_shows_each_peers_use_to_root_and_only_its_own_to_others() {
     assert_eq!(peers[0]["uid"], LOOKER);
     assert_eq!(peers[0]["connections"], 1);
     assert_eq!(peers[0]["children"], 0);
-    assert_eq!(looker["spawners"], serde_json::json!([]), "another uid's spawner");
+    assert_eq!(
+        looker["spawners"],
+        serde_json::json!([]),
+        "another uid's spawner"
+    );
     // The plain form: a table with a line per uid.
     let output = Command::new(zygote_bin())
         .args(["status", "--socket"])
