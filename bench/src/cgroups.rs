@@ -9,7 +9,7 @@
 //! accounting read at exit, and the cgroup removed after.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -18,6 +18,7 @@ use zygote_client::Client;
 use crate::Bench;
 use crate::error::Result;
 use crate::methods::{self, Budget, CellRun};
+use crate::serve::serve;
 use crate::stats::{Summary, Target};
 
 /// The budget for placement, in ratio-to-floor points.
@@ -50,32 +51,12 @@ pub fn start(runtime: &tokio::runtime::Runtime, dir: &Path) -> Result<CgroupDaem
         ));
     }
     let root = mount.join(format!("zygote-bench-{}", std::process::id()));
-    let binary = zygote_client::private::find_binary().map_err(|error| error.to_string())?;
     let socket = dir.join("zygote-cgroup.sock");
-    let process = Command::new(&binary)
-        .arg("serve")
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--cgroup")
-        .arg(&root)
-        .env("ZYGOTE_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|error| format!("starting {}: {error}", binary.display()))?;
-    let client = runtime.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match Client::connect(&socket).await {
-                Ok(client) => break Ok(client),
-                Err(error) if Instant::now() > deadline => break Err(error.to_string()),
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        }
-    });
+    let (process, client) = serve(runtime, &socket, &["--cgroup".as_ref(), root.as_ref()])
+        .map_err(|error| format!("the daemon with --cgroup: {error}"))?;
     let daemon = CgroupDaemon {
         process,
-        client: client.map_err(|error| format!("the daemon with --cgroup: {error}"))?,
+        client,
         root,
     };
     // The daemon falls back to no subtree only without --cgroup; with it,

@@ -27,6 +27,7 @@ mod methods;
 mod nonroot;
 mod report;
 mod sandboxes;
+mod serve;
 mod stats;
 mod sys;
 mod targets;

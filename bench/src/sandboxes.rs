@@ -5,14 +5,14 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use zygote_client::Client;
 
 use crate::error::Result;
 use crate::methods::{self, Budget, CellRun};
+use crate::serve::serve;
 
 /// bwrap's flags, as the cost is commonly quoted: the host's root
 /// read-only, a /dev and /proc of its own, new pid, ipc and uts
@@ -117,40 +117,16 @@ fn start_one(
     name: &str,
     policy: &str,
 ) -> Result<SandboxDaemon, String> {
-    let binary = zygote_client::private::find_binary().map_err(|error| error.to_string())?;
     let policy_path = dir.join(format!("policy-{name}.toml"));
     std::fs::write(&policy_path, policy).map_err(|error| error.to_string())?;
     let socket = dir.join(format!("zygote-{name}.sock"));
-    let process = Command::new(&binary)
-        .arg("serve")
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--policy")
-        .arg(&policy_path)
-        .env("ZYGOTE_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|error| format!("starting {}: {error}", binary.display()))?;
-    let client = runtime.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match Client::connect(&socket).await {
-                Ok(client) => break Ok(client),
-                Err(error) if Instant::now() > deadline => break Err(error.to_string()),
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        }
-    });
-    match client {
-        Ok(client) => Ok(SandboxDaemon { process, client }),
-        Err(error) => {
-            let mut process = process;
-            let _ = process.kill();
-            let _ = process.wait();
-            Err(format!("the {name} sandbox daemon: {error}"))
-        }
-    }
+    let (process, client) = serve(
+        runtime,
+        &socket,
+        &["--policy".as_ref(), policy_path.as_ref()],
+    )
+    .map_err(|error| format!("the {name} sandbox daemon: {error}"))?;
+    Ok(SandboxDaemon { process, client })
 }
 
 /// `program` under bwrap, through `client` (the plain shared daemon).
