@@ -189,6 +189,7 @@ fn serve_echo(mut daemon: FakeDaemon, pidfd: OwnedFd) {
             ClientMessage::Hello(_) => panic!("second Hello"),
             ClientMessage::Status(_) => panic!("this client never asks for status"),
             ClientMessage::Upgrade(_) => panic!("this client never asks for an upgrade"),
+            other => panic!("these tests use no templates: {other:?}"),
         }
     }
 }

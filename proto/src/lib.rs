@@ -22,6 +22,7 @@
 //! - [`v2`]: the frozen version-2 layouts of the messages version 3
 //!   changed, and their conversions.
 //! - `sandbox`: the confinement a request asks for and the one applied.
+//! - `template`: warm templates, their children and their list.
 //! - `hello_ack`: [`HelloAck`]'s layout, which follows its version.
 //! - `asyncio` (feature `tokio`): the same on tokio's reactor.
 
@@ -34,6 +35,7 @@ mod hello_ack;
 pub mod message;
 mod sandbox;
 pub mod socket;
+mod template;
 pub mod v2;
 pub mod version;
 
@@ -52,9 +54,13 @@ pub use sandbox::{
     AppliedSandbox, FilesystemSpec, LandlockSpec, MountKind, MountSpec, NetworkMode, SandboxSpec,
     SeccompSpec,
 };
+pub use template::{
+    PYTHON_TEMPLATE, TemplateInfo, TemplateList, TemplateListRequest, TemplateReady,
+    TemplateRequest, TemplateSpawnRequest,
+};
 pub use version::{
     FEATURES_SINCE, Feature, OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, SANDBOX_SINCE,
-    VersionMismatch, negotiate,
+    TEMPLATES_SINCE, VersionMismatch, negotiate,
 };
 
 /// Largest frame either side sends or accepts, in bytes. A spawn request's

@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 use crate::env::Env;
 pub use crate::env::EnvVar;
 use crate::sandbox::{AppliedSandbox, SandboxSpec};
+use crate::template::{
+    TemplateList, TemplateListRequest, TemplateReady, TemplateRequest, TemplateSpawnRequest,
+};
 
 /// Everything a client may send.
 // One message lives per frame, briefly; boxing the spawn request would
@@ -30,6 +33,12 @@ pub enum ClientMessage {
     /// or [`ServerMessage::RequestFailed`] when refused or when the upgrade
     /// failed and the old image carries on.
     Upgrade(UpgradeRequest),
+    /// Find or start a warm template (version 4, feature `templates`).
+    Template(TemplateRequest),
+    /// Start a child from a template (version 4, feature `templates`).
+    SpawnFromTemplate(TemplateSpawnRequest),
+    /// List the templates this peer may see (version 4).
+    ListTemplates(TemplateListRequest),
 }
 
 /// Everything the daemon may send.
@@ -58,6 +67,10 @@ pub enum ServerMessage {
     /// A child whose request set [`SpawnRequest::report_stops`] was
     /// continued after a stop.
     Continued(ContinueNotice),
+    /// Answer to a [`TemplateRequest`] (version 4).
+    TemplateReady(TemplateReady),
+    /// Answer to a [`TemplateListRequest`] (version 4).
+    Templates(TemplateList),
 }
 
 /// Opens the conversation and states the protocol version the client speaks.
@@ -396,11 +409,15 @@ pub enum SpawnStage {
     /// the path if any, and the errno. Sent as [`SpawnStage::Exec`] to a
     /// connection of an older version.
     Sandbox,
+    /// The template could not start the child (version 4): it is gone,
+    /// crashed, or did not answer in time. Failures of the child's own
+    /// setup steps inside a template carry those steps' stages.
+    Template,
 }
 
 impl SpawnStage {
     /// Every stage, in wire (variant index) order.
-    pub const ALL: [Self; 20] = [
+    pub const ALL: [Self; 21] = [
         Self::Validate,
         Self::Pipe,
         Self::Clone,
@@ -421,6 +438,7 @@ impl SpawnStage {
         Self::Affinity,
         Self::OomScoreAdj,
         Self::Sandbox,
+        Self::Template,
     ];
 
     /// Lowercase name, as used in logs and metric labels.
@@ -446,6 +464,7 @@ impl SpawnStage {
             Self::Affinity => "affinity",
             Self::OomScoreAdj => "oom_score_adj",
             Self::Sandbox => "sandbox",
+            Self::Template => "template",
         }
     }
 }

@@ -19,6 +19,7 @@ use crate::message::{
     PtySpec, RequestFailed, ResourceLimit, SignalRequest, SignalSent, StatusRequest, StdioSpec,
     StopNotice, Timeout, UpgradeRequest, UserSpec,
 };
+use crate::template::{TemplateList, TemplateReady};
 
 /// Everything a client of version 1 or 2 may send.
 #[allow(clippy::large_enum_variant)]
@@ -293,12 +294,15 @@ impl From<SpawnRequest> for current::SpawnRequest {
     }
 }
 
-/// A request that uses a version-3 field cannot go out in version 2.
+/// A request that uses a field or message of version 3 or newer cannot go
+/// out in version 2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("{field} needs protocol version 3; the connection speaks version 2 or older")]
+#[error("{field} needs protocol version {version}; the connection speaks version 2 or older")]
 pub struct NeedsVersion3 {
-    /// The field that has no place in the older layout.
+    /// The field or message that has no place in the older layout.
     pub field: &'static str,
+    /// The version that introduced it.
+    pub version: u32,
 }
 
 impl TryFrom<current::SpawnRequest> for SpawnRequest {
@@ -337,7 +341,10 @@ impl TryFrom<current::SpawnRequest> for SpawnRequest {
             sandbox,
         } = request;
         if sandbox.is_some() {
-            return Err(NeedsVersion3 { field: "sandbox" });
+            return Err(NeedsVersion3 {
+                field: "sandbox",
+                version: crate::SANDBOX_SINCE,
+            });
         }
         Ok(Self {
             id,
@@ -385,7 +392,7 @@ impl From<current::SpawnStage> for SpawnStage {
             S::Chdir => Self::Chdir,
             S::Dup => Self::Dup,
             S::CloseFds => Self::CloseFds,
-            S::Exec | S::Sandbox => Self::Exec,
+            S::Exec | S::Sandbox | S::Template => Self::Exec,
             S::Admission => Self::Admission,
             S::Setgroups => Self::Setgroups,
             S::Setgid => Self::Setgid,
@@ -522,6 +529,14 @@ impl TryFrom<current::ClientMessage> for ClientMessage {
             current::ClientMessage::Signal(request) => Self::Signal(request),
             current::ClientMessage::Status(request) => Self::Status(request),
             current::ClientMessage::Upgrade(request) => Self::Upgrade(request),
+            current::ClientMessage::Template(_)
+            | current::ClientMessage::SpawnFromTemplate(_)
+            | current::ClientMessage::ListTemplates(_) => {
+                return Err(NeedsVersion3 {
+                    field: "templates",
+                    version: crate::TEMPLATES_SINCE,
+                });
+            }
         })
     }
 }
@@ -542,6 +557,15 @@ impl From<current::ServerMessage> for ServerMessage {
             M::Status(status) => Self::Status(status.into()),
             M::Stopped(notice) => Self::Stopped(notice),
             M::Continued(notice) => Self::Continued(notice),
+            // Only answers to version-4 requests, which an older
+            // connection cannot make.
+            M::TemplateReady(TemplateReady { id, .. }) | M::Templates(TemplateList { id, .. }) => {
+                Self::RequestFailed(RequestFailed {
+                    id,
+                    errno: rustix::io::Errno::PROTO.raw_os_error(),
+                    message: "templates need protocol version 4".to_owned(),
+                })
+            }
         }
     }
 }

@@ -12,7 +12,7 @@ use std::fmt;
 
 /// The newest protocol version this crate speaks, and the one its clients
 /// send in [`Hello`](crate::Hello).
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// The oldest protocol version a daemon serves: version 1, the layout that
 /// was declared protocol 1.0. It is never raised.
@@ -28,6 +28,14 @@ pub const FEATURES_SINCE: u32 = 2;
 /// has [`SpawnStage::Sandbox`](crate::SpawnStage::Sandbox). Older versions
 /// use the layouts of [`v2`](crate::v2).
 pub const SANDBOX_SINCE: u32 = 3;
+
+/// The first version with warm templates: the client messages
+/// [`Template`](crate::ClientMessage::Template),
+/// [`SpawnFromTemplate`](crate::ClientMessage::SpawnFromTemplate) and
+/// [`ListTemplates`](crate::ClientMessage::ListTemplates), their replies,
+/// and [`SpawnStage::Template`](crate::SpawnStage::Template). Every other
+/// layout is version 3's: version 4 only appends variants.
+pub const TEMPLATES_SINCE: u32 = 4;
 
 /// The version a daemon speaks with a client whose `Hello` says
 /// `client_newest`: the newest version both know.
@@ -78,8 +86,8 @@ pub enum Feature {
     /// [`SpawnRequest::sandbox`](crate::SpawnRequest::sandbox): a sandbox
     /// for the child (version 3).
     Sandbox,
-    /// Spawns naming a template instead of a program: not offered by this
-    /// daemon yet.
+    /// Warm templates (version 4): [`TemplateRequest`](crate::TemplateRequest)
+    /// and spawns that fork a template instead of exec'ing a program.
     Templates,
     /// [`SpawnRequest::large_args`](crate::SpawnRequest::large_args):
     /// arguments and environment in a sealed memfd.
@@ -129,11 +137,12 @@ mod tests {
         assert_eq!(negotiate(1), Ok(1));
         assert_eq!(negotiate(2), Ok(2));
         assert_eq!(negotiate(3), Ok(3));
+        assert_eq!(negotiate(4), Ok(4));
         assert_eq!(negotiate(u32::MAX), Ok(PROTOCOL_VERSION));
         let refused = negotiate(0).expect_err("version 0 was never released");
         assert_eq!(
             refused.to_string(),
-            "the client speaks protocol version 0 at most; this zygote speaks versions 1 to 3"
+            "the client speaks protocol version 0 at most; this zygote speaks versions 1 to 4"
         );
     }
 

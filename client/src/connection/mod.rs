@@ -519,5 +519,7 @@ fn message_name(message: &ServerMessage) -> &'static str {
         ServerMessage::RequestFailed(_) => "RequestFailed",
         ServerMessage::ProtocolError(_) => "ProtocolError",
         ServerMessage::Status(_) => "Status",
+        ServerMessage::TemplateReady(_) => "TemplateReady",
+        ServerMessage::Templates(_) => "Templates",
     }
 }

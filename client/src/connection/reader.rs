@@ -123,6 +123,12 @@ impl Connection {
             ServerMessage::HelloAck(_) => {
                 return Err("expected a reply, received a second HelloAck".into());
             }
+            ServerMessage::TemplateReady(ready) => {
+                return Err(wrong_reply("TemplateReady", ready.id));
+            }
+            ServerMessage::Templates(list) => {
+                return Err(wrong_reply("Templates", list.id));
+            }
             ServerMessage::Status(status) => match state.pending.remove(&status.id) {
                 Some(Pending::Status(reply)) => {
                     drop(state);

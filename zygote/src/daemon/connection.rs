@@ -23,7 +23,7 @@ use zygote_proto::{
     AsyncSeqpacket, ClientMessage, FEATURES_SINCE, Frame, HelloAck, LIMITS,
     OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, ProtoError, ProtocolError, ProtocolErrorKind,
     RECV_BUFFER_BYTES, RequestFailed, ServerMessage, SignalRequest, SignalSent, SpawnFailed,
-    SpawnStage, StatusReply, UCred, negotiate,
+    SpawnStage, StatusReply, TemplateListRequest, TemplateRequest, UCred, negotiate,
 };
 
 use crate::daemon::admission;
@@ -547,6 +547,9 @@ fn message_name(message: &ClientMessage) -> &'static str {
         ClientMessage::Signal(_) => "Signal",
         ClientMessage::Status(_) => "Status",
         ClientMessage::Upgrade(_) => "Upgrade",
+        ClientMessage::Template(_) => "Template",
+        ClientMessage::SpawnFromTemplate(_) => "SpawnFromTemplate",
+        ClientMessage::ListTemplates(_) => "ListTemplates",
     }
 }
 
@@ -658,7 +661,45 @@ async fn dispatch(
             }
             Ok(())
         }
+        ClientMessage::SpawnFromTemplate(request) => {
+            templates_version("SpawnFromTemplate", connection.version)?;
+            drop(fds);
+            let failed = SpawnFailed {
+                id: request.spawn.id,
+                stage: SpawnStage::Validate,
+                errno: libc::EOPNOTSUPP,
+                message: "this zygote does not offer the templates feature".into(),
+            };
+            connection.reply(daemon, ServerMessage::SpawnFailed(failed));
+            Ok(())
+        }
+        ClientMessage::Template(TemplateRequest { id, .. })
+        | ClientMessage::ListTemplates(TemplateListRequest { id }) => {
+            templates_version("a template request", connection.version)?;
+            drop(fds);
+            let failed = RequestFailed {
+                id,
+                errno: libc::EOPNOTSUPP,
+                message: "this zygote does not offer the templates feature".into(),
+            };
+            connection.reply(daemon, ServerMessage::RequestFailed(failed));
+            Ok(())
+        }
     }
+}
+
+/// A template message on a connection of a version before templates.
+fn templates_version(message: &str, version: u32) -> Result<(), Fatal> {
+    if version >= zygote_proto::TEMPLATES_SINCE {
+        return Ok(());
+    }
+    Err((
+        ProtocolErrorKind::UnexpectedMessage,
+        format!(
+            "{message} needs protocol version {}; this connection speaks version {version}",
+            zygote_proto::TEMPLATES_SINCE
+        ),
+    ))
 }
 
 /// Hands an `Upgrade` request to the accept loop; the answer comes from
