@@ -18,9 +18,15 @@ use zygote_proto::{
 use crate::deferred::{connect, receive, send};
 use crate::util::{Daemon, eventually, parent_of, skip, start_daemon, start_daemon_custom};
 
-/// A CPython to test with: pyenv's 3.12 when there, else `python3` on
-/// `PATH`; `None` (the test skips) without either.
+/// Names the CPython to test with, in place of the default below.
+const PYTHON_ENV: &str = "ZYGOTE_TEST_PYTHON";
+
+/// A CPython to test with: [`PYTHON_ENV`], else pyenv's 3.12 when there,
+/// else `python3` on `PATH`; `None` (the test skips) without any.
 fn python() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(PYTHON_ENV) {
+        return Some(path.into());
+    }
     let pyenv_root = std::process::Command::new("pyenv")
         .arg("root")
         .output()
@@ -833,4 +839,90 @@ fn a_template_is_its_uids_alone() {
         eventually(Duration::from_secs(10), || list(&fd, 3).len() == 1),
         "the other uid's template stopped with its last connection"
     );
+}
+
+#[test]
+fn an_interpreter_older_than_3_8_is_refused_by_name() {
+    let Some(old) = python_or_skip().and_then(|python| {
+        let versions = python.parent()?.parent()?.parent()?.to_path_buf();
+        let old = versions.join("3.7.16/bin/python3");
+        old.exists().then_some(old)
+    }) else {
+        skip("no pyenv CPython 3.7 next to the one tested");
+        return;
+    };
+    let daemon = start_daemon("tpl-old");
+    let fd = connect(daemon.socket());
+    let failed = template(&fd, 1, &old, &[], base_env()).expect_err("3.7 is refused");
+    assert_eq!(failed.errno, libc::EPROTO);
+    assert!(
+        failed.message.contains("needs CPython 3.8 or later"),
+        "{}",
+        failed.message
+    );
+}
+
+#[test]
+fn an_upgrade_stops_templates_and_keeps_their_children() {
+    let Some(warm) = warm_setup("tpl-upgrade", &["json"]) else {
+        return;
+    };
+    let template_pid = list(&warm.fd, 2)[0].pid;
+    let request = SpawnRequest {
+        stdout: StdioSpec::Pipe,
+        ..warm_request(
+            10,
+            &["-c", "import time; time.sleep(1.5); print('survived')"],
+        )
+    };
+    send_warm(&warm.fd, warm.handle, request, &[]);
+    let (reply, mut fds) = receive(&warm.fd);
+    assert!(matches!(reply, ServerMessage::Spawned(_)), "{reply:?}");
+    let stdout = fds.pop().expect("stdout");
+    send(
+        &warm.fd,
+        &ClientMessage::Upgrade(zygote_proto::UpgradeRequest { id: 20 }),
+    );
+    let (reply, _) = receive(&warm.fd);
+    assert!(
+        matches!(&reply, ServerMessage::Status(status) if status.id == 20),
+        "{reply:?}\n{}",
+        warm.daemon.log()
+    );
+    // The new image has no template: the old one ended, its handle is
+    // unknown, and its running child is still reported.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            crate::util::process_state(template_pid as u32).is_none()
+        }),
+        "the template process ended and was reaped\n{}",
+        warm.daemon.log()
+    );
+    send_warm(
+        &warm.fd,
+        warm.handle,
+        warm_request(11, &["-c", "pass"]),
+        &[],
+    );
+    let mut exited = None;
+    let mut refused = None;
+    while exited.is_none() || refused.is_none() {
+        match receive(&warm.fd).0 {
+            ServerMessage::Exited(notice) => exited = Some(notice),
+            ServerMessage::SpawnFailed(failed) => refused = Some(failed),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let refused = refused.unwrap();
+    assert_eq!(
+        (refused.id, refused.stage, refused.errno),
+        (11, SpawnStage::Validate, libc::ENOENT)
+    );
+    let exited = exited.unwrap();
+    assert_eq!((exited.id, exited.status), (10, ExitStatus::Exited(0)));
+    assert_eq!(read_all(stdout), "survived\n");
+    let again =
+        template(&warm.fd, 30, &warm.python, &["json"], base_env()).expect("a new template");
+    assert_ne!(again.template, warm.handle, "handles are never reused");
+    assert!(!again.reused);
 }
