@@ -926,3 +926,59 @@ fn an_upgrade_stops_templates_and_keeps_their_children() {
     assert_ne!(again.template, warm.handle, "handles are never reused");
     assert!(!again.reused);
 }
+
+#[test]
+fn metrics_count_template_starts_forks_crashes_and_warm_latency() {
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    let address =
+        std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, crate::tools::free_port()));
+    let daemon = crate::util::start_daemon_with(
+        "tpl-metrics",
+        None,
+        &["--metrics-listen", &address.to_string()],
+    );
+    let fd = connect(daemon.socket());
+    template(&fd, 1, &python, &["no_such_module_here"], base_env()).expect_err("missing");
+    let ready = template(&fd, 2, &python, &[], base_env()).expect("template");
+    for id in [10, 11] {
+        run_warm(&fd, ready.template, warm_request(id, &["-c", "pass"])).expect("warm");
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(ready.pid).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the template");
+    let sample = |text: &str, series: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+    };
+    let scrape = || {
+        crate::tools::http_get(address, "/metrics")
+            .expect("GET /metrics")
+            .1
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            sample(&scrape(), "zygote_template_exits_unasked_total") == Some(1.0)
+        }),
+        "{}",
+        scrape()
+    );
+    let text = scrape();
+    for (series, value) in [
+        ("zygote_template_starts_total{result=\"ok\"}", 1.0),
+        (
+            "zygote_template_starts_total{result=\"preload_failed\"}",
+            1.0,
+        ),
+        ("zygote_template_starts_total{result=\"timeout\"}", 0.0),
+        ("zygote_template_forks_total", 2.0),
+        ("zygote_warm_spawn_duration_seconds_count", 2.0),
+        ("zygote_spawns_total{result=\"ok\"}", 2.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+    }
+}
