@@ -982,3 +982,76 @@ fn metrics_count_template_starts_forks_crashes_and_warm_latency() {
         assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
     }
 }
+
+#[test]
+fn a_daemon_run_as_a_user_runs_templates_and_warm_children_as_that_user() {
+    if !crate::util::root_or_skip("a daemon of another uid") {
+        return;
+    }
+    if !Path::new(SYSTEM_PYTHON).exists() {
+        skip("no /usr/bin/python3 for a daemon of another uid");
+        return;
+    }
+    let daemon = crate::util::start_daemon_as("tpl-user-daemon", Some(65534), None, &[]);
+    let fd = connect(daemon.socket());
+    let ready = template(&fd, 1, Path::new(SYSTEM_PYTHON), &[], base_env())
+        .unwrap_or_else(|failed| panic!("{failed:?}\n{}", daemon.log()));
+    let code = "import os; print(os.getuid())";
+    let request = SpawnRequest {
+        cwd: Some(b"/".to_vec()),
+        ..warm_request(10, &["-c", code])
+    };
+    let ran = run_warm(&fd, ready.template, request)
+        .unwrap_or_else(|failed| panic!("{failed:?}\n{}", daemon.log()));
+    assert_eq!(ran.stdout, "65534\n", "{}", ran.stderr);
+}
+
+/// A preload that makes the template lie about the children it forks:
+/// it names `LIE` (evaluated in the template) in place of the pid.
+fn liar(lie: &str) -> String {
+    format!(
+        "import json, os\n\
+         _dumps = json.dumps\n\
+         def dumps(value, *args, **kwargs):\n\
+         \x20   if isinstance(value, dict) and 'pid' in value:\n\
+         \x20       value = {{'pid': {lie}}}\n\
+         \x20   return _dumps(value, *args, **kwargs)\n\
+         json.dumps = dumps\n"
+    )
+}
+
+#[test]
+fn a_template_naming_a_process_that_is_not_its_new_child_is_not_believed() {
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    let ran_marker = Path::new("/tmp/zygote-liar-ran");
+    let _ = std::fs::remove_file(ran_marker);
+    let daemon = start_daemon("tpl-liar");
+    let fd = connect(daemon.socket());
+    let (_dir, env) = modules(&[
+        ("init_liar", &liar("1")),
+        ("self_liar", &liar("os.getpid()")),
+    ]);
+    // Not the daemon's child; the daemon's child, but one it tracks.
+    for (id, preload, errno) in [
+        (1, "init_liar", libc::ECHILD),
+        (2, "self_liar", libc::EEXIST),
+    ] {
+        let ready = template(&fd, id, &python, &[preload], env.clone()).expect("template");
+        let code = "open('/tmp/zygote-liar-ran', 'w')";
+        let failed = run_warm(&fd, ready.template, warm_request(10 + id, &["-c", code]))
+            .expect_err("the lie is not believed");
+        assert_eq!(
+            (failed.stage, failed.errno),
+            (SpawnStage::Template, libc::EPROTO),
+            "{failed:?}"
+        );
+        let why = std::io::Error::from_raw_os_error(errno).to_string();
+        assert!(failed.message.contains(&why), "{why}: {}", failed.message);
+    }
+    assert!(
+        !ran_marker.exists(),
+        "a child the daemon did not take never runs its program"
+    );
+}
