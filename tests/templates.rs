@@ -326,6 +326,20 @@ fn an_uncaught_exception_exits_1_with_its_traceback_and_system_exit_sets_the_cod
     .expect("spawn");
     assert_eq!(ran.code(), Some(3));
     assert_eq!(ran.stderr, "");
+    // As `python`: a KeyboardInterrupt ends the child by SIGINT.
+    let ran = run_warm(
+        &warm.fd,
+        warm.handle,
+        warm_request(13, &["-c", "raise KeyboardInterrupt"]),
+    )
+    .expect("spawn");
+    assert!(
+        matches!(ran.exited.status, ExitStatus::Signaled { signal, .. } if signal == libc::SIGINT),
+        "{:?} {}",
+        ran.exited.status,
+        ran.stderr
+    );
+    assert!(ran.stderr.contains("KeyboardInterrupt"), "{}", ran.stderr);
     // atexit handlers run, and buffered output is flushed, at the end.
     let code = "import atexit, sys\natexit.register(lambda: print('bye'))\nsys.stdout.write('hi ')";
     let ran = run_warm(&warm.fd, warm.handle, warm_request(12, &["-c", code])).expect("spawn");
@@ -1054,4 +1068,40 @@ fn a_template_naming_a_process_that_is_not_its_new_child_is_not_believed() {
         !ran_marker.exists(),
         "a child the daemon did not take never runs its program"
     );
+}
+
+#[test]
+fn a_warm_child_on_a_pty_has_it_as_its_controlling_terminal() {
+    let Some(warm) = warm_setup("tpl-pty", &[]) else {
+        return;
+    };
+    let code = "import os, sys\n\
+                print(sys.stdout.isatty(), sys.stdout.line_buffering, os.getsid(0) == os.getpid(), \
+                os.tcgetpgrp(0) == os.getpgrp())";
+    let request = SpawnRequest {
+        pty: Some(zygote_proto::PtySpec {
+            window: zygote_proto::WindowSize { rows: 24, cols: 80 },
+        }),
+        ..warm_request(10, &["-c", code])
+    };
+    send_warm(&warm.fd, warm.handle, request, &[]);
+    let (reply, mut fds) = receive(&warm.fd);
+    assert!(
+        matches!(reply, ServerMessage::Spawned(_)),
+        "{reply:?}\n{}",
+        warm.daemon.log()
+    );
+    let master = fds.pop().expect("the pty's master");
+    let exited = match receive(&warm.fd).0 {
+        ServerMessage::Exited(exited) => exited,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(exited.status, ExitStatus::Exited(0));
+    // The slave is closed: the master reads what is left, then EIO.
+    let mut output = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while let Ok(read @ 1..) = rustix::io::read(&master, &mut buffer) {
+        output.extend_from_slice(&buffer[..read]);
+    }
+    assert_eq!(String::from_utf8_lossy(&output), "True True True True\r\n");
 }
