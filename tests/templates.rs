@@ -24,7 +24,7 @@ const PYTHON_ENV: &str = "ZYGOTE_TEST_PYTHON";
 /// A CPython to test with: [`PYTHON_ENV`], else pyenv's 3.12 when there,
 /// else `python3` on `PATH`; `None` (the test skips) without any.
 fn python() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os(PYTHON_ENV) {
+    if let Some(path) = std::env::var_os(PYTHON_ENV).filter(|path| !path.is_empty()) {
         return Some(path.into());
     }
     let pyenv_root = std::process::Command::new("pyenv")
