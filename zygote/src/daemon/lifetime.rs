@@ -379,15 +379,12 @@ impl SpawnTask {
         active: &mut Active,
     ) -> Result<(), SpawnFailed> {
         let id = request.id;
-        let warm = match self.template {
-            Some(handle) => Some(templates::check_spawn(
-                &self.daemon,
-                &self.connection,
-                handle,
-                &mut request,
-            )?),
-            None => None,
-        };
+        let warm = self
+            .template
+            .map(|handle| {
+                templates::check_spawn(&self.daemon, &self.connection, handle, &mut request)
+            })
+            .transpose()?;
         let (credentials, slot) = self.admit(&request)?;
         // A warm child has its template's credentials.
         let credentials = credentials.filter(|_| warm.is_none());
@@ -434,13 +431,7 @@ impl SpawnTask {
             .applied_sandbox
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = applied_sandbox;
-        let timer = timeout.map(|timeout| {
-            Arc::new(Mutex::new(Timer {
-                term_at: Instant::now() + Duration::from_millis(timeout.millis),
-                grace: Duration::from_millis(timeout.grace_millis),
-                kill_at: None,
-            }))
-        });
+        let timer = timeout.map(start_timer);
         self.track(
             id,
             Tracked {
@@ -1073,6 +1064,15 @@ impl SpawnTask {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
     }
+}
+
+/// A child's timeout, running from now.
+fn start_timer(timeout: zygote_proto::Timeout) -> Arc<Mutex<Timer>> {
+    Arc::new(Mutex::new(Timer {
+        term_at: Instant::now() + Duration::from_millis(timeout.millis),
+        grace: Duration::from_millis(timeout.grace_millis),
+        kill_at: None,
+    }))
 }
 
 /// Applies the peer's floor and the resource limits its request leaves
