@@ -610,6 +610,69 @@ fn module_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::policy::Policy;
+
+    fn template() -> Template {
+        let uid = rustix::process::geteuid().as_raw();
+        let peer = Peer {
+            pid: 1,
+            uid,
+            gid: 0,
+            groups: Vec::new(),
+            hard_limits: Vec::new(),
+            can_setid: false,
+            can_raise_limits: false,
+            nice: 0,
+            can_nice: false,
+            oom_score_adj: 0,
+        };
+        let grant = Policy::default_for(uid)
+            .admit(&peer, uid)
+            .expect("the daemon's own uid is admitted");
+        Template {
+            handle: 1,
+            key: Key {
+                uid,
+                kind: PYTHON_TEMPLATE.into(),
+                interpreter: b"python3".to_vec(),
+                preload: Vec::new(),
+                env: Vec::new(),
+                cwd: None,
+            },
+            env: Env::new(),
+            peer,
+            grant,
+            state: Mutex::default(),
+            starting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// A template running a process record started at `started` that has
+    /// forked `forks` children; the record, and its socket's peer end.
+    fn running(started: Instant, forks: u64) -> (Template, Arc<Process>, std::os::fd::OwnedFd) {
+        let (ours, theirs) = zygote_proto::socket::pair(false).expect("socketpair");
+        let process = Arc::new(Process::for_tests(ours, started, forks));
+        let template = template();
+        template.lock().process = Some(Arc::clone(&process));
+        (template, process, theirs)
+    }
+
+    #[tokio::test]
+    async fn a_process_past_its_forks_or_age_is_retired_for_a_fresh_one() {
+        let (young, process, _peer) = running(Instant::now(), MAX_FORKS - 1);
+        assert!(young.usable().is_some(), "below both bounds it forks");
+        assert!(!process.retired());
+        let (used, process, _peer) = running(Instant::now(), MAX_FORKS);
+        assert!(used.usable().is_none(), "at MAX_FORKS it is replaced");
+        assert!(process.retired(), "and asked to end");
+        let Some(long_ago) = Instant::now().checked_sub(MAX_AGE) else {
+            return;
+        };
+        let (old, process, _peer) = running(long_ago, 0);
+        assert!(old.usable().is_none(), "at MAX_AGE it is replaced");
+        assert!(process.retired());
+        assert_eq!(old.info().pid, 0, "listed without a process meanwhile");
+    }
 
     #[test]
     fn preload_names_are_dotted_identifiers() {

@@ -124,6 +124,28 @@ impl Process {
     }
 }
 
+#[cfg(test)]
+impl Process {
+    /// A process record over `socket` (no process behind it), started at
+    /// `started`, that has forked `forks` children: for the registry's
+    /// unit tests.
+    pub(super) fn for_tests(socket: OwnedFd, started: Instant, forks: u64) -> Self {
+        Self {
+            pid: 0,
+            uid: 0,
+            started,
+            socket: AsyncSeqpacket::new(socket).expect("register the socket"),
+            queue: Mutex::default(),
+            forks: AtomicU64::new(forks),
+            retired: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            cgroup: None,
+            last_used: Mutex::new(Instant::now()),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+}
+
 /// What a starting template says first.
 #[derive(Deserialize)]
 #[serde(rename_all = "lowercase")]
