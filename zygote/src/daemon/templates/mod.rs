@@ -608,11 +608,12 @@ fn module_name(name: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::daemon::policy::Policy;
 
-    fn template() -> Template {
+    /// A peer of this process's uid, and what the default policy grants it.
+    pub(super) fn own_peer() -> (Peer, Grant) {
         let uid = rustix::process::geteuid().as_raw();
         let peer = Peer {
             pid: 1,
@@ -629,6 +630,12 @@ mod tests {
         let grant = Policy::default_for(uid)
             .admit(&peer, uid)
             .expect("the daemon's own uid is admitted");
+        (peer, grant)
+    }
+
+    fn template() -> Template {
+        let (peer, grant) = own_peer();
+        let uid = peer.uid;
         Template {
             handle: 1,
             key: Key {

@@ -249,3 +249,44 @@ impl Watch {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zygote_proto::{Env, PYTHON_TEMPLATE, TemplateRequest};
+
+    #[tokio::test]
+    async fn an_idle_template_is_stopped_and_its_handle_forgotten() {
+        let Some(idle_since) = Instant::now().checked_sub(IDLE_STOP) else {
+            return;
+        };
+        let daemon = Arc::new(Daemon::new());
+        let (peer, grant) = super::super::tests::own_peer();
+        let request = TemplateRequest {
+            id: 1,
+            kind: PYTHON_TEMPLATE.into(),
+            interpreter: b"python3".to_vec(),
+            preload: Vec::new(),
+            env: Env::new(),
+            cwd: None,
+        };
+        let template = daemon
+            .templates
+            .find_or_add(&peer, &grant, request)
+            .expect("added");
+        let (ours, _theirs) = zygote_proto::socket::pair(false).expect("socketpair");
+        let process = Arc::new(Process::for_tests(ours, Instant::now(), 0));
+        template.lock().process = Some(Arc::clone(&process));
+        // Stands in for the pidfd, which the check does not use.
+        let (placeholder, _other) = zygote_proto::socket::pair(true).expect("socketpair");
+        let placeholder =
+            zygote_proto::register(placeholder, tokio::io::Interest::READABLE).expect("register");
+        let watch = Watch::new(Arc::clone(&process), placeholder, &template, &daemon);
+        assert!(watch.check().is_none(), "just used: kept");
+        *process.last_used.lock().unwrap() = idle_since;
+        assert!(matches!(watch.check(), Some(End::Retired)));
+        assert!(process.retired(), "its process is asked to end");
+        let gone = daemon.templates.get(template.handle, peer.uid);
+        assert_eq!(gone.err().map(|failure| failure.errno), Some(libc::ENOENT));
+    }
+}
