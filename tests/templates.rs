@@ -1160,3 +1160,40 @@ fn a_template_that_keeps_failing_to_restart_is_paused_not_looped() {
     let starts = daemon.log().matches("template failed to start").count();
     assert_eq!(starts, 3, "{}", daemon.log());
 }
+
+#[test]
+fn a_template_s_stderr_while_it_starts_is_read_and_shown_when_it_fails() {
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    let daemon = start_daemon("tpl-stderr");
+    let fd = connect(daemon.socket());
+    let (_dir, env) = modules(&[
+        // More than a pipe holds: the template must not block on it.
+        (
+            "chatty",
+            "import sys\nsys.stderr.write('x' * 200_000)\nsys.stderr.flush()\n",
+        ),
+        (
+            "crashing",
+            "import os, sys\nsys.stderr.write('about to crash\\n')\nsys.stderr.flush()\nos.abort()\n",
+        ),
+    ]);
+    let ready = template(&fd, 1, &python, &["chatty"], env.clone())
+        .unwrap_or_else(|failed| panic!("{failed:?}\n{}", daemon.log()));
+    let warm = Warm {
+        daemon,
+        fd,
+        handle: ready.template,
+        python: python.clone(),
+    };
+    assert_eq!(python_output(&warm, 10, "print('ok')"), "ok\n");
+    let crashed = template(&warm.fd, 2, &python, &["crashing"], env).expect_err("it aborts");
+    assert_eq!(crashed.errno, libc::EPROTO);
+    assert!(
+        crashed.message.contains("exited while it started")
+            && crashed.message.contains("about to crash"),
+        "{}",
+        crashed.message
+    );
+}

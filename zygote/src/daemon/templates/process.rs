@@ -165,7 +165,7 @@ pub(super) async fn start(
 ) -> Result<Arc<Process>, StartFailure> {
     let began = Instant::now();
     let deadline = began + daemon.templates.start_deadline();
-    let (ours, plan, cgroup) = plan_for(daemon, template).map_err(|f| ("refused", f))?;
+    let (ours, stderr, plan, cgroup) = plan_for(daemon, template).map_err(|f| ("refused", f))?;
     let started = daemon.start(&plan);
     drop(plan);
     let remove_cgroup = || {
@@ -190,6 +190,9 @@ pub(super) async fn start(
         remove_cgroup();
         return Err(("exec_failed", failure));
     }
+    // Read while it starts, so that it never blocks on a full pipe; it
+    // points its stderr at /dev/null once ready.
+    let stderr = tokio::spawn(drain(stderr));
     let socket = AsyncSeqpacket::new(ours)
         .map_err(|error| ("failed", Failure::new(libc::EIO, error.to_string())))?;
     let ready = tokio::time::timeout_at(deadline.into(), wait_ready(&socket, &pidfd, pid)).await;
@@ -207,11 +210,18 @@ pub(super) async fn start(
             ),
         )),
     };
-    if let Some(failed) = failed {
+    if let Some((result, mut failure)) = failed {
         let _ = spawn::send_signal(pidfd.get_ref().as_fd(), libc::SIGKILL);
         let _ = reaper::wait_exit(&pidfd).await;
         remove_cgroup();
-        return Err(failed);
+        if let Ok(Ok(said)) = tokio::time::timeout(STDERR_WAIT, stderr).await {
+            let said = said.trim_ascii();
+            if !said.is_empty() {
+                failure.message.push_str("; its stderr:\n");
+                failure.message.push_str(&String::from_utf8_lossy(said));
+            }
+        }
+        return Err((result, failure));
     }
     let process = Arc::new(Process {
         pid,
@@ -232,13 +242,47 @@ pub(super) async fn start(
     Ok(process)
 }
 
+/// What of a template's stderr is kept, from its start until it is ready.
+const STDERR_CAP: usize = 4096;
+
+/// How long a template that failed to start may take to close its stderr.
+const STDERR_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Reads `pipe` to its end, keeping the first [`STDERR_CAP`] bytes.
+async fn drain(pipe: OwnedFd) -> Vec<u8> {
+    let mut kept = Vec::new();
+    if rustix::io::ioctl_fionbio(&pipe, true).is_err() {
+        return kept;
+    }
+    let Ok(pipe) = zygote_proto::register(pipe, Interest::READABLE) else {
+        return kept;
+    };
+    let mut buffer = [0u8; 4096];
+    loop {
+        let Ok(mut guard) = pipe.readable().await else {
+            return kept;
+        };
+        match rustix::io::read(pipe.get_ref(), &mut buffer) {
+            Ok(0) => return kept,
+            Ok(read) => {
+                let room = STDERR_CAP.saturating_sub(kept.len()).min(read);
+                kept.extend_from_slice(&buffer[..room]);
+            }
+            Err(rustix::io::Errno::AGAIN) => guard.clear_ready(),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return kept,
+        }
+    }
+}
+
+/// A template's plan, and what the daemon keeps of it.
+type Planned = (OwnedFd, OwnedFd, spawn::SpawnPlan, Option<Arc<ChildCgroup>>);
+
 /// The template's plan: its interpreter with the runner and preloads,
-/// as the template's peer, with the control socket as fd 3; the daemon's
-/// end of that socket, and the template's cgroup.
-fn plan_for(
-    daemon: &Arc<Daemon>,
-    template: &Template,
-) -> Result<(OwnedFd, spawn::SpawnPlan, Option<Arc<ChildCgroup>>), Failure> {
+/// as the template's peer, with the control socket as fd 3 and its stderr
+/// on a pipe; the daemon's end of that socket, the pipe's read end, the
+/// plan, and the template's cgroup.
+fn plan_for(daemon: &Arc<Daemon>, template: &Template) -> Result<Planned, Failure> {
     let mut args = vec![b"-c".to_vec(), RUNNER.as_bytes().to_vec()];
     args.extend(
         template
@@ -256,7 +300,7 @@ fn plan_for(
         cwd: template.key.cwd.clone(),
         stdin: StdioSpec::Null,
         stdout: StdioSpec::Null,
-        stderr: StdioSpec::Null,
+        stderr: StdioSpec::Pipe,
         fd_mappings: Vec::new(),
         new_session: false,
         process_group: None,
@@ -284,6 +328,11 @@ fn plan_for(
     let prepared = plan::prepare(&mut request, Vec::new(), limit, &DevNull::default())
         .map_err(|refusal| Failure::new(refusal.errno.raw_os_error(), refusal.message))?;
     let mut plan = prepared.plan;
+    let stderr = prepared
+        .client_ends
+        .into_iter()
+        .next()
+        .ok_or_else(|| Failure::new(libc::EIO, "no pipe for the template's stderr"))?;
     plan.credentials = credentials;
     lifetime::limit_plan(daemon, grant, peer, &mut plan);
     daemon.drop_inherited_settings(&mut plan);
@@ -300,7 +349,7 @@ fn plan_for(
         }
         None => None,
     };
-    Ok((ours, plan, cgroup))
+    Ok((ours, stderr, plan, cgroup))
 }
 
 /// Waits for the template's exec: the exec's errno when it failed.

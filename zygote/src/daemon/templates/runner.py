@@ -370,6 +370,10 @@ def start():
     preload(control, names)
     sys.stdout.flush()
     sys.stderr.flush()
+    # Its stderr was a pipe the daemon reads while it starts.
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
     gc.collect()
     if hasattr(gc, "freeze"):
         gc.freeze()
