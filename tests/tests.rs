@@ -108,3 +108,7 @@ mod dos;
 // The per-uid spawner processes of a root daemon: where a non-root peer's
 // children come from, what a spawner holds, its death and replacement.
 mod spawners;
+
+// Warm templates from the Rust client and `zygote run --python-template`:
+// what the clients check before sending, and the children they get.
+mod templates_client;
