@@ -12,7 +12,7 @@ use zygote_proto::{
     SpawnStage, Spawned, StdioSpec, TemplateInfo, TemplateList, TemplateReady, TemplateRequest,
 };
 
-use super::{fake_daemon, join, reap, sleeper};
+use super::{PROMPTLY, fake_daemon, join, reap, sleeper};
 use crate::{Client, Error, Stdio, blocking};
 
 /// Handles the fake daemon answers with `ENOENT`, as if it had stopped
@@ -248,10 +248,9 @@ async fn an_unknown_template_is_created_again_once() {
     let (client_end, daemon) = template_daemon(&["templates"], u64::MAX, pidfd);
     let client = Client::from_fd(client_end).await.unwrap();
     let template = client.python_template(["json"]).start().await.unwrap();
-    let error = template
-        .command(["-c", "pass"])
-        .status()
+    let error = tokio::time::timeout(PROMPTLY, template.command(["-c", "pass"]).status())
         .await
+        .expect("one re-creation, not a loop")
         .expect_err("every handle is stale");
     assert_eq!(error.raw_os_error(), Some(libc::ENOENT), "{error}");
     assert!(
