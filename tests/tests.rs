@@ -109,6 +109,9 @@ mod dos;
 // children come from, what a spawner holds, its death and replacement.
 mod spawners;
 
+// Warm templates: a CPython that forks children in place of a cold exec.
+mod templates;
+
 // Warm templates from the Rust client and `zygote run --python-template`:
 // what the clients check before sending, and the children they get.
 mod templates_client;
