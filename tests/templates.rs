@@ -857,10 +857,15 @@ fn a_template_is_its_uids_alone() {
 
 #[test]
 fn an_interpreter_older_than_3_8_is_refused_by_name() {
+    // pyenv's versions directory, next to the CPython tested.
     let Some(old) = python_or_skip().and_then(|python| {
         let versions = python.parent()?.parent()?.parent()?.to_path_buf();
-        let old = versions.join("3.7.16/bin/python3");
-        old.exists().then_some(old)
+        std::fs::read_dir(versions)
+            .ok()?
+            .flatten()
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with("3.7."))
+            .map(|entry| entry.path().join("bin/python3"))
+            .find(|path| path.exists())
     }) else {
         skip("no pyenv CPython 3.7 next to the one tested");
         return;
@@ -1104,4 +1109,54 @@ fn a_warm_child_on_a_pty_has_it_as_its_controlling_terminal() {
         output.extend_from_slice(&buffer[..read]);
     }
     assert_eq!(String::from_utf8_lossy(&output), "True True True True\r\n");
+}
+
+#[test]
+fn a_template_that_keeps_failing_to_restart_is_paused_not_looped() {
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    let daemon = start_daemon("tpl-pause");
+    let fd = connect(daemon.socket());
+    let (dir, env) = modules(&[("flaky", "")]);
+    let ready = template(&fd, 1, &python, &["flaky"], env).expect("template");
+    // From now on the preload raises; the running template is killed.
+    std::fs::write(dir.path().join("flaky.py"), "raise OSError('gone bad')\n").unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(ready.pid).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the template");
+    assert!(eventually(Duration::from_secs(10), || list(&fd, 2)[0].pid == 0));
+    for id in 10..13 {
+        let failed = run_warm(&fd, ready.template, warm_request(id, &["-c", "pass"]))
+            .expect_err("the restart fails");
+        assert_eq!(
+            (failed.stage, failed.errno),
+            (SpawnStage::Template, libc::EPROTO)
+        );
+        assert!(
+            failed.message.contains("OSError: gone bad"),
+            "{}",
+            failed.message
+        );
+    }
+    let started = std::time::Instant::now();
+    let paused =
+        run_warm(&fd, ready.template, warm_request(13, &["-c", "pass"])).expect_err("paused");
+    assert_eq!(
+        (paused.stage, paused.errno),
+        (SpawnStage::Template, libc::EPROTO)
+    );
+    assert!(
+        paused.message.contains("failed to start 3 times in a row"),
+        "{}",
+        paused.message
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "refused without a start"
+    );
+    let starts = daemon.log().matches("template failed to start").count();
+    assert_eq!(starts, 3, "{}", daemon.log());
 }
