@@ -526,30 +526,7 @@ impl Command {
         // Reconnects first when the connection was lost, so that the
         // limits are the new zygote's.
         let session = self.client.session().await?;
-        if let Some(template) = &self.template {
-            self.check_template_child(&session, template)?;
-        }
-        // Never sent to a zygote that would not enforce it (nor could
-        // read it, in a version before 3).
-        if self.spec.sandbox.is_some()
-            && !session
-                .features()
-                .iter()
-                .any(|name| name == crate::Feature::Sandbox.name())
-        {
-            return Err(Error::Spawn {
-                program: self.spec.program.clone(),
-                stage: zygote_proto::SpawnStage::Validate,
-                errno: libc::EOPNOTSUPP,
-                message: format!(
-                    "this zygote does not offer the feature sandbox (it offers: {}; protocol \
-                     version {}): the request was not sent",
-                    offered(session.features()),
-                    session.protocol_version()
-                ),
-            }
-            .into());
-        }
+        self.check_before_sending(&session)?;
         let settings = self.client.process_settings();
         let snapshot = Snapshot::capture(self.spec.inherit_fds, settings)?;
         // Kept open until the request is sent.
@@ -649,6 +626,35 @@ impl Command {
 }
 
 impl Command {
+    /// Refuses what the zygote would not honour, before anything is sent:
+    /// a sandbox it does not offer, and a template child it would refuse.
+    fn check_before_sending(&self, session: &crate::client::Session) -> Result<()> {
+        if let Some(template) = &self.template {
+            self.check_template_child(session, template)?;
+        }
+        // Never sent to a zygote that would not enforce it (nor could
+        // read it, in a version before 3).
+        if self.spec.sandbox.is_some()
+            && !session
+                .features()
+                .iter()
+                .any(|name| name == crate::Feature::Sandbox.name())
+        {
+            return Err(Error::Spawn {
+                program: self.spec.program.clone(),
+                stage: zygote_proto::SpawnStage::Validate,
+                errno: libc::EOPNOTSUPP,
+                message: format!(
+                    "this zygote does not offer the feature sandbox (it offers: {}; protocol \
+                     version {}): the request was not sent",
+                    offered(session.features()),
+                    session.protocol_version()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Refuses, before anything is sent, a template child the zygote would
     /// refuse: templates not offered, arguments that are not `-c CODE`,
     /// `-m MODULE` or a script, or a setting a forked child cannot take.
