@@ -41,6 +41,8 @@ fn run_help_documents_exit_codes_signals_and_fds() {
         "File descriptors:",
         "close-on-exec",
         "--close-fds",
+        "--python-template",
+        "Warm Python children:",
     ] {
         assert!(
             help.contains(needle),

@@ -111,3 +111,7 @@ mod spawners;
 
 // Warm templates: a CPython that forks children in place of a cold exec.
 mod templates;
+
+// Warm templates from the Rust client and `zygote run --python-template`:
+// what the clients check before sending, and the children they get.
+mod templates_client;

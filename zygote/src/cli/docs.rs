@@ -27,7 +27,8 @@ Exit status:
        one), the connection to the zygote lost
   126  the program was found but could not be executed
        (permission denied, a directory, argument list too long)
-  127  the program was not found
+  127  the program was not found (with --python-template, the
+       interpreter)
 
 Signals:
   Every catchable signal sent to zygote run is forwarded to
@@ -48,7 +49,19 @@ File descriptors:
   number, so process substitution and a make jobserver keep
   working; --close-fds gives it only 0, 1 and 2. Its
   environment, working directory, umask and resource limits
-  are zygote run's own. Its parent is the zygote.";
+  are zygote run's own. Its parent is the zygote.
+
+Warm Python children:
+  --python-template MODULES runs CMD as the arguments of a
+  Python interpreter (-c CODE, -m MODULE or SCRIPT) in a
+  child forked from a template that has imported MODULES
+  once: `zygote run --python-template numpy,pandas -- -c
+  'import pandas'` starts in milliseconds. The zygote keeps
+  the template, per user, for the next run (zygote status
+  lists them). The child is not a fresh interpreter: state
+  set while importing is shared. --uid, --gid and the
+  sandbox options are refused with it; the other options
+  apply to the child as to any command.";
 
 /// What zygote-serve(1) adds after its options: ENVIRONMENT, FILES, EXIT
 /// STATUS and SEE ALSO, in roff.

@@ -244,6 +244,18 @@ pub struct RunArgs {
     /// when this tool ends, whatever ends it.
     #[arg(long)]
     pub no_kill_on_close: bool,
+    /// Run the command in a child forked from a warm Python template that
+    /// has imported MODULES (comma-separated, in order): CMD is then what
+    /// follows `python` (-c CODE, -m MODULE or SCRIPT, and their
+    /// arguments). The template runs as you, with this process's
+    /// environment and working directory, and is kept by the zygote for
+    /// the next run. Not with --uid, --gid or a sandbox option.
+    #[arg(long, value_name = "MODULES")]
+    pub python_template: Option<String>,
+    /// The template's interpreter: a path, or a name looked up in PATH
+    /// [default: python3].
+    #[arg(long, value_name = "INTERPRETER", requires = "python_template")]
+    pub python: Option<OsString>,
     /// The sandbox options (boxed: most runs have none).
     #[command(flatten)]
     pub sandbox: Box<sandbox::SandboxArgs>,

@@ -63,6 +63,14 @@ pub(crate) fn socket_path(socket: Option<PathBuf>) -> PathBuf {
 }
 
 async fn run_async(args: RunArgs, ignored: u64) -> Outcome {
+    if let Some(refused) = template_conflict(&args) {
+        eprintln!(
+            "zygote: --python-template cannot be combined with {refused}: a warm child is \
+             forked from a template that runs as you, unconfined; run the interpreter \
+             without --python-template instead"
+        );
+        return Outcome::Exit(EXIT_ZYGOTE_FAILED);
+    }
     let path = socket_path(args.socket.clone());
     let client = match Client::connect(&path).await {
         Ok(client) => client,
@@ -73,9 +81,11 @@ async fn run_async(args: RunArgs, ignored: u64) -> Outcome {
             return Outcome::Exit(EXIT_ZYGOTE_FAILED);
         }
     };
-    let (program, rest) = args.command.split_first().expect("clap requires a command");
-    let mut command = Command::new(&client, program);
-    command.args(rest);
+    let (mut command, program) = match new_command(&client, &args).await {
+        Ok(made) => made,
+        Err(code) => return Outcome::Exit(code),
+    };
+    let program = program.as_path();
     if let Err(message) = configure(&mut command, &args) {
         eprintln!("zygote: {message}");
         return Outcome::Exit(EXIT_ZYGOTE_FAILED);
@@ -90,7 +100,7 @@ async fn run_async(args: RunArgs, ignored: u64) -> Outcome {
         if pty::stdin_is_terminal() {
             // pty::run dies of the child's signal itself, once the
             // terminal is restored.
-            return Outcome::Exit(pty::run(&mut command, Path::new(program)).await);
+            return Outcome::Exit(pty::run(&mut command, program).await);
         }
         // As `ssh -t`: run the command all the same, without a terminal.
         eprintln!("zygote: pseudo-terminal will not be allocated because stdin is not a terminal");
@@ -98,11 +108,7 @@ async fn run_async(args: RunArgs, ignored: u64) -> Outcome {
     let mut child = match command.spawn().await {
         Ok(child) => child,
         Err(error) => {
-            return Outcome::Exit(report_error(
-                &error,
-                Path::new(program),
-                args.chdir.as_deref(),
-            ));
+            return Outcome::Exit(report_error(&error, program, args.chdir.as_deref()));
         }
     };
     let forwarding = signals::forward(&child, ignored);
@@ -118,6 +124,75 @@ async fn run_async(args: RunArgs, ignored: u64) -> Outcome {
         Err(error) => {
             eprintln!("zygote: {error}");
             Outcome::Exit(EXIT_ZYGOTE_FAILED)
+        }
+    }
+}
+
+/// The command to run, and the program its errors name: `CMD ARGS`, or,
+/// with `--python-template`, `ARGS` in a child of the template, which is
+/// found or started here. `Err` holds the exit code, the reason said.
+async fn new_command(client: &Client, args: &RunArgs) -> Result<(Command, PathBuf), u8> {
+    let Some(modules) = &args.python_template else {
+        let (program, rest) = args.command.split_first().expect("clap requires a command");
+        let mut command = Command::new(client, program);
+        command.args(rest);
+        return Ok((command, PathBuf::from(program)));
+    };
+    let interpreter = args
+        .python
+        .clone()
+        .unwrap_or_else(|| zygote_client::DEFAULT_PYTHON.into());
+    let preload: Vec<&str> = if modules.is_empty() {
+        Vec::new()
+    } else {
+        modules.split(',').collect()
+    };
+    let template = client
+        .python_template(preload)
+        .python(&interpreter)
+        .start()
+        .await
+        .map_err(|error| report_template_error(&error, Path::new(&interpreter)))?;
+    Ok((template.command(&args.command), PathBuf::from(interpreter)))
+}
+
+/// With `--python-template`, the first option given that a template's
+/// child cannot honour.
+fn template_conflict(args: &RunArgs) -> Option<&'static str> {
+    if args.python_template.is_none() {
+        None
+    } else if args.uid.is_some() {
+        Some("--uid")
+    } else if args.gid.is_some() {
+        Some("--gid")
+    } else if args.sandbox.any() {
+        Some("a sandbox option")
+    } else {
+        None
+    }
+}
+
+/// Says why a template could not be had and returns the exit code: 127 for
+/// an interpreter not found, 126 for one that cannot be executed, as for a
+/// program; 125 for the rest (a preload that failed: the zygote's message
+/// holds the traceback).
+fn report_template_error(error: &zygote_client::Error, interpreter: &Path) -> u8 {
+    match error {
+        zygote_client::Error::Request {
+            op: "template",
+            errno,
+            ..
+        } if *errno == libc::ENOENT || *errno == libc::EACCES => {
+            eprintln!(
+                "zygote: {}: {}",
+                interpreter.display(),
+                crate::strerror(*errno)
+            );
+            if *errno == libc::ENOENT { 127 } else { 126 }
+        }
+        other => {
+            eprintln!("zygote: {other}");
+            EXIT_ZYGOTE_FAILED
         }
     }
 }

@@ -1,9 +1,10 @@
 //! `zygote status`: ask a running zygote for its version, uptime,
-//! counters, use per peer uid and spawners, and print them.
+//! counters, use per peer uid, spawners and warm templates, and print
+//! them.
 
 use std::time::Duration;
 
-use zygote_client::{Client, DaemonStatus, PeerUse, SpawnerInfo};
+use zygote_client::{Client, DaemonStatus, Feature, PeerUse, SpawnerInfo, TemplateInfo};
 
 use crate::cli::StatusArgs;
 
@@ -20,25 +21,26 @@ pub fn status(args: &StatusArgs) -> u8 {
     let asked = runtime.block_on(async {
         let client = Client::connect(&path).await?;
         let status = client.status().await?;
+        let templates = if client.offers(Feature::Templates) {
+            client.templates().await?
+        } else {
+            Vec::new()
+        };
         let protocol = Protocol {
             version: client.protocol_version(),
             features: client.features(),
         };
-        Ok::<_, zygote_client::Error>((status, protocol))
+        Ok::<_, zygote_client::Error>((status, protocol, templates))
     });
     match asked {
-        Ok((status, protocol)) if args.json => {
-            println!(
-                "{}",
-                render_json(&path.display().to_string(), &status, &protocol)
-            );
+        Ok((status, protocol, templates)) if args.json => {
+            let socket = path.display().to_string();
+            println!("{}", render_json(&socket, &status, &protocol, &templates));
             0
         }
-        Ok((status, protocol)) => {
-            print!(
-                "{}",
-                render(&path.display().to_string(), &status, &protocol)
-            );
+        Ok((status, protocol, templates)) => {
+            let socket = path.display().to_string();
+            print!("{}", render(&socket, &status, &protocol, &templates));
             0
         }
         Err(error) => {
@@ -75,7 +77,12 @@ impl Protocol {
     }
 }
 
-fn render(socket: &str, status: &DaemonStatus, protocol: &Protocol) -> String {
+fn render(
+    socket: &str,
+    status: &DaemonStatus,
+    protocol: &Protocol,
+    templates: &[TemplateInfo],
+) -> String {
     format!(
         "socket:            {socket}\n\
          version:           {}\n\
@@ -85,7 +92,7 @@ fn render(socket: &str, status: &DaemonStatus, protocol: &Protocol) -> String {
          connections:       {} open, {} accepted\n\
          children running:  {}\n\
          spawns:            {} succeeded, {} failed\n\
-         {}{}",
+         {}{}{}",
         status.server_version,
         protocol.lines(),
         status.pid,
@@ -97,7 +104,62 @@ fn render(socket: &str, status: &DaemonStatus, protocol: &Protocol) -> String {
         status.spawns_failed,
         peers_table(&status.peers),
         spawners_table(&status.spawners),
+        templates_table(templates),
     )
+}
+
+/// The warm templates the zygote showed (every uid's to root and the
+/// zygote's own uid, the caller's own to anyone else), as a table; nothing
+/// when there are none or the zygote does not offer them.
+fn templates_table(templates: &[TemplateInfo]) -> String {
+    if templates.is_empty() {
+        return String::new();
+    }
+    let mut table = format!(
+        "\ntemplates:\n  {:>6}  {:>10}  {:>8}  {:>6}  {:>8}  {:>9}  {:>7}  {:<16}  {}\n",
+        "HANDLE", "UID", "PID", "FORKS", "RESTARTS", "AGE", "RSS", "INTERPRETER", "PRELOAD"
+    );
+    for template in templates {
+        let pid = if template.pid > 0 {
+            template.pid.to_string()
+        } else {
+            "-".to_owned()
+        };
+        let preload = if template.preload.is_empty() {
+            "-".to_owned()
+        } else {
+            template.preload.join(",")
+        };
+        table.push_str(&format!(
+            "  {:>6}  {:>10}  {:>8}  {:>6}  {:>8}  {:>9}  {:>7}  {:<16}  {}\n",
+            template.template,
+            template.uid,
+            pid,
+            template.forks,
+            template.restarts,
+            human_duration(Duration::from_millis(template.age_millis)),
+            human_bytes(template.rss_bytes),
+            String::from_utf8_lossy(&template.interpreter),
+            preload,
+        ));
+    }
+    table
+}
+
+/// `812K`, `24.0M`, `1.5G`: powers of 1024, as ps and top print them.
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["K", "M", "G", "T"];
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{value:.0}{}", UNITS[0])
+    } else {
+        format!("{value:.1}{}", UNITS[unit])
+    }
 }
 
 /// The use of each peer uid the zygote showed (every uid to root and the
@@ -143,7 +205,12 @@ fn spawners_table(spawners: &[SpawnerInfo]) -> String {
 }
 
 /// One JSON object with the same facts; durations in milliseconds.
-fn render_json(socket: &str, status: &DaemonStatus, protocol: &Protocol) -> String {
+fn render_json(
+    socket: &str,
+    status: &DaemonStatus,
+    protocol: &Protocol,
+    templates: &[TemplateInfo],
+) -> String {
     serde_json::json!({
         "socket": socket,
         "version": status.server_version,
@@ -170,8 +237,26 @@ fn render_json(socket: &str, status: &DaemonStatus, protocol: &Protocol) -> Stri
             "spawns": spawner.spawns,
             "restarts": spawner.restarts,
         })).collect::<Vec<_>>(),
+        "templates": templates.iter().map(template_json).collect::<Vec<_>>(),
     })
     .to_string()
+}
+
+/// One template in `--json`: the interpreter as text (lossy), the age in
+/// milliseconds, the RSS in bytes.
+fn template_json(template: &TemplateInfo) -> serde_json::Value {
+    serde_json::json!({
+        "handle": template.template,
+        "uid": template.uid,
+        "pid": template.pid,
+        "kind": template.kind,
+        "interpreter": String::from_utf8_lossy(&template.interpreter),
+        "preload": template.preload,
+        "forks": template.forks,
+        "restarts": template.restarts,
+        "age_ms": template.age_millis,
+        "rss_bytes": template.rss_bytes,
+    })
 }
 
 /// `1d 2h 3m 4s`, leaving out leading zero units.
@@ -243,6 +328,47 @@ mod tests {
              \x20       1000          77           5         1\n"
         );
         assert_eq!(spawners_table(&[]), "");
+    }
+
+    fn template(handle: u64, pid: i32, preload: &[&str]) -> TemplateInfo {
+        TemplateInfo {
+            template: handle,
+            uid: 1000,
+            pid,
+            kind: "python".to_owned(),
+            interpreter: b"/usr/bin/python3".to_vec(),
+            preload: preload.iter().map(|name| (*name).to_owned()).collect(),
+            forks: 300,
+            restarts: 1,
+            age_millis: 61_000,
+            rss_bytes: 25 << 20,
+        }
+    }
+
+    #[test]
+    fn templates_print_as_a_table_and_in_json() {
+        let templates = [template(3, 4300, &["json", "decimal"]), template(4, 0, &[])];
+        assert_eq!(
+            templates_table(&templates),
+            "\ntemplates:\n\
+             \x20 HANDLE         UID       PID   FORKS  RESTARTS        AGE      RSS  \
+             INTERPRETER       PRELOAD\n\
+             \x20      3        1000      4300     300         1      1m 1s    25.0M  \
+             /usr/bin/python3  json,decimal\n\
+             \x20      4        1000         -     300         1      1m 1s    25.0M  \
+             /usr/bin/python3  -\n"
+        );
+        assert_eq!(templates_table(&[]), "");
+        assert_eq!(
+            template_json(&templates[0]),
+            serde_json::json!({
+                "handle": 3, "uid": 1000, "pid": 4300, "kind": "python",
+                "interpreter": "/usr/bin/python3", "preload": ["json", "decimal"],
+                "forks": 300, "restarts": 1, "age_ms": 61000, "rss_bytes": 26214400u64,
+            })
+        );
+        assert_eq!(human_bytes(812 * 1024), "812K");
+        assert_eq!(human_bytes(3 << 30), "3.0G");
     }
 
     #[test]
