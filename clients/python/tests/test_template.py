@@ -1,0 +1,299 @@
+"""Warm templates against a real daemon: a Python interpreter the daemon
+keeps with modules imported, whose children are forks of it and run
+``python ARGS`` as a cold interpreter would."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Daemon
+
+import zygote
+
+PRELOAD = ["json", "decimal"]
+
+
+def offers_templates(client: zygote.Client) -> None:
+    """Every daemon built from this tree offers templates: a missing
+    feature is a failure, not a skip."""
+    if "templates" not in client.features:
+        pytest.fail(f"the daemon does not offer templates (it offers {client.features})")
+
+
+@pytest.fixture
+def template(client: zygote.Client) -> zygote.Template:
+    offers_templates(client)
+    return client.python_template(preload=PRELOAD)
+
+
+def modules_dir(tmp_path: Path, **modules: str) -> Path:
+    """A directory of modules named by the keywords, with their code."""
+    directory = tmp_path / "modules"
+    directory.mkdir(exist_ok=True)
+    for name, code in modules.items():
+        (directory / f"{name}.py").write_text(textwrap.dedent(code))
+    return directory
+
+
+def with_path(directory: Path) -> "dict[str, str]":
+    return dict(os.environ, PYTHONPATH=str(directory))
+
+
+def test_c_runs_with_the_preload_imported(template: zygote.Template) -> None:
+    code = "import sys; print(sys.argv, __name__, sys.path[0] == '', 'decimal' in sys.modules)"
+    result = template.run(["-c", code, "a", "b"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("]")[0] + "]" == "['-c', 'a', 'b']"
+    assert result.stdout.split("]")[1].split() == ["__main__", "True", "True"]
+
+
+def test_m_runs_a_module_as_main(template: zygote.Template, tmp_path: Path) -> None:
+    directory = modules_dir(
+        tmp_path, greet="import sys\nprint(__name__, sys.argv[1:])\nsys.exit(4)\n"
+    )
+    result = template.run(
+        ["-m", "greet", "x"], capture_output=True, text=True, env=with_path(directory)
+    )
+    assert (result.returncode, result.stdout) == (4, "__main__ ['x']\n"), result.stderr
+
+
+def test_script_runs_with_its_directory_first_on_the_path(
+    template: zygote.Template, tmp_path: Path
+) -> None:
+    script = tmp_path / "script.py"
+    script.write_text("import sys\nprint(sys.argv, sys.path[0], __name__)\n")
+    result = template.run([str(script), "arg"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{[str(script), 'arg']} {tmp_path} __main__\n"
+
+
+def test_exit_codes_are_those_of_python(template: zygote.Template) -> None:
+    assert template.run(["-c", "raise SystemExit(7)"]).returncode == 7
+    assert template.run(["-c", "import os; os._exit(9)"]).returncode == 9
+    failed = template.run(["-c", "raise KeyError('lost-key')"], capture_output=True, text=True)
+    assert failed.returncode == 1
+    assert "Traceback" in failed.stderr and "lost-key" in failed.stderr
+    killed = template.run(["-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    assert killed.returncode == -signal.SIGKILL
+    with pytest.raises(subprocess.CalledProcessError):
+        template.run(["-c", "raise SystemExit(2)"], check=True)
+
+
+def test_popen_pipes_input_and_usage(template: zygote.Template) -> None:
+    with template.Popen(
+        ["-c", "import sys; sys.stdout.write(sys.stdin.read().upper())"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    ) as process:
+        assert process.pid > 0 and process.pidfd is not None
+        out, _ = process.communicate(b"warm child", timeout=30)
+    assert (process.returncode, out) == (0, b"WARM CHILD")
+    assert process.usage is not None
+
+
+def test_env_and_cwd_are_the_request_s(template: zygote.Template, tmp_path: Path) -> None:
+    code = "import os; print(os.getcwd(), os.environ.get('WARM_VAR'), 'PATH' in os.environ)"
+    result = template.run(
+        ["-c", code], capture_output=True, text=True, cwd=tmp_path, env={"WARM_VAR": "here"}
+    )
+    assert result.stdout == f"{tmp_path} here False\n", result.stderr
+
+
+def test_children_never_share_random_output(template: zygote.Template) -> None:
+    code = "import random; print(random.getrandbits(64))"
+    outputs = [template.run(["-c", code], capture_output=True).stdout for _ in range(6)]
+    assert len(set(outputs)) == len(outputs), outputs
+
+
+def test_a_failing_preload_raises_its_traceback(client: zygote.Client, tmp_path: Path) -> None:
+    offers_templates(client)
+    directory = modules_dir(
+        tmp_path, broken="def f():\n    raise ValueError('preload-marker')\nf()\n"
+    )
+    with pytest.raises(zygote.TemplateError) as raised:
+        client.python_template(preload=["json", "broken"], env=with_path(directory))
+    assert raised.value.errno == errno.EPROTO
+    assert "Traceback" in raised.value.zygote_message
+    assert "preload-marker" in str(raised.value)
+    assert client.run(["true"]).returncode == 0  # the connection survives
+
+
+def test_a_missing_preload_module_is_named(client: zygote.Client) -> None:
+    offers_templates(client)
+    with pytest.raises(zygote.TemplateError) as raised:
+        client.python_template(preload=["json", "no_such_module_here"])
+    assert raised.value.errno == errno.EPROTO
+    assert "no_such_module_here" in raised.value.zygote_message
+
+
+def test_a_thread_starting_preload_is_refused_by_name(
+    client: zygote.Client, tmp_path: Path
+) -> None:
+    offers_templates(client)
+    code = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
+    directory = modules_dir(tmp_path, spinner=code)
+    with pytest.raises(zygote.TemplateError) as raised:
+        client.python_template(preload=["spinner"], env=with_path(directory))
+    assert raised.value.errno == errno.EPROTO
+    assert "spinner" in raised.value.zygote_message
+
+
+def test_a_missing_interpreter_raises_its_errno(client: zygote.Client, tmp_path: Path) -> None:
+    offers_templates(client)
+    missing = tmp_path / "no-python"
+    with pytest.raises(zygote.TemplateError) as raised:
+        client.python_template(preload=["json"], python=str(missing))
+    assert raised.value.errno == errno.ENOENT
+    assert raised.value.filename == str(missing)
+
+
+def test_timeouts_end_warm_children(template: zygote.Template) -> None:
+    sleeper = ["-c", "import time; time.sleep(60)"]
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        template.run(sleeper, timeout=0.5)
+    with template.Popen(sleeper, zygote_timeout=0.3, zygote_grace=0.2) as process:
+        assert process.wait(timeout=30) == -signal.SIGTERM
+    assert process.timed_out
+    assert time.monotonic() - started < 30
+
+
+def test_kill_on_close_ends_a_warm_child(shared_daemon: Daemon, client: zygote.Client) -> None:
+    offers_templates(client)
+    with zygote.Client(shared_daemon.socket) as other:
+        child = other.python_template(preload=PRELOAD).Popen(
+            ["-c", "import time; time.sleep(60)"], kill_on_close=True
+        )
+        pidfd = os.dup(child.pidfd or -1)
+    try:
+        readable, _, _ = select.select([pidfd], [], [], 30)
+        assert readable, "the warm child outlived its connection"
+    finally:
+        os.close(pidfd)
+
+
+def test_another_client_reuses_the_template(shared_daemon: Daemon, client: zygote.Client) -> None:
+    offers_templates(client)
+    first = client.python_template(preload=PRELOAD)
+    with zygote.Client(shared_daemon.socket) as other:
+        second = other.python_template(preload=PRELOAD)
+        assert (second.handle, second.pid, second.reused) == (first.handle, first.pid, True)
+        assert second.run(["-c", "pass"]).returncode == 0
+    listed = [info for info in client.templates() if info["template"] == first.handle]
+    assert len(listed) == 1
+    assert listed[0]["preload"] == PRELOAD and listed[0]["kind"] == "python"
+    assert listed[0]["interpreter"] == os.fsencode(sys.executable)
+    assert listed[0]["forks"] >= 1 and listed[0]["uid"] == os.geteuid()
+
+
+def test_a_gone_template_is_started_again_once(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The module-level template outlives the default client's connection:
+    its handle answers ENOENT once the last connection closed, and the
+    next spawn asks for the template again and runs."""
+    monkeypatch.setenv("ZYGOTE_SOCKET", daemon.socket)
+    offers_templates(zygote.default_client())
+    template = zygote.python_template(preload=PRELOAD)
+    first = template.handle
+    assert template.run(["-c", "pass"]).returncode == 0
+    zygote.default_client().close()
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{template.pid}") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert template.run(["-c", "raise SystemExit(3)"]).returncode == 3
+    assert template.handle != first
+    with template.Popen(["-c", "pass"]) as process:
+        assert process.wait(timeout=30) == 0
+    zygote.default_client().close()
+
+
+def test_asyncio_children_of_a_template(template: zygote.Template) -> None:
+    async def main() -> "tuple[int, bytes]":
+        process = await template.create_subprocess_exec(
+            "-c", "import sys; print(sys.argv[1:])", "x", stdout=subprocess.PIPE
+        )
+        out, _ = await process.communicate()
+        return await process.wait(), out
+
+    assert asyncio.run(main()) == (0, b"['x']\n")
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"shell": True}, "shell=True"),
+        ({"executable": "/bin/sh"}, "executable"),
+        ({"user": 0}, "user"),
+        ({"group": 0}, "group"),
+        ({"extra_groups": [0]}, "extra_groups"),
+        ({"sandbox": zygote.Sandbox(isolate=True)}, "sandbox"),
+    ],
+)
+def test_what_a_warm_child_cannot_be_is_refused(
+    template: zygote.Template, kwargs: "dict[str, object]", named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        template.run(["-c", "pass"], **kwargs)
+    if "shell" not in kwargs:  # not an argument of create_subprocess_exec
+        with pytest.raises(ValueError, match=named):
+            asyncio.run(template.create_subprocess_exec("-c", "pass", **kwargs))
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["-u", "-c", "pass"], ["-c"], ["-m"], ["-m", ""], ["-"], [""]]
+)
+def test_args_python_would_not_run_as_a_program_are_refused(
+    template: zygote.Template, args: "list[str]"
+) -> None:
+    with pytest.raises((ValueError, IndexError)):
+        template.run(args)
+
+
+@pytest.mark.parametrize(
+    "preload, error",
+    [
+        ("json", TypeError),
+        ([b"json"], TypeError),
+        (["json-x"], ValueError),
+        (["1json"], ValueError),
+        (["a..b"], ValueError),
+        (["a" * 257], ValueError),
+        (["json"] * 257, ValueError),
+    ],
+)
+def test_bad_preload_lists_are_refused_before_sending(
+    client: zygote.Client, preload: object, error: type
+) -> None:
+    with pytest.raises(error):
+        client.python_template(preload=preload)  # type: ignore[arg-type]
+    assert client.run(["true"]).returncode == 0
+
+
+def test_without_the_feature_templates_are_refused_locally(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ZYGOTE_MASK_FEATURES", "templates")
+    daemon = Daemon(tmp_path)
+    try:
+        with zygote.Client(daemon.socket) as client:
+            assert "templates" not in client.features
+            with pytest.raises(OSError) as raised:
+                client.python_template(preload=["json"])
+            assert raised.value.errno == errno.EOPNOTSUPP
+            assert "feature templates" in str(raised.value)
+            with pytest.raises(OSError, match="feature templates"):
+                client.templates()
+            assert client.run(["true"]).returncode == 0
+    finally:
+        daemon.stop()
