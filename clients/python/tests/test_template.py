@@ -140,7 +140,8 @@ def test_a_thread_starting_preload_is_refused_by_name(
     client: zygote.Client, tmp_path: Path
 ) -> None:
     offers_templates(client)
-    code = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
+    code = "import threading, time\n"
+    code += "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
     directory = modules_dir(tmp_path, spinner=code)
     with pytest.raises(zygote.TemplateError) as raised:
         client.python_template(preload=["spinner"], env=with_path(directory))
