@@ -51,31 +51,11 @@ def test_vector_round_trips(vector: Dict[str, Any]) -> None:
     check_round_trip(vector, _wire.PROTOCOL_VERSION)
 
 
-#: What version 4 appended; every other frame is laid out as in version 3.
-TEMPLATE_VARIANTS = {"Template", "SpawnFromTemplate", "ListTemplates", "TemplateReady", "Templates"}
-
-
-def in_version_3(vector: Dict[str, Any]) -> bool:
-    """Whether a current vector's message exists in version 3."""
-    message = vector["message"]
-    if not isinstance(message, dict):
-        return True
-    ((name, body),) = message.items()
-    return name not in TEMPLATE_VARIANTS and not (
-        name == "SpawnFailed" and body["stage"] == "Template"
-    )
-
-
 def older_vectors() -> List[Tuple[int, Dict[str, Any]]]:
-    """The frozen frames of every older version, proto/vectors/vN/; version
-    3 has none, as version 4 only appended variants: its frames are the
-    current ones that do not use them."""
+    """The frozen frames of every older version, proto/vectors/vN/."""
     found = []
     for version in range(_wire.OLDEST_PROTOCOL_VERSION, _wire.PROTOCOL_VERSION):
         path = REPO / "proto" / "vectors" / f"v{version}" / "frames.json"
-        if version == _wire.TEMPLATES_SINCE - 1 and not path.exists():
-            found += [(version, vector) for vector in load() if in_version_3(vector)]
-            continue
         found += [(version, vector) for vector in load(path, version)]
     return found
 
