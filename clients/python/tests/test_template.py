@@ -9,16 +9,20 @@ import errno
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Daemon
 
 import zygote
+from zygote import _wire
 
 PRELOAD = ["json", "decimal"]
 
@@ -298,3 +302,107 @@ def test_without_the_feature_templates_are_refused_locally(
             assert client.run(["true"]).returncode == 0
     finally:
         daemon.stop()
+
+
+class TemplatePeer:
+    """A scripted daemon of version 4 offering templates: each template
+    request gets a new handle; a spawn from a handle in ``gone`` fails as
+    one from a stopped template does (``Validate``, ``ENOENT``), any other
+    is reported spawned (with this process's pidfd) and exited 0. It records every request."""
+
+    def __init__(self, path: str, gone: "set[int]") -> None:
+        self.gone = gone
+        self.requests: "list[tuple[str, object]]" = []
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(path)
+        self.listener.listen()
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def reply(self, conn: socket.socket, message: "dict[str, object]") -> None:
+        conn.send(_wire.encode(_wire.SERVER_MESSAGE, message))
+
+    def answer(self, conn: socket.socket, name: str, body: "dict[str, Any]") -> None:
+        if name == "Hello":
+            ack = {"protocol_version": 4, "server_version": "test", "features": ["templates"],
+                   "limits": {"max_frame_bytes": 262144, "max_fds_per_frame": 64}}  # fmt: skip
+            self.reply(conn, {"HelloAck": ack})
+        elif name == "Template":
+            self.requests.append((name, body))
+            handle = sum(1 for request in self.requests if request[0] == name)
+            ready = {"id": body["id"], "template": handle, "pid": 4000 + handle, "reused": False}
+            self.reply(conn, {"TemplateReady": ready})
+        elif name == "SpawnFromTemplate":
+            self.requests.append((name, body["template"]))
+            spawn_id = body["spawn"]["id"]
+            if body["template"] in self.gone:
+                failed = {"id": spawn_id, "stage": "Validate", "errno": errno.ENOENT,
+                          "message": f"no template {body['template']}"}  # fmt: skip
+                self.reply(conn, {"SpawnFailed": failed})
+                return
+            pidfd = os.pidfd_open(os.getpid())
+            try:
+                spawned = _wire.encode(
+                    _wire.SERVER_MESSAGE, {"Spawned": {"id": spawn_id, "pid": 42, "sandbox": None}}
+                )
+                socket.send_fds(conn, [spawned], [pidfd])
+            finally:
+                os.close(pidfd)
+            exited = {"id": spawn_id, "status": {"Exited": 0},
+                      "usage": {"user_micros": 0, "system_micros": 0, "max_rss_kib": 0},
+                      "timed_out": False, "tree": None, "pid": 42}  # fmt: skip
+            self.reply(conn, {"Exited": exited})
+
+    def serve(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        with conn:
+            while True:
+                frame = conn.recv(1 << 18)
+                if not frame:
+                    return
+                ((name, body),) = _wire.decode(_wire.CLIENT_MESSAGE, frame).items()
+                self.answer(conn, name, body)
+
+
+@pytest.mark.parametrize("how", ["run", "Popen", "asyncio"])
+def test_a_gone_template_is_asked_for_again_once(tmp_path: Path, how: str) -> None:
+    """A spawn answered ENOENT at Validate sends the same template request
+    again, then the spawn once more with the new handle; a second ENOENT
+    is raised, never looped on."""
+    peer = TemplatePeer(str(tmp_path / "peer.sock"), gone={1, 3})
+    try:
+        with zygote.Client(str(tmp_path / "peer.sock")) as client:
+            template = client.python_template(preload=["json"], env={"A": "1"}, cwd="/")
+
+            def start() -> int:
+                if how == "run":
+                    return template.run(["-c", "pass"]).returncode
+                if how == "Popen":
+                    return template.Popen(["-c", "pass"]).wait(timeout=30)
+
+                async def spawn_and_wait() -> int:
+                    process = await template.create_subprocess_exec("-c", "pass")
+                    return await process.wait()
+
+                return asyncio.run(spawn_and_wait())
+
+            assert start() == 0
+            assert template.handle == 2
+            assert [name for name, _ in peer.requests] == [
+                "Template", "SpawnFromTemplate", "Template", "SpawnFromTemplate"
+            ]  # fmt: skip
+            first, again = peer.requests[0][1], peer.requests[2][1]
+            assert isinstance(first, dict) and isinstance(again, dict)
+            assert {**first, "id": 0} == {**again, "id": 0}  # the same spec
+            assert [handle for name, handle in peer.requests if name != "Template"] == [1, 2]
+            assert start() == 0  # handle 2 stays
+            peer.gone.add(2)
+            peer.gone.add(3)
+            with pytest.raises(FileNotFoundError) as raised:
+                start()
+            assert raised.value.zygote_stage == "Validate"  # type: ignore[attr-defined]
+            assert [handle for name, handle in peer.requests if name != "Template"][-2:] == [2, 3]
+    finally:
+        peer.listener.close()
