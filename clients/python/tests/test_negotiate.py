@@ -85,10 +85,10 @@ def test_version_not_offered_is_refused(scripted: List[object]) -> None:
 
 
 def test_daemon_with_fewer_features(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A real daemon that withholds cgroups, pty and sandbox: the client speaks the
-    newest version, sees the features offered, still spawns, and a cgroup
-    request is refused naming the feature."""
-    monkeypatch.setenv("ZYGOTE_MASK_FEATURES", "cgroups,pty,sandbox")
+    """A real daemon that withholds cgroups, pty, sandbox and templates: the
+    client speaks the newest version, sees the features offered, still
+    spawns, and a cgroup request is refused naming the feature."""
+    monkeypatch.setenv("ZYGOTE_MASK_FEATURES", "cgroups,pty,sandbox,templates")
     daemon = Daemon(tmp_path)
     try:
         with zygote.Client(daemon.socket) as client:
