@@ -22,7 +22,7 @@ import pytest
 from conftest import Daemon
 
 import zygote
-from zygote import _wire
+from zygote import _conn, _wire
 
 PRELOAD = ["json", "decimal"]
 
@@ -302,6 +302,23 @@ def test_without_the_feature_templates_are_refused_locally(
             assert client.run(["true"]).returncode == 0
     finally:
         daemon.stop()
+
+
+def test_a_version_3_connection_gets_no_templates(
+    shared_daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon lists the feature only to version-4 connections; a
+    client speaking version 3 refuses templates locally, naming the
+    version, and its connection carries on."""
+    monkeypatch.setattr(_conn, "HELLO_VERSION", 3)
+    with zygote.Client(shared_daemon.socket) as client:
+        assert client.protocol_version == 3
+        assert "templates" not in client.features
+        with pytest.raises(OSError) as raised:
+            client.python_template(preload=["json"])
+        assert raised.value.errno == errno.EOPNOTSUPP
+        assert "protocol version 3; templates need 4" in str(raised.value)
+        assert client.run(["true"]).returncode == 0
 
 
 class TemplatePeer:
