@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -65,9 +66,8 @@ def test_m_runs_a_module_as_main(template: zygote.Template, tmp_path: Path) -> N
     directory = modules_dir(
         tmp_path, greet="import sys\nprint(__name__, sys.argv[1:])\nsys.exit(4)\n"
     )
-    result = template.run(
-        ["-m", "greet", "x"], capture_output=True, text=True, env=with_path(directory)
-    )
+    # As `python -m`: the working directory is first on the path.
+    result = template.run(["-m", "greet", "x"], capture_output=True, text=True, cwd=directory)
     assert (result.returncode, result.stdout) == (4, "__main__ ['x']\n"), result.stderr
 
 
@@ -119,16 +119,18 @@ def test_children_never_share_random_output(template: zygote.Template) -> None:
     assert len(set(outputs)) == len(outputs), outputs
 
 
-def test_a_failing_preload_raises_its_traceback(client: zygote.Client, tmp_path: Path) -> None:
+def test_a_failing_preload_raises_its_traceback(client: zygote.Client) -> None:
     offers_templates(client)
-    directory = modules_dir(
-        tmp_path, broken="def f():\n    raise ValueError('preload-marker')\nf()\n"
-    )
-    with pytest.raises(zygote.TemplateError) as raised:
-        client.python_template(preload=["json", "broken"], env=with_path(directory))
+    # A short path: the daemon clips a reply's message at 1 KiB, and the
+    # traceback's frames of importlib come first.
+    with tempfile.TemporaryDirectory(prefix="zt") as short:
+        directory = modules_dir(Path(short), broken="raise ValueError('preload-marker')\n")
+        with pytest.raises(zygote.TemplateError) as raised:
+            client.python_template(preload=["json", "broken"], env=with_path(directory))
     assert raised.value.errno == errno.EPROTO
+    assert "broken" in raised.value.zygote_message
     assert "Traceback" in raised.value.zygote_message
-    assert "preload-marker" in str(raised.value)
+    assert "ValueError: preload-marker" in str(raised.value)
     assert client.run(["true"]).returncode == 0  # the connection survives
 
 
