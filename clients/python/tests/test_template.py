@@ -26,6 +26,10 @@ import zygote
 from zygote import _conn, _wire
 
 PRELOAD = ["json", "decimal"]
+#: The environment of the templates the tests share. A template's is part
+#: of what finds it again, and pytest's own variable changes per test: with
+#: it, each test would start a template of its own (8 per uid at most).
+ENV = {key: value for key, value in os.environ.items() if key != "PYTEST_CURRENT_TEST"}
 
 
 def offers_templates(client: zygote.Client) -> None:
@@ -38,7 +42,7 @@ def offers_templates(client: zygote.Client) -> None:
 @pytest.fixture
 def template(client: zygote.Client) -> zygote.Template:
     offers_templates(client)
-    return client.python_template(preload=PRELOAD)
+    return client.python_template(preload=PRELOAD, env=ENV)
 
 
 def modules_dir(tmp_path: Path, **modules: str) -> Path:
@@ -51,7 +55,7 @@ def modules_dir(tmp_path: Path, **modules: str) -> Path:
 
 
 def with_path(directory: Path) -> "dict[str, str]":
-    return dict(os.environ, PYTHONPATH=str(directory))
+    return dict(ENV, PYTHONPATH=str(directory))
 
 
 def test_c_runs_with_the_preload_imported(template: zygote.Template) -> None:
@@ -137,7 +141,7 @@ def test_a_failing_preload_raises_its_traceback(client: zygote.Client) -> None:
 def test_a_missing_preload_module_is_named(client: zygote.Client) -> None:
     offers_templates(client)
     with pytest.raises(zygote.TemplateError) as raised:
-        client.python_template(preload=["json", "no_such_module_here"])
+        client.python_template(preload=["json", "no_such_module_here"], env=ENV)
     assert raised.value.errno == errno.EPROTO
     assert "no_such_module_here" in raised.value.zygote_message
 
@@ -159,7 +163,7 @@ def test_a_missing_interpreter_raises_its_errno(client: zygote.Client, tmp_path:
     offers_templates(client)
     missing = tmp_path / "no-python"
     with pytest.raises(zygote.TemplateError) as raised:
-        client.python_template(preload=["json"], python=str(missing))
+        client.python_template(preload=["json"], python=str(missing), env=ENV)
     assert raised.value.errno == errno.ENOENT
     assert raised.value.filename == str(missing)
 
@@ -178,7 +182,7 @@ def test_timeouts_end_warm_children(template: zygote.Template) -> None:
 def test_kill_on_close_ends_a_warm_child(shared_daemon: Daemon, client: zygote.Client) -> None:
     offers_templates(client)
     with zygote.Client(shared_daemon.socket) as other:
-        child = other.python_template(preload=PRELOAD).Popen(
+        child = other.python_template(preload=PRELOAD, env=ENV).Popen(
             ["-c", "import time; time.sleep(60)"], kill_on_close=True
         )
         pidfd = os.dup(child.pidfd or -1)
@@ -191,9 +195,9 @@ def test_kill_on_close_ends_a_warm_child(shared_daemon: Daemon, client: zygote.C
 
 def test_another_client_reuses_the_template(shared_daemon: Daemon, client: zygote.Client) -> None:
     offers_templates(client)
-    first = client.python_template(preload=PRELOAD)
+    first = client.python_template(preload=PRELOAD, env=ENV)
     with zygote.Client(shared_daemon.socket) as other:
-        second = other.python_template(preload=PRELOAD)
+        second = other.python_template(preload=PRELOAD, env=ENV)
         assert (second.handle, second.pid, second.reused) == (first.handle, first.pid, True)
         assert second.run(["-c", "pass"]).returncode == 0
     listed = [info for info in client.templates() if info["template"] == first.handle]

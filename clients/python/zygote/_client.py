@@ -328,7 +328,12 @@ class Client:
         (default: this process's directory), imports ``preload`` in it and
         keeps it ready; its children are forks of it (see
         :class:`zygote.Template`). The same interpreter, preload, env and
-        cwd from the same user find the running one.
+        cwd from the same user find the running one; another env (with
+        ``env=None``, any change to :data:`os.environ`) starts another
+        template, and a user has at most 8 (``EAGAIN`` past them). The
+        template's environment is what its interpreter started with
+        (``PYTHONPATH`` and the other ``PYTHON*`` variables); a child's
+        ``env=`` sets only the child's :data:`os.environ`.
 
         Blocks until the template is ready. Raises
         :class:`zygote.TemplateError` with the daemon's message when it
