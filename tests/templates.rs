@@ -5,6 +5,7 @@
 
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,9 +18,15 @@ use zygote_proto::{
 use crate::deferred::{connect, receive, send};
 use crate::util::{Daemon, eventually, parent_of, skip, start_daemon, start_daemon_custom};
 
-/// A CPython to test with: pyenv's 3.12 when there, else `python3` on
-/// `PATH`; `None` (the test skips) without either.
+/// Names the CPython to test with, in place of the default below.
+const PYTHON_ENV: &str = "ZYGOTE_TEST_PYTHON";
+
+/// A CPython to test with: [`PYTHON_ENV`], else pyenv's 3.12 when there,
+/// else `python3` on `PATH`; `None` (the test skips) without any.
 fn python() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(PYTHON_ENV) {
+        return Some(path.into());
+    }
     let pyenv_root = std::process::Command::new("pyenv")
         .arg("root")
         .output()
@@ -319,6 +326,20 @@ fn an_uncaught_exception_exits_1_with_its_traceback_and_system_exit_sets_the_cod
     .expect("spawn");
     assert_eq!(ran.code(), Some(3));
     assert_eq!(ran.stderr, "");
+    // As `python`: a KeyboardInterrupt ends the child by SIGINT.
+    let ran = run_warm(
+        &warm.fd,
+        warm.handle,
+        warm_request(13, &["-c", "raise KeyboardInterrupt"]),
+    )
+    .expect("spawn");
+    assert!(
+        matches!(ran.exited.status, ExitStatus::Signaled { signal, .. } if signal == libc::SIGINT),
+        "{:?} {}",
+        ran.exited.status,
+        ran.stderr
+    );
+    assert!(ran.stderr.contains("KeyboardInterrupt"), "{}", ran.stderr);
     // atexit handlers run, and buffered output is flushed, at the end.
     let code = "import atexit, sys\natexit.register(lambda: print('bye'))\nsys.stdout.write('hi ')";
     let ran = run_warm(&warm.fd, warm.handle, warm_request(12, &["-c", code])).expect("spawn");
@@ -700,4 +721,387 @@ fn templates_stop_when_their_uid_has_no_connection_left() {
         (SpawnStage::Validate, libc::ENOENT),
         "{failed:?}"
     );
+}
+
+#[test]
+fn a_warm_child_runs_in_its_own_cgroup_and_is_accounted() {
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    let Some(cgroup) = crate::cgroup::TestCgroup::new("tpl-cgroup") else {
+        return;
+    };
+    let daemon = crate::util::start_daemon_with("tpl-cgroup", None, &["--cgroup", &cgroup.arg()]);
+    let fd = connect(daemon.socket());
+    let ready = template(&fd, 1, &python, &[], base_env()).expect("template");
+    let template_cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", ready.pid)).unwrap();
+    let code =
+        "import sys\nn = sum(range(3_000_000))\nprint(open('/proc/self/cgroup').read(), end='')";
+    let request = SpawnRequest {
+        cgroup: Some(zygote_proto::CgroupSpec {
+            kill_tree: true,
+            ..Default::default()
+        }),
+        ..warm_request(10, &["-c", code])
+    };
+    let ran = run_warm(&fd, ready.template, request)
+        .unwrap_or_else(|failed| panic!("{failed:?}\n{}", daemon.log()));
+    assert_eq!(ran.code(), Some(0), "{}", ran.stderr);
+    let subtree = cgroup.arg();
+    let under = Path::new(&subtree).file_name().unwrap().to_str().unwrap();
+    let unified = |text: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix("0::"))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    let child = unified(&ran.stdout);
+    assert!(
+        child.contains(&format!("/{under}/peers/")),
+        "the child ran in the daemon's subtree: {} (subtree {under})",
+        ran.stdout
+    );
+    assert_ne!(
+        child,
+        unified(&template_cgroup),
+        "not in its template's cgroup"
+    );
+    let tree = ran.exited.tree.expect("tree usage of a requested cgroup");
+    assert!(tree.user_micros + tree.system_micros > 0, "{tree:?}");
+}
+
+/// The system's own CPython, which any uid may run (pyenv's lives under
+/// root's home).
+const SYSTEM_PYTHON: &str = "/usr/bin/python3";
+
+/// A helper run as another uid: tries a template of root's, then starts
+/// its own and runs a child in it. Says what it got.
+pub(crate) fn other_uid_client(socket: &Path, handle: u64) {
+    let say = |line: String| println!("HELPER {line}");
+    let fd = connect(socket);
+    match run_warm(&fd, handle, warm_request(1, &["-c", "pass"])) {
+        Ok(_) => say("others spawned".into()),
+        Err(failed) => say(format!("others {} {}", failed.stage.name(), failed.errno)),
+    }
+    match template(&fd, 2, Path::new(SYSTEM_PYTHON), &["json"], base_env()) {
+        Ok(ready) => {
+            let code = "import os; print(os.getuid(), os.getgid(), os.getppid())";
+            match run_warm(&fd, ready.template, warm_request(3, &["-c", code])) {
+                Ok(ran) => say(format!("own {}", ran.stdout.trim())),
+                Err(failed) => say(format!("own failed {failed:?}")),
+            }
+            let seen: Vec<u32> = list(&fd, 4).iter().map(|info| info.uid).collect();
+            say(format!("sees {seen:?}"));
+        }
+        Err(failed) => say(format!("own template failed {failed:?}")),
+    }
+    say("done".into());
+    // Connected (its template alive) until the test closes our stdin.
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+}
+
+#[test]
+fn a_template_is_its_uids_alone() {
+    if !crate::util::root_or_skip("a peer of another uid") {
+        return;
+    }
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    if !Path::new(SYSTEM_PYTHON).exists() {
+        skip("no /usr/bin/python3 for a peer of another uid");
+        return;
+    }
+    let daemon = crate::util::start_daemon_with("tpl-uids", None, &["--socket-mode", "0666"]);
+    let fd = connect(daemon.socket());
+    let ready = template(&fd, 1, &python, &[], base_env()).expect("root's template");
+    let mut helper =
+        crate::helper::helper(&format!("templates:{}", ready.template), daemon.socket())
+            .uid(65534)
+            .gid(65534)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the helper as nobody");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(helper.stdout.take().unwrap()));
+    let mut found = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("the helper's output");
+        if line == "HELPER done" {
+            break;
+        }
+        found.extend(line.strip_prefix("HELPER ").map(str::to_owned));
+    }
+    assert!(
+        found.contains(&format!("others validate {}", libc::EPERM)),
+        "{found:?}\n{}",
+        daemon.log()
+    );
+    assert!(
+        found.contains(&format!("own 65534 65534 {}", daemon.pid())),
+        "the other uid's own template runs as that uid: {found:?}\n{}",
+        daemon.log()
+    );
+    assert!(found.contains(&"sees [65534]".to_owned()), "{found:?}");
+    // Root sees both while both are connected.
+    let mut uids: Vec<u32> = list(&fd, 2).iter().map(|info| info.uid).collect();
+    uids.sort_unstable();
+    assert_eq!(uids, [0, 65534]);
+    drop(helper.stdin.take());
+    crate::util::wait_within(&mut helper, Duration::from_secs(10), "the helper");
+    assert!(
+        eventually(Duration::from_secs(10), || list(&fd, 3).len() == 1),
+        "the other uid's template stopped with its last connection"
+    );
+}
+
+#[test]
+fn an_interpreter_older_than_3_8_is_refused_by_name() {
+    let Some(old) = python_or_skip().and_then(|python| {
+        let versions = python.parent()?.parent()?.parent()?.to_path_buf();
+        let old = versions.join("3.7.16/bin/python3");
+        old.exists().then_some(old)
+    }) else {
+        skip("no pyenv CPython 3.7 next to the one tested");
+        return;
+    };
+    let daemon = start_daemon("tpl-old");
+    let fd = connect(daemon.socket());
+    let failed = template(&fd, 1, &old, &[], base_env()).expect_err("3.7 is refused");
+    assert_eq!(failed.errno, libc::EPROTO);
+    assert!(
+        failed.message.contains("needs CPython 3.8 or later"),
+        "{}",
+        failed.message
+    );
+}
+
+#[test]
+fn an_upgrade_stops_templates_and_keeps_their_children() {
+    let Some(warm) = warm_setup("tpl-upgrade", &["json"]) else {
+        return;
+    };
+    let template_pid = list(&warm.fd, 2)[0].pid;
+    let request = SpawnRequest {
+        stdout: StdioSpec::Pipe,
+        ..warm_request(
+            10,
+            &["-c", "import time; time.sleep(1.5); print('survived')"],
+        )
+    };
+    send_warm(&warm.fd, warm.handle, request, &[]);
+    let (reply, mut fds) = receive(&warm.fd);
+    assert!(matches!(reply, ServerMessage::Spawned(_)), "{reply:?}");
+    let stdout = fds.pop().expect("stdout");
+    send(
+        &warm.fd,
+        &ClientMessage::Upgrade(zygote_proto::UpgradeRequest { id: 20 }),
+    );
+    let (reply, _) = receive(&warm.fd);
+    assert!(
+        matches!(&reply, ServerMessage::Status(status) if status.id == 20),
+        "{reply:?}\n{}",
+        warm.daemon.log()
+    );
+    // The new image has no template: the old one ended, its handle is
+    // unknown, and its running child is still reported.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            crate::util::process_state(template_pid as u32).is_none()
+        }),
+        "the template process ended and was reaped\n{}",
+        warm.daemon.log()
+    );
+    send_warm(
+        &warm.fd,
+        warm.handle,
+        warm_request(11, &["-c", "pass"]),
+        &[],
+    );
+    let mut exited = None;
+    let mut refused = None;
+    while exited.is_none() || refused.is_none() {
+        match receive(&warm.fd).0 {
+            ServerMessage::Exited(notice) => exited = Some(notice),
+            ServerMessage::SpawnFailed(failed) => refused = Some(failed),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let refused = refused.unwrap();
+    assert_eq!(
+        (refused.id, refused.stage, refused.errno),
+        (11, SpawnStage::Validate, libc::ENOENT)
+    );
+    let exited = exited.unwrap();
+    assert_eq!((exited.id, exited.status), (10, ExitStatus::Exited(0)));
+    assert_eq!(read_all(stdout), "survived\n");
+    let again =
+        template(&warm.fd, 30, &warm.python, &["json"], base_env()).expect("a new template");
+    assert_ne!(again.template, warm.handle, "handles are never reused");
+    assert!(!again.reused);
+}
+
+#[test]
+fn metrics_count_template_starts_forks_crashes_and_warm_latency() {
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    let address =
+        std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, crate::tools::free_port()));
+    let daemon = crate::util::start_daemon_with(
+        "tpl-metrics",
+        None,
+        &["--metrics-listen", &address.to_string()],
+    );
+    let fd = connect(daemon.socket());
+    template(&fd, 1, &python, &["no_such_module_here"], base_env()).expect_err("missing");
+    let ready = template(&fd, 2, &python, &[], base_env()).expect("template");
+    for id in [10, 11] {
+        run_warm(&fd, ready.template, warm_request(id, &["-c", "pass"])).expect("warm");
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(ready.pid).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the template");
+    let sample = |text: &str, series: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+    };
+    let scrape = || {
+        crate::tools::http_get(address, "/metrics")
+            .expect("GET /metrics")
+            .1
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            sample(&scrape(), "zygote_template_exits_unasked_total") == Some(1.0)
+        }),
+        "{}",
+        scrape()
+    );
+    let text = scrape();
+    for (series, value) in [
+        ("zygote_template_starts_total{result=\"ok\"}", 1.0),
+        (
+            "zygote_template_starts_total{result=\"preload_failed\"}",
+            1.0,
+        ),
+        ("zygote_template_starts_total{result=\"timeout\"}", 0.0),
+        ("zygote_template_forks_total", 2.0),
+        ("zygote_warm_spawn_duration_seconds_count", 2.0),
+        ("zygote_spawns_total{result=\"ok\"}", 2.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+    }
+}
+
+#[test]
+fn a_daemon_run_as_a_user_runs_templates_and_warm_children_as_that_user() {
+    if !crate::util::root_or_skip("a daemon of another uid") {
+        return;
+    }
+    if !Path::new(SYSTEM_PYTHON).exists() {
+        skip("no /usr/bin/python3 for a daemon of another uid");
+        return;
+    }
+    let daemon = crate::util::start_daemon_as("tpl-user-daemon", Some(65534), None, &[]);
+    let fd = connect(daemon.socket());
+    let ready = template(&fd, 1, Path::new(SYSTEM_PYTHON), &[], base_env())
+        .unwrap_or_else(|failed| panic!("{failed:?}\n{}", daemon.log()));
+    let code = "import os; print(os.getuid())";
+    let request = SpawnRequest {
+        cwd: Some(b"/".to_vec()),
+        ..warm_request(10, &["-c", code])
+    };
+    let ran = run_warm(&fd, ready.template, request)
+        .unwrap_or_else(|failed| panic!("{failed:?}\n{}", daemon.log()));
+    assert_eq!(ran.stdout, "65534\n", "{}", ran.stderr);
+}
+
+/// A preload that makes the template lie about the children it forks:
+/// it names `LIE` (evaluated in the template) in place of the pid.
+fn liar(lie: &str) -> String {
+    format!(
+        "import json, os\n\
+         _dumps = json.dumps\n\
+         def dumps(value, *args, **kwargs):\n\
+         \x20   if isinstance(value, dict) and 'pid' in value:\n\
+         \x20       value = {{'pid': {lie}}}\n\
+         \x20   return _dumps(value, *args, **kwargs)\n\
+         json.dumps = dumps\n"
+    )
+}
+
+#[test]
+fn a_template_naming_a_process_that_is_not_its_new_child_is_not_believed() {
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    let ran_marker = Path::new("/tmp/zygote-liar-ran");
+    let _ = std::fs::remove_file(ran_marker);
+    let daemon = start_daemon("tpl-liar");
+    let fd = connect(daemon.socket());
+    let (_dir, env) = modules(&[
+        ("init_liar", &liar("1")),
+        ("self_liar", &liar("os.getpid()")),
+    ]);
+    // Not the daemon's child; the daemon's child, but one it tracks.
+    for (id, preload, errno) in [
+        (1, "init_liar", libc::ECHILD),
+        (2, "self_liar", libc::EEXIST),
+    ] {
+        let ready = template(&fd, id, &python, &[preload], env.clone()).expect("template");
+        let code = "open('/tmp/zygote-liar-ran', 'w')";
+        let failed = run_warm(&fd, ready.template, warm_request(10 + id, &["-c", code]))
+            .expect_err("the lie is not believed");
+        assert_eq!(
+            (failed.stage, failed.errno),
+            (SpawnStage::Template, libc::EPROTO),
+            "{failed:?}"
+        );
+        let why = std::io::Error::from_raw_os_error(errno).to_string();
+        assert!(failed.message.contains(&why), "{why}: {}", failed.message);
+    }
+    assert!(
+        !ran_marker.exists(),
+        "a child the daemon did not take never runs its program"
+    );
+}
+
+#[test]
+fn a_warm_child_on_a_pty_has_it_as_its_controlling_terminal() {
+    let Some(warm) = warm_setup("tpl-pty", &[]) else {
+        return;
+    };
+    let code = "import os, sys\n\
+                print(sys.stdout.isatty(), sys.stdout.line_buffering, os.getsid(0) == os.getpid(), \
+                os.tcgetpgrp(0) == os.getpgrp())";
+    let request = SpawnRequest {
+        pty: Some(zygote_proto::PtySpec {
+            window: zygote_proto::WindowSize { rows: 24, cols: 80 },
+        }),
+        ..warm_request(10, &["-c", code])
+    };
+    send_warm(&warm.fd, warm.handle, request, &[]);
+    let (reply, mut fds) = receive(&warm.fd);
+    assert!(
+        matches!(reply, ServerMessage::Spawned(_)),
+        "{reply:?}\n{}",
+        warm.daemon.log()
+    );
+    let master = fds.pop().expect("the pty's master");
+    let exited = match receive(&warm.fd).0 {
+        ServerMessage::Exited(exited) => exited,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(exited.status, ExitStatus::Exited(0));
+    // The slave is closed: the master reads what is left, then EIO.
+    let mut output = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while let Ok(read @ 1..) = rustix::io::read(&master, &mut buffer) {
+        output.extend_from_slice(&buffer[..read]);
+    }
+    assert_eq!(String::from_utf8_lossy(&output), "True True True True\r\n");
 }

@@ -222,26 +222,32 @@ impl Template {
                     process.retire();
                     return Err(self.gone());
                 }
-                info!(
-                    template = self.handle,
-                    uid = self.key.uid,
-                    pid = process.pid,
-                    restarts = state.restarts,
-                    "template started"
-                );
+                if let Some(suppressed) = daemon.log_limit.allow(self.key.uid) {
+                    info!(
+                        template = self.handle,
+                        uid = self.key.uid,
+                        pid = process.pid,
+                        restarts = state.restarts,
+                        suppressed,
+                        "template started"
+                    );
+                }
                 Ok((process, true))
             }
             Err((result, failure)) => {
                 daemon.metrics.template_started(result);
                 state.failed_in_row += 1;
                 state.last_failure = Some(Instant::now());
-                info!(
-                    template = self.handle,
-                    uid = self.key.uid,
-                    errno = failure.errno,
-                    reason = %failure.message,
-                    "template failed to start"
-                );
+                if let Some(suppressed) = daemon.log_limit.allow(self.key.uid) {
+                    info!(
+                        template = self.handle,
+                        uid = self.key.uid,
+                        errno = failure.errno,
+                        reason = %failure.message,
+                        suppressed,
+                        "template failed to start"
+                    );
+                }
                 Err(failure)
             }
         }

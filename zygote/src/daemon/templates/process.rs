@@ -193,7 +193,9 @@ pub(super) async fn start(
     }
     let process = Arc::new(Process {
         pid,
-        uid: template.uid(),
+        // Its children's: the peer's, or the daemon's own when the daemon
+        // does not switch uids (a root peer of a daemon run as a user).
+        uid: real_uid(pid).unwrap_or_else(|| template.uid()),
         started: Instant::now(),
         socket,
         queue: Mutex::default(),
@@ -355,4 +357,16 @@ async fn wait_ready(
             format!("the template said something unexpected while starting: {error}"),
         )),
     }
+}
+
+/// The real uid of `pid`, from `/proc/PID/status`.
+fn real_uid(pid: i32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }

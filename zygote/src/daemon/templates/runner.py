@@ -353,6 +353,14 @@ def start():
     control.set_inheritable(False)
     names = sys.argv[1:]
     sys.argv = [""]
+    if sys.version_info < (3, 8) or sys.implementation.name != "cpython":
+        failed = "a template needs CPython 3.8 or later; %s is %s %s" % (
+            sys.executable,
+            sys.implementation.name,
+            sys.version.split()[0],
+        )
+        send(control, {"failed": failed})
+        os._exit(1)
     preload(control, names)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -72,8 +72,6 @@ impl Watch {
         self.process
             .ended
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        let pid = self.process.pid;
-        let uid = self.process.uid;
         let left: Vec<_> = {
             let mut queue = self
                 .process
@@ -105,28 +103,39 @@ impl Watch {
             Ok((status, _)) => format!("{status:?}"),
             Err(error) => format!("not reaped: {error}"),
         };
+        self.log_end(end, &status, in_flight);
+        if let Some(cgroup) = &self.process.cgroup {
+            lifetime::remove_when_empty(&self.daemon, Arc::clone(cgroup));
+        }
+    }
+
+    /// Counts and logs how the template ended, at most a few lines per
+    /// uid and window: a peer's templates must not flood the log.
+    fn log_end(&self, end: End, status: &str, in_flight: usize) {
+        let (pid, uid) = (self.process.pid, self.process.uid);
         let template = self
             .template
             .upgrade()
             .map_or(0, |template| template.handle);
-        match end {
-            End::Retired => info!(template, uid, pid, status, "template stopped"),
-            End::Crashed(why) => {
-                self.daemon.metrics.template_exited_unasked();
-                info!(
-                    template,
-                    uid,
-                    pid,
-                    status,
-                    reason = why,
-                    in_flight,
-                    "template ended unasked; its spawns in flight fail, and the next request \
-                     starts it again"
-                );
-            }
+        if matches!(end, End::Crashed(_)) {
+            self.daemon.metrics.template_exited_unasked();
         }
-        if let Some(cgroup) = &self.process.cgroup {
-            lifetime::remove_when_empty(&self.daemon, Arc::clone(cgroup));
+        let Some(suppressed) = self.daemon.log_limit.allow(uid) else {
+            return;
+        };
+        match end {
+            End::Retired => info!(template, uid, pid, status, suppressed, "template stopped"),
+            End::Crashed(why) => info!(
+                template,
+                uid,
+                pid,
+                status,
+                reason = why,
+                in_flight,
+                suppressed,
+                "template ended unasked; its spawns in flight fail, and the next request starts \
+                 it again"
+            ),
         }
     }
 
