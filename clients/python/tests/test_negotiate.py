@@ -85,10 +85,10 @@ def test_version_not_offered_is_refused(scripted: List[object]) -> None:
 
 
 def test_daemon_with_fewer_features(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A real daemon that withholds cgroups, pty and sandbox: the client speaks the
-    newest version, sees the features offered, still spawns, and a cgroup
-    request is refused naming the feature."""
-    monkeypatch.setenv("ZYGOTE_MASK_FEATURES", "cgroups,pty,sandbox")
+    """A real daemon that withholds cgroups, pty, sandbox and templates: the
+    client speaks the newest version, sees the features offered, still
+    spawns, and a cgroup request is refused naming the feature."""
+    monkeypatch.setenv("ZYGOTE_MASK_FEATURES", "cgroups,pty,sandbox,templates")
     daemon = Daemon(tmp_path)
     try:
         with zygote.Client(daemon.socket) as client:
@@ -104,3 +104,19 @@ def test_daemon_with_fewer_features(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             assert client.run(["true"]).returncode == 0
     finally:
         daemon.stop()
+
+
+def test_version_3_daemon_refuses_templates_locally(scripted: List[object]) -> None:
+    """A daemon of version 3 cannot take a template request (it would end
+    the connection): refused before anything is sent, naming the feature
+    and the version, even if its ack listed the name."""
+    scripted[0] = ack_in(3, ["sandbox", "templates"])
+    with zygote.Client(str(scripted[1])) as client:
+        with pytest.raises(OSError) as raised:
+            client.python_template(preload=["json"])
+        assert raised.value.errno == errno.EOPNOTSUPP
+        assert "feature templates" in str(raised.value)
+        assert "protocol version 3; templates need 4" in str(raised.value)
+        with pytest.raises(OSError, match="feature templates"):
+            client.templates()
+        assert client.alive

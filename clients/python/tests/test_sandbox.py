@@ -296,7 +296,7 @@ def test_real_daemon_without_the_feature(tmp_path: Path, monkeypatch: pytest.Mon
                 sleeper.kill()
                 sleeper.wait(timeout=10)
             assert client.run(["/bin/true"]).returncode == 0
-        assert client.protocol_version == 3
+        assert client.protocol_version == _wire.PROTOCOL_VERSION
         mine = [peer for peer in status["peers"] if peer["uid"] == os.geteuid()]
         assert len(mine) == 1, status["peers"]
         assert mine[0]["connections"] >= 1

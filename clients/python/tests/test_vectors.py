@@ -41,6 +41,9 @@ def check_round_trip(vector: Dict[str, Any], version: int) -> None:
         # The hand-written spawn encoder the client uses, too.
         assert _wire.encode_spawn(vector["message"]["Spawn"], version) == frame
         assert _wire.encode_spawn(decoded["Spawn"], version) == frame
+    if "SpawnFromTemplate" in vector["message"]:
+        outer = decoded["SpawnFromTemplate"]
+        assert _wire.encode_template_spawn(outer["template"], outer["spawn"], version) == frame
 
 
 @pytest.mark.parametrize("vector", load(), ids=lambda vector: vector["name"])
@@ -85,7 +88,7 @@ def test_the_file_covers_every_variant() -> None:
     [
         ("0408ff", "left after"),  # SignalSent with a trailing byte
         ("04", "ends early"),
-        ("0a", "out of range"),  # no ServerMessage variant 10
+        ("0c", "out of range"),  # no ServerMessage variant 12
         ("0107a4", "ends early"),  # varint cut short
         ("04ffffffffffffffffff02", "out of range"),  # id over u64
         ("0307000000000002", "bool"),  # timed_out = 2
@@ -104,3 +107,60 @@ def test_encoder_refuses_out_of_range_values() -> None:
         _wire.encode_client({"Signal": {"id": 1, "spawn_id": 2, "signal": 1 << 31}})
     with pytest.raises(TypeError):
         _wire.encode_client({"Status": {"id": "1"}})
+
+
+def a_spawn() -> Dict[str, Any]:
+    """A spawn request from the vectors, decoded."""
+    vector = next(v for v in load() if "Spawn" in v["message"])
+    body: Dict[str, Any] = _wire.decode(_wire.CLIENT_MESSAGE, bytes.fromhex(vector["hex"]))["Spawn"]
+    return body
+
+
+def test_version_3_has_no_template_messages() -> None:
+    """A version-3 connection neither decodes the version-4 replies nor
+    encodes the template requests (the daemon would end it)."""
+    ready = _wire.encode_client({"ListTemplates": {"id": 1}})
+    assert ready == bytes([7, 1])
+    with pytest.raises(ValueError, match="no variant"):
+        _wire.encode_client({"ListTemplates": {"id": 1}}, 3)
+    frame = _wire.encode(_wire.SERVER_MESSAGE, {"Templates": {"id": 1, "templates": []}})
+    assert _wire.decode_server(frame) == {"Templates": {"id": 1, "templates": []}}
+    with pytest.raises(_wire.DecodeError, match="out of range"):
+        _wire.decode_server(frame, 3)
+    failed = {"SpawnFailed": {"id": 1, "stage": "Template", "errno": 71, "message": ""}}
+    frame = _wire.encode(_wire.SERVER_MESSAGE, failed)
+    with pytest.raises(_wire.DecodeError, match="out of range"):
+        _wire.decode_server(frame, 3)
+    body = a_spawn()
+    with pytest.raises(ValueError, match="version 4"):
+        _wire.encode_template_spawn(1, body, 3)
+
+
+def test_template_spawn_encoders_agree() -> None:
+    """The hand-written template spawn encoder gives the generic encoder's
+    bytes: the handle, then the spawn request."""
+    body = a_spawn()
+    body["program"] = b""
+    for handle in (0, 1, 300, (1 << 64) - 1):
+        generic = _wire.encode_client({"SpawnFromTemplate": {"template": handle, "spawn": body}})
+        assert _wire.encode_template_spawn(handle, body) == generic
+    with pytest.raises(ValueError):
+        _wire.encode_template_spawn(1 << 64, body)
+
+
+def test_bytes_fields_refuse_other_types() -> None:
+    """An int or a str in a bytes field is refused, never encoded as zero
+    bytes or in some encoding."""
+    for bad in (3, "python"):
+        message = {
+            "Template": {
+                "id": 1,
+                "kind": "python",
+                "interpreter": bad,
+                "preload": [],
+                "env": [],
+                "cwd": None,
+            }
+        }
+        with pytest.raises(TypeError, match="bytes must be"):
+            _wire.encode_client(message)

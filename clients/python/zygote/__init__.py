@@ -4,7 +4,7 @@ A zygote is a small daemon that starts children on request over a Unix
 socket (see the project README), so that a large process, one with many
 threads or fds, or one that would fork (``preexec_fn``, ``user=``) never
 forks. This package speaks its protocol (proto/PROTOCOL.md, versions 1
-to 3, negotiated at connect) directly; it is pure Python with no
+to 4, negotiated at connect) directly; it is pure Python with no
 dependencies.
 
 The API is :mod:`subprocess`'s, with the same names and the stdlib's own
@@ -17,7 +17,11 @@ exception and result classes::
 default path, or :meth:`Client.launch_private`) with ``run``, ``Popen``
 and asyncio's ``create_subprocess_exec``; the module-level :func:`run` and
 :class:`Popen` use a default client. :func:`install` makes
-``subprocess.Popen`` itself use the zygote.
+``subprocess.Popen`` itself use the zygote. :meth:`Client.python_template`
+(and :func:`python_template`) asks the daemon for a warm Python
+interpreter with modules imported, whose children are forks of it
+(:class:`Template`: a child with numpy imported in milliseconds; it is not
+a fresh interpreter).
 
 What differs from :mod:`subprocess`:
 
@@ -84,6 +88,7 @@ from ._client import (
     default_client,
     default_socket_path,
     find_binary,
+    python_template,
     refresh_process_state,
     run,
 )
@@ -92,6 +97,7 @@ from ._install import install, installed, uninstall
 from ._popen import Popen
 from ._request import Cgroup
 from ._sandbox import AppliedSandbox, Landlock, Mount, Sandbox
+from ._template import Template, TemplateError
 
 __version__ = "0.1.0"
 
@@ -119,6 +125,8 @@ __all__ = [
     "Process",
     "Sandbox",
     "SubprocessError",
+    "Template",
+    "TemplateError",
     "TimeoutExpired",
     "ZygoteError",
     "create_subprocess_exec",
@@ -127,6 +135,7 @@ __all__ = [
     "find_binary",
     "install",
     "installed",
+    "python_template",
     "refresh_process_state",
     "run",
     "uninstall",

@@ -250,12 +250,19 @@ async def _create_once(
     group: Any = None,
     extra_groups: Any = None,
     umask: int = -1,
+    _zygote_template: Optional[Tuple[Any, int]] = None,
     **zygote_options: Any,
 ) -> Process:
     """One try of :func:`create_subprocess_exec`; ``zygote_options`` are
     :class:`zygote._request.ZygoteOptions`' (``kill_on_close``,
-    ``zygote_timeout``, ``zygote_grace``, ``rlimits``, ``cgroup``, ``sandbox``)."""
+    ``zygote_timeout``, ``zygote_grace``, ``rlimits``, ``cgroup``, ``sandbox``).
+    With ``_zygote_template`` (a template and its handle) the child is a
+    fork of that template, and ``program, *args`` what follows ``python``."""
     options = _request.ZygoteOptions(**zygote_options)
+    handle: Optional[int] = None
+    if _zygote_template is not None:
+        _request.refuse_for_template(executable, False, user, group, extra_groups, options.sandbox)
+        handle = _zygote_template[1]
     loop = asyncio.get_running_loop()
     if client.alive:
         conn = client._connection()
@@ -287,6 +294,7 @@ async def _create_once(
         start_new_session=start_new_session,
         process_group=process_group,
         options=options,
+        template=handle,
     )
     try:
         request = _spawn.Outgoing(conn, spec, SpawnSlot(), client._process_state())

@@ -7,12 +7,13 @@ import errno
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import _asyncio, _request, _spawn
+from . import _asyncio, _request, _spawn, _template
 from ._conn import Connection
 from ._errors import ZygoteError
 from ._popen import Popen, run_with
@@ -313,6 +314,46 @@ class Client:
             raise ZygoteError(errno.EPROTO, f"unexpected reply to Status: {reply!r}")
         return {"peers": [], "spawners": [], **reply["Status"]}
 
+    def python_template(
+        self,
+        preload: Sequence[str] = (),
+        python: Any = None,
+        env: Optional[Mapping[Any, Any]] = None,
+        cwd: Any = None,
+    ) -> _template.Template:
+        """A warm template: a Python interpreter (``python``, default
+        :data:`sys.executable`; a name without ``/`` is looked up in the
+        ``PATH`` of ``env``) that the daemon starts as this process's user,
+        with ``env`` (default: this process's environment) and ``cwd``
+        (default: this process's directory), imports ``preload`` in it and
+        keeps it ready; its children are forks of it (see
+        :class:`zygote.Template`). The same interpreter, preload, env and
+        cwd from the same user find the running one; another env (with
+        ``env=None``, any change to :data:`os.environ`) starts another
+        template, and a user has at most 8 (``EAGAIN`` past them). The
+        template's environment is what its interpreter started with
+        (``PYTHONPATH`` and the other ``PYTHON*`` variables); a child's
+        ``env=`` sets only the child's :data:`os.environ`.
+
+        Blocks until the template is ready. Raises
+        :class:`zygote.TemplateError` with the daemon's message when it
+        cannot start (the traceback of a preload that raised, the module
+        that started a thread, the interpreter's exec error), and
+        :class:`OSError` ``EOPNOTSUPP`` naming the feature ``templates``,
+        before anything is sent, from a daemon that does not offer them.
+        A child of a template is not a fresh interpreter: what the
+        preloads set up at import time is there, shared by every child."""
+        return _template.Template(
+            self, preload, sys.executable if python is None else python, env, cwd
+        )
+
+    def templates(self) -> List[Dict[str, Any]]:
+        """The templates this peer may see (every uid's for root and the
+        daemon's own uid), one dict each: ``template`` (the handle),
+        ``uid``, ``pid``, ``kind``, ``interpreter`` (bytes), ``preload``,
+        ``forks``, ``restarts``, ``age_millis``, ``rss_bytes``."""
+        return _template.list_templates(self)
+
     def close(self) -> None:
         """Closes the connection. Children keep running."""
         self._conn.close()
@@ -364,3 +405,14 @@ def default_client() -> Client:
 def run(args: Any, **kwargs: Any) -> "subprocess.CompletedProcess[Any]":
     """:func:`subprocess.run` through the default client."""
     return run_with(Popen, args, **kwargs)
+
+
+def python_template(
+    preload: Sequence[str] = (),
+    python: Any = None,
+    env: Optional[Mapping[Any, Any]] = None,
+    cwd: Any = None,
+) -> _template.Template:
+    """:meth:`Client.python_template` through the default client (the one
+    current at each spawn, reconnected after a loss or a fork)."""
+    return _template.Template(None, preload, sys.executable if python is None else python, env, cwd)

@@ -299,7 +299,7 @@ class Connection:
                     slot.spawned.set()
                     slot._fire(slot.on_spawn)
                 slot._fire(slot.on_exit)
-        elif name in ("SignalSent", "RequestFailed", "Status"):
+        elif name in ("SignalSent", "RequestFailed", "Status", "TemplateReady", "Templates"):
             event = self._signals.pop(body["id"], None)
             if event is not None:
                 self._signal_replies[body["id"]] = message
@@ -451,7 +451,8 @@ class Connection:
             _close_all(slot.fds)
 
     def request(self, message: Dict[str, Any], timeout: float = SEND_SECONDS) -> Dict[str, Any]:
-        """Sends a Signal or Status request and waits for its reply."""
+        """Sends a request other than a spawn (Signal, Status, Template,
+        ListTemplates) and waits for its reply."""
         (body,) = message.values()
         request_id = body["id"]
         event = threading.Event()

@@ -225,10 +225,13 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         cgroup: Optional[_request.Cgroup] = None,
         sandbox: Optional[_sandbox.Sandbox] = None,
         _zygote_defer: bool = False,
+        _zygote_template: Optional[Tuple[Any, int]] = None,
         **kwargs: Any,
     ) -> None:
         self._zygote_client = client
         self._zygote_defer = _zygote_defer
+        #: The template (a zygote.Template) and its handle, for a child of one.
+        self._zygote_template = _zygote_template
         self._zygote_options = _request.ZygoteOptions(
             kill_on_close=kill_on_close,
             zygote_timeout=zygote_timeout,
@@ -303,8 +306,19 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if self._zygote_installed and not _signals_match_zygote(restore_signals):
             return fall_back("a signal is ignored or blocked here, which a forked child would keep")
 
-        argv, program = _request.normalize_args(args, shell, executable)
-        sys.audit("subprocess.Popen", program, argv, cwd, env)
+        template = self._zygote_template
+        handle: Optional[int] = None
+        if template is not None:
+            _request.refuse_for_template(
+                executable, shell, uid, gid, gids, self._zygote_options.sandbox
+            )
+            argv, _ = _request.normalize_args(args, False, None)
+            template_object, handle = template
+            program = template_object.python
+            sys.audit("subprocess.Popen", program, [program, *argv], cwd, env)
+        else:
+            argv, program = _request.normalize_args(args, shell, executable)
+            sys.audit("subprocess.Popen", program, argv, cwd, env)
         spec = _request.ChildSpec(
             argv=argv,
             program=program,
@@ -325,6 +339,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             process_group=process_group,
             options=self._zygote_options,
             defer=self._zygote_defer,
+            template=handle,
         )
         try:
             client = self._zygote_client

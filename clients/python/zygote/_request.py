@@ -292,6 +292,10 @@ class ChildSpec:
     #: ``defer_spawned``: only for a caller that never sees the child's
     #: object (run, call), whose pipes are its own (PROTOCOL.md section 2).
     defer: bool = False
+    #: The handle of the warm template the child is forked from; ``argv``
+    #: is then what follows ``python`` on its command line, and
+    #: ``program`` is not sent.
+    template: Optional[int] = None
 
 
 def _env_pairs(env: Optional[Mapping[Any, Any]]) -> List[Tuple[bytes, bytes]]:
@@ -477,8 +481,14 @@ def build_spawn(
     cgroup = spec.options.cgroup
     if cgroup is not None and not isinstance(cgroup, Cgroup):
         raise TypeError(f"cgroup must be a zygote.Cgroup, not {type(cgroup).__name__}")
-    program = _bytes("program", spec.program)
     args = [_bytes("argument", arg) for arg in spec.argv]
+    if spec.template is None:
+        program = _bytes("program", spec.program)
+        argv0 = args[0] if args[0] != program else None
+        rest = args[1:]
+    else:
+        check_template_args(args)
+        program, argv0, rest = b"", None, args
     env_pairs = _env_pairs(spec.env)
     _check_budget(args, env_pairs)
     process_group = _process_group(spec.process_group)
@@ -490,34 +500,97 @@ def build_spawn(
             f"the child needs {len(attachments.fds)} fds passed, "
             f"over the zygote's limit of {max_fds} per spawn"
         )
-    message = {
-        "Spawn": {
-            "id": request_id,
-            "program": program,
-            "argv0": args[0] if args[0] != program else None,
-            "args": args[1:],
-            "env": _env_field(env_pairs),
-            "cwd": _cwd_bytes(spec.cwd),
-            "stdin": stdio[0],
-            "stdout": stdio[1],
-            "stderr": stdio[2],
-            "fd_mappings": fd_mappings,
-            "new_session": bool(spec.start_new_session),
-            "process_group": process_group,
-            "umask": _umask(spec.umask, state),
-            "rlimits": _merged_rlimits(spec.options.rlimits, state),
-            "user": _user(spec),
-            "kill_on_close": _kill_on_close(spec, process_group),
-            "timeout": _timeout(spec.options),
-            "pty": None,
-            "report_stops": False,
-            "cgroup": cgroup.to_wire() if cgroup is not None else None,
-            **state.attributes,
-            "defer_spawned": bool(spec.defer),
-            "sandbox": _sandbox.wire_of(spec.options.sandbox),
-        }
+    body: Dict[str, Any] = {
+        "id": request_id,
+        "program": program,
+        "argv0": argv0,
+        "args": rest,
+        "env": _env_field(env_pairs),
+        "cwd": _cwd_bytes(spec.cwd),
+        "stdin": stdio[0],
+        "stdout": stdio[1],
+        "stderr": stdio[2],
+        "fd_mappings": fd_mappings,
+        "new_session": bool(spec.start_new_session),
+        "process_group": process_group,
+        "umask": _umask(spec.umask, state),
+        "rlimits": _merged_rlimits(spec.options.rlimits, state),
+        "user": _user(spec),
+        "kill_on_close": _kill_on_close(spec, process_group),
+        "timeout": _timeout(spec.options),
+        "pty": None,
+        "report_stops": False,
+        "cgroup": cgroup.to_wire() if cgroup is not None else None,
+        **state.attributes,
+        "defer_spawned": bool(spec.defer),
+        "sandbox": _sandbox.wire_of(spec.options.sandbox),
     }
-    return message, attachments.fds
+    if spec.template is None:
+        return {"Spawn": body}, attachments.fds
+    if body["user"] is not None or body["sandbox"] is not None:
+        raise ValueError("a template's child cannot change user or have a sandbox")
+    template = _check.unsigned("template", spec.template, 64)
+    return {"SpawnFromTemplate": {"template": template, "spawn": body}}, attachments.fds
+
+
+def refuse_for_template(
+    executable: Any, shell: bool, uid: Any, gid: Any, gids: Any, sandbox: Any
+) -> None:
+    """The arguments a template's child cannot honour, refused by name."""
+    given = [
+        name
+        for name, value in (
+            ("executable", executable),
+            ("user", uid),
+            ("group", gid),
+            ("extra_groups", gids),
+            ("sandbox", sandbox),
+        )
+        if value is not None
+    ]
+    if shell:
+        given.insert(0, "shell=True")
+    if given:
+        raise ValueError(
+            f"a template's child cannot take {', '.join(given)}: it is a fork of the "
+            "template's interpreter, running as its user and unconfined; use a cold spawn"
+        )
+
+
+#: The feature a daemon lists in ``HelloAck`` when it offers templates.
+TEMPLATES_FEATURE = "templates"
+
+
+def check_templates_offered(features: Sequence[str], version: int) -> None:
+    """Refuses, before anything is sent, a template request to a daemon
+    that does not offer templates (it would refuse it, or, before version
+    4, end the connection): ``OSError(EOPNOTSUPP)`` naming the feature."""
+    if TEMPLATES_FEATURE in features and version >= _wire.TEMPLATES_SINCE:
+        return
+    why = f"the zygote does not offer the feature {TEMPLATES_FEATURE}"
+    if version < _wire.TEMPLATES_SINCE:
+        why += f" (it speaks protocol version {version}; templates need {_wire.TEMPLATES_SINCE})"
+    error = OSError(errno.EOPNOTSUPP, f"{os.strerror(errno.EOPNOTSUPP)}: {why}")
+    error.zygote_stage = "Validate"  # type: ignore[attr-defined]
+    error.zygote_message = why  # type: ignore[attr-defined]
+    raise error
+
+
+def check_template_args(args: Sequence[bytes]) -> None:
+    """What a template's child runs, as ``python ARGS`` would: ``-c CODE``,
+    ``-m MODULE`` or a script path, each with its own arguments after it.
+    Interpreter options cannot change in a running interpreter."""
+    first = args[0] if args else b""
+    if first in (b"-c", b"-m"):
+        if len(args) < 2 or (first == b"-m" and not args[1]):
+            what = "code" if first == b"-c" else "a module name"
+            raise ValueError(f"a template's args {first.decode()} must be followed by {what}")
+        return
+    if not first or first.startswith(b"-"):
+        raise ValueError(
+            "a template's args must begin with -c CODE, -m MODULE or a script path, "
+            f"not {first!r} (the interpreter is running: its options cannot change)"
+        )
 
 
 def encode_spawn(
@@ -525,7 +598,11 @@ def encode_spawn(
 ) -> bytes:
     """The frame in the layout of ``version``, or :class:`UnservableError`
     when it is over the frame limit."""
-    frame = _wire.encode_spawn(message["Spawn"], version)
+    if "SpawnFromTemplate" in message:
+        outer = message["SpawnFromTemplate"]
+        frame = _wire.encode_template_spawn(outer["template"], outer["spawn"], version)
+    else:
+        frame = _wire.encode_spawn(message["Spawn"], version)
     if len(frame) > max_frame:
         raise UnservableError(
             f"the request is {len(frame)} bytes, over the zygote's frame limit of {max_frame}"

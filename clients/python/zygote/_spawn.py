@@ -81,6 +81,8 @@ class Outgoing:
         self.request_id = conn.next_id()
         message, self.fds = _request.build_spawn(spec, self.request_id, conn.max_fds, state)
         _sandbox.check_offered(spec.options.sandbox, conn.features, conn.protocol_version)
+        if spec.template is not None:
+            _request.check_templates_offered(conn.features, conn.protocol_version)
         # Through the module, so that tests can watch the encoded requests.
         self.frame = _request.encode_spawn(message, conn.max_frame, conn.protocol_version)
 

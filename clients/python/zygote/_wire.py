@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 #: The newest protocol version this package speaks, sent in ``Hello``; the
 #: daemon answers in the newest version both know.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 #: The oldest version this package reads a ``HelloAck`` in.
 OLDEST_PROTOCOL_VERSION = 1
 #: The first version whose ``HelloAck`` lists the daemon's features.
@@ -25,6 +25,11 @@ FEATURES_SINCE = 2
 #: ``SpawnStage::Sandbox`` and ``StatusReply``'s ``peers`` and ``spawners``;
 #: an older connection uses the layouts without them.
 SANDBOX_SINCE = 3
+#: The first version with warm templates: ``ClientMessage``'s ``Template``,
+#: ``SpawnFromTemplate`` and ``ListTemplates``, ``ServerMessage``'s
+#: ``TemplateReady`` and ``Templates``, and ``SpawnStage::Template``. It only
+#: appends variants: every other layout is version 3's.
+TEMPLATES_SINCE = 4
 #: The limits of PROTOCOL.md section 1, used until ``HelloAck`` gives the
 #: daemon's own.
 MAX_FRAME_BYTES = 262144
@@ -150,8 +155,19 @@ _SPAWN_V2 = _struct(
 _SPAWN = _struct(*_SPAWN_V2[1], ("sandbox", _opt(_SANDBOX)))
 
 
-def _client_message(spawn: Schema) -> Schema:
-    return _enum(
+_ENV = _list(_struct(("key", "bytes"), ("value", "bytes")))
+_TEMPLATE_REQUEST = _struct(
+    ("id", "u64"),
+    ("kind", "string"),
+    ("interpreter", "bytes"),
+    ("preload", _list("string")),
+    ("env", _ENV),
+    ("cwd", _opt("bytes")),
+)
+
+
+def _client_message(spawn: Schema, templates: bool) -> Schema:
+    variants: Tuple[Tuple[str, Optional[Schema]], ...] = (
         ("Hello", _struct(("protocol_version", "u32"), ("client", "string"))),
         ("Spawn", spawn),
         ("Signal", _struct(("id", "u64"), ("spawn_id", "u64"), ("signal", "i32"))),
@@ -159,11 +175,20 @@ def _client_message(spawn: Schema) -> Schema:
         # `zygote upgrade`: a live upgrade in place (PROTOCOL.md §5.12).
         ("Upgrade", _struct(("id", "u64"))),
     )
+    if templates:
+        variants += (
+            ("Template", _TEMPLATE_REQUEST),
+            ("SpawnFromTemplate", _struct(("template", "u64"), ("spawn", spawn))),
+            ("ListTemplates", _struct(("id", "u64"))),
+        )
+    return _enum(*variants)
 
 
-#: ``ClientMessage`` in the newest layout, and in that of versions 1 and 2.
-CLIENT_MESSAGE: Schema = _client_message(_SPAWN)
-CLIENT_MESSAGE_V2: Schema = _client_message(_SPAWN_V2)
+#: ``ClientMessage`` in the newest layout, in that of version 3 (without
+#: the template requests), and in that of versions 1 and 2.
+CLIENT_MESSAGE: Schema = _client_message(_SPAWN, templates=True)
+CLIENT_MESSAGE_V3: Schema = _client_message(_SPAWN, templates=False)
+CLIENT_MESSAGE_V2: Schema = _client_message(_SPAWN_V2, templates=False)
 
 SPAWN_STAGES = (
     "Validate",
@@ -186,6 +211,7 @@ SPAWN_STAGES = (
     "Affinity",
     "OomScoreAdj",
     "Sandbox",
+    "Template",
 )
 
 _APPLIED_SANDBOX = _struct(
@@ -282,12 +308,35 @@ _PROTOCOL_ERROR = _struct(
 )
 
 
+_TEMPLATE_INFO = _struct(
+    ("template", "u64"),
+    ("uid", "u32"),
+    ("pid", "i32"),
+    ("kind", "string"),
+    ("interpreter", "bytes"),
+    ("preload", _list("string")),
+    ("forks", "u64"),
+    ("restarts", "u64"),
+    ("age_millis", "u64"),
+    ("rss_bytes", "u64"),
+)
+_TEMPLATE_REPLIES = (
+    (
+        "TemplateReady",
+        _struct(("id", "u64"), ("template", "u64"), ("pid", "i32"), ("reused", "bool")),
+    ),
+    ("Templates", _struct(("id", "u64"), ("templates", _list(_TEMPLATE_INFO)))),
+)
+
+
 def _server_message(version: int) -> Schema:
     new = version >= SANDBOX_SINCE
+    templates = version >= TEMPLATES_SINCE
     spawned: Tuple[Tuple[str, Schema], ...] = (("id", "u64"), ("pid", "i32"))
     if new:
         spawned += (("sandbox", _opt(_APPLIED_SANDBOX)),)
-    stages = SPAWN_STAGES if new else SPAWN_STAGES[:-1]
+    # Version 3 ends its stages at Sandbox, 1 and 2 at OomScoreAdj.
+    stages = SPAWN_STAGES if templates else SPAWN_STAGES[:-1] if new else SPAWN_STAGES[:-2]
     return _enum(
         ("HelloAck", _HELLO_ACK),
         ("Spawned", _struct(*spawned)),
@@ -307,23 +356,30 @@ def _server_message(version: int) -> Schema:
         ("Status", _struct(*(_STATUS_V3 if new else _STATUS_V2))),
         ("Stopped", _struct(("id", "u64"), ("signal", "i32"))),
         ("Continued", _struct(("id", "u64"))),
+        *(_TEMPLATE_REPLIES if templates else ()),
     )
 
 
-#: ``ServerMessage`` in the newest layout, and in that of versions 1 and 2
-#: (whose ``HelloAck`` follows its own version field).
+#: ``ServerMessage`` in the newest layout, in that of version 3, and in
+#: that of versions 1 and 2 (whose ``HelloAck`` follows its own version
+#: field).
 SERVER_MESSAGE: Schema = _server_message(PROTOCOL_VERSION)
+SERVER_MESSAGE_V3: Schema = _server_message(3)
 SERVER_MESSAGE_V2: Schema = _server_message(2)
 
 
 def client_schema(version: int) -> Schema:
     """``ClientMessage`` in the layout of protocol ``version``."""
-    return CLIENT_MESSAGE if version >= SANDBOX_SINCE else CLIENT_MESSAGE_V2
+    if version >= TEMPLATES_SINCE:
+        return CLIENT_MESSAGE
+    return CLIENT_MESSAGE_V3 if version >= SANDBOX_SINCE else CLIENT_MESSAGE_V2
 
 
 def server_schema(version: int) -> Schema:
     """``ServerMessage`` in the layout of protocol ``version``."""
-    return SERVER_MESSAGE if version >= SANDBOX_SINCE else SERVER_MESSAGE_V2
+    if version >= TEMPLATES_SINCE:
+        return SERVER_MESSAGE
+    return SERVER_MESSAGE_V3 if version >= SANDBOX_SINCE else SERVER_MESSAGE_V2
 
 
 _UINT_BITS = {"u16": 16, "u32": 32, "u64": 64}
@@ -355,6 +411,10 @@ def _encode(out: bytearray, schema: Schema, value: Any) -> None:
                 raise TypeError(f"bool must be a bool, not {value!r}")
             out.append(1 if value else 0)
         elif schema == "bytes":
+            if not isinstance(value, (bytes, bytearray, list)):
+                # bytes(3) would be three zero bytes, bytes("x") a TypeError
+                # without the field's name.
+                raise TypeError(f"bytes must be bytes or a list of ints, not {value!r}")
             data = bytes(value)
             _varint(out, len(data))
             out += data
@@ -537,7 +597,26 @@ def encode_spawn(body: Dict[str, Any], version: int = PROTOCOL_VERSION) -> bytes
     gives a frame the daemon cannot decode. ``version`` is the
     connection's: before version 3 the request has no ``sandbox``, and one
     that asks for a sandbox raises :class:`ValueError` rather than lose it."""
-    parts: List[bytes] = [b"\x01", _uvar(body["id"])]
+    return b"\x01" + _spawn_body(body, version)
+
+
+def encode_template_spawn(
+    template: int, body: Dict[str, Any], version: int = PROTOCOL_VERSION
+) -> bytes:
+    """``ClientMessage::SpawnFromTemplate``: the template's handle, then
+    the spawn request as :func:`encode_spawn` encodes it. Refused
+    (:class:`ValueError`) on a connection older than version 4."""
+    if version < TEMPLATES_SINCE:
+        raise ValueError(
+            f"a template spawn needs protocol version {TEMPLATES_SINCE}; "
+            f"the connection speaks {version}"
+        )
+    return b"\x06" + _uvar(template) + _spawn_body(body, version)
+
+
+def _spawn_body(body: Dict[str, Any], version: int) -> bytes:
+    """A ``SpawnRequest`` (without the message's variant index)."""
+    parts: List[bytes] = [_uvar(body["id"])]
     add = parts.append
     program = bytes(body["program"])
     add(_uvar(len(program)))
@@ -720,8 +799,10 @@ def to_json(value: Any) -> Any:
 __all__: List[str] = [
     "CLIENT_MESSAGE",
     "CLIENT_MESSAGE_V2",
+    "CLIENT_MESSAGE_V3",
     "SERVER_MESSAGE",
     "SERVER_MESSAGE_V2",
+    "SERVER_MESSAGE_V3",
     "DecodeError",
     "decode",
     "encode",
