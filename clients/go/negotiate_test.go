@@ -2,6 +2,7 @@ package zygote
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"syscall"
@@ -26,10 +27,11 @@ func TestHandshakeNegotiates(t *testing.T) {
 		features []string
 		refused  string
 	}{
+		{"version 4 with templates", helloAckIn(4, "pty", "sandbox", "templates"), 4, []string{"pty", "sandbox", "templates"}, ""},
 		{"version 3 with features", helloAckIn(3, "pty", "sandbox"), 3, []string{"pty", "sandbox"}, ""},
 		{"version 2 with features", helloAckIn(2, "pty", "teleport"), 2, []string{"pty", "teleport"}, ""},
 		{"version 1, no features", helloAckIn(1), 1, nil, ""},
-		{"a version the client did not offer", helloAckIn(protocolVersion + 1), 0, nil, "HelloAck for version 4"},
+		{"a version the client did not offer", helloAckIn(protocolVersion + 1), 0, nil, fmt.Sprintf("HelloAck for version %d", protocolVersion+1)},
 		{"version 0", helloAckIn(0), 0, nil, "HelloAck for version 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
