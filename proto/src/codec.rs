@@ -6,8 +6,8 @@
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::message::{ClientMessage, ServerMessage};
-use crate::version::SANDBOX_SINCE;
-use crate::{ProtoError, v2};
+use crate::version::{SANDBOX_SINCE, TEMPLATES_SINCE};
+use crate::{ProtoError, RequestFailed, SpawnFailed, SpawnStage, v2};
 
 /// Encodes a message as one frame's bytes (postcard).
 ///
@@ -47,13 +47,17 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ProtoError> {
 }
 
 /// A message to encode in the layout of a negotiated protocol version:
-/// version 3 as it is, versions 1 and 2 in the frozen layouts of
-/// [`v2`]. Only the messages whose layout changed are
-/// converted (a copy); the others encode as they are.
+/// versions 3 and 4 as it is (version 4 only appended variants), versions
+/// 1 and 2 in the frozen layouts of [`v2`]. Only the messages whose layout
+/// changed are converted (a copy); the others encode as they are.
 ///
 /// Encoding a [`ClientMessage`] whose spawn asks for a sandbox in an older
 /// version fails: that layout has no room for it, and a sandbox is never
-/// dropped silently.
+/// dropped silently. So does a template message below version 4. The
+/// daemon's answers to template messages, which an older connection cannot
+/// make, go to it as `RequestFailed` (`EPROTO`), and
+/// [`SpawnStage::Template`] as [`SpawnStage::Exec`]: never as a variant
+/// that connection cannot decode.
 #[derive(Debug, Clone, Copy)]
 pub struct InVersion<'a, T> {
     /// The message.
@@ -71,13 +75,36 @@ impl<'a, T> InVersion<'a, T> {
 
 impl Serialize for InVersion<'_, ServerMessage> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if self.version >= SANDBOX_SINCE {
+        if self.version >= TEMPLATES_SINCE {
             return self.message.serialize(serializer);
+        }
+        if self.version >= SANDBOX_SINCE {
+            return match self.message {
+                ServerMessage::TemplateReady(crate::TemplateReady { id, .. })
+                | ServerMessage::Templates(crate::TemplateList { id, .. }) => {
+                    ServerMessage::RequestFailed(RequestFailed {
+                        id: *id,
+                        errno: rustix::io::Errno::PROTO.raw_os_error(),
+                        message: "templates need protocol version 4".to_owned(),
+                    })
+                    .serialize(serializer)
+                }
+                ServerMessage::SpawnFailed(failed) if failed.stage == SpawnStage::Template => {
+                    ServerMessage::SpawnFailed(SpawnFailed {
+                        stage: SpawnStage::Exec,
+                        ..failed.clone()
+                    })
+                    .serialize(serializer)
+                }
+                _ => self.message.serialize(serializer),
+            };
         }
         match self.message {
             ServerMessage::Spawned(_)
             | ServerMessage::SpawnFailed(_)
-            | ServerMessage::Status(_) => {
+            | ServerMessage::Status(_)
+            | ServerMessage::TemplateReady(_)
+            | ServerMessage::Templates(_) => {
                 v2::ServerMessage::from(self.message.clone()).serialize(serializer)
             }
             // The same layout in every version, and the same variant index.
@@ -88,6 +115,18 @@ impl Serialize for InVersion<'_, ServerMessage> {
 
 impl Serialize for InVersion<'_, ClientMessage> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if self.version >= TEMPLATES_SINCE {
+            return self.message.serialize(serializer);
+        }
+        if let ClientMessage::Template(_)
+        | ClientMessage::SpawnFromTemplate(_)
+        | ClientMessage::ListTemplates(_) = self.message
+        {
+            return Err(serde::ser::Error::custom(format!(
+                "templates need protocol version {TEMPLATES_SINCE}; the connection speaks version {}",
+                self.version
+            )));
+        }
         if self.version >= SANDBOX_SINCE {
             return self.message.serialize(serializer);
         }

@@ -13,8 +13,9 @@ use zygote_proto::{
     LandlockSpec, Limits, MountKind, MountSpec, NetworkMode, PeerUse, ProtoError, ProtocolError,
     ProtocolErrorKind, PtySpec, RequestFailed, ResourceLimit, ResourceUsage, SandboxSpec,
     SeccompSpec, ServerMessage, SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage,
-    Spawned, SpawnerInfo, StatusReply, StatusRequest, StdioSpec, StopNotice, Timeout, UserSpec,
-    WindowSize, decode, decode_client, decode_server, encode, v2,
+    Spawned, SpawnerInfo, StatusReply, StatusRequest, StdioSpec, StopNotice, TemplateInfo,
+    TemplateList, TemplateListRequest, TemplateReady, TemplateRequest, TemplateSpawnRequest,
+    Timeout, UserSpec, WindowSize, decode, decode_client, decode_server, encode, v2,
 };
 
 fn bytes() -> impl Strategy<Value = Vec<u8>> {
@@ -174,12 +175,98 @@ fn spawn_request() -> impl Strategy<Value = SpawnRequest> {
         .prop_map(|(request, sandbox)| SpawnRequest { sandbox, ..request })
 }
 
-fn spawn_request_without_sandbox() -> impl Strategy<Value = SpawnRequest> {
-    let env = prop::collection::vec(
+fn env() -> impl Strategy<Value = Env> {
+    prop::collection::vec(
         (bytes(), bytes()).prop_map(|(key, value)| EnvVar { key, value }),
         0..6,
     )
-    .prop_map(Env::from);
+    .prop_map(Env::from)
+}
+
+fn template_request() -> impl Strategy<Value = TemplateRequest> {
+    (
+        any::<u64>(),
+        text(),
+        bytes(),
+        prop::collection::vec(text(), 0..4),
+        env(),
+        prop::option::of(bytes()),
+    )
+        .prop_map(
+            |(id, kind, interpreter, preload, env, cwd)| TemplateRequest {
+                id,
+                kind,
+                interpreter,
+                preload,
+                env,
+                cwd,
+            },
+        )
+}
+
+fn template_info() -> impl Strategy<Value = TemplateInfo> {
+    (
+        (any::<u64>(), any::<u32>(), any::<i32>(), text(), bytes()),
+        prop::collection::vec(text(), 0..4),
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+    )
+        .prop_map(
+            |(
+                (template, uid, pid, kind, interpreter),
+                preload,
+                (forks, restarts, age_millis, rss_bytes),
+            )| TemplateInfo {
+                template,
+                uid,
+                pid,
+                kind,
+                interpreter,
+                preload,
+                forks,
+                restarts,
+                age_millis,
+                rss_bytes,
+            },
+        )
+}
+
+/// The messages version 4 appended.
+fn template_client_message() -> impl Strategy<Value = ClientMessage> {
+    prop_oneof![
+        template_request().prop_map(ClientMessage::Template),
+        (any::<u64>(), spawn_request()).prop_map(|(template, spawn)| {
+            ClientMessage::SpawnFromTemplate(TemplateSpawnRequest { template, spawn })
+        }),
+        any::<u64>().prop_map(|id| ClientMessage::ListTemplates(TemplateListRequest { id })),
+    ]
+}
+
+fn template_server_message() -> impl Strategy<Value = ServerMessage> {
+    prop_oneof![
+        (any::<u64>(), any::<u64>(), any::<i32>(), any::<bool>()).prop_map(
+            |(id, template, pid, reused)| ServerMessage::TemplateReady(TemplateReady {
+                id,
+                template,
+                pid,
+                reused,
+            })
+        ),
+        (any::<u64>(), prop::collection::vec(template_info(), 0..3))
+            .prop_map(|(id, templates)| ServerMessage::Templates(TemplateList { id, templates })),
+    ]
+}
+
+fn is_template_message(message: &ClientMessage) -> bool {
+    matches!(
+        message,
+        ClientMessage::Template(_)
+            | ClientMessage::SpawnFromTemplate(_)
+            | ClientMessage::ListTemplates(_)
+    )
+}
+
+fn spawn_request_without_sandbox() -> impl Strategy<Value = SpawnRequest> {
+    let env = env();
     let fd_mappings = prop::collection::vec(
         (any::<u32>(), any::<i32>()).prop_map(|(attached_index, child_fd)| FdMapping {
             attached_index,
@@ -307,6 +394,7 @@ fn client_message() -> impl Strategy<Value = ClientMessage> {
             })
         }),
         any::<u64>().prop_map(|id| ClientMessage::Status(StatusRequest { id })),
+        template_client_message(),
     ]
 }
 
@@ -432,6 +520,7 @@ fn server_message() -> impl Strategy<Value = ServerMessage> {
         (any::<u64>(), any::<i32>())
             .prop_map(|(id, signal)| ServerMessage::Stopped(StopNotice { id, signal })),
         any::<u64>().prop_map(|id| ServerMessage::Continued(ContinueNotice { id })),
+        template_server_message(),
     ]
 }
 
@@ -518,12 +607,55 @@ proptest! {
         let expected = ServerMessage::from(v2::ServerMessage::from(server.clone()));
         prop_assert_eq!(decode_server(&bytes, 2).expect("decodes"), expected);
         let sandboxed = matches!(&client, ClientMessage::Spawn(request) if request.sandbox.is_some());
+        let refused = sandboxed || is_template_message(&client);
         match encode(&InVersion::new(&client, 2)) {
             Ok(bytes) => {
-                prop_assert!(!sandboxed);
+                prop_assert!(!refused);
                 prop_assert_eq!(decode_client(&bytes, 2).expect("decodes"), client);
             }
-            Err(_) => prop_assert!(sandboxed),
+            Err(_) => prop_assert!(refused),
+        }
+    }
+
+    /// Version 4 only appended variants: in the layout of version 3, every
+    /// message version 3 had is the same bytes as in version 4 and decodes
+    /// back whole. A template message does not encode for version 3, and
+    /// the daemon's template replies and stage reach such a connection
+    /// only as variants it knows.
+    #[test]
+    fn version_3_layouts_are_version_4_layouts(
+        server in server_message(),
+        client in client_message(),
+    ) {
+        let in_v3 = encode(&InVersion::new(&server, 3)).expect("encodes");
+        let expected = match &server {
+            ServerMessage::TemplateReady(TemplateReady { id, .. })
+            | ServerMessage::Templates(TemplateList { id, .. }) => {
+                ServerMessage::RequestFailed(RequestFailed {
+                    id: *id,
+                    errno: rustix::io::Errno::PROTO.raw_os_error(),
+                    message: "templates need protocol version 4".to_owned(),
+                })
+            }
+            ServerMessage::SpawnFailed(failed) if failed.stage == SpawnStage::Template => {
+                ServerMessage::SpawnFailed(SpawnFailed {
+                    stage: SpawnStage::Exec,
+                    ..failed.clone()
+                })
+            }
+            other => {
+                prop_assert_eq!(&in_v3, &encode(other).expect("encodes"));
+                other.clone()
+            }
+        };
+        prop_assert_eq!(decode_server(&in_v3, 3).expect("decodes"), expected);
+        match encode(&InVersion::new(&client, 3)) {
+            Ok(bytes) => {
+                prop_assert!(!is_template_message(&client));
+                prop_assert_eq!(&bytes, &encode(&client).expect("encodes"));
+                prop_assert_eq!(decode_client(&bytes, 3).expect("decodes"), client);
+            }
+            Err(_) => prop_assert!(is_template_message(&client)),
         }
     }
 
@@ -580,8 +712,8 @@ fn invalid_values_are_malformed() {
             "{bytes:02x?} should be malformed"
         );
     };
-    // Variant index 10 does not exist.
-    malformed(&[0x0a]);
+    // Variant index 12 does not exist (11, `Templates`, is the last).
+    malformed(&[0x0c]);
     // An Exited notice whose `core_dumped` is 2.
     malformed(&[0x03, 0x07, 0x01, 0x12, 0x02, 0x00, 0x00, 0x00]);
     // A SpawnFailed whose message is not UTF-8.
@@ -596,6 +728,15 @@ fn invalid_values_are_malformed() {
     ]);
     // A u32 varint (the variant index) whose 5th byte is over 0x0f.
     malformed(&[0x80, 0x80, 0x80, 0x80, 0x10]);
+    // A SpawnFailed whose stage is 21 (20, `Template`, is the last).
+    malformed(&[0x02, 0x09, 0x15, 0x04, 0x00]);
+    // Client variant index 8 does not exist (7, `ListTemplates`, is the last).
+    assert!(matches!(
+        decode::<ClientMessage>(&[0x08]),
+        Err(ProtoError::Malformed(_))
+    ));
+    // A TemplateReady whose `reused` is 2.
+    malformed(&[0x0a, 0x01, 0x02, 0x03, 0x02]);
     // An Option tag of 2 (SpawnRequest.argv0).
     assert!(matches!(
         decode::<ClientMessage>(&[0x01, 0x07, 0x00, 0x02]),

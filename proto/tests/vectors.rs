@@ -18,8 +18,9 @@ use zygote_proto::{
     Limits, MountKind, MountSpec, NetworkMode, PeerUse, ProtocolError, ProtocolErrorKind, PtySpec,
     RequestFailed, ResourceLimit, ResourceUsage, SandboxSpec, SeccompSpec, ServerMessage,
     SignalRequest, SignalSent, SpawnFailed, SpawnRequest, SpawnStage, Spawned, SpawnerInfo,
-    StatusReply, StatusRequest, StdioSpec, StopNotice, Timeout, TreeUsage, UpgradeRequest,
-    UserSpec, WindowSize, decode, decode_client, decode_server, encode, v2,
+    StatusReply, StatusRequest, StdioSpec, StopNotice, TemplateInfo, TemplateList,
+    TemplateListRequest, TemplateReady, TemplateRequest, TemplateSpawnRequest, Timeout, TreeUsage,
+    UpgradeRequest, UserSpec, WindowSize, decode, decode_client, decode_server, encode, v2,
 };
 
 /// A whole frame: what a client or the daemon sends.
@@ -87,6 +88,12 @@ const NAMES: &[&str] = &[
     "spawn_sandbox_filter",
     "spawned_sandbox",
     "spawn_failed_sandbox",
+    "template_request",
+    "template_ready",
+    "spawn_from_template",
+    "list_templates",
+    "templates",
+    "spawn_failed_template",
 ];
 
 /// The vectors `PROTOCOL.md` shows with a hex block.
@@ -115,6 +122,12 @@ const DOCUMENTED: &[&str] = &[
     "spawn_sandbox",
     "spawned_sandbox",
     "spawn_failed_sandbox",
+    "template_request",
+    "template_ready",
+    "spawn_from_template",
+    "list_templates",
+    "templates",
+    "spawn_failed_template",
 ];
 
 fn env(key: &str, value: &str) -> EnvVar {
@@ -128,17 +141,21 @@ fn env(key: &str, value: &str) -> EnvVar {
 fn value(name: &str) -> Option<Frame> {
     Some(match name {
         "hello" => Frame::Client(ClientMessage::Hello(Hello {
-            protocol_version: 3,
+            protocol_version: 4,
             client: "py/0.1".to_owned(),
         })),
         "hello_ack" => Frame::Server(ServerMessage::HelloAck(HelloAck {
-            protocol_version: 3,
+            protocol_version: 4,
             server_version: "0.1.0".to_owned(),
             limits: Limits {
                 max_frame_bytes: 262_144,
                 max_fds_per_frame: 64,
             },
-            features: vec!["pty".to_owned(), "large_args".to_owned()],
+            features: vec![
+                "pty".to_owned(),
+                "large_args".to_owned(),
+                "templates".to_owned(),
+            ],
         })),
         "hello_v1" => Frame::Client(ClientMessage::Hello(Hello {
             protocol_version: 1,
@@ -541,6 +558,62 @@ fn sandbox_value(name: &str) -> Option<Frame> {
             errno: 2,
             message: "bind /srv/work: ENOENT".to_owned(),
         })),
+        _ => return template_value(name),
+    })
+}
+
+/// The vectors of the version-4 template messages.
+fn template_value(name: &str) -> Option<Frame> {
+    let preload = || vec!["json".to_owned(), "xml.etree.ElementTree".to_owned()];
+    Some(match name {
+        "template_request" => Frame::Client(ClientMessage::Template(TemplateRequest {
+            id: 20,
+            kind: "python".to_owned(),
+            interpreter: b"python3".to_vec(),
+            preload: preload(),
+            env: vec![env("PATH", "/usr/bin:/bin")].into(),
+            cwd: Some(b"/srv".to_vec()),
+        })),
+        "template_ready" => Frame::Server(ServerMessage::TemplateReady(TemplateReady {
+            id: 20,
+            template: 3,
+            pid: 4300,
+            reused: false,
+        })),
+        "spawn_from_template" => {
+            Frame::Client(ClientMessage::SpawnFromTemplate(TemplateSpawnRequest {
+                template: 3,
+                spawn: SpawnRequest {
+                    args: vec![b"-c".to_vec(), b"print(1)".to_vec()],
+                    stdout: StdioSpec::Pipe,
+                    ..SpawnRequest::new(21, "")
+                },
+            }))
+        }
+        "list_templates" => {
+            Frame::Client(ClientMessage::ListTemplates(TemplateListRequest { id: 22 }))
+        }
+        "templates" => Frame::Server(ServerMessage::Templates(TemplateList {
+            id: 22,
+            templates: vec![TemplateInfo {
+                template: 3,
+                uid: 1000,
+                pid: 4300,
+                kind: "python".to_owned(),
+                interpreter: b"python3".to_vec(),
+                preload: preload(),
+                forks: 300,
+                restarts: 1,
+                age_millis: 61_000,
+                rss_bytes: 25_165_824,
+            }],
+        })),
+        "spawn_failed_template" => Frame::Server(ServerMessage::SpawnFailed(SpawnFailed {
+            id: 21,
+            stage: SpawnStage::Template,
+            errno: 71,
+            message: "template 3 exited before it forked".to_owned(),
+        })),
         _ => return None,
     })
 }
@@ -891,6 +964,108 @@ fn released_version_1_frames_still_decode() {
 #[test]
 fn released_version_2_frames_still_decode() {
     check_released(RELEASED_V2, 2);
+}
+
+/// Where the frames of protocol version 3 are kept. Version 4 only
+/// appended variants, so they are checked with the current types.
+const RELEASED_V3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/vectors/v3/frames.json");
+
+/// Every frame recorded for version 3 is a version-4 frame: it decodes
+/// with the current types to the value its JSON names, by version 3 to
+/// the same value, and encodes back to the same bytes both in the layout
+/// of version 3 and as it is. A vector of the same name in `frames.json`
+/// has the same bytes, except the handshake, whose version number (and
+/// feature list) differ.
+#[test]
+fn released_version_3_frames_are_version_4_frames() {
+    let text = std::fs::read_to_string(RELEASED_V3)
+        .unwrap_or_else(|error| panic!("reading {RELEASED_V3}: {error}"));
+    let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(json["protocol_version"], 3);
+    let vectors = json["vectors"].as_array().expect("a vectors array");
+    assert!(vectors.len() >= 36, "{RELEASED_V3} lost vectors");
+    let current: BTreeMap<String, Vec<u8>> = load_file()
+        .into_iter()
+        .map(|(name, _, bytes, _)| (name, bytes))
+        .collect();
+    for vector in vectors {
+        let name = vector["name"].as_str().expect("name");
+        let bytes = unhex(vector["hex"].as_str().expect("hex"));
+        let (as_json, in_v3, as_is) = match vector["direction"].as_str() {
+            Some("client") => {
+                let message: ClientMessage = decode(&bytes).expect("a version-4 frame");
+                assert_eq!(decode_client(&bytes, 3).expect("decodes"), message);
+                (
+                    serde_json::to_value(&message).expect("JSON"),
+                    encode(&InVersion::new(&message, 3)),
+                    encode(&message),
+                )
+            }
+            Some("server") => {
+                let message: ServerMessage = decode(&bytes).expect("a version-4 frame");
+                assert_eq!(decode_server(&bytes, 3).expect("decodes"), message);
+                (
+                    serde_json::to_value(&message).expect("JSON"),
+                    encode(&InVersion::new(&message, 3)),
+                    encode(&message),
+                )
+            }
+            other => panic!("version-3 frame {name}: direction {other:?}"),
+        };
+        assert_eq!(as_json, vector["message"], "version-3 frame {name}");
+        assert_eq!(hex(&in_v3.expect("encodes")), hex(&bytes), "{name} in v3");
+        assert_eq!(hex(&as_is.expect("encodes")), hex(&bytes), "{name} in v4");
+        let now = current
+            .get(name)
+            .unwrap_or_else(|| panic!("frames.json lost the version-3 vector {name}"));
+        if name != "hello" && name != "hello_ack" {
+            assert_eq!(hex(now), hex(&bytes), "vector {name} moved in version 4");
+        }
+    }
+}
+
+/// Template messages have no place in a version-3 connection: a client
+/// cannot encode them for it, and the daemon's answers to them reach it as
+/// `RequestFailed`, and `SpawnStage::Template` as `Exec`, both variants a
+/// version-3 peer decodes.
+#[test]
+fn version_4_content_converts_for_older_connections() {
+    for name in ["template_request", "spawn_from_template", "list_templates"] {
+        let Some(Frame::Client(message)) = value(name) else {
+            panic!("{name} is a client frame");
+        };
+        for version in 1..4 {
+            let error = encode(&InVersion::new(&message, version)).expect_err("no room");
+            assert!(
+                matches!(error, zygote_proto::ProtoError::Encode(_)),
+                "{name}: {error}"
+            );
+        }
+    }
+    for (name, id) in [("template_ready", 20), ("templates", 22)] {
+        let Some(Frame::Server(message)) = value(name) else {
+            panic!("{name} is a server frame");
+        };
+        for version in 1..4 {
+            let bytes = encode(&InVersion::new(&message, version)).expect("encodes");
+            match decode_server(&bytes, version).expect("decodes") {
+                ServerMessage::RequestFailed(failed) => {
+                    assert_eq!((failed.id, failed.errno), (id, 71), "{name}");
+                }
+                other => panic!("{name} in version {version}: {other:?}"),
+            }
+        }
+    }
+    let Some(Frame::Server(failed)) = value("spawn_failed_template") else {
+        panic!("spawn_failed_template is a server frame");
+    };
+    for version in 1..4 {
+        let bytes = encode(&InVersion::new(&failed, version)).expect("encodes");
+        match decode_server(&bytes, version).expect("decodes") {
+            ServerMessage::SpawnFailed(old) => assert_eq!(old.stage, SpawnStage::Exec),
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 /// Replies with version-3 content reach an older connection without it:

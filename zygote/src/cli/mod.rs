@@ -39,7 +39,7 @@ pub struct Cli {
 /// step with zygote-proto's).
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
-    " (protocol 3; serves protocol versions 1 to 3)"
+    " (protocol 4; serves protocol versions 1 to 4)"
 );
 
 /// `zygote --help` and the DESCRIPTION of zygote(1).
