@@ -44,53 +44,21 @@ func strictUnmarshal(data []byte, v any) error {
 // compares the result with the vector's message, and encodes the message
 // back to exactly the vector's bytes.
 func TestVectors(t *testing.T) {
-	checkVectors(t, currentVectors, protocolVersion, protocolVersion, 20)
+	checkVectors(t, filepath.Join("..", "..", "proto", "vectors", "frames.json"), protocolVersion, 20)
 }
-
-var currentVectors = filepath.Join("..", "..", "proto", "vectors", "frames.json")
 
 // TestVectorsOfOlderVersions checks the frozen frames of each older
 // version with the layouts this package speaks to a daemon of that
-// version. A version whose layouts the newest kept (version 4 only added
-// variants to version 3's) has no frozen copy: the newest frames, less
-// those of the variants it added, are its frames.
+// version.
 func TestVectorsOfOlderVersions(t *testing.T) {
 	for v := uint32(oldestProtocolVersion); v < protocolVersion; v++ {
 		t.Run(fmt.Sprintf("v%d", v), func(t *testing.T) {
-			if v >= sandboxSince {
-				checkVectors(t, currentVectors, protocolVersion, v, 20)
-				return
-			}
-			checkVectors(t, filepath.Join("..", "..", "proto", "vectors", fmt.Sprintf("v%d", v), "frames.json"), v, v, 20)
+			checkVectors(t, filepath.Join("..", "..", "proto", "vectors", fmt.Sprintf("v%d", v), "frames.json"), v, 20)
 		})
 	}
 }
 
-// newerVariant reports whether a vector's message is a variant that
-// the layout of version v does not have.
-func newerVariant(message json.RawMessage, v uint32) bool {
-	if v >= templatesSince {
-		return false
-	}
-	var m map[string]json.RawMessage
-	if json.Unmarshal(message, &m) != nil {
-		return false
-	}
-	for _, name := range []string{"Template", "SpawnFromTemplate", "ListTemplates", "TemplateReady", "Templates"} {
-		if _, ok := m[name]; ok {
-			return true
-		}
-	}
-	var failed struct {
-		Stage string `json:"stage"`
-	}
-	return m["SpawnFailed"] != nil && json.Unmarshal(m["SpawnFailed"], &failed) == nil && failed.Stage == "Template"
-}
-
-// checkVectors checks the vectors of path, a file for protocol
-// fileVersion, in the layouts of version, skipping the variants newer
-// than it.
-func checkVectors(t *testing.T, path string, fileVersion, version uint32, atLeast int) {
+func checkVectors(t *testing.T, path string, version uint32, atLeast int) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("reading the shared vectors: %v", err)
@@ -99,16 +67,13 @@ func checkVectors(t *testing.T, path string, fileVersion, version uint32, atLeas
 	if err := json.Unmarshal(data, &file); err != nil {
 		t.Fatalf("parsing %s: %v", path, err)
 	}
-	if file.ProtocolVersion != int(fileVersion) {
-		t.Fatalf("%s is for protocol %d, want %d", path, file.ProtocolVersion, fileVersion)
+	if file.ProtocolVersion != int(version) {
+		t.Fatalf("%s is for protocol %d, want %d", path, file.ProtocolVersion, version)
 	}
 	if len(file.Vectors) < atLeast {
 		t.Fatalf("%s has only %d vectors", path, len(file.Vectors))
 	}
 	for _, v := range file.Vectors {
-		if newerVariant(v.Message, version) {
-			continue
-		}
 		t.Run(v.Name, func(t *testing.T) {
 			frame, err := hex.DecodeString(v.Hex)
 			if err != nil {
