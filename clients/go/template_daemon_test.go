@@ -1,0 +1,237 @@
+package zygote
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The warm templates against the real daemon. They need a python3 on
+// PATH and a daemon that offers templates.
+
+// templateDaemon connects to the shared daemon, skipping the test when
+// there is no python3 or the daemon does not offer templates (under CI
+// the daemon must offer them).
+func templateDaemon(t *testing.T) *Client {
+	t.Helper()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("SKIP: needs python3 on PATH")
+	}
+	c := dial(t)
+	if !c.Offers(featureTemplates) {
+		if inCI() {
+			t.Fatalf("the daemon does not offer templates (features %q)", c.Features())
+		}
+		t.Skipf("SKIP: the daemon does not offer templates (features %q)", c.Features())
+	}
+	return c
+}
+
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestTemplateChildRunsAsPython runs children of a template as `python
+// ARGS` would run: -c with its sys.argv and exit status, -m, a script, an
+// uncaught exception, and stdin and stdout through pipes.
+func TestTemplateChildRunsAsPython(t *testing.T) {
+	c := templateDaemon(t)
+	ctx := testContext(t)
+	tmpl, err := c.PythonTemplate(ctx, TemplateOptions{Preload: []string{"json"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := tmpl.Command("-c", "import sys, json; print(json.dumps(sys.argv)); sys.exit(3)", "a", "b").Output()
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 3 || string(out) != "[\"-c\", \"a\", \"b\"]\n" {
+		t.Fatalf("-c: %q, %v; want sys.argv [-c a b] and exit status 3", out, err)
+	}
+	if out, err := tmpl.Command("-m", "json.tool", "--help").Output(); err != nil || !strings.Contains(string(out), "usage") {
+		t.Fatalf("-m json.tool --help: %q, %v", out, err)
+	}
+	script := filepath.Join(t.TempDir(), "script.py")
+	if err := os.WriteFile(script, []byte("import sys\nprint(__name__, sys.argv[1:])\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := tmpl.Command(script, "x").Output(); err != nil || string(out) != "__main__ ['x']\n" {
+		t.Fatalf("a script: %q, %v", out, err)
+	}
+	out, err = tmpl.Command("-c", "raise ValueError('from the warm child')").CombinedOutput()
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "ValueError: from the warm child") {
+		t.Fatalf("an uncaught exception: %q, %v; want exit 1 and the traceback", out, err)
+	}
+	cmd := tmpl.Command("-c", "import sys; sys.stdout.write(sys.stdin.read().upper())")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if cmd.Process.Pid <= 0 || cmd.Process.Pidfd() < 0 {
+		t.Errorf("Process %+v: no pid or pidfd", cmd.Process)
+	}
+	io.WriteString(stdin, "piped through")
+	stdin.Close()
+	got, _ := io.ReadAll(stdout)
+	if err := cmd.Wait(); err != nil || string(got) != "PIPED THROUGH" {
+		t.Fatalf("pipes: %q, %v", got, err)
+	}
+}
+
+// TestTemplateChildEnvAndDir gives a warm child its own Cmd's
+// environment and directory, not the template's.
+func TestTemplateChildEnvAndDir(t *testing.T) {
+	c := templateDaemon(t)
+	tmpl, err := c.PythonTemplate(testContext(t), TemplateOptions{Env: append(os.Environ(), "ZYGOTE_GO_TPL=template")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := tmpl.Command("-c", "import os; print(os.environ.get('ZYGOTE_GO_TPL'), os.environ.get('ZYGOTE_GO_CHILD'), os.getcwd())")
+	cmd.Env = []string{"ZYGOTE_GO_CHILD=child", "PATH=" + os.Getenv("PATH")}
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if want := "None child " + dir + "\n"; err != nil || string(out) != want {
+		t.Fatalf("env and dir: %q, %v; want %q", out, err, want)
+	}
+}
+
+// TestTemplateReusedAndListed finds the running template for the same
+// options, and lists it.
+func TestTemplateReusedAndListed(t *testing.T) {
+	c := templateDaemon(t)
+	ctx := testContext(t)
+	opts := TemplateOptions{Preload: []string{"json", "email.mime.text"}, Env: []string{"PATH=" + os.Getenv("PATH"), "ZYGOTE_GO_TPL=listed"}}
+	first, err := c.PythonTemplate(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.PythonTemplate(ctx, opts)
+	if err != nil || !again.Reused() || again.Handle() != first.Handle() || again.Pid() != first.Pid() {
+		t.Fatalf("the same options again: %+v, %v; want template %d reused", again, err, first.Handle())
+	}
+	if err := first.Command("-c", "pass").Run(); err != nil {
+		t.Fatal(err)
+	}
+	list, err := c.Templates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, info := range list {
+		if info.ID == first.Handle() {
+			if info.Pid != first.Pid() || info.UID != uint32(os.Getuid()) || info.Kind != "python" || info.Python != "python3" ||
+				strings.Join(info.Preload, ",") != "json,email.mime.text" || info.Forks < 1 || info.RSS == 0 {
+				t.Errorf("listed as %+v", info)
+			}
+			return
+		}
+	}
+	t.Fatalf("template %d not in the list %+v", first.Handle(), list)
+}
+
+// TestTemplateFailures reports a missing interpreter, a missing module
+// and a preload that raises, with its traceback, and keeps serving.
+func TestTemplateFailures(t *testing.T) {
+	c := templateDaemon(t)
+	ctx := testContext(t)
+	var te *TemplateError
+	_, err := c.PythonTemplate(ctx, TemplateOptions{Python: "/nonexistent/python3"})
+	if !errors.As(err, &te) || te.Errno != syscall.ENOENT {
+		t.Errorf("a missing interpreter: %v, want ENOENT", err)
+	}
+	_, err = c.PythonTemplate(ctx, TemplateOptions{Preload: []string{"zygote_go_no_such_module"}})
+	if !errors.As(err, &te) || te.Errno != syscall.EPROTO || !strings.Contains(te.Message, "zygote_go_no_such_module") {
+		t.Errorf("a missing module: %v, want EPROTO naming it", err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "zygote_go_raises.py"), []byte("raise RuntimeError('preload went wrong')\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.PythonTemplate(ctx, TemplateOptions{Preload: []string{"zygote_go_raises"},
+		Env: []string{"PATH=" + os.Getenv("PATH"), "PYTHONPATH=" + dir}})
+	if !errors.As(err, &te) || te.Errno != syscall.EPROTO || !strings.Contains(te.Message, "RuntimeError: preload went wrong") ||
+		!strings.Contains(te.Message, "Traceback") {
+		t.Errorf("a preload that raises: %v, want EPROTO with the traceback", err)
+	}
+	if out, err := c.Command("/bin/echo", "still").Output(); err != nil || string(out) != "still\n" {
+		t.Fatalf("a spawn after the failures: %q, %v", out, err)
+	}
+}
+
+// TestTemplateChildCancelAndTimeout ends warm children: a context's
+// cancel kills one, Kill another, and the zygote's timeout a third.
+func TestTemplateChildCancelAndTimeout(t *testing.T) {
+	c := templateDaemon(t)
+	tmpl, err := c.PythonTemplate(testContext(t), TemplateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sleep := []string{"-c", "import time; time.sleep(60)"}
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := tmpl.CommandContext(ctx, sleep...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	cancel()
+	err = cmd.Wait()
+	if !errors.Is(err, context.Canceled) || cmd.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL ||
+		time.Since(began) > 20*time.Second {
+		t.Fatalf("cancelled: %v, %v after %v; want context.Canceled and SIGKILL", err, cmd.ProcessState, time.Since(began))
+	}
+
+	cmd = tmpl.Command(sleep...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); cmd.ProcessState == nil || cmd.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("killed: %v, %v", err, cmd.ProcessState)
+	}
+
+	cmd = tmpl.Command(sleep...)
+	cmd.Zygote.Timeout = 300 * time.Millisecond
+	began = time.Now()
+	if err := cmd.Run(); cmd.ProcessState == nil || !cmd.ProcessState.TimedOut() || time.Since(began) > 20*time.Second {
+		t.Fatalf("timeout: %v, %v after %v; want timed out", err, cmd.ProcessState, time.Since(began))
+	}
+}
+
+// TestTemplateChildrenDoNotShareRandom checks that two warm children
+// draw different random numbers (the fork reseeds them).
+func TestTemplateChildrenDoNotShareRandom(t *testing.T) {
+	c := templateDaemon(t)
+	tmpl, err := c.PythonTemplate(testContext(t), TemplateOptions{Preload: []string{"random"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	draw := func() string {
+		out, err := tmpl.Command("-c", "import random; print(random.getrandbits(64))").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	}
+	if a, b := draw(), draw(); a == b {
+		t.Fatalf("two children drew the same number %s", a)
+	}
+}
