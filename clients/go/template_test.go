@@ -144,6 +144,9 @@ func (p *templatePeer) start(t *testing.T, version uint32, features []string, sp
 		case m.Template != nil:
 			p.handles++
 			reply = &serverMessage{TemplateReady: &templateReady{ID: m.Template.ID, Template: p.handles, Pid: 99}}
+		case m.SpawnFromTemplate != nil && spawnReply == nil:
+			t.Errorf("the fake daemon got a spawn from template %d it was not to get", m.SpawnFromTemplate.Template)
+			return [][]byte{nil}
 		case m.SpawnFromTemplate != nil:
 			p.spawns++
 			return [][]byte{spawnReply(p.spawns, m.SpawnFromTemplate.Spawn.ID)}
