@@ -146,7 +146,9 @@ fn version_2_conversation_is_served_in_the_version_2_layout() {
             assert_eq!(ack.protocol_version, 2);
             assert!(ack.features.iter().any(|name| name == "pty"), "{ack:?}");
             assert!(
-                !ack.features.iter().any(|name| name == "sandbox"),
+                !ack.features
+                    .iter()
+                    .any(|name| name == "sandbox" || name == "templates"),
                 "{ack:?}"
             );
         }
@@ -647,8 +649,11 @@ fn a_sandbox_request_is_refused_while_the_daemon_does_not_offer_it() {
     match receive() {
         ServerMessage::HelloAck(ack) => {
             assert_eq!(ack.protocol_version, 3);
+            // Templates are listed to version-4 connections only.
             assert!(
-                !ack.features.iter().any(|name| name == "sandbox"),
+                !ack.features
+                    .iter()
+                    .any(|name| name == "sandbox" || name == "templates"),
                 "{ack:?}"
             );
         }

@@ -4,6 +4,7 @@
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::process::{Signal, pidfd_send_signal};
@@ -13,6 +14,7 @@ use crate::child::{ChildCore, SpawnedParts, read_all};
 use crate::connection::{SpawnFailure, SpawnReply};
 use crate::request::{Prepared, Spec, StdioDefaults};
 use crate::stdio::StdioKind;
+use crate::template;
 use crate::transparent::Snapshot;
 use crate::{Child, Client, Error, ExitStatus, Output, Result, Stdio};
 
@@ -34,6 +36,10 @@ use crate::{Child, Client, Error, ExitStatus, Output, Result, Stdio};
 pub struct Command {
     client: Client,
     spec: Spec,
+    /// The template whose child this is, from
+    /// [`Template::command`](crate::Template::command); `None` for a
+    /// program to exec.
+    template: Option<Arc<template::Shared>>,
 }
 
 impl Command {
@@ -43,6 +49,17 @@ impl Command {
         Self {
             client: client.clone(),
             spec: Spec::new(program.as_ref()),
+            template: None,
+        }
+    }
+
+    /// A command whose child a template forks; its program, for messages
+    /// and [`get_program`](Command::get_program), is the interpreter.
+    pub(crate) fn from_template(client: &Client, template: Arc<template::Shared>) -> Self {
+        Self {
+            client: client.clone(),
+            spec: Spec::new(template.interpreter()),
+            template: Some(template),
         }
     }
 
@@ -468,7 +485,7 @@ impl Command {
     /// asks the zygote to skip `Spawned` for a child that ends at once (the
     /// caller only wants the status).
     pub(crate) async fn start(&self, defaults: StdioDefaults, defer: bool) -> Result<Started> {
-        let (mut resent, mut stdio_checked) = (false, false);
+        let (mut resent, mut stdio_checked, mut recreated) = (false, false, false);
         loop {
             let error = match self.start_once(defaults, defer).await {
                 Ok(started) => return Ok(started),
@@ -486,6 +503,17 @@ impl Command {
                 stdio_checked = true;
                 continue;
             }
+            // The zygote stopped the template (idle, or every connection
+            // of this uid closed, or it restarted): ask for the same
+            // template once more, then spawn once more. Never a loop.
+            if let Some(template) = &self.template
+                && !recreated
+                && template::is_unknown_template(&error)
+            {
+                recreated = true;
+                template.create(&self.client).await?;
+                continue;
+            }
             return Err(error);
         }
     }
@@ -498,6 +526,9 @@ impl Command {
         // Reconnects first when the connection was lost, so that the
         // limits are the new zygote's.
         let session = self.client.session().await?;
+        if let Some(template) = &self.template {
+            self.check_template_child(&session, template)?;
+        }
         // Never sent to a zygote that would not enforce it (nor could
         // read it, in a version before 3).
         if self.spec.sandbox.is_some()
@@ -538,11 +569,16 @@ impl Command {
                 fds,
                 piped,
             } = prepared;
+            if self.template.is_some() {
+                // The template is the program.
+                request.program = Vec::new();
+            }
             let deferred = defer && piped == [false; 3] && self.spec.pty.is_none();
             request.defer_spawned = deferred;
             (request, fds, piped, deferred)
         };
-        let reply = session.spawn(request, &attached).await?;
+        let template = self.template.as_ref().map(|template| template.handle());
+        let reply = session.spawn(request, &attached, template).await?;
         drop(large_args);
         let (spawn_id, pid, fds, exit, sandbox) = match reply {
             SpawnReply::Spawned {
@@ -612,6 +648,60 @@ impl Command {
     }
 }
 
+impl Command {
+    /// Refuses, before anything is sent, a template child the zygote would
+    /// refuse: templates not offered, arguments that are not `-c CODE`,
+    /// `-m MODULE` or a script, or a setting a forked child cannot take.
+    fn check_template_child(
+        &self,
+        session: &crate::client::Session,
+        template: &template::Shared,
+    ) -> Result<()> {
+        let refuse = |errno: i32, message: String| {
+            Err(Error::Spawn {
+                program: template.interpreter().to_owned(),
+                stage: zygote_proto::SpawnStage::Validate,
+                errno,
+                message,
+            })
+        };
+        if !session
+            .features()
+            .iter()
+            .any(|name| name == crate::Feature::Templates.name())
+        {
+            return refuse(
+                libc::EOPNOTSUPP,
+                format!(
+                    "this zygote does not offer the feature templates (it offers: {}; protocol                      version {}): the request was not sent",
+                    offered(session.features()),
+                    session.protocol_version()
+                ),
+            );
+        }
+        template::check_args(&self.spec.args)?;
+        let unsupported = [
+            (self.spec.argv0.is_some(), "argv[0] (arg0)"),
+            (
+                self.spec.uid.is_some() || self.spec.gid.is_some() || self.spec.groups.is_some(),
+                "another user (uid, gid, groups)",
+            ),
+            (self.spec.sandbox.is_some(), "a sandbox"),
+        ];
+        for (set, what) in unsupported {
+            if set {
+                return refuse(
+                    libc::EOPNOTSUPP,
+                    format!(
+                        "a template's child cannot take {what}: it is forked from the                          template, which runs as this peer, unconfined; use a cold spawn"
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What a spawn request came to.
 pub(crate) enum Started {
     /// The child exec'd and runs (or ran) on.
@@ -635,7 +725,7 @@ fn output_pipe() -> Result<(tokio::net::unix::pipe::Receiver, OwnedFd)> {
 }
 
 /// The features a zygote offers, for a message.
-fn offered(features: &[String]) -> String {
+pub(crate) fn offered(features: &[String]) -> String {
     if features.is_empty() {
         "none".to_owned()
     } else {

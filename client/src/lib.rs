@@ -98,6 +98,8 @@
 //! - [`child`](Child): the running child, its pidfd and tokio pipes.
 //! - [`Stdio`], [`ExitStatus`], [`Output`], [`ResourceUsage`], [`Error`].
 //! - [`DaemonStatus`]: the zygote's counters, from [`Client::status`].
+//! - `template`: warm templates ([`Client::python_template`],
+//!   [`Template`]) and [`Client::templates`].
 //! - [`blocking`]: the synchronous flavour.
 //! - [`private`]: finding and launching the `zygote` binary as a private
 //!   zygote ([`Client::launch_private`]).
@@ -118,6 +120,7 @@ mod sandbox;
 mod status;
 mod stdio;
 mod sys;
+mod template;
 mod transparent;
 
 #[cfg(test)]
@@ -132,7 +135,10 @@ pub use error::{Error, Result};
 pub use sandbox::Sandbox;
 pub use status::{ExitStatus, Output, ResourceUsage};
 pub use stdio::Stdio;
+pub use template::{
+    DEFAULT_PYTHON, MAX_PRELOAD, MAX_PRELOAD_NAME_BYTES, Template, TemplateBuilder,
+};
 pub use zygote_proto::{
     AppliedSandbox, Feature, Limits, PROTOCOL_VERSION, PeerUse, ProtocolErrorKind, SpawnStage,
-    SpawnerInfo,
+    SpawnerInfo, TemplateInfo,
 };

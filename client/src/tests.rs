@@ -992,3 +992,5 @@ fn the_blocking_command_sends_a_sandbox() {
     assert_eq!(spec.network, zygote_proto::NetworkMode::None);
     reap(sleeper);
 }
+
+mod templates;

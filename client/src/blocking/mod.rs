@@ -274,6 +274,38 @@ impl Client {
         self.runtime.block_on(self.inner.status())
     }
 
+    /// As [`crate::Client::python_template`]: a [`TemplateBuilder`] for a
+    /// Python template that imports `preload` before it forks children.
+    ///
+    /// ```no_run
+    /// # fn example() -> zygote_client::Result<()> {
+    /// let client = zygote_client::blocking::Client::from_env()?;
+    /// let template = client.python_template(["json"]).start()?;
+    /// let status = template.command(["-c", "import json"]).status()?;
+    /// assert!(status.success());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn python_template<I, S>(&self, preload: I) -> TemplateBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        TemplateBuilder {
+            inner: self.inner.python_template(preload),
+            runtime: Arc::clone(&self.runtime),
+        }
+    }
+
+    /// As [`crate::Client::templates`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Client::templates`].
+    pub fn templates(&self) -> Result<Vec<crate::TemplateInfo>> {
+        self.runtime.block_on(self.inner.templates())
+    }
+
     /// False once the connection has ended.
     pub fn is_connected(&self) -> bool {
         self.inner.is_connected()
@@ -456,5 +488,117 @@ impl Command {
     /// As [`crate::Command::status`].
     pub fn status(&mut self) -> Result<ExitStatus> {
         self.runtime.block_on(self.inner.status())
+    }
+}
+
+/// As [`crate::TemplateBuilder`], blocking: made by
+/// [`Client::python_template`].
+#[derive(Debug, Clone)]
+pub struct TemplateBuilder {
+    inner: crate::TemplateBuilder,
+    runtime: Arc<Runtime>,
+}
+
+impl TemplateBuilder {
+    /// As [`crate::TemplateBuilder::python`].
+    pub fn python(&mut self, interpreter: impl AsRef<OsStr>) -> &mut Self {
+        self.inner.python(interpreter);
+        self
+    }
+
+    /// As [`crate::TemplateBuilder::env`].
+    pub fn env(&mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> &mut Self {
+        self.inner.env(key, value);
+        self
+    }
+
+    /// As [`crate::TemplateBuilder::envs`].
+    pub fn envs<I, K, V>(&mut self, vars: I) -> &mut Self
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<OsStr>,
+        V: AsRef<OsStr>,
+    {
+        self.inner.envs(vars);
+        self
+    }
+
+    /// As [`crate::TemplateBuilder::env_remove`].
+    pub fn env_remove(&mut self, key: impl AsRef<OsStr>) -> &mut Self {
+        self.inner.env_remove(key);
+        self
+    }
+
+    /// As [`crate::TemplateBuilder::env_clear`].
+    pub fn env_clear(&mut self) -> &mut Self {
+        self.inner.env_clear();
+        self
+    }
+
+    /// As [`crate::TemplateBuilder::current_dir`].
+    pub fn current_dir(&mut self, dir: impl AsRef<Path>) -> &mut Self {
+        self.inner.current_dir(dir);
+        self
+    }
+
+    /// As [`crate::TemplateBuilder::start`]: returns once the template is
+    /// ready, or failed.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::TemplateBuilder::start`].
+    pub fn start(&self) -> Result<Template> {
+        let inner = self.runtime.block_on(self.inner.start())?;
+        Ok(Template {
+            inner,
+            runtime: Arc::clone(&self.runtime),
+        })
+    }
+}
+
+/// As [`crate::Template`], blocking.
+#[derive(Debug, Clone)]
+pub struct Template {
+    inner: crate::Template,
+    runtime: Arc<Runtime>,
+}
+
+impl Template {
+    /// As [`crate::Template::command`]: a blocking [`Command`] whose
+    /// child this template forks.
+    pub fn command<I, S>(&self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        Command {
+            inner: self.inner.command(args),
+            runtime: Arc::clone(&self.runtime),
+        }
+    }
+
+    /// As [`crate::Template::handle`].
+    pub fn handle(&self) -> u64 {
+        self.inner.handle()
+    }
+
+    /// As [`crate::Template::pid`].
+    pub fn pid(&self) -> i32 {
+        self.inner.pid()
+    }
+
+    /// As [`crate::Template::reused`].
+    pub fn reused(&self) -> bool {
+        self.inner.reused()
+    }
+
+    /// As [`crate::Template::interpreter`].
+    pub fn interpreter(&self) -> &OsStr {
+        self.inner.interpreter()
+    }
+
+    /// As [`crate::Template::preload`].
+    pub fn preload(&self) -> &[String] {
+        self.inner.preload()
     }
 }

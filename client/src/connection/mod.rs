@@ -16,6 +16,7 @@ use tokio::sync::{oneshot, watch};
 use zygote_proto::{
     AppliedSandbox, AsyncSeqpacket, ClientMessage, ExitNotice, InVersion, Limits, RequestFailed,
     ServerMessage, SignalRequest, SpawnFailed, SpawnRequest, StatusReply, StatusRequest,
+    TemplateInfo, TemplateListRequest, TemplateReady, TemplateRequest, TemplateSpawnRequest,
     encode_into,
 };
 
@@ -77,6 +78,10 @@ enum Pending {
     Spawn(oneshot::Sender<SpawnReply>),
     Signal(oneshot::Sender<std::result::Result<(), RequestFailed>>),
     Status(oneshot::Sender<StatusReply>),
+    /// A `Template` request: `TemplateReady`, or `RequestFailed`.
+    Template(oneshot::Sender<std::result::Result<TemplateReady, RequestFailed>>),
+    /// A `ListTemplates` request: `Templates`, or `RequestFailed`.
+    Templates(oneshot::Sender<std::result::Result<Vec<TemplateInfo>, RequestFailed>>),
 }
 
 /// Why the connection ended.
@@ -385,7 +390,8 @@ impl Connection {
     }
 
     /// Sends a spawn request (its id is assigned here) with its fds and
-    /// waits for the reply.
+    /// waits for the reply; with `template`, as a spawn from that
+    /// template.
     ///
     /// The request is encoded at the call, not in the returned future, so
     /// that the future holds its bytes instead of the request: the
@@ -402,10 +408,18 @@ impl Connection {
         &'a self,
         mut request: SpawnRequest,
         fds: &'a [BorrowedFd<'a>],
+        template: Option<u64>,
     ) -> impl Future<Output = std::result::Result<SpawnReply, SpawnFailure>> + 'a {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         request.id = id;
-        let encoded = self.encode(&ClientMessage::Spawn(request), fds.len());
+        let message = match template {
+            Some(template) => ClientMessage::SpawnFromTemplate(TemplateSpawnRequest {
+                template,
+                spawn: request,
+            }),
+            None => ClientMessage::Spawn(request),
+        };
+        let encoded = self.encode(&message, fds.len());
         async move {
             let bytes = encoded?;
             let (reply_tx, reply_rx) = oneshot::channel();
@@ -478,6 +492,45 @@ impl Connection {
         reply.map_err(|_| self.lost_error())
     }
 
+    /// Asks the zygote to find or start a template; the request's id is
+    /// assigned here.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Request`] (op `template`) when the zygote refuses it or
+    /// the template fails to start, [`Error::ZygoteLost`] when the
+    /// connection ends first.
+    pub(crate) async fn template(&self, mut request: TemplateRequest) -> Result<TemplateReady> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        request.id = id;
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let registered = self.register(id, Pending::Template(reply_tx))?;
+        self.send(&ClientMessage::Template(request), &[]).await?;
+        let reply = reply_rx.await;
+        registered.resolved();
+        request_reply("template", reply.map_err(|_| self.lost_error())?)
+    }
+
+    /// Asks the zygote for the templates this peer may see.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Request`] (op `list templates`) when the zygote refuses,
+    /// [`Error::ZygoteLost`] when the connection ends first.
+    pub(crate) async fn list_templates(&self) -> Result<Vec<TemplateInfo>> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let registered = self.register(id, Pending::Templates(reply_tx))?;
+        self.send(
+            &ClientMessage::ListTemplates(TemplateListRequest { id }),
+            &[],
+        )
+        .await?;
+        let reply = reply_rx.await;
+        registered.resolved();
+        request_reply("list templates", reply.map_err(|_| self.lost_error())?)
+    }
+
     /// Ends the connection: fails every pending request and every exit
     /// slot with `reason`. Only the first call has an effect.
     pub(crate) fn lose(&self, reason: String) {
@@ -505,6 +558,15 @@ impl Connection {
             slot.send_replace(ExitState::Lost(Arc::clone(&lost)));
         }
     }
+}
+
+/// A reply that is either the answer or the zygote's `RequestFailed`.
+fn request_reply<T>(op: &'static str, reply: std::result::Result<T, RequestFailed>) -> Result<T> {
+    reply.map_err(|failed| Error::Request {
+        op,
+        errno: failed.errno,
+        message: failed.message,
+    })
 }
 
 fn message_name(message: &ServerMessage) -> &'static str {

@@ -2,12 +2,12 @@
 //! to the request waiting for it, and each exit notice to its child's slot.
 
 use std::os::fd::AsFd;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 use tokio::sync::{oneshot, watch};
 use zygote_proto::{Frame, ProtoError, ServerMessage, decode_server};
 
-use super::{Connection, ExitState, ExitWatch, Pending, SpawnReply};
+use super::{Connection, ExitState, ExitWatch, Pending, SpawnReply, State};
 
 impl Connection {
     /// Hands one frame from the zygote to whoever waits for it.
@@ -98,6 +98,32 @@ impl Connection {
                     slot.send_replace(ExitState::Running);
                 }
             }
+            ServerMessage::HelloAck(_) => {
+                return Err("expected a reply, received a second HelloAck".into());
+            }
+            ServerMessage::ProtocolError(error) => {
+                return Err(format!(
+                    "the zygote reported a protocol error ({}): {}",
+                    error.kind.name(),
+                    error.message
+                ));
+            }
+            answer => return Self::dispatch_answer(state, answer),
+        }
+        Ok(())
+    }
+
+    /// Hands the answer to a request other than a spawn (a signal, a
+    /// status, a template or its list) to its waiter.
+    ///
+    /// # Errors
+    ///
+    /// A reason to end the connection: an answer of the wrong kind.
+    fn dispatch_answer(
+        mut state: MutexGuard<'_, State>,
+        message: ServerMessage,
+    ) -> std::result::Result<(), String> {
+        match message {
             ServerMessage::SignalSent(sent) => match state.pending.remove(&sent.id) {
                 Some(Pending::Signal(reply)) => {
                     drop(state);
@@ -114,21 +140,42 @@ impl Connection {
                     drop(state);
                     let _ = reply.send(Err(failed));
                 }
+                Some(Pending::Template(reply)) => {
+                    drop(state);
+                    let _ = reply.send(Err(failed));
+                }
+                Some(Pending::Templates(reply)) => {
+                    drop(state);
+                    let _ = reply.send(Err(failed));
+                }
                 Some(other) => {
                     state.pending.insert(failed.id, other);
                     return Err(wrong_reply("RequestFailed", failed.id));
                 }
                 None => {}
             },
-            ServerMessage::HelloAck(_) => {
-                return Err("expected a reply, received a second HelloAck".into());
-            }
-            ServerMessage::TemplateReady(ready) => {
-                return Err(wrong_reply("TemplateReady", ready.id));
-            }
-            ServerMessage::Templates(list) => {
-                return Err(wrong_reply("Templates", list.id));
-            }
+            ServerMessage::TemplateReady(ready) => match state.pending.remove(&ready.id) {
+                Some(Pending::Template(reply)) => {
+                    drop(state);
+                    let _ = reply.send(Ok(ready));
+                }
+                Some(other) => {
+                    state.pending.insert(ready.id, other);
+                    return Err(wrong_reply("TemplateReady", ready.id));
+                }
+                None => {}
+            },
+            ServerMessage::Templates(list) => match state.pending.remove(&list.id) {
+                Some(Pending::Templates(reply)) => {
+                    drop(state);
+                    let _ = reply.send(Ok(list.templates));
+                }
+                Some(other) => {
+                    state.pending.insert(list.id, other);
+                    return Err(wrong_reply("Templates", list.id));
+                }
+                None => {}
+            },
             ServerMessage::Status(status) => match state.pending.remove(&status.id) {
                 Some(Pending::Status(reply)) => {
                     drop(state);
@@ -140,11 +187,10 @@ impl Connection {
                 }
                 None => {}
             },
-            ServerMessage::ProtocolError(error) => {
+            other => {
                 return Err(format!(
-                    "the zygote reported a protocol error ({}): {}",
-                    error.kind.name(),
-                    error.message
+                    "received {} where only an answer to a request belongs",
+                    super::message_name(&other)
                 ));
             }
         }
