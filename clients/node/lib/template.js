@@ -112,10 +112,16 @@ function request(start, onReply) {
   });
 }
 
+// The addon keeps each template JavaScript holds until its object goes.
+const collected = new FinalizationRegistry((key) => native.addon.dropTemplate(key));
+
 class Template {
-  // Made by pythonTemplate(); `key` is the addon's number for it.
-  constructor(spec, key, reply) {
-    Object.defineProperty(this, 'key', { value: key });
+  // Made by pythonTemplate() from the addon's reply; `key` is the
+  // addon's number for the template, which it forgets when this object is
+  // collected.
+  constructor(spec, reply) {
+    Object.defineProperty(this, 'key', { value: reply.key });
+    collected.register(this, reply.key);
     /** The interpreter, as asked for. */
     this.python = spec.python;
     /** The modules it preloaded. */
@@ -160,9 +166,9 @@ async function pythonTemplate(options) {
   const spec = templateSpec(options);
   const offered = await hello();
   if (!offered.features.includes(FEATURE)) throw notOffered(offered);
-  return request((id) => native.addon.template(id, spec), (kind, a, b, message) => {
+  return request((id) => native.addon.pythonTemplate(id, spec), (kind, a, b, message) => {
     if (kind !== native.TEMPLATE) throw templateError(spec, a, message);
-    return new Template(spec, a, JSON.parse(message));
+    return new Template(spec, JSON.parse(message));
   });
 }
 
@@ -172,7 +178,7 @@ async function pythonTemplate(options) {
 async function templates() {
   const offered = await hello();
   if (!offered.features.includes(FEATURE)) throw notOffered(offered);
-  return request((id) => native.addon.templates(id), (kind, a, b, message) => {
+  return request((id) => native.addon.listTemplates(id), (kind, a, b, message) => {
     if (kind !== native.TEMPLATES) {
       const error = a ? errors.errnoError(a, 'templates') : new Error(message);
       error.message = `zygote: listing templates: ${message}`;
