@@ -218,17 +218,19 @@ func TestTemplateSpawnRecreatesOnce(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		replies   []string // the stage of each SpawnFromTemplate's failure
+		errno     syscall.Errno
 		wantStage string
 		spawns    int
 	}{
-		{"gone, then another failure", []string{"Validate", "Chdir"}, "Chdir", 2},
-		{"gone twice", []string{"Validate", "Validate"}, "Validate", 2},
-		{"another failure first", []string{"Chdir"}, "Chdir", 1},
+		{"gone, then another failure", []string{"Validate", "Chdir"}, syscall.ENOENT, "Chdir", 2},
+		{"gone twice", []string{"Validate", "Validate"}, syscall.ENOENT, "Validate", 2},
+		{"another failure first", []string{"Chdir"}, syscall.ENOENT, "Chdir", 1},
+		{"another uid's template", []string{"Validate"}, syscall.EPERM, "Validate", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			peer := &templatePeer{}
 			path := peer.start(t, templatesSince, []string{"templates"}, func(n int, id uint64) []byte {
-				return spawnFailedFrame(id, tc.replies[min(n, len(tc.replies))-1], syscall.ENOENT, "no such thing")
+				return spawnFailedFrame(id, tc.replies[min(n, len(tc.replies))-1], tc.errno, "refused")
 			})
 			c, err := Dial(path)
 			if err != nil {
@@ -243,8 +245,8 @@ func TestTemplateSpawnRecreatesOnce(t *testing.T) {
 			cmd.Env = []string{"A=1"}
 			err = cmd.Run()
 			var se *StartError
-			if !errors.As(err, &se) || se.Stage != tc.wantStage || se.Errno != syscall.ENOENT {
-				t.Fatalf("Run: %v, want ENOENT at %s", err, tc.wantStage)
+			if !errors.As(err, &se) || se.Stage != tc.wantStage || se.Errno != tc.errno {
+				t.Fatalf("Run: %v, want %v at %s", err, tc.errno, tc.wantStage)
 			}
 			var templates, spawns []uint64
 			for _, m := range peer.sent() {
