@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net"
 	"reflect"
 	"strings"
@@ -320,5 +321,47 @@ func TestTemplateCmdChecked(t *testing.T) {
 	list, err := c.Templates(context.Background())
 	if err != nil || len(list) != 1 || list[0].ID != 4 || list[0].Python != "python3" || list[0].Age.Milliseconds() != 1500 {
 		t.Errorf("Templates: %+v, %v", list, err)
+	}
+}
+
+// TestTemplateAskedAgainAfterReconnect checks that a Template whose
+// Client reconnected asks for the template again before it spawns: a
+// zygote that restarted knows none of the old one's handles, and could
+// have given the same number to another template.
+func TestTemplateAskedAgainAfterReconnect(t *testing.T) {
+	peer := &templatePeer{}
+	path := peer.start(t, templatesSince, []string{"templates"}, func(_ int, id uint64) []byte {
+		return spawnFailedFrame(id, "Chdir", syscall.ENOENT, "no")
+	})
+	c, err := Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tmpl, err := c.PythonTemplate(context.Background(), TemplateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fake daemon ends the connection on a status request.
+	if _, err := c.Status(); err == nil {
+		t.Fatal("the fake daemon answered a status request")
+	}
+	var se *StartError
+	if err := tmpl.Command("-c", "pass").Run(); !errors.As(err, &se) || se.Stage != "Chdir" {
+		t.Fatalf("a spawn after the reconnect: %v, want the fake daemon's Chdir failure", err)
+	}
+	var order []string
+	for _, m := range peer.sent() {
+		switch {
+		case m.Hello != nil:
+			order = append(order, "hello")
+		case m.Template != nil:
+			order = append(order, "template")
+		case m.SpawnFromTemplate != nil:
+			order = append(order, fmt.Sprintf("spawn from %d", m.SpawnFromTemplate.Template))
+		}
+	}
+	if got, want := strings.Join(order, ", "), "hello, template, hello, template, spawn from 2"; got != want {
+		t.Fatalf("the daemon got %s; want %s", got, want)
 	}
 }
