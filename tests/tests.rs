@@ -108,3 +108,6 @@ mod dos;
 // The per-uid spawner processes of a root daemon: where a non-root peer's
 // children come from, what a spawner holds, its death and replacement.
 mod spawners;
+
+// Warm templates: a CPython that forks children in place of a cold exec.
+mod templates;

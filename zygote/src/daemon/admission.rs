@@ -120,10 +120,18 @@ pub fn reserve_connection(
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        self.daemon
-            .connection_counts
-            .lock()
-            .expect("connection counts poisoned")
-            .remove(self.uid);
+        let last = {
+            let mut counts = self
+                .daemon
+                .connection_counts
+                .lock()
+                .expect("connection counts poisoned");
+            counts.remove(self.uid);
+            !counts.by_uid.contains_key(&self.uid)
+        };
+        // A uid's templates live while it has a connection.
+        if last {
+            self.daemon.templates.owner_left(self.uid);
+        }
     }
 }

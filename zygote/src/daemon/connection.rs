@@ -19,11 +19,13 @@ use std::time::Instant;
 
 use tokio::sync::{Notify, Semaphore, watch};
 use tracing::{debug, warn};
+use zygote_proto::Feature;
 use zygote_proto::{
     AsyncSeqpacket, ClientMessage, FEATURES_SINCE, Frame, HelloAck, LIMITS,
     OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, ProtoError, ProtocolError, ProtocolErrorKind,
     RECV_BUFFER_BYTES, RequestFailed, ServerMessage, SignalRequest, SignalSent, SpawnFailed,
-    SpawnStage, StatusReply, TemplateListRequest, TemplateRequest, UCred, negotiate,
+    SpawnRequest, SpawnStage, StatusReply, TemplateList, TemplateListRequest, TemplateReady,
+    TemplateRequest, UCred, negotiate,
 };
 
 use crate::daemon::admission;
@@ -506,9 +508,13 @@ async fn answer_hello(
     debug!(client = hello.client, protocol_version = version, "hello");
     let features = if version >= FEATURES_SINCE {
         let mut features = daemon.offered_features();
-        // A sandbox cannot be asked for before version 3.
+        // A sandbox cannot be asked for before version 3, nor a
+        // template before version 4.
         if version < zygote_proto::SANDBOX_SINCE {
-            features.retain(|name| name != zygote_proto::Feature::Sandbox.name());
+            features.retain(|name| name != Feature::Sandbox.name());
+        }
+        if version < zygote_proto::TEMPLATES_SINCE {
+            features.retain(|name| name != Feature::Templates.name());
         }
         features
     } else {
@@ -572,64 +578,15 @@ async fn dispatch(
             ProtocolErrorKind::UnexpectedMessage,
             "received a second Hello".into(),
         )),
-        ClientMessage::Spawn(request) if stopping => {
-            drop(fds);
-            let refused = SpawnFailed {
-                id: request.id,
-                stage: SpawnStage::Admission,
-                errno: libc::ESHUTDOWN,
-                message: "the zygote is shutting down".into(),
-            };
-            connection.reply(daemon, ServerMessage::SpawnFailed(refused));
-            daemon.metrics.spawn_done(
-                SpawnResult::Refused,
-                received_at.elapsed(),
-                connection.peer.uid,
-            );
-            Ok(())
-        }
         ClientMessage::Spawn(request) => {
-            if !connection.claim_id(request.id) {
-                // Never overwrite: the running spawn keeps the id; the
-                // frame's fds are closed with `fds`.
-                let failed = SpawnFailed {
-                    id: request.id,
-                    stage: SpawnStage::Validate,
-                    errno: libc::EEXIST,
-                    message: format!(
-                        "request id {} is already in use on this connection",
-                        request.id
-                    ),
-                };
-                connection.reply(daemon, ServerMessage::SpawnFailed(failed));
-                daemon.metrics.spawn_done(
-                    SpawnResult::Refused,
-                    received_at.elapsed(),
-                    connection.peer.uid,
-                );
-                return Ok(());
-            }
-            // Backpressure, not an unbounded pile of tasks: at the cap we
-            // stop reading this client's socket until a spawn finishes.
-            let Ok(permit) = Arc::clone(&connection.in_flight).acquire_owned().await else {
-                return Ok(());
-            };
-            let answer_slot = connection.outbox.owe();
-            let task = SpawnTask {
-                connection: Arc::clone(connection),
-                daemon: Arc::clone(daemon),
-                shutdown: shutdown.clone(),
+            let spawn = Spawn {
+                request,
+                fds,
+                template: None,
                 received_at,
-                _permit: permit,
-                answer_slot: Mutex::new(Some(answer_slot)),
-                applied_sandbox: Mutex::new(None),
+                stopping,
             };
-            // A task per spawn, so that concurrent requests on one
-            // connection do not queue behind each other's exec. Boxed: the
-            // future is about 7 KiB (it holds the whole child's watch),
-            // which tokio would otherwise copy through each layer of its
-            // spawn path; so it is copied once, and tokio moves a pointer.
-            tokio::spawn(Box::pin(task.run(request, fds, active.share())));
+            start_spawn(spawn, connection, daemon, shutdown, active).await;
             Ok(())
         }
         ClientMessage::Signal(request) => {
@@ -663,29 +620,217 @@ async fn dispatch(
         }
         ClientMessage::SpawnFromTemplate(request) => {
             templates_version("SpawnFromTemplate", connection.version)?;
-            drop(fds);
-            let failed = SpawnFailed {
-                id: request.spawn.id,
-                stage: SpawnStage::Validate,
-                errno: libc::EOPNOTSUPP,
-                message: "this zygote does not offer the templates feature".into(),
+            if !daemon.offers(Feature::Templates) {
+                drop(fds);
+                let failed = SpawnFailed {
+                    id: request.spawn.id,
+                    stage: SpawnStage::Validate,
+                    errno: libc::EOPNOTSUPP,
+                    message: "this zygote does not offer the templates feature".into(),
+                };
+                connection.reply(daemon, ServerMessage::SpawnFailed(failed));
+                return Ok(());
+            }
+            let spawn = Spawn {
+                request: request.spawn,
+                fds,
+                template: Some(request.template),
+                received_at,
+                stopping,
             };
-            connection.reply(daemon, ServerMessage::SpawnFailed(failed));
+            start_spawn(spawn, connection, daemon, shutdown, active).await;
             Ok(())
         }
-        ClientMessage::Template(TemplateRequest { id, .. })
-        | ClientMessage::ListTemplates(TemplateListRequest { id }) => {
-            templates_version("a template request", connection.version)?;
-            drop(fds);
-            let failed = RequestFailed {
-                id,
-                errno: libc::EOPNOTSUPP,
-                message: "this zygote does not offer the templates feature".into(),
+        ClientMessage::Template(request) => {
+            templates_version("Template", connection.version)?;
+            if !fds.is_empty() {
+                return Err(unexpected_fds("Template", fds.len()));
+            }
+            start_template(request, stopping, connection, daemon, active).await;
+            Ok(())
+        }
+        ClientMessage::ListTemplates(TemplateListRequest { id }) => {
+            templates_version("ListTemplates", connection.version)?;
+            if !fds.is_empty() {
+                return Err(unexpected_fds("ListTemplates", fds.len()));
+            }
+            let reply = if connection.id_in_use(id) {
+                in_use(id)
+            } else if !daemon.offers(Feature::Templates) {
+                not_offered(id)
+            } else {
+                let uid = connection.peer.uid;
+                let all = uid == 0 || uid == daemon.uid;
+                let templates = daemon.templates.list(all, uid);
+                ServerMessage::Templates(TemplateList { id, templates })
             };
-            connection.reply(daemon, ServerMessage::RequestFailed(failed));
+            connection.reply(daemon, reply);
             Ok(())
         }
     }
+}
+
+/// A spawn request, cold or warm, as received.
+struct Spawn {
+    request: SpawnRequest,
+    fds: Vec<OwnedFd>,
+    /// The template that forks the child, for a warm spawn.
+    template: Option<u64>,
+    received_at: Instant,
+    stopping: bool,
+}
+
+/// Starts a spawn's task, or refuses it at once (the daemon is stopping,
+/// or its id is in use).
+async fn start_spawn(
+    spawn: Spawn,
+    connection: &Arc<Connection>,
+    daemon: &Arc<Daemon>,
+    shutdown: &Shutdown,
+    active: &Active,
+) {
+    let Spawn {
+        request,
+        fds,
+        template,
+        received_at,
+        stopping,
+    } = spawn;
+    let refusal = if stopping {
+        Some((
+            SpawnStage::Admission,
+            libc::ESHUTDOWN,
+            "the zygote is shutting down".to_owned(),
+        ))
+    } else if !connection.claim_id(request.id) {
+        // Never overwrite: the running spawn keeps the id; the frame's
+        // fds are closed with `fds`.
+        Some((
+            SpawnStage::Validate,
+            libc::EEXIST,
+            format!(
+                "request id {} is already in use on this connection",
+                request.id
+            ),
+        ))
+    } else {
+        None
+    };
+    if let Some((stage, errno, message)) = refusal {
+        drop(fds);
+        let refused = SpawnFailed {
+            id: request.id,
+            stage,
+            errno,
+            message,
+        };
+        connection.reply(daemon, ServerMessage::SpawnFailed(refused));
+        daemon.metrics.spawn_done(
+            SpawnResult::Refused,
+            received_at.elapsed(),
+            connection.peer.uid,
+        );
+        return;
+    }
+    // Backpressure, not an unbounded pile of tasks: at the cap we stop
+    // reading this client's socket until a spawn finishes.
+    let Ok(permit) = Arc::clone(&connection.in_flight).acquire_owned().await else {
+        return;
+    };
+    let answer_slot = connection.outbox.owe();
+    let task = SpawnTask {
+        connection: Arc::clone(connection),
+        daemon: Arc::clone(daemon),
+        shutdown: shutdown.clone(),
+        received_at,
+        _permit: permit,
+        answer_slot: Mutex::new(Some(answer_slot)),
+        applied_sandbox: Mutex::new(None),
+        template,
+    };
+    // A task per spawn, so that concurrent requests on one connection do
+    // not queue behind each other's exec. Boxed: the future is about
+    // 7 KiB (it holds the whole child's watch), which tokio would
+    // otherwise copy through each layer of its spawn path; so it is
+    // copied once, and tokio moves a pointer.
+    tokio::spawn(Box::pin(task.run(request, fds, active.share())));
+}
+
+/// Finds or starts a template in a task of its own (a start may take
+/// seconds), which answers `TemplateReady` or `RequestFailed`.
+async fn start_template(
+    request: TemplateRequest,
+    stopping: bool,
+    connection: &Arc<Connection>,
+    daemon: &Arc<Daemon>,
+    active: &Active,
+) {
+    let id = request.id;
+    let failed = move |errno, message: String| {
+        ServerMessage::RequestFailed(RequestFailed { id, errno, message })
+    };
+    let refusal = if connection.id_in_use(id) {
+        Some(in_use(id))
+    } else if !daemon.offers(Feature::Templates) {
+        Some(not_offered(id))
+    } else if stopping {
+        Some(failed(
+            libc::ESHUTDOWN,
+            "the zygote is shutting down".into(),
+        ))
+    } else {
+        None
+    };
+    if let Some(reply) = refusal {
+        connection.reply(daemon, reply);
+        return;
+    }
+    // Counted as a spawn in flight: a client's starts are bounded too.
+    let Ok(permit) = Arc::clone(&connection.in_flight).acquire_owned().await else {
+        return;
+    };
+    let connection = Arc::clone(connection);
+    let daemon = Arc::clone(daemon);
+    let active = active.share();
+    tokio::spawn(async move {
+        let _active = active;
+        let _permit = permit;
+        let peer = &connection.peer;
+        let reply = match daemon
+            .templates
+            .request(&daemon, peer, &connection.grant, request)
+            .await
+        {
+            Ok((template, pid, reused)) => ServerMessage::TemplateReady(TemplateReady {
+                id,
+                template,
+                pid,
+                reused,
+            }),
+            Err(failure) => {
+                debug!(
+                    peer_pid = peer.pid,
+                    peer_uid = peer.uid,
+                    errno = failure.errno,
+                    reason = %failure.message,
+                    "template request failed"
+                );
+                let mut message = failure.message;
+                crate::daemon::reply::clip(&mut message);
+                failed(failure.errno, message)
+            }
+        };
+        connection.reply(&daemon, reply);
+        connection.changed.notify_one();
+    });
+}
+
+fn not_offered(id: u64) -> ServerMessage {
+    ServerMessage::RequestFailed(RequestFailed {
+        id,
+        errno: libc::EOPNOTSUPP,
+        message: "this zygote does not offer the templates feature".into(),
+    })
 }
 
 /// A template message on a connection of a version before templates.

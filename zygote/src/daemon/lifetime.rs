@@ -35,6 +35,7 @@ use crate::daemon::reply::clip;
 use crate::daemon::sandbox;
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::state::{Closable, Daemon};
+use crate::daemon::templates;
 use crate::daemon::uid_spawners;
 use crate::service::metrics::{SpawnPath, SpawnResult, errno_name};
 use crate::{spawn, strerror};
@@ -122,6 +123,11 @@ impl Connection {
     /// Reserves a spawn id; false when it is in use.
     pub fn claim_id(&self, id: u64) -> bool {
         self.lock().ids.insert(id)
+    }
+
+    /// Frees a spawn id whose child will never be reported.
+    pub(crate) fn forget_id(&self, id: u64) {
+        self.lock().ids.remove(&id);
     }
 
     /// Whether a spawn holds `id`.
@@ -290,6 +296,8 @@ pub struct SpawnTask {
     pub answer_slot: Mutex<Option<Owed>>,
     /// What confines the child, for its `Spawned` (sent now or deferred).
     pub applied_sandbox: Mutex<Option<sandbox::AppliedSandbox>>,
+    /// The template that forks the child (a warm spawn), by handle.
+    pub template: Option<u64>,
 }
 
 impl Drop for SpawnTask {
@@ -303,7 +311,10 @@ impl SpawnTask {
     /// Runs the spawn and, once the child exec'd, waits for its exit.
     pub async fn run(self, request: SpawnRequest, attached: Vec<OwnedFd>, mut active: Active) {
         let id = request.id;
-        let mut program = String::from_utf8_lossy(&request.program).into_owned();
+        let mut program = match self.template {
+            Some(handle) => format!("template {handle}"),
+            None => String::from_utf8_lossy(&request.program).into_owned(),
+        };
         clip(&mut program);
         match self.start(request, attached, &program, &mut active).await {
             Ok(()) => {}
@@ -368,7 +379,18 @@ impl SpawnTask {
         active: &mut Active,
     ) -> Result<(), SpawnFailed> {
         let id = request.id;
+        let warm = match self.template {
+            Some(handle) => Some(templates::check_spawn(
+                &self.daemon,
+                &self.connection,
+                handle,
+                &mut request,
+            )?),
+            None => None,
+        };
         let (credentials, slot) = self.admit(&request)?;
+        // A warm child has its template's credentials.
+        let credentials = credentials.filter(|_| warm.is_none());
         // One peer's burst waits here, behind its own spawns only, before
         // it holds any fd.
         let turn = self.daemon.launch_turn(self.connection.peer.uid).await;
@@ -389,9 +411,16 @@ impl SpawnTask {
             leads_own_group,
             sandbox: applied_sandbox,
         } = prepared;
-        let launched = self
-            .launch(id, plan, cgroup.as_deref(), cwd.as_deref(), program)
-            .await;
+        let launched = match &warm {
+            Some(template) => {
+                self.launch_warm(template, id, plan, cgroup.as_deref())
+                    .await
+            }
+            None => {
+                self.launch(id, plan, cgroup.as_deref(), cwd.as_deref(), program)
+                    .await
+            }
+        };
         drop(turn);
         let Some((pid, pidfd)) = launched? else {
             return Ok(());
@@ -490,7 +519,8 @@ impl SpawnTask {
         credentials: Option<spawn::Credentials>,
     ) -> Result<plan::Prepared, SpawnFailed> {
         let peer = &self.connection.peer;
-        let limit = self.connection.grant.max_argv_env_bytes;
+        let grant = &self.connection.grant;
+        let limit = grant.max_argv_env_bytes;
         let mut prepared = plan::prepare(request, attached, limit, &self.connection.dev_null)
             .map_err(|refusal| {
                 refused(
@@ -502,24 +532,7 @@ impl SpawnTask {
             })?;
         prepared.plan.credentials = credentials;
         self.sandbox(request, &mut prepared)?;
-        plan::apply_peer_floor(&mut prepared.plan, peer);
-        // The request's rlimits are the plan's now.
-        let clamped = self.connection.grant.clamp_unset_rlimits(
-            peer,
-            &prepared.plan.rlimits,
-            &self.daemon.own_limits,
-        );
-        prepared.plan.rlimits.extend(clamped);
-        if let Some(nofile) = self.daemon.child_nofile {
-            if !prepared
-                .plan
-                .rlimits
-                .iter()
-                .any(|limit| limit.resource == nofile.resource)
-            {
-                prepared.plan.rlimits.push(nofile);
-            }
-        }
+        limit_plan(&self.daemon, grant, peer, &mut prepared.plan);
         Ok(prepared)
     }
 
@@ -771,6 +784,9 @@ impl SpawnTask {
         self.daemon
             .metrics
             .spawn_done(SpawnResult::Ok, latency, peer.uid);
+        if self.template.is_some() {
+            self.daemon.metrics.warm_spawn_done(latency);
+        }
         debug!(
             peer_pid = peer.pid,
             peer_uid = peer.uid,
@@ -991,7 +1007,7 @@ impl SpawnTask {
     /// Resolves when a child that has not exec'd yet is no longer wanted:
     /// its client left, or the daemon has been stopping for
     /// [`EXEC_GRACE_ON_STOP`].
-    async fn cancelled(&self) {
+    pub(crate) async fn cancelled(&self) {
         let mut left = self.connection.left.subscribe();
         let mut shutdown = self.shutdown.clone();
         tokio::select! {
@@ -1059,6 +1075,23 @@ impl SpawnTask {
     }
 }
 
+/// Applies the peer's floor and the resource limits its request leaves
+/// unset to `plan` (whose rlimits are the request's).
+pub(crate) fn limit_plan(daemon: &Daemon, grant: &Grant, peer: &Peer, plan: &mut spawn::SpawnPlan) {
+    plan::apply_peer_floor(plan, peer);
+    let clamped = grant.clamp_unset_rlimits(peer, &plan.rlimits, &daemon.own_limits);
+    plan.rlimits.extend(clamped);
+    if let Some(nofile) = daemon.child_nofile {
+        if !plan
+            .rlimits
+            .iter()
+            .any(|limit| limit.resource == nofile.resource)
+        {
+            plan.rlimits.push(nofile);
+        }
+    }
+}
+
 /// Why a child that switches uid did not start.
 enum Switching {
     /// It failed at this step (a failed child has been reaped).
@@ -1113,7 +1146,9 @@ const DEFERRED_SPAWNED_AFTER: Duration = Duration::from_millis(10);
 const EXEC_GRACE_ON_STOP: Duration = Duration::from_secs(2);
 
 /// Reads a started child's status pipe until it says how the start ended.
-async fn read_exec_report(status: &AsyncFd<OwnedFd>) -> std::io::Result<spawn::ExecReport> {
+pub(crate) async fn read_exec_report(
+    status: &AsyncFd<OwnedFd>,
+) -> std::io::Result<spawn::ExecReport> {
     loop {
         let mut guard = status.readable().await?;
         match spawn::read_exec_report(status.get_ref().as_fd()) {
@@ -1299,6 +1334,7 @@ pub fn resume(
         _permit: permit,
         answer_slot: Mutex::new(None),
         applied_sandbox: Mutex::new(None),
+        template: None,
     };
     let watched = Watched {
         id: saved.id,

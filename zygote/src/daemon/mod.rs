@@ -56,5 +56,6 @@ mod spawners;
 pub mod state;
 pub(crate) mod stray;
 pub mod template;
+pub(crate) mod templates;
 pub mod uid_spawners;
 pub mod upgrade;

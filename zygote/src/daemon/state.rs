@@ -17,6 +17,7 @@ use crate::daemon::peer;
 use crate::daemon::policy::Policy;
 use crate::daemon::sandbox::Sandboxes;
 use crate::daemon::spawners::SpawnerPool;
+use crate::daemon::templates::Templates;
 use crate::daemon::uid_spawners::UidSpawners;
 use crate::service::metrics::Metrics;
 use crate::spawn::{self, Credentials, SpawnError, SpawnPlan, SpawnedChild, Spawner, StartedChild};
@@ -156,6 +157,8 @@ pub struct Daemon {
     /// The per-uid spawner processes, which start the children that
     /// switch to another uid.
     pub(crate) uid_spawners: UidSpawners,
+    /// The warm templates, by handle and by spec.
+    pub(crate) templates: Templates,
 }
 
 impl Daemon {
@@ -199,6 +202,7 @@ impl Daemon {
             log_limit: LogLimit::default(),
             launches: Mutex::default(),
             uid_spawners: UidSpawners::new(uid),
+            templates: Templates::new(),
         }
     }
 }
@@ -214,7 +218,9 @@ impl Daemon {
             Feature::Cgroups => self.cgroups.is_some(),
             Feature::Pty | Feature::LargeArgs => true,
             Feature::Sandbox => crate::daemon::sandbox::enforceable(),
-            Feature::Templates => false,
+            // The runner clones through the syscall's number, which it
+            // knows for these.
+            Feature::Templates => cfg!(any(target_arch = "x86_64", target_arch = "aarch64")),
         }
     }
 
@@ -401,6 +407,7 @@ impl Daemon {
             connection.close();
         }
         self.uid_spawners.stop_all();
+        self.templates.stop_all();
     }
 }
 

@@ -111,6 +111,70 @@ pub struct Metrics {
     /// `peer_spawns` by uid then result, filled on a uid's first spawn.
     /// As few entries as the vector has series (the policy bounds them).
     peer_spawns_by_uid: Arc<Mutex<HashMap<u32, [IntCounter; 3]>>>,
+    templates: TemplateMetrics,
+}
+
+/// The warm templates' metrics.
+#[derive(Debug, Clone)]
+struct TemplateMetrics {
+    starts: IntCounterVec,
+    exits_unasked: IntCounter,
+    forks: IntCounter,
+    warm_spawn_duration: Histogram,
+}
+
+impl TemplateMetrics {
+    /// Every result's series exists from the start, at 0.
+    const START_RESULTS: [&'static str; 5] =
+        ["ok", "refused", "failed", "exec_failed", "preload_failed"];
+
+    fn register(registry: &Registry) -> Self {
+        let starts = IntCounterVec::new(
+            Opts::new(
+                "zygote_template_starts_total",
+                "Template processes started, by result (timeout: not ready within the start \
+                 deadline).",
+            ),
+            &["result"],
+        )
+        .expect("valid counter");
+        for result in Self::START_RESULTS.into_iter().chain(["timeout"]) {
+            starts.with_label_values(&[result]);
+        }
+        let exits_unasked = IntCounter::new(
+            "zygote_template_exits_unasked_total",
+            "Template processes that ended without being asked to (crashed, killed).",
+        )
+        .expect("valid counter");
+        let forks = IntCounter::new(
+            "zygote_template_forks_total",
+            "Children forked by templates and taken by the daemon.",
+        )
+        .expect("valid counter");
+        let warm_spawn_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "zygote_warm_spawn_duration_seconds",
+                "Time from receiving a spawn from a template to sending its Spawned.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+        )
+        .expect("valid histogram");
+        let collectors: [Box<dyn prometheus::core::Collector>; 4] = [
+            Box::new(starts.clone()),
+            Box::new(exits_unasked.clone()),
+            Box::new(forks.clone()),
+            Box::new(warm_spawn_duration.clone()),
+        ];
+        for collector in collectors {
+            registry.register(collector).expect("unique metric names");
+        }
+        Self {
+            starts,
+            exits_unasked,
+            forks,
+            warm_spawn_duration,
+        }
+    }
 }
 
 impl Metrics {
@@ -288,6 +352,7 @@ impl Metrics {
         for collector in collectors {
             registry.register(collector).expect("unique metric names");
         }
+        let templates = TemplateMetrics::register(&registry);
         Self {
             registry,
             spawn_duration,
@@ -310,7 +375,30 @@ impl Metrics {
             exits_by_kind,
             spawns_by_path,
             peer_spawns_by_uid: Arc::default(),
+            templates,
         }
+    }
+
+    /// A template process was started, or failed to (`result`).
+    pub fn template_started(&self, result: &str) {
+        self.templates.starts.with_label_values(&[result]).inc();
+    }
+
+    /// A template process ended without being asked to.
+    pub fn template_exited_unasked(&self) {
+        self.templates.exits_unasked.inc();
+    }
+
+    /// A template forked a child the daemon took.
+    pub fn template_forked(&self) {
+        self.templates.forks.inc();
+    }
+
+    /// A warm spawn was answered `Spawned`, `latency` after its request.
+    pub fn warm_spawn_done(&self, latency: Duration) {
+        self.templates
+            .warm_spawn_duration
+            .observe(latency.as_secs_f64());
     }
 
     /// The OOM killer ended a process in a child's cgroup.

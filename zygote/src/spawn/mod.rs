@@ -737,6 +737,73 @@ pub fn adopt_own(pid: i32) {
         .insert(pid);
 }
 
+/// Takes `pid` as a child of this process that another process started
+/// for it (a warm template's clone with `CLONE_PARENT`), trusting nothing
+/// that process said: the pid must be this process's own child, unreaped,
+/// whose real uid is `uid`, and not a child already listed as ours. Lists
+/// it, and returns a pidfd this process opened itself.
+///
+/// # Errors
+///
+/// `ESRCH` when there is no such process; `ECHILD` when it is not this
+/// process's child; `EPERM` when its real uid is another; `EEXIST` when it
+/// is already listed (another spawn's child).
+pub fn claim_sibling(pid: i32, uid: u32) -> io::Result<OwnedFd> {
+    if pid <= 0 {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    let pidfd = clone::pidfd_open(pid)?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|value| value.parse::<u64>().ok())
+    };
+    // Still alive (or a zombie, unreaped) after the read: the pid named
+    // the process behind the pidfd throughout.
+    clone::pidfd_send_signal(pidfd.as_fd(), 0)?;
+    if field("PPid:")
+        != Some(u64::from(
+            rustix::process::getpid()
+                .as_raw_nonzero()
+                .get()
+                .unsigned_abs(),
+        ))
+    {
+        return Err(io::Error::from_raw_os_error(libc::ECHILD));
+    }
+    if field("Uid:") != Some(u64::from(uid)) {
+        return Err(io::Error::from_raw_os_error(libc::EPERM));
+    }
+    let _gate = OWN.gate.read().unwrap_or_else(PoisonError::into_inner);
+    if !OWN
+        .pids
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(pid)
+    {
+        return Err(io::Error::from_raw_os_error(libc::EEXIST));
+    }
+    Ok(pidfd)
+}
+
+/// Moves the process `pid` into the cgroup whose directory is `dir`, by
+/// its `cgroup.procs`.
+///
+/// # Errors
+///
+/// The `open` or `write` error.
+pub fn join_cgroup(dir: BorrowedFd<'_>, pid: i32) -> io::Result<()> {
+    let procs = clone::open_cgroup_procs(dir).map_err(io::Error::from_raw_os_error)?;
+    let written = rustix::io::write(&procs, pid.to_string().as_bytes())?;
+    if written == 0 {
+        return Err(io::Error::from_raw_os_error(libc::EIO));
+    }
+    Ok(())
+}
+
 fn forget_own(pid: i32) {
     OWN.pids
         .lock()

@@ -1,0 +1,365 @@
+# The program of a warm Python template, passed to the interpreter with
+# `-c`; the preloads follow on its command line. Fd 3 is its control
+# socket (SOCK_SEQPACKET) to the daemon.
+#
+# It imports the preloads, checks that it is still single-threaded,
+# freezes the heap, and says "ready". Then, for each frame the daemon
+# sends (a child's plan, its fds attached), it clones a child that is the
+# daemon's own (CLONE_PARENT) and answers its pid. The child sets itself
+# up as the plan says, reports each failing step on its report socket
+# (or "ok"), waits for the daemon's "go", and runs the program as
+# `python ARGS` would.
+#
+# Kept to the standard library and to CPython 3.8.
+
+import builtins
+import ctypes
+import gc
+import importlib
+import importlib.machinery
+import io
+import json
+import os
+import platform
+import resource
+import runpy
+import signal
+import socket
+import sys
+import threading
+import types
+
+CONTROL_FD = 3
+MAX_FRAME = 256 * 1024 + 1
+MAX_FDS = 64
+CLONE_PARENT = 0x00008000
+SYS_CLONE = {"x86_64": 56, "aarch64": 220}
+RLIM_MAX = (1 << 64) - 1
+
+
+class StepFailed(Exception):
+    def __init__(self, stage, errno, message):
+        Exception.__init__(self, message)
+        self.stage = stage
+        self.errno = errno
+        self.message = message
+
+
+def send(control, message):
+    control.sendmsg([json.dumps(message).encode()])
+
+
+def preload(control, names):
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except BaseException:
+            import traceback
+
+            failed = "preload %s raised:\n%s" % (name, traceback.format_exc())
+            send(control, {"failed": failed})
+            os._exit(1)
+        tasks = len(os.listdir("/proc/self/task"))
+        if tasks != 1 or threading.active_count() != 1:
+            failed = (
+                "preload %s started a thread (%d threads now): a template must stay "
+                "single-threaded to fork" % (name, max(tasks, threading.active_count()))
+            )
+            send(control, {"failed": failed})
+            os._exit(1)
+
+
+def receive(control):
+    space = socket.CMSG_SPACE(MAX_FDS * 4)
+    data, ancillary, _flags, _address = control.recvmsg(
+        MAX_FRAME, space, socket.MSG_CMSG_CLOEXEC
+    )
+    fds = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(payload) - len(payload) % 4
+            fds.extend(
+                int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True)
+                for i in range(0, usable, 4)
+            )
+    return data, fds
+
+
+def serve(control):
+    libc = ctypes.PyDLL(None, use_errno=True)
+    syscall = libc.syscall
+    syscall.restype = ctypes.c_long
+    number = SYS_CLONE.get(platform.machine())
+    api = ctypes.pythonapi
+    while True:
+        data, fds = receive(control)
+        if not data:
+            os._exit(0)
+        plan = json.loads(data)
+        if number is None or not fds:
+            for fd in fds:
+                os.close(fd)
+            send(control, {"errno": 38})
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        api.PyOS_BeforeFork()
+        pid = syscall(
+            ctypes.c_long(number),
+            ctypes.c_long(CLONE_PARENT | signal.SIGCHLD),
+            ctypes.c_long(0),
+            ctypes.c_long(0),
+            ctypes.c_long(0),
+            ctypes.c_long(0),
+        )
+        if pid == 0:
+            api.PyOS_AfterFork_Child()
+            child(control, plan, fds)
+            return
+        error = ctypes.get_errno()
+        api.PyOS_AfterFork_Parent()
+        for fd in fds:
+            os.close(fd)
+        send(control, {"pid": pid} if pid > 0 else {"errno": error})
+
+
+def raw(text):
+    return text.encode("latin-1")
+
+
+def child(control, plan, fds):
+    report = socket.socket(fileno=fds[0])
+    try:
+        control.detach()
+        setup(plan, fds)
+    except StepFailed as failed:
+        fail(report, failed.stage, failed.errno, failed.message)
+    except BaseException as error:
+        fail(report, "template", 71, "the child's setup failed: %r" % (error,))
+    report.sendmsg([b'["ok"]'])
+    # The daemon's word that it took the child (and moved it to its
+    # cgroup): none means it did not, and the child must not run.
+    if report.recv(16) != b"go":
+        os._exit(127)
+    report.close()
+    run_program([os.fsdecode(raw(arg)) for arg in plan["args"]])
+
+
+def fail(report, stage, errno, message):
+    try:
+        report.sendmsg([json.dumps([stage, errno, message]).encode()])
+    finally:
+        os._exit(127)
+
+
+def step(stage, action, *args):
+    try:
+        return action(*args)
+    except OSError as error:
+        raise StepFailed(stage, error.errno or 5, "%s: %s" % (stage, error))
+
+
+def setup(plan, fds):
+    step("signals", reset_signals, plan["ignored_signals"])
+    if plan["new_session"]:
+        step("setsid", os.setsid)
+    elif plan["process_group"] is not None:
+        step("setpgid", os.setpgid, 0, plan["process_group"])
+    if plan["umask"] is not None:
+        os.umask(plan["umask"])
+    for number, soft, hard in plan["rlimits"]:
+        limits = tuple(resource.RLIM_INFINITY if v == RLIM_MAX else v for v in (soft, hard))
+        step("setrlimit", resource.setrlimit, number, limits)
+    if plan["nice"] is not None:
+        step("nice", os.setpriority, os.PRIO_PROCESS, 0, plan["nice"])
+    if plan["cpu_affinity"]:
+        cpus = [
+            word_index * 64 + bit
+            for word_index, word in enumerate(plan["cpu_affinity"])
+            for bit in range(64)
+            if word >> bit & 1
+        ]
+        step("affinity", os.sched_setaffinity, 0, cpus)
+    if plan["oom_score_adj"] is not None:
+        step("oom_score_adj", write_oom_score_adj, plan["oom_score_adj"])
+    step("dup", place_fds, fds[1:], plan["targets"], fds[0])
+    if plan["controlling_terminal"]:
+        import fcntl
+        import termios
+
+        step("setsid", fcntl.ioctl, 0, termios.TIOCSCTTY, 0)
+    if plan["cwd"] is not None:
+        step("chdir", os.chdir, raw(plan["cwd"]))
+    os.environ.clear()
+    for key, value in plan["env"]:
+        os.environb[raw(key)] = raw(value)
+    reopen_stdio()
+
+
+def reset_signals(ignored):
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for number in signal.valid_signals():
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        handler = signal.SIG_IGN if ignored >> (number - 1) & 1 else signal.SIG_DFL
+        try:
+            signal.signal(number, handler)
+        except (OSError, ValueError):
+            pass
+    # As a fresh interpreter sets them.
+    if not ignored >> (signal.SIGINT - 1) & 1:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def write_oom_score_adj(value):
+    with open("/proc/self/oom_score_adj", "w") as adj:
+        adj.write(str(value))
+
+
+def place_fds(sources, targets, report):
+    if len(sources) != len(targets):
+        raise OSError(22, "the plan's fds do not match its targets")
+    # Above every target first, so that no source is overwritten.
+    floor = max(targets + [report]) + 1
+    moved = []
+    for source in sources:
+        moved.append(os.dup(source) if source >= floor else fcntl_dup(source, floor))
+        os.close(source)
+    for source, target in zip(moved, targets):
+        os.dup2(source, target, inheritable=True)
+    keep = set(targets)
+    keep.add(report)
+    for fd in moved:
+        if fd not in keep:
+            os.close(fd)
+    # Every other fd: the template's own (its control socket included).
+    last = 2
+    for fd in sorted(keep) + [1 << 20]:
+        if fd > last + 1:
+            os.closerange(last + 1, fd)
+        last = max(last, fd)
+    try:
+        os.closerange(last + 1, os.sysconf("SC_OPEN_MAX"))
+    except (OSError, ValueError):
+        pass
+
+
+def fcntl_dup(fd, floor):
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+
+
+def reopen_stdio():
+    template_out = sys.__stdout__ or sys.stdout
+    encoding = getattr(template_out, "encoding", None) or "utf-8"
+    errors = getattr(template_out, "errors", None) or "strict"
+    # -u or PYTHONUNBUFFERED in the template's environment.
+    unbuffered = bool(getattr(template_out, "write_through", False))
+    streams = []
+    for fd, mode in ((0, "r"), (1, "w"), (2, "w")):
+        try:
+            tty = os.isatty(fd)
+        except OSError:
+            tty = False
+        raw = io.FileIO(fd, mode, closefd=False)
+        buffer = io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
+        stream = io.TextIOWrapper(
+            buffer,
+            encoding=encoding,
+            errors="backslashreplace" if fd == 2 else errors,
+            newline="\n",
+            line_buffering=tty or fd == 2,
+            write_through=unbuffered and mode == "w",
+        )
+        stream.mode = mode
+        streams.append(stream)
+    sys.stdin, sys.stdout, sys.stderr = streams
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
+
+
+def fresh_main():
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins
+    main.__loader__ = importlib.machinery.BuiltinImporter
+    sys.modules["__main__"] = main
+    return main
+
+
+def run_program(args):
+    """Runs `python ARGS`; returns only by raising (SystemExit included)."""
+    here = sys._getframe()
+    if hasattr(sys, "orig_argv"):
+        sys.orig_argv = sys.orig_argv[:1] + args
+    first = args[0]
+    skip_runpy = False
+    try:
+        if first == "-c":
+            sys.argv = ["-c"] + args[2:]
+            sys.path[0] = ""
+            main = fresh_main()
+            exec(compile(args[1], "<string>", "exec"), main.__dict__)
+        elif first == "-m":
+            sys.argv = ["-m"] + args[2:]
+            sys.path[0] = os.getcwd()
+            fresh_main()
+            runpy._run_module_as_main(args[1], True)
+        else:
+            sys.argv = list(args)
+            main = fresh_main()
+            if os.path.isdir(first) or not os.path.isfile(first):
+                if not os.path.exists(first):
+                    sys.stderr.write(
+                        "%s: can't open file %r: [Errno 2] No such file or directory\n"
+                        % (sys.executable, first)
+                    )
+                    raise SystemExit(2)
+                sys.path[0] = first
+                runpy._run_module_as_main("__main__", False)
+            else:
+                sys.path[0] = os.path.dirname(os.path.realpath(first))
+                skip_runpy = True
+                with open(first, "rb") as script:
+                    source = script.read()
+                main.__file__ = first
+                main.__cached__ = None
+                exec(compile(source, first, "exec"), main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException:
+        hook = sys.excepthook
+
+        def trimmed(kind, value, tb):
+            # Drop this runner's frames: the traceback starts in the program.
+            while tb is not None and tb.tb_frame is not here:
+                tb = tb.tb_next
+            tb = tb.tb_next if tb is not None else None
+            while skip_runpy and tb is not None and "runpy" in tb.tb_frame.f_code.co_filename:
+                tb = tb.tb_next
+            if value is not None:
+                value.__traceback__ = tb
+            hook(kind, value, tb)
+
+        sys.excepthook = trimmed
+        raise
+    raise SystemExit(0)
+
+
+def start():
+    control = socket.socket(fileno=CONTROL_FD)
+    control.set_inheritable(False)
+    names = sys.argv[1:]
+    sys.argv = [""]
+    preload(control, names)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.collect()
+    if hasattr(gc, "freeze"):
+        gc.freeze()
+    send(control, {"ready": os.getpid()})
+    serve(control)
+
+
+start()
