@@ -353,7 +353,7 @@ fn rust_client_against_a_daemon_with_fewer_features() {
         None,
         &[],
         &zygote_bin(),
-        &[("ZYGOTE_MASK_FEATURES", "pty,large_args,sandbox")],
+        &[("ZYGOTE_MASK_FEATURES", "pty,large_args,sandbox,templates")],
     );
     runtime().block_on(async {
         let client = Client::connect(daemon.socket()).await.expect("connect");
@@ -385,6 +385,7 @@ fn rust_client_against_a_daemon_with_fewer_features() {
         let client = Client::connect(full.socket()).await.expect("connect");
         assert!(client.offers(Feature::Pty), "{:?}", client.features());
         assert!(client.offers(Feature::LargeArgs), "{:?}", client.features());
+        assert!(client.offers(Feature::Templates), "{:?}", client.features());
     });
 }
 

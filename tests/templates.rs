@@ -4,16 +4,18 @@
 //! (timeout, kill-on-close, cgroup, the daemon as parent).
 
 use std::io::Read;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use zygote_proto::{
-    ClientMessage, Env, ExitNotice, ExitStatus, PYTHON_TEMPLATE, RequestFailed, ServerMessage,
-    SpawnFailed, SpawnRequest, StdioSpec, TemplateReady, TemplateRequest, TemplateSpawnRequest,
+    ClientMessage, Env, ExitNotice, ExitStatus, KillOnClose, PYTHON_TEMPLATE, RequestFailed,
+    ServerMessage, SpawnFailed, SpawnRequest, SpawnStage, StdioSpec, TemplateInfo,
+    TemplateListRequest, TemplateReady, TemplateRequest, TemplateSpawnRequest, Timeout,
 };
 
 use crate::deferred::{connect, receive, send};
-use crate::util::{Daemon, skip, start_daemon};
+use crate::util::{Daemon, eventually, parent_of, skip, start_daemon, start_daemon_custom};
 
 /// A CPython to test with: pyenv's 3.12 when there, else `python3` on
 /// `PATH`; `None` (the test skips) without either.
@@ -129,19 +131,35 @@ impl Ran {
 
 /// Runs a warm child with piped stdout and stderr to its end.
 fn run_warm(fd: &OwnedFd, handle: u64, request: SpawnRequest) -> Result<Ran, SpawnFailed> {
+    run_warm_with_fds(fd, handle, request, Vec::new())
+}
+
+/// Sends a warm spawn with `attached` fds.
+fn send_warm(fd: &OwnedFd, handle: u64, request: SpawnRequest, attached: &[OwnedFd]) {
+    let message = ClientMessage::SpawnFromTemplate(TemplateSpawnRequest {
+        template: handle,
+        spawn: request,
+    });
+    let fds: Vec<_> = attached.iter().map(AsFd::as_fd).collect();
+    zygote_proto::send_frame(fd.as_fd(), &zygote_proto::encode(&message).unwrap(), &fds)
+        .expect("send");
+}
+
+/// As [`run_warm`], with `attached` fds sent along.
+fn run_warm_with_fds(
+    fd: &OwnedFd,
+    handle: u64,
+    request: SpawnRequest,
+    attached: Vec<OwnedFd>,
+) -> Result<Ran, SpawnFailed> {
     let id = request.id;
     let request = SpawnRequest {
         stdout: StdioSpec::Pipe,
         stderr: StdioSpec::Pipe,
         ..request
     };
-    send(
-        fd,
-        &ClientMessage::SpawnFromTemplate(TemplateSpawnRequest {
-            template: handle,
-            spawn: request,
-        }),
-    );
+    send_warm(fd, handle, request, &attached);
+    drop(attached);
     let (reply, fds) = receive(fd);
     let (pid, mut fds) = match reply {
         ServerMessage::Spawned(spawned) => {
@@ -183,6 +201,7 @@ struct Warm {
     daemon: Daemon,
     fd: OwnedFd,
     handle: u64,
+    python: PathBuf,
 }
 
 fn warm_setup(test: &str, preload: &[&str]) -> Option<Warm> {
@@ -196,6 +215,7 @@ fn warm_setup(test: &str, preload: &[&str]) -> Option<Warm> {
         daemon,
         fd,
         handle: ready.template,
+        python,
     })
 }
 
@@ -218,4 +238,466 @@ fn a_c_child_prints_gets_its_argv_and_exit_code() {
     );
     assert_eq!(ran.code(), Some(7));
     assert_eq!(ran.exited.pid, ran.pid);
+}
+
+/// Runs `code` in a warm child of `warm` with `args` after it, expecting
+/// exit 0: its stdout.
+fn python_output(warm: &Warm, id: u64, code: &str) -> String {
+    let ran = run_warm(&warm.fd, warm.handle, warm_request(id, &["-c", code]))
+        .unwrap_or_else(|failed| panic!("{failed:?}\n{}", warm.daemon.log()));
+    assert_eq!(ran.code(), Some(0), "stderr: {}", ran.stderr);
+    ran.stdout
+}
+
+#[test]
+fn m_and_script_children_get_argv_main_and_path0() {
+    let Some(warm) = warm_setup("tpl-m-script", &[]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let show = "import sys\nprint(__name__, sys.argv, sys.path[0], sep='|')\n";
+    std::fs::write(dir.path().join("shown.py"), show).unwrap();
+    let scripts = dir.path().join("scripts");
+    std::fs::create_dir(&scripts).unwrap();
+    std::fs::write(scripts.join("run.py"), show).unwrap();
+    let cwd = dir.path().to_str().unwrap();
+    let module = SpawnRequest {
+        cwd: Some(cwd.into()),
+        ..warm_request(10, &["-m", "shown", "x", "y"])
+    };
+    let ran = run_warm(&warm.fd, warm.handle, module).expect("-m");
+    let module_file = dir.path().join("shown.py");
+    assert_eq!(
+        ran.stdout,
+        format!("__main__|['{}', 'x', 'y']|{cwd}\n", module_file.display()),
+        "stderr: {}",
+        ran.stderr
+    );
+    let script = scripts.join("run.py");
+    let script = script.to_str().unwrap();
+    let ran = run_warm(&warm.fd, warm.handle, warm_request(11, &[script, "z"])).expect("script");
+    assert_eq!(
+        ran.stdout,
+        format!("__main__|['{script}', 'z']|{}\n", scripts.display()),
+        "stderr: {}",
+        ran.stderr
+    );
+    let ran = run_warm(
+        &warm.fd,
+        warm.handle,
+        warm_request(12, &["/nonexistent/x.py"]),
+    )
+    .expect("a missing script still starts");
+    assert_eq!(ran.code(), Some(2));
+    assert!(ran.stderr.contains("can't open file"), "{}", ran.stderr);
+}
+
+#[test]
+fn an_uncaught_exception_exits_1_with_its_traceback_and_system_exit_sets_the_code() {
+    let Some(warm) = warm_setup("tpl-exc", &[]) else {
+        return;
+    };
+    let code = "def fail():\n    raise ValueError('boom')\nfail()\n";
+    let ran = run_warm(&warm.fd, warm.handle, warm_request(10, &["-c", code])).expect("spawn");
+    assert_eq!(ran.code(), Some(1));
+    assert!(
+        ran.stderr
+            .starts_with("Traceback (most recent call last):\n"),
+        "{}",
+        ran.stderr
+    );
+    assert!(ran.stderr.contains("ValueError: boom"), "{}", ran.stderr);
+    assert!(ran.stderr.contains("in fail"), "{}", ran.stderr);
+    // The traceback starts in the program: no frame of the template's.
+    let frames = ran.stderr.matches("  File ").count();
+    assert_eq!(frames, 2, "the module and fail(): {}", ran.stderr);
+    let ran = run_warm(
+        &warm.fd,
+        warm.handle,
+        warm_request(11, &["-c", "raise SystemExit(3)"]),
+    )
+    .expect("spawn");
+    assert_eq!(ran.code(), Some(3));
+    assert_eq!(ran.stderr, "");
+    // atexit handlers run, and buffered output is flushed, at the end.
+    let code = "import atexit, sys\natexit.register(lambda: print('bye'))\nsys.stdout.write('hi ')";
+    let ran = run_warm(&warm.fd, warm.handle, warm_request(12, &["-c", code])).expect("spawn");
+    assert_eq!((ran.code(), ran.stdout.as_str()), (Some(0), "hi bye\n"));
+}
+
+#[test]
+fn two_children_never_share_random_output() {
+    let Some(warm) = warm_setup("tpl-rng", &["random"]) else {
+        return;
+    };
+    let code = "import random, os; print(random.random(), os.urandom(8).hex())";
+    let first = python_output(&warm, 10, code);
+    let second = python_output(&warm, 11, code);
+    let (first_random, first_urandom) = first.trim().split_once(' ').unwrap();
+    let (second_random, second_urandom) = second.trim().split_once(' ').unwrap();
+    assert_ne!(
+        first_random, second_random,
+        "random is reseeded in each child"
+    );
+    assert_ne!(first_urandom, second_urandom);
+}
+
+/// A directory of preload modules, on the template's `PYTHONPATH`.
+fn modules(files: &[(&str, &str)]) -> (tempfile::TempDir, Env) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, source) in files {
+        std::fs::write(dir.path().join(format!("{name}.py")), source).expect("write a module");
+    }
+    let mut env = base_env();
+    env.push(b"PYTHONPATH", dir.path().as_os_str().as_encoded_bytes());
+    (dir, env)
+}
+
+/// The template's own state a child must not keep: a signal handler, a
+/// blocked signal, an open file, a variable of its environment.
+const DIRTY_PRELOAD: &str = "\
+import os, signal
+signal.signal(signal.SIGUSR2, lambda *args: None)
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGHUP])
+kept = open(os.devnull)
+";
+
+#[test]
+fn a_child_has_only_its_own_fds_signals_env_and_cwd() {
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    let daemon = start_daemon("tpl-hygiene");
+    let fd = connect(daemon.socket());
+    let (_dir, mut env) = modules(&[("dirty", DIRTY_PRELOAD)]);
+    env.push(b"FROM_TEMPLATE", b"1");
+    let ready = template(&fd, 1, &python, &["dirty"], env).expect("template");
+    let code = "\
+import os, signal
+fds = []
+for fd in range(3, 1024):
+    try:
+        os.fstat(fd)
+        fds.append(fd)
+    except OSError:
+        pass
+blocked = [l for l in open('/proc/self/status') if l.startswith('SigBlk')][0].split()[1]
+os.write(5, b'mapped')
+print(fds, int(blocked, 16), signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL,
+      signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN,
+      signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+      os.environ.get('FROM_TEMPLATE'), os.environ.get('ASKED'), os.getcwd(), os.getppid())
+";
+    let (read_end, write_end) = rustix::pipe::pipe().expect("pipe");
+    let mut env = base_env();
+    env.push(b"ASKED", b"yes");
+    let request = SpawnRequest {
+        env,
+        cwd: Some(b"/tmp".to_vec()),
+        ignored_signals: 1 << (libc::SIGUSR1 - 1),
+        fd_mappings: vec![zygote_proto::FdMapping {
+            attached_index: 0,
+            child_fd: 5,
+        }],
+        ..warm_request(10, &["-c", code])
+    };
+    let ran = run_warm_with_fds(&fd, ready.template, request, vec![write_end])
+        .unwrap_or_else(|failed| panic!("{failed:?}\n{}", daemon.log()));
+    assert_eq!(ran.code(), Some(0), "stderr: {}", ran.stderr);
+    let daemon_pid = daemon.pid();
+    assert_eq!(
+        ran.stdout,
+        format!("[5] 0 True True True None yes /tmp {daemon_pid}\n"),
+        "only the mapped fd; no signal blocked; the template's handler reset, the request's \
+         ignored signal kept; only the request's environment; its cwd; the daemon as parent"
+    );
+    assert_eq!(read_all(read_end), "mapped");
+}
+
+#[test]
+fn a_template_that_cannot_start_says_why_and_the_connection_lives_on() {
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    let daemon = start_daemon_custom(
+        "tpl-bad",
+        None,
+        None,
+        &[],
+        &crate::util::zygote_bin(),
+        // A preload that hangs fails at this deadline, not 60 s.
+        &[("ZYGOTE_TEMPLATE_START_DEADLINE_MS", "1500")],
+    );
+    let fd = connect(daemon.socket());
+    let (_dir, env) = modules(&[
+        ("raising", "raise RuntimeError('broken preload')\n"),
+        (
+            "threading_preload",
+            "import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n",
+        ),
+        ("hanging", "import time\ntime.sleep(60)\n"),
+    ]);
+    let failed = |id, preload: &[&str], python: &Path| {
+        template(&fd, id, python, preload, env.clone()).expect_err("the template fails")
+    };
+    let raised = failed(1, &["json", "raising"], &python);
+    assert_eq!(raised.errno, libc::EPROTO);
+    assert!(
+        raised.message.contains("preload raising raised"),
+        "{}",
+        raised.message
+    );
+    assert!(raised.message.contains("Traceback"), "{}", raised.message);
+    assert!(
+        raised.message.contains("RuntimeError: broken preload"),
+        "{}",
+        raised.message
+    );
+    let missing = failed(2, &["no_such_module_here"], &python);
+    assert_eq!(missing.errno, libc::EPROTO);
+    assert!(
+        missing
+            .message
+            .contains("No module named 'no_such_module_here'"),
+        "{}",
+        missing.message
+    );
+    let threaded = failed(3, &["threading_preload"], &python);
+    assert_eq!(threaded.errno, libc::EPROTO);
+    assert!(
+        threaded
+            .message
+            .contains("preload threading_preload started a thread"),
+        "{}",
+        threaded.message
+    );
+    let no_interpreter = failed(4, &[], Path::new("/nonexistent/python3"));
+    assert_eq!(
+        no_interpreter.errno,
+        libc::ENOENT,
+        "{}",
+        no_interpreter.message
+    );
+    let started = std::time::Instant::now();
+    let hung = failed(5, &["hanging"], &python);
+    assert_eq!(hung.errno, libc::ETIMEDOUT, "{}", hung.message);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the deadline holds"
+    );
+    let bad_kind = {
+        send(
+            &fd,
+            &ClientMessage::Template(TemplateRequest {
+                id: 6,
+                kind: "node".into(),
+                interpreter: b"node".to_vec(),
+                preload: Vec::new(),
+                env: base_env(),
+                cwd: None,
+            }),
+        );
+        receive(&fd).0
+    };
+    assert!(
+        matches!(&bad_kind, ServerMessage::RequestFailed(failed) if failed.errno == libc::EOPNOTSUPP),
+        "{bad_kind:?}"
+    );
+    let bad_name = failed(7, &["os; import x"], &python);
+    assert_eq!(bad_name.errno, libc::EINVAL, "{}", bad_name.message);
+    // None of those left a template behind, and the connection still works.
+    assert!(list(&fd, 8).is_empty());
+    assert!(template(&fd, 9, &python, &["json"], env.clone()).is_ok());
+    // No template process is left of the failed ones: only the last.
+    let children = crate::util::children_of(daemon.pid());
+    assert_eq!(children.len(), 1, "{children:?}\n{}", daemon.log());
+}
+
+/// The templates this connection sees.
+fn list(fd: &OwnedFd, id: u64) -> Vec<TemplateInfo> {
+    send(
+        fd,
+        &ClientMessage::ListTemplates(TemplateListRequest { id }),
+    );
+    match receive(fd).0 {
+        ServerMessage::Templates(list) => {
+            assert_eq!(list.id, id);
+            list.templates
+        }
+        other => panic!("expected Templates, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_same_spec_reuses_one_template_and_the_list_shows_it() {
+    let Some(warm) = warm_setup("tpl-reuse", &["json"]) else {
+        return;
+    };
+    let again = template(&warm.fd, 2, &warm.python, &["json"], base_env()).expect("again");
+    assert!(again.reused);
+    assert_eq!(again.template, warm.handle);
+    let other = template(&warm.fd, 3, &warm.python, &["json", "email"], base_env()).expect("other");
+    assert!(!other.reused);
+    assert_ne!(other.template, warm.handle);
+    assert_eq!(python_output(&warm, 10, "print(1)"), "1\n");
+    let templates = list(&warm.fd, 4);
+    assert_eq!(templates.len(), 2, "{templates:?}");
+    let info = templates
+        .iter()
+        .find(|info| info.template == warm.handle)
+        .unwrap();
+    assert_eq!(info.uid, rustix::process::geteuid().as_raw());
+    assert_eq!(info.pid, again.pid);
+    assert_eq!(info.preload, vec!["json".to_owned()]);
+    assert_eq!(info.kind, PYTHON_TEMPLATE);
+    assert_eq!(info.interpreter, warm.python.as_os_str().as_encoded_bytes());
+    assert_eq!((info.forks, info.restarts), (1, 0));
+    assert!(info.rss_bytes > 1 << 20, "{info:?}");
+}
+
+#[test]
+fn a_killed_template_is_reported_and_the_next_request_starts_a_new_one() {
+    let Some(warm) = warm_setup("tpl-killed", &["json"]) else {
+        return;
+    };
+    assert_eq!(python_output(&warm, 10, "print(1)"), "1\n");
+    let first_pid = list(&warm.fd, 2)[0].pid;
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(first_pid).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the template");
+    assert!(
+        eventually(Duration::from_secs(10), || warm
+            .daemon
+            .log()
+            .contains("template ended unasked")),
+        "{}",
+        warm.daemon.log()
+    );
+    assert_eq!(python_output(&warm, 11, "print(2)"), "2\n");
+    let info = list(&warm.fd, 3).remove(0);
+    assert_ne!(info.pid, first_pid);
+    assert_eq!((info.restarts, info.forks), (1, 1));
+}
+
+#[test]
+fn a_child_setup_step_that_fails_is_its_stage() {
+    let Some(warm) = warm_setup("tpl-chdir", &[]) else {
+        return;
+    };
+    let request = SpawnRequest {
+        cwd: Some(b"/nonexistent/dir".to_vec()),
+        ..warm_request(10, &["-c", "pass"])
+    };
+    let failed = run_warm(&warm.fd, warm.handle, request).expect_err("no such cwd");
+    assert_eq!(
+        (failed.stage, failed.errno),
+        (SpawnStage::Chdir, libc::ENOENT),
+        "{failed:?}"
+    );
+    for (id, args) in [(11, &["-x"][..]), (12, &["-c"][..]), (13, &[][..])] {
+        let failed = run_warm(&warm.fd, warm.handle, warm_request(id, args)).expect_err("bad args");
+        assert_eq!(
+            (failed.stage, failed.errno),
+            (SpawnStage::Validate, libc::EINVAL),
+            "{failed:?}"
+        );
+    }
+    let unknown = run_warm(
+        &warm.fd,
+        warm.handle + 1000,
+        warm_request(14, &["-c", "pass"]),
+    )
+    .expect_err("no such template");
+    assert_eq!(
+        (unknown.stage, unknown.errno),
+        (SpawnStage::Validate, libc::ENOENT)
+    );
+    let argv0 = SpawnRequest {
+        argv0: Some(b"x".to_vec()),
+        ..warm_request(15, &["-c", "pass"])
+    };
+    let refused = run_warm(&warm.fd, warm.handle, argv0).expect_err("argv0");
+    assert_eq!(
+        (refused.stage, refused.errno),
+        (SpawnStage::Validate, libc::EOPNOTSUPP)
+    );
+    assert_eq!(python_output(&warm, 16, "print('still')"), "still\n");
+}
+
+#[test]
+fn warm_children_time_out_and_die_with_their_connection() {
+    let Some(warm) = warm_setup("tpl-lifetime", &[]) else {
+        return;
+    };
+    let request = SpawnRequest {
+        timeout: Some(Timeout {
+            millis: 300,
+            grace_millis: 5000,
+        }),
+        ..warm_request(10, &["-c", "import time; time.sleep(30)"])
+    };
+    let ran = run_warm(&warm.fd, warm.handle, request).expect("spawn");
+    assert!(ran.exited.timed_out);
+    assert!(
+        matches!(ran.exited.status, ExitStatus::Signaled { signal, .. } if signal == libc::SIGTERM),
+        "{:?}",
+        ran.exited.status
+    );
+    // A second connection of the same uid: the template outlives it.
+    let second = connect(warm.daemon.socket());
+    let request = SpawnRequest {
+        kill_on_close: Some(KillOnClose {
+            signal: libc::SIGKILL,
+            process_group: false,
+        }),
+        ..warm_request(11, &["-c", "import time; time.sleep(30)"])
+    };
+    send_warm(&second, warm.handle, request, &[]);
+    let pid = match receive(&second).0 {
+        ServerMessage::Spawned(spawned) => spawned.pid,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        parent_of(pid as u32),
+        Some(warm.daemon.pid()),
+        "the daemon's own child"
+    );
+    drop(second);
+    assert!(
+        eventually(Duration::from_secs(10), || crate::util::process_state(
+            pid as u32
+        )
+        .is_none()),
+        "the warm child was killed and reaped when its connection closed"
+    );
+    assert_eq!(python_output(&warm, 12, "print(3)"), "3\n");
+}
+
+#[test]
+fn templates_stop_when_their_uid_has_no_connection_left() {
+    let Some(warm) = warm_setup("tpl-owner", &[]) else {
+        return;
+    };
+    let pid = list(&warm.fd, 2)[0].pid;
+    let Warm {
+        daemon, fd, handle, ..
+    } = warm;
+    drop(fd);
+    assert!(
+        eventually(Duration::from_secs(10), || crate::util::process_state(
+            pid as u32
+        )
+        .is_none()),
+        "the template ended with its owner's last connection\n{}",
+        daemon.log()
+    );
+    let fd = connect(daemon.socket());
+    let failed = run_warm(&fd, handle, warm_request(10, &["-c", "pass"])).expect_err("stopped");
+    assert_eq!(
+        (failed.stage, failed.errno),
+        (SpawnStage::Validate, libc::ENOENT),
+        "{failed:?}"
+    );
 }

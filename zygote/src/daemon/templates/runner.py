@@ -14,6 +14,7 @@
 
 import builtins
 import ctypes
+import fcntl
 import gc
 import importlib
 import importlib.machinery
@@ -128,10 +129,13 @@ def raw(text):
 
 
 def child(control, plan, fds):
-    report = socket.socket(fileno=fds[0])
+    control.detach()
+    # Above every target, where no dup2 of the plan's lands on it.
+    floor = max(plan["targets"] + [2]) + 1
+    report = socket.socket(fileno=fcntl_dup(fds[0], floor))
+    os.close(fds[0])
     try:
-        control.detach()
-        setup(plan, fds)
+        setup(plan, fds[1:], report.fileno())
     except StepFailed as failed:
         fail(report, failed.stage, failed.errno, failed.message)
     except BaseException as error:
@@ -159,7 +163,7 @@ def step(stage, action, *args):
         raise StepFailed(stage, error.errno or 5, "%s: %s" % (stage, error))
 
 
-def setup(plan, fds):
+def setup(plan, sources, report):
     step("signals", reset_signals, plan["ignored_signals"])
     if plan["new_session"]:
         step("setsid", os.setsid)
@@ -182,9 +186,8 @@ def setup(plan, fds):
         step("affinity", os.sched_setaffinity, 0, cpus)
     if plan["oom_score_adj"] is not None:
         step("oom_score_adj", write_oom_score_adj, plan["oom_score_adj"])
-    step("dup", place_fds, fds[1:], plan["targets"], fds[0])
+    step("dup", place_fds, sources, plan["targets"], report)
     if plan["controlling_terminal"]:
-        import fcntl
         import termios
 
         step("setsid", fcntl.ioctl, 0, termios.TIOCSCTTY, 0)
@@ -222,10 +225,10 @@ def place_fds(sources, targets, report):
     if len(sources) != len(targets):
         raise OSError(22, "the plan's fds do not match its targets")
     # Above every target first, so that no source is overwritten.
-    floor = max(targets + [report]) + 1
+    floor = max(targets + [2]) + 1
     moved = []
     for source in sources:
-        moved.append(os.dup(source) if source >= floor else fcntl_dup(source, floor))
+        moved.append(fcntl_dup(source, floor))
         os.close(source)
     for source, target in zip(moved, targets):
         os.dup2(source, target, inheritable=True)
@@ -247,8 +250,6 @@ def place_fds(sources, targets, report):
 
 
 def fcntl_dup(fd, floor):
-    import fcntl
-
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
 
 

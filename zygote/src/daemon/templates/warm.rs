@@ -309,7 +309,7 @@ impl SpawnTask {
             }
         };
         match self
-            .release_child(&process, pid, &pidfd, &report, cgroup_dir.as_ref())
+            .release_child(&process, pid, &report, cgroup_dir.as_ref())
             .await
         {
             Ok(()) => Ok(Some((pid, pidfd))),
@@ -324,31 +324,15 @@ impl SpawnTask {
         }
     }
 
-    /// Moves the child into its cgroup, tells it to go on, and waits for
-    /// its setup's report: the stage that failed, if one did.
+    /// Waits for the child's setup report, then moves it into its
+    /// cgroup and tells it to go on: the stage that failed, if one did.
     async fn release_child(
         &self,
         process: &Process,
         pid: i32,
-        pidfd: &AsyncFd<OwnedFd>,
         report: &AsyncSeqpacket,
         cgroup_dir: Option<&OwnedFd>,
     ) -> Result<(), (SpawnStage, Failure)> {
-        if let Some(dir) = cgroup_dir {
-            spawn::join_cgroup(dir.as_fd(), pid).map_err(|error| {
-                let errno = error.raw_os_error().unwrap_or(libc::EIO);
-                (
-                    SpawnStage::Cgroup,
-                    Failure::new(
-                        errno,
-                        format!("cannot move the warm child into its cgroup: {error}"),
-                    ),
-                )
-            })?;
-        }
-        // A child that failed its setup has gone already: its report says
-        // why, so a failed send is not the answer.
-        let _ = zygote_proto::send_frame(report.as_fd(), b"go", &[]);
         let said = tokio::select! {
             said = tokio::time::timeout(ANSWER_DEADLINE, read_report(report)) => said,
             () = self.cancelled() => {
@@ -359,31 +343,36 @@ impl SpawnTask {
             }
         };
         match said {
-            Ok(Report::Ok) => Ok(()),
-            Ok(Report::Failed(stage, errno, message)) => Err((stage, Failure::new(errno, message))),
-            Ok(Report::Gone) => {
-                let _ = pidfd.get_ref();
-                Err((
-                    SpawnStage::Template,
-                    Failure::new(
-                        libc::EPROTO,
-                        format!(
-                            "the warm child of template process {} ended before it was set up",
-                            process.pid
-                        ),
-                    ),
-                ))
+            Ok(Report::Ok) => {}
+            Ok(Report::Failed(stage, errno, message)) => {
+                return Err((stage, Failure::new(errno, message)));
             }
-            Err(_) => Err((
-                SpawnStage::Template,
-                Failure::new(
-                    libc::ETIMEDOUT,
-                    format!(
-                        "the warm child did not set itself up in {} s",
-                        ANSWER_DEADLINE.as_secs()
-                    ),
-                ),
-            )),
+            Ok(Report::Gone) => {
+                let message = format!(
+                    "the warm child of template process {} ended before it was set up",
+                    process.pid
+                );
+                return Err((SpawnStage::Template, Failure::new(libc::EPROTO, message)));
+            }
+            Err(_) => {
+                let message = format!(
+                    "the warm child did not set itself up in {} s",
+                    ANSWER_DEADLINE.as_secs()
+                );
+                return Err((SpawnStage::Template, Failure::new(libc::ETIMEDOUT, message)));
+            }
         }
+        // In its cgroup before any code of the program runs.
+        if let Some(dir) = cgroup_dir {
+            spawn::join_cgroup(dir.as_fd(), pid).map_err(|error| {
+                let errno = error.raw_os_error().unwrap_or(libc::EIO);
+                let message = format!("cannot move the warm child into its cgroup: {error}");
+                (SpawnStage::Cgroup, Failure::new(errno, message))
+            })?;
+        }
+        zygote_proto::send_frame(report.as_fd(), b"go", &[]).map_err(|error| {
+            let message = format!("the warm child went away before it started: {error}");
+            (SpawnStage::Template, Failure::new(libc::EPROTO, message))
+        })
     }
 }
