@@ -3,6 +3,7 @@ package zygote
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -235,5 +236,97 @@ func TestTemplateChildrenDoNotShareRandom(t *testing.T) {
 	}
 	if a, b := draw(), draw(); a == b {
 		t.Fatalf("two children drew the same number %s", a)
+	}
+}
+
+// anotherUIDTemplate is a peer of uid 65534, in Python, that asks the
+// zygote at argv[1] for a template, prints its handle, and keeps its
+// connection (and so the template) until its stdin closes.
+const anotherUIDTemplate = `
+import socket, sys
+def varint(n):
+    out = b""
+    while n >= 0x80:
+        out += bytes([n & 0x7F | 0x80]); n >>= 7
+    return out + bytes([n])
+def text(b): return varint(len(b)) + b
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+s.send(varint(0) + varint(4) + text(b"test"))
+s.recv(65536)
+env = varint(1) + text(b"PATH") + text(b"/usr/bin:/bin")
+s.send(varint(5) + varint(1) + text(b"python") + text(b"/usr/bin/python3") + varint(0) + env + b"\x01" + text(b"/"))
+reply = s.recv(65536)
+if reply[0] != 10:
+    sys.exit("no TemplateReady: " + reply.hex())
+values, shift, value = [], 0, 0
+for byte in reply[1:]:
+    value |= (byte & 0x7F) << shift; shift += 7
+    if byte < 0x80:
+        values.append(value); shift, value = 0, 0
+print(values[1], flush=True)
+sys.stdin.read()
+`
+
+// TestTemplateOfAnotherUIDRefused spawns, as root, from a template of
+// uid 65534: the zygote refuses (EPERM at Validate), and the Template
+// does not take that for a template that is gone.
+func TestTemplateOfAnotherUIDRefused(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("SKIP: needs root, to start a peer of another uid")
+	}
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Skip("SKIP: needs /usr/bin/python3, which uid 65534 can run")
+	}
+	d := ownDaemon(t)
+	c, err := Dial(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !c.Offers(featureTemplates) {
+		t.Skipf("SKIP: the daemon does not offer templates (features %q)", c.Features())
+	}
+	// Let uid 65534 reach the socket.
+	if err := os.Chmod(d.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(d.socket, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	peer := c.Command("/usr/bin/python3", "-c", anotherUIDTemplate, d.socket)
+	peer.Zygote.Credential = &Credential{Uid: 65534, Gid: 65534}
+	peer.Dir = "/"
+	peer.Stderr = os.Stderr
+	stdin, err := peer.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := peer.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := peer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		stdin.Close()
+		_ = peer.Wait()
+	}()
+	line := make([]byte, 32)
+	n, err := stdout.Read(line)
+	var handle uint64
+	if _, scanErr := fmt.Sscan(string(line[:n]), &handle); err != nil || scanErr != nil {
+		t.Fatalf("the other uid's peer printed %q (%v, %v)", line[:n], err, scanErr)
+	}
+	foreign := &Template{client: c, spec: templateRequest{Kind: "python", Interpreter: bstr("/usr/bin/python3")},
+		conn: c.cur.Load(), handle: handle}
+	err = foreign.Command("-c", "print('not for root')").Run()
+	var se *StartError
+	if !errors.As(err, &se) || se.Stage != "Validate" || se.Errno != syscall.EPERM {
+		t.Fatalf("a spawn from template %d of uid 65534: %v, want EPERM at Validate", handle, err)
+	}
+	if foreign.Handle() != handle {
+		t.Fatalf("the Template asked for a template of its own (handle %d), as if %d were gone", foreign.Handle(), handle)
 	}
 }
