@@ -161,6 +161,28 @@ test("a template's child runs -c with its argv, stdout and exit code", async (t)
   assert.equal(ended.signal, 'SIGKILL');
 });
 
+test("a template's child ends on an AbortSignal and on the zygote's timeout", async (t) => {
+  if (needsTemplates(t)) return;
+  zygote.setSocket(daemon.socket);
+  const template = await within(zygote.pythonTemplate({}), 90000, 'the template');
+  const controller = new AbortController();
+  const aborted = template.spawn(['-c', 'import time; time.sleep(60)'], { stdio: 'ignore', signal: controller.signal });
+  await within(new Promise((resolve) => aborted.once('spawn', resolve)), 20000, 'the child');
+  const error = new Promise((resolve) => aborted.once('error', resolve));
+  controller.abort();
+  assert.equal((await within(error, 20000, 'the abort')).name, 'AbortError');
+  const exit = await within(new Promise((resolve) => aborted.once('exit', (code, signal) => resolve(signal))), 20000,
+    'the exit');
+  assert.equal(exit, 'SIGTERM');
+
+  const began = Date.now();
+  const timed = template.spawn(['-c', 'import time; time.sleep(60)'], { stdio: 'ignore', zygote: { timeout: 300 } });
+  const ended = await within(new Promise((resolve) => timed.once('exit', (code, signal) => resolve(signal))), 20000,
+    'the timeout');
+  assert.equal(ended, 'SIGTERM');
+  assert.ok(Date.now() - began < 15000);
+});
+
 test('a preload that raises fails the template with its traceback; a missing interpreter with ENOENT', async (t) => {
   if (needsTemplates(t)) return;
   zygote.setSocket(daemon.socket);
