@@ -15,14 +15,14 @@ use crate::util::{
 
 /// A cgroup v2 directory for one test daemon; on drop, whatever is left in
 /// it is killed and the whole tree removed.
-struct TestCgroup {
+pub(crate) struct TestCgroup {
     path: PathBuf,
 }
 
 impl TestCgroup {
     /// `None` (after saying why on stderr) where there is no writable
     /// cgroup2 mount with `cgroup.kill`.
-    fn new(test: &str) -> Option<Self> {
+    pub(crate) fn new(test: &str) -> Option<Self> {
         let Some(mount) = cgroup2_mount() else {
             crate::util::skip(&format!("{test}: no cgroup2 file system mounted"));
             return None;
@@ -44,7 +44,7 @@ impl TestCgroup {
         Some(Self { path })
     }
 
-    fn arg(&self) -> String {
+    pub(crate) fn arg(&self) -> String {
         self.path.display().to_string()
     }
 

@@ -98,6 +98,9 @@ pub fn client_process() {
         ),
         ["fault"] => fault(socket),
         ["other-uid"] => other_uid(socket),
+        ["templates", handle] => {
+            crate::templates::other_uid_client(socket, handle.parse().expect("handle"));
+        }
         ["closed-stdin"] => closed_stdin(socket),
         ["inherited-env"] => inherited_env(socket),
         _ => panic!("unknown helper mode {mode}"),

@@ -5,6 +5,7 @@
 
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -699,5 +700,137 @@ fn templates_stop_when_their_uid_has_no_connection_left() {
         (failed.stage, failed.errno),
         (SpawnStage::Validate, libc::ENOENT),
         "{failed:?}"
+    );
+}
+
+#[test]
+fn a_warm_child_runs_in_its_own_cgroup_and_is_accounted() {
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    let Some(cgroup) = crate::cgroup::TestCgroup::new("tpl-cgroup") else {
+        return;
+    };
+    let daemon = crate::util::start_daemon_with("tpl-cgroup", None, &["--cgroup", &cgroup.arg()]);
+    let fd = connect(daemon.socket());
+    let ready = template(&fd, 1, &python, &[], base_env()).expect("template");
+    let template_cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", ready.pid)).unwrap();
+    let code =
+        "import sys\nn = sum(range(3_000_000))\nprint(open('/proc/self/cgroup').read(), end='')";
+    let request = SpawnRequest {
+        cgroup: Some(zygote_proto::CgroupSpec {
+            kill_tree: true,
+            ..Default::default()
+        }),
+        ..warm_request(10, &["-c", code])
+    };
+    let ran = run_warm(&fd, ready.template, request)
+        .unwrap_or_else(|failed| panic!("{failed:?}\n{}", daemon.log()));
+    assert_eq!(ran.code(), Some(0), "{}", ran.stderr);
+    let subtree = cgroup.arg();
+    let under = Path::new(&subtree).file_name().unwrap().to_str().unwrap();
+    let unified = |text: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix("0::"))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    let child = unified(&ran.stdout);
+    assert!(
+        child.contains(&format!("/{under}/peers/")),
+        "the child ran in the daemon's subtree: {} (subtree {under})",
+        ran.stdout
+    );
+    assert_ne!(
+        child,
+        unified(&template_cgroup),
+        "not in its template's cgroup"
+    );
+    let tree = ran.exited.tree.expect("tree usage of a requested cgroup");
+    assert!(tree.user_micros + tree.system_micros > 0, "{tree:?}");
+}
+
+/// The system's own CPython, which any uid may run (pyenv's lives under
+/// root's home).
+const SYSTEM_PYTHON: &str = "/usr/bin/python3";
+
+/// A helper run as another uid: tries a template of root's, then starts
+/// its own and runs a child in it. Says what it got.
+pub(crate) fn other_uid_client(socket: &Path, handle: u64) {
+    let say = |line: String| println!("HELPER {line}");
+    let fd = connect(socket);
+    match run_warm(&fd, handle, warm_request(1, &["-c", "pass"])) {
+        Ok(_) => say("others spawned".into()),
+        Err(failed) => say(format!("others {} {}", failed.stage.name(), failed.errno)),
+    }
+    match template(&fd, 2, Path::new(SYSTEM_PYTHON), &["json"], base_env()) {
+        Ok(ready) => {
+            let code = "import os; print(os.getuid(), os.getgid(), os.getppid())";
+            match run_warm(&fd, ready.template, warm_request(3, &["-c", code])) {
+                Ok(ran) => say(format!("own {}", ran.stdout.trim())),
+                Err(failed) => say(format!("own failed {failed:?}")),
+            }
+            let seen: Vec<u32> = list(&fd, 4).iter().map(|info| info.uid).collect();
+            say(format!("sees {seen:?}"));
+        }
+        Err(failed) => say(format!("own template failed {failed:?}")),
+    }
+    say("done".into());
+    // Connected (its template alive) until the test closes our stdin.
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+}
+
+#[test]
+fn a_template_is_its_uids_alone() {
+    if !crate::util::root_or_skip("a peer of another uid") {
+        return;
+    }
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    if !Path::new(SYSTEM_PYTHON).exists() {
+        skip("no /usr/bin/python3 for a peer of another uid");
+        return;
+    }
+    let daemon = crate::util::start_daemon_with("tpl-uids", None, &["--socket-mode", "0666"]);
+    let fd = connect(daemon.socket());
+    let ready = template(&fd, 1, &python, &[], base_env()).expect("root's template");
+    let mut helper =
+        crate::helper::helper(&format!("templates:{}", ready.template), daemon.socket())
+            .uid(65534)
+            .gid(65534)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the helper as nobody");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(helper.stdout.take().unwrap()));
+    let mut found = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("the helper's output");
+        if line == "HELPER done" {
+            break;
+        }
+        found.extend(line.strip_prefix("HELPER ").map(str::to_owned));
+    }
+    assert!(
+        found.contains(&format!("others validate {}", libc::EPERM)),
+        "{found:?}\n{}",
+        daemon.log()
+    );
+    assert!(
+        found.contains(&format!("own 65534 65534 {}", daemon.pid())),
+        "the other uid's own template runs as that uid: {found:?}\n{}",
+        daemon.log()
+    );
+    assert!(found.contains(&"sees [65534]".to_owned()), "{found:?}");
+    // Root sees both while both are connected.
+    let mut uids: Vec<u32> = list(&fd, 2).iter().map(|info| info.uid).collect();
+    uids.sort_unstable();
+    assert_eq!(uids, [0, 65534]);
+    drop(helper.stdin.take());
+    crate::util::wait_within(&mut helper, Duration::from_secs(10), "the helper");
+    assert!(
+        eventually(Duration::from_secs(10), || list(&fd, 3).len() == 1),
+        "the other uid's template stopped with its last connection"
     );
 }
