@@ -330,3 +330,48 @@ func TestTemplateOfAnotherUIDRefused(t *testing.T) {
 		t.Fatalf("the Template asked for a template of its own (handle %d), as if %d were gone", foreign.Handle(), handle)
 	}
 }
+
+// TestTemplateGoneIsAskedForAgain spawns from a template the zygote
+// stopped when this uid's last connection closed: the spawn is refused
+// (ENOENT), and the Template asks for the template again and retries, so
+// the child runs.
+func TestTemplateGoneIsAskedForAgain(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("SKIP: needs python3 on PATH")
+	}
+	d := ownDaemon(t)
+	first, err := Dial(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !first.Offers(featureTemplates) {
+		first.Close()
+		t.Skipf("SKIP: the daemon does not offer templates (features %q)", first.Features())
+	}
+	old, err := first.PythonTemplate(testContext(t), TemplateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+	// The zygote stops the template once it has seen the connection go.
+	deadline := time.Now().Add(20 * time.Second)
+	for syscall.Kill(old.Pid(), 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("template %d (pid %d) still runs 20 s after its uid's last connection closed", old.Handle(), old.Pid())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c, err := Dial(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	stale := &Template{client: c, spec: old.spec, conn: c.cur.Load(), handle: old.Handle(), pid: old.Pid()}
+	out, err := stale.Command("-c", "print('warm again')").Output()
+	if err != nil || string(out) != "warm again\n" {
+		t.Fatalf("a spawn from the stopped template: %q, %v", out, err)
+	}
+	if stale.Handle() == old.Handle() || stale.Pid() == old.Pid() {
+		t.Fatalf("handle %d pid %d: the template was not asked for again", stale.Handle(), stale.Pid())
+	}
+}
