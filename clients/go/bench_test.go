@@ -1,6 +1,8 @@
 package zygote
 
 import (
+	"context"
+	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -113,4 +115,60 @@ func BenchmarkStatus(b *testing.B) {
 		}
 	}
 	cpu.report(b)
+}
+
+// BenchmarkPythonWarm and BenchmarkPythonCold run `python3 -c pass`
+// through the zygote: as a fork of a template that imported json, and as
+// a cold spawn that imports json itself. Run both with
+// go test -run '^$' -bench 'Python(Warm|Cold)$' -benchtime 200x.
+func BenchmarkPythonWarm(b *testing.B) {
+	c := benchTemplates(b)
+	tmpl, err := c.PythonTemplate(context.Background(), TemplateOptions{Preload: []string{"json"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	cpu := startCPU()
+	for i := 0; i < b.N; i++ {
+		if err := tmpl.Command("-c", "import json").Run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cpu.report(b)
+}
+
+func BenchmarkPythonCold(b *testing.B) {
+	c := benchTemplates(b)
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	cpu := startCPU()
+	for i := 0; i < b.N; i++ {
+		if err := c.Command(python, "-c", "import json").Run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cpu.report(b)
+}
+
+// benchTemplates connects to the shared daemon, which must offer
+// templates, and needs python3.
+func benchTemplates(b *testing.B) *Client {
+	if sharedSocket == "" {
+		b.Skip("SKIP: needs the zygote binary: set ZYGOTE_BIN")
+	}
+	if _, err := exec.LookPath("python3"); err != nil {
+		b.Skip("SKIP: needs python3 on PATH")
+	}
+	c, err := Dial(sharedSocket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	if !c.Offers(featureTemplates) {
+		b.Skipf("SKIP: the daemon does not offer templates (features %q)", c.Features())
+	}
+	return c
 }

@@ -617,6 +617,10 @@ func replyID(m *serverMessage) (uint64, bool) {
 		return m.RequestFailed.ID, true
 	case m.Status != nil:
 		return m.Status.ID, true
+	case m.TemplateReady != nil:
+		return m.TemplateReady.ID, true
+	case m.Templates != nil:
+		return m.Templates.ID, true
 	}
 	return 0, false
 }

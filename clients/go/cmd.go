@@ -72,6 +72,11 @@ type Options struct {
 	// Sandbox confines the child (see Sandbox); nil asks for none. What
 	// was applied is in Process.Sandbox.
 	Sandbox *Sandbox
+	// Template makes the child a fork of a warm template instead of a new
+	// program (see Template.Command): Args[1:] are its Python arguments,
+	// Path and Args[0] only name it. Credential and Sandbox cannot be
+	// honoured for such a child and are refused.
+	Template *Template
 }
 
 // CgroupOptions are settings of the cgroup the zygote creates for one
@@ -487,9 +492,10 @@ func (a *attachment) add(f *os.File) (uint32, error) {
 // to recover the exit status from: Run then returns a *ConnectionError.
 // Output and CombinedOutput defer in the same way. A command with a
 // Sandbox is not deferred, so that Process.Sandbox always says what
-// confined it.
+// confined it, nor one with a Template, whose spawn may be retried
+// (see Template).
 func (c *Cmd) Run() error {
-	if err := c.start(c.Zygote.Sandbox == nil); err != nil {
+	if err := c.start(c.Zygote.Sandbox == nil && c.Zygote.Template == nil); err != nil {
 		return err
 	}
 	err := c.Wait()
@@ -626,6 +632,9 @@ func (c *Cmd) start(deferred bool) (err error) {
 		return err
 	}
 	p.req.DeferSpawned = deferred
+	if t := c.Zygote.Template; t != nil {
+		return c.startFromTemplate(t, p)
+	}
 	cl := c.client
 	conn, pending, err := cl.request(true, deferred, func(id uint64) *clientMessage {
 		p.req.ID = id
@@ -659,6 +668,9 @@ func (c *Cmd) start(deferred bool) (err error) {
 // finds the client: this Cmd's, or the default one for Command and Cmd
 // literals.
 func (c *Cmd) startable() error {
+	if c.Zygote.Template != nil && c.Err == nil {
+		c.Err = c.templateClient()
+	}
 	if c.Path == "" && c.Err == nil {
 		c.Err = errors.New("exec: no command")
 	}
@@ -704,6 +716,12 @@ func (c *Cmd) awaitSpawned(proc *Process, p *plan) ([]int, error) {
 	r, err := proc.conn.await(proc.pending)
 	// The daemon has its copies (or is done with them): ours can go.
 	c.closeChildFiles()
+	return c.spawnedFrom(proc, p, r, err)
+}
+
+// spawnedFrom fills in proc from the first reply to its spawn, r (or the
+// error that came instead); it returns the pipe ends the daemon made.
+func (c *Cmd) spawnedFrom(proc *Process, p *plan, r reply, err error) ([]int, error) {
 	if err != nil {
 		return nil, fmt.Errorf("zygote: starting %q: %w", c.Path, err)
 	}
@@ -868,7 +886,13 @@ func (c *Cmd) buildProgram() (*spawnRequest, error) {
 
 		envEncoded: envEncoded,
 	}
-	if argv[0] != c.Path {
+	if c.Zygote.Template != nil {
+		// The template's interpreter runs the arguments: no program, no argv0.
+		if err := checkPythonArgs(argv[1:]); err != nil {
+			return nil, err
+		}
+		req.Program = bstr{}
+	} else if argv[0] != c.Path {
 		req.Argv0 = optBytes(strBytes(argv[0]))
 	}
 	for _, a := range argv[1:] {
@@ -981,6 +1005,12 @@ func (c *Cmd) buildOptions(req *spawnRequest) error {
 		}
 		pg := int32(o.Pgid)
 		req.ProcessGroup = &pg
+	}
+	if o.Template != nil && o.Credential != nil {
+		return errTemplateRefuses(c.Path, "a Credential")
+	}
+	if o.Template != nil && o.Sandbox != nil {
+		return errTemplateRefuses(c.Path, "a Sandbox")
 	}
 	if o.Credential != nil {
 		req.User = &userSpec{UID: o.Credential.Uid, GID: o.Credential.Gid, Groups: append([]uint32{}, o.Credential.Groups...)}

@@ -15,7 +15,7 @@ import (
 
 // protocolVersion is the newest version of proto/PROTOCOL.md this package
 // speaks, sent in Hello; the daemon answers in the newest version both know.
-const protocolVersion = 3
+const protocolVersion = 4
 
 // oldestProtocolVersion is the oldest version this package reads a HelloAck
 // in; a daemon answers no older than the client's own version unless it
@@ -30,6 +30,12 @@ const featuresSince = 2
 // Spawned.sandbox, SpawnStage::Sandbox and StatusReply's peers and
 // spawners. An older connection uses the layouts without them.
 const sandboxSince = 3
+
+// templatesSince is the first version with warm templates: the messages
+// Template, SpawnFromTemplate and ListTemplates, their replies
+// TemplateReady and Templates, and SpawnStage::Template. It only adds
+// variants: every older layout is unchanged.
+const templatesSince = 4
 
 // bstr is a byte string: postcard bytes, JSON an array of integers.
 type bstr []byte
@@ -97,6 +103,10 @@ type clientMessage struct {
 	Status *statusRequest `json:"Status,omitempty"`
 	// Upgrade asks the daemon to upgrade in place (`zygote upgrade`).
 	Upgrade *upgradeRequest `json:"Upgrade,omitempty"`
+	// Template, SpawnFromTemplate and ListTemplates are version 4's.
+	Template          *templateRequest      `json:"Template,omitempty"`
+	SpawnFromTemplate *templateSpawnRequest `json:"SpawnFromTemplate,omitempty"`
+	ListTemplates     *templateListRequest  `json:"ListTemplates,omitempty"`
 }
 
 type serverMessage struct {
@@ -110,6 +120,9 @@ type serverMessage struct {
 	Status        *statusReply    `json:"Status,omitempty"`
 	Stopped       *stopNotice     `json:"Stopped,omitempty"`
 	Continued     *continueNotice `json:"Continued,omitempty"`
+	// TemplateReady and Templates are version 4's.
+	TemplateReady *templateReady `json:"TemplateReady,omitempty"`
+	Templates     *templateList  `json:"Templates,omitempty"`
 }
 
 type hello struct {
@@ -327,13 +340,17 @@ type spawnStage uint8
 var stageNames = [...]string{
 	"Validate", "Pipe", "Clone", "Signals", "Setsid", "Setpgid", "Setrlimit",
 	"Chdir", "Dup", "CloseFds", "Exec", "Admission", "Setgroups", "Setgid", "Setuid",
-	"Cgroup", "Nice", "Affinity", "OomScoreAdj", "Sandbox",
+	"Cgroup", "Nice", "Affinity", "OomScoreAdj", "Sandbox", "Template",
 }
 
 // stagesIn is how many SpawnStage variants a connection of version v
-// may receive: Sandbox is sent as Exec before version 3.
+// may receive: Sandbox is sent as Exec before version 3, and Template
+// only answers version 4's requests.
 func stagesIn(v uint32) int {
-	if v < sandboxSince {
+	switch {
+	case v < sandboxSince:
+		return len(stageNames) - 2
+	case v < templatesSince:
 		return len(stageNames) - 1
 	}
 	return len(stageNames)
@@ -646,7 +663,11 @@ func encodeClient(m *clientMessage) ([]byte, error) { return encodeClientTo(nil,
 // buf's storage, when it is large enough, or into a new slice.
 func encodeClientTo(buf []byte, m *clientMessage, v uint32) ([]byte, error) {
 	size := 256
-	if r := m.Spawn; r != nil {
+	r := m.Spawn
+	if m.SpawnFromTemplate != nil {
+		r = &m.SpawnFromTemplate.Spawn
+	}
+	if r != nil {
 		// One allocation for the usual request: the strings, and a few
 		// bytes of length and tags each.
 		size += len(r.Program) + len(r.Argv0) + len(r.Cwd) + 4*len(r.CPUAffinity)
@@ -691,6 +712,13 @@ func encodeClientTo(buf []byte, m *clientMessage, v uint32) ([]byte, error) {
 	case m.Upgrade != nil:
 		e.varint(4)
 		e.varint(m.Upgrade.ID)
+	case m.Template != nil || m.SpawnFromTemplate != nil || m.ListTemplates != nil:
+		if v < templatesSince {
+			return nil, errTemplatesVersion(v)
+		}
+		if err := e.templateMessage(m, v); err != nil {
+			return nil, err
+		}
 	default:
 		return nil, errNoVariant
 	}
@@ -856,7 +884,11 @@ func decodeServer(b []byte) (*serverMessage, error) { return decodeServerIn(b, p
 func decodeServerIn(b []byte, v uint32) (*serverMessage, error) {
 	d := &decoder{b: b}
 	m := &serverMessage{}
-	switch d.variant("ServerMessage", 10) {
+	variants := 10
+	if v >= templatesSince {
+		variants = 12
+	}
+	switch d.variant("ServerMessage", variants) {
 	case 0:
 		m.HelloAck = d.helloAck()
 	case 1:
@@ -904,6 +936,10 @@ func decodeServerIn(b []byte, v uint32) (*serverMessage, error) {
 		m.Stopped = &stopNotice{d.u64("id"), d.i32("signal")}
 	case 9:
 		m.Continued = &continueNotice{d.u64("id")}
+	case 10:
+		m.TemplateReady = &templateReady{d.u64("id"), d.u64("template"), d.i32("pid"), d.boolean("reused")}
+	case 11:
+		m.Templates = d.templateList()
 	}
 	if err := d.finish(); err != nil {
 		return nil, err
@@ -934,6 +970,10 @@ func (m *serverMessage) name() string {
 		return "Stopped"
 	case m.Continued != nil:
 		return "Continued"
+	case m.TemplateReady != nil:
+		return "TemplateReady"
+	case m.Templates != nil:
+		return "Templates"
 	}
 	return "nothing"
 }

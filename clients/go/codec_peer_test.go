@@ -98,6 +98,28 @@ func encodeServerIn(m *serverMessage, v uint32) ([]byte, error) {
 	case m.Continued != nil:
 		e.varint(9)
 		e.varint(m.Continued.ID)
+	case m.TemplateReady != nil:
+		r := m.TemplateReady
+		e.varint(10)
+		e.varint(r.ID)
+		e.varint(r.Template)
+		e.i32(r.Pid)
+		e.boolean(r.Reused)
+	case m.Templates != nil:
+		e.varint(11)
+		e.varint(m.Templates.ID)
+		e.varint(uint64(len(m.Templates.Templates)))
+		for _, t := range m.Templates.Templates {
+			e.varint(t.Template)
+			e.varint(uint64(t.UID))
+			e.i32(t.Pid)
+			e.bytes([]byte(t.Kind))
+			e.bytes(t.Interpreter)
+			e.strList(t.Preload)
+			for _, n := range []uint64{t.Forks, t.Restarts, t.AgeMillis, t.RssBytes} {
+				e.varint(n)
+			}
+		}
 	default:
 		return nil, errNoVariant
 	}
@@ -207,7 +229,11 @@ func decodeClient(b []byte) (*clientMessage, error) { return decodeClientIn(b, p
 func decodeClientIn(b []byte, v uint32) (*clientMessage, error) {
 	d := &decoder{b: b}
 	m := &clientMessage{}
-	switch d.variant("ClientMessage", 5) {
+	variants := 5
+	if v >= templatesSince {
+		variants = 8
+	}
+	switch d.variant("ClientMessage", variants) {
 	case 0:
 		m.Hello = &hello{d.u32("protocol_version"), d.str("client")}
 	case 1:
@@ -218,6 +244,24 @@ func decodeClientIn(b []byte, v uint32) (*clientMessage, error) {
 		m.Status = &statusRequest{d.u64("id")}
 	case 4:
 		m.Upgrade = &upgradeRequest{d.u64("id")}
+	case 5:
+		r := &templateRequest{ID: d.u64("id"), Kind: d.str("kind"), Interpreter: d.bytes("interpreter"),
+			Preload: d.strList("preload")}
+		n := d.count("env")
+		r.Env = make([]envVar, 0, n)
+		for i := 0; i < n && d.err == nil; i++ {
+			r.Env = append(r.Env, envVar{Key: d.bytes("env key"), Value: d.bytes("env value")})
+		}
+		if d.option("cwd") {
+			r.Cwd = d.bytes("cwd")
+		}
+		m.Template = r
+	case 6:
+		r := &templateSpawnRequest{Template: d.u64("template")}
+		r.Spawn = *d.spawn(v)
+		m.SpawnFromTemplate = r
+	case 7:
+		m.ListTemplates = &templateListRequest{d.u64("id")}
 	}
 	if err := d.finish(); err != nil {
 		return nil, err

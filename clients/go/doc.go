@@ -21,7 +21,7 @@
 // the resource usage. One Client may be used by any number of goroutines:
 // their spawns are multiplexed over one connection.
 //
-// The protocol is proto/PROTOCOL.md (versions 1 to 3, negotiated at
+// The protocol is proto/PROTOCOL.md (versions 1 to 4, negotiated at
 // connect): SOCK_SEQPACKET with SCM_RIGHTS, spoken here with the standard
 // library alone. Every fd this
 // package creates or receives is close-on-exec.
@@ -97,6 +97,13 @@
 //     the child is known (Cancel should signal, not read the pid), and a
 //     daemon lost before then leaves no pidfd: Run returns a
 //     *ConnectionError saying the status is lost. Start never defers.
+//
+// # Warm templates
+//
+// Client.PythonTemplate asks the zygote for a Python interpreter that has
+// imported a preload list; Template.Command gives a Cmd whose child is a
+// fork of it, which runs its Python arguments as `python ARGS` would,
+// without the interpreter's start and the imports. See Template.
 //
 // # A private zygote
 //

@@ -48,3 +48,30 @@ func Example() {
 	// signal: killed -1
 	// true true
 }
+
+// A warm template: the README's example. Each child is a fork of a
+// python3 that has imported json and decimal, as `python3 -c CODE ARGS`
+// would run.
+func ExampleClient_PythonTemplate() {
+	client, err := zygote.DialDefault()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	ctx := context.Background()
+	tmpl, err := client.PythonTemplate(ctx, zygote.TemplateOptions{Preload: []string{"json", "decimal"}})
+	if errors.Is(err, syscall.EOPNOTSUPP) {
+		fmt.Println("no templates here:", err) // refused before anything was sent
+		return
+	}
+	if err != nil {
+		log.Fatal(err) // a *zygote.TemplateError: a preload's traceback, a missing python3...
+	}
+	cmd := tmpl.CommandContext(ctx, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))", "a", "b")
+	cmd.Dir = "/tmp"
+	out, err := cmd.Output()
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Print(string(out)) // ["a", "b"]
+}

@@ -1,7 +1,9 @@
 package zygote
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"syscall"
@@ -26,10 +28,11 @@ func TestHandshakeNegotiates(t *testing.T) {
 		features []string
 		refused  string
 	}{
+		{"version 4 with templates", helloAckIn(4, "pty", "sandbox", "templates"), 4, []string{"pty", "sandbox", "templates"}, ""},
 		{"version 3 with features", helloAckIn(3, "pty", "sandbox"), 3, []string{"pty", "sandbox"}, ""},
 		{"version 2 with features", helloAckIn(2, "pty", "teleport"), 2, []string{"pty", "teleport"}, ""},
 		{"version 1, no features", helloAckIn(1), 1, nil, ""},
-		{"a version the client did not offer", helloAckIn(protocolVersion + 1), 0, nil, "HelloAck for version 4"},
+		{"a version the client did not offer", helloAckIn(protocolVersion + 1), 0, nil, fmt.Sprintf("HelloAck for version %d", protocolVersion+1)},
 		{"version 0", helloAckIn(0), 0, nil, "HelloAck for version 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -69,10 +72,11 @@ func TestHandshakeNegotiates(t *testing.T) {
 }
 
 // TestDaemonWithFewerFeatures runs against a real daemon that withholds
-// cgroups, pty and sandbox: the client speaks version 2, sees the features offered,
-// still spawns, and a cgroup request is refused naming the feature.
+// cgroups, pty, sandbox and templates: the client sees the features
+// offered, still spawns, a cgroup request is refused naming the feature,
+// and a template is refused before it is sent, naming its feature.
 func TestDaemonWithFewerFeatures(t *testing.T) {
-	t.Setenv("ZYGOTE_MASK_FEATURES", "cgroups,pty,sandbox")
+	t.Setenv("ZYGOTE_MASK_FEATURES", "cgroups,pty,sandbox,templates")
 	d := ownDaemon(t)
 	c, err := Dial(d.socket)
 	if err != nil {
@@ -100,6 +104,14 @@ func TestDaemonWithFewerFeatures(t *testing.T) {
 	}
 	if err := c.Command("true").Run(); err != nil {
 		t.Fatalf("a spawn after the refusal: %v", err)
+	}
+	_, err = c.PythonTemplate(context.Background(), TemplateOptions{})
+	var te *TemplateError
+	if !errors.As(err, &te) || te.Errno != syscall.EOPNOTSUPP || !strings.Contains(te.Message, "feature templates") {
+		t.Fatalf("a template: %v, want EOPNOTSUPP naming the feature templates", err)
+	}
+	if err := c.Command("true").Run(); err != nil {
+		t.Fatalf("a spawn after the template's refusal: %v", err)
 	}
 }
 
@@ -135,5 +147,34 @@ func TestVersion2Daemon(t *testing.T) {
 	}
 	if err := c.Command("/bin/true").Run(); err != nil {
 		t.Fatalf("a spawn after the refusal: %v", err)
+	}
+}
+
+// TestVersion3DaemonRefusesTemplates talks to a real daemon in version
+// 3, which lists no templates to such a connection: a template is
+// refused before it is sent, saying the version, and the connection
+// still serves.
+func TestVersion3DaemonRefusesTemplates(t *testing.T) {
+	d := ownDaemon(t)
+	helloVersion.Store(3)
+	defer helloVersion.Store(protocolVersion)
+	c, err := Dial(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.ProtocolVersion() != 3 || c.Offers("templates") {
+		t.Fatalf("version %d, features %q: want version 3 without templates", c.ProtocolVersion(), c.Features())
+	}
+	_, err = c.PythonTemplate(context.Background(), TemplateOptions{})
+	var te *TemplateError
+	if !errors.As(err, &te) || te.Errno != syscall.EOPNOTSUPP || !strings.Contains(te.Message, "protocol version 3; templates need 4") {
+		t.Fatalf("a template in version 3: %v, want EOPNOTSUPP saying the version", err)
+	}
+	if _, err := c.Templates(context.Background()); !errors.Is(err, syscall.EOPNOTSUPP) {
+		t.Fatalf("the list in version 3: %v, want EOPNOTSUPP", err)
+	}
+	if out, err := c.Command("/bin/echo", "three").Output(); err != nil || string(out) != "three\n" {
+		t.Fatalf("a spawn after the refusal: %q, %v", out, err)
 	}
 }

@@ -271,6 +271,9 @@ func optText(what, s string) (*string, error) {
 // feature the daemon does not offer, as the daemon would: a *StartError
 // at stage Validate with EOPNOTSUPP, naming the feature.
 func (c *connection) refuseUnoffered(m *clientMessage) error {
+	if err := c.refuseTemplates(m); err != nil {
+		return err
+	}
 	r := m.Spawn
 	if r == nil || r.Sandbox == nil || slices.Contains(c.features, featureSandbox) {
 		return nil

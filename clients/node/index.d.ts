@@ -216,3 +216,76 @@ export function install(options?: { onFallback?: (reason: string, api: string) =
 export function lastFallback(): { api: string; reason: string } | null;
 /** Puts the original child_process functions back. */
 export function uninstall(): void;
+
+/** The options of pythonTemplate(). */
+export interface TemplateOptions {
+  /** Modules imported, in this order, before the template is ready: dotted
+   * Python names ('json', 'email.mime.text'), at most 256 of at most 256 bytes. */
+  preload?: string[];
+  /** The interpreter: a path, or a name looked up in the PATH of env. Default 'python3'. */
+  python?: string;
+  /** The template's environment while it imports; default this process's.
+   * Each child gets its own spawn's env. */
+  env?: NodeJS.ProcessEnv;
+  /** The template's working directory while it imports. Each child gets its own spawn's cwd. */
+  cwd?: string | URL | Buffer;
+}
+
+/** Options of a template's child: spawn's, but a fork of the template cannot
+ * run as another user, be confined, or have another argv[0] or a shell. */
+export type TemplateSpawnOptions = Omit<SpawnOptions, 'uid' | 'gid' | 'sandbox' | 'argv0' | 'shell'>;
+export type TemplateExecFileOptions = Omit<ExecFileOptions, 'uid' | 'gid' | 'sandbox' | 'argv0' | 'shell'>;
+
+/** A warm Python template of the zygote: an interpreter that has imported its
+ * preloads, whose children are forks of it instead of new interpreters. */
+export interface Template {
+  /** The interpreter, as asked for. */
+  readonly python: string;
+  /** The modules it preloaded. */
+  readonly preload: string[];
+  /** The zygote's handle for it, as in templates(). */
+  readonly handle: number;
+  /** The template process's pid. */
+  readonly pid: number;
+  /** The zygote found it already running (an earlier request of this user). */
+  readonly reused: boolean;
+  /** A child of the template: args are what would follow `python` on its
+   * command line, beginning with '-c', CODE; '-m', MODULE; or a script path. */
+  spawn(args: readonly string[], options?: TemplateSpawnOptions): ChildProcess;
+  /** execFile with a child of the template; util.promisify works on it. */
+  readonly execFile: TemplateExecFile;
+}
+
+/** Template.execFile: child_process.execFile's forms, with the Python arguments. */
+export interface TemplateExecFile {
+  (args: readonly string[], callback?: ExecCallback): ChildProcess;
+  (args: readonly string[], options: TemplateExecFileOptions & { encoding: 'buffer' | null },
+    callback?: ExecCallback<Buffer>): ChildProcess;
+  (args: readonly string[], options: TemplateExecFileOptions, callback?: ExecCallback): ChildProcess;
+  __promisify__(args: readonly string[], options?: TemplateExecFileOptions):
+    Promise<{ stdout: string; stderr: string }> & { child: ChildProcess };
+}
+
+/** Finds or starts a warm Python template. Rejects with ENOTSUP, before asking,
+ * when the zygote does not offer the feature 'templates'; with the zygote's errno
+ * when it cannot start it (ENOENT: no interpreter; EPROTO: a preload raised,
+ * with the traceback in the message, or started a thread; ETIMEDOUT). */
+export function pythonTemplate(options?: TemplateOptions): Promise<Template>;
+
+/** One template in the zygote's list. */
+export interface TemplateInfo {
+  handle: number;
+  uid: number;
+  /** 0 while no process runs (between a recycle or a crash and the next request). */
+  pid: number;
+  kind: string;
+  python: string;
+  preload: string[];
+  forks: number;
+  restarts: number;
+  ageMs: number;
+  rssBytes: number;
+}
+
+/** The templates this process's user may see (root: every user's). */
+export function templates(): Promise<TemplateInfo[]>;

@@ -6,19 +6,8 @@ const native = require('./lib/native');
 const { ChildProcess, spawn } = require('./lib/child');
 const { execFile, exec } = require('./lib/exec');
 const { spawnSync, execFileSync, execSync } = require('./lib/sync');
-
-// The zygote's hello: { protocolVersion, features, serverVersion }.
-function hello() {
-  return new Promise((resolve, reject) => {
-    const id = native.register((kind, a, b, message) => {
-      native.unref();
-      if (kind === native.HELLO) resolve(JSON.parse(message));
-      else reject(Object.assign(new Error(message), { errno: -a }));
-    });
-    native.ref();
-    native.addon.hello(id);
-  });
-}
+const { hello } = require('./lib/hello');
+const { pythonTemplate, templates, Template } = require('./lib/template');
 
 // Connects to the zygote at `path` from the next spawn on; with no path,
 // to $ZYGOTE_SOCKET or the default path.
@@ -28,6 +17,7 @@ function setSocket(path) {
 
 module.exports = {
   spawn, execFile, exec, spawnSync, execFileSync, execSync, ChildProcess, hello, setSocket,
+  pythonTemplate, templates, Template,
 };
 
 const install = require('./lib/install');

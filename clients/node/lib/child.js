@@ -225,7 +225,12 @@ function watchAbort(child, options) {
 }
 
 function spawn(command, args, options) {
-  const normal = normalize(command, args, options);
+  return spawnNormal(normalize(command, args, options));
+}
+
+// Starts a child from a call that normalize() checked (and the caller
+// may have completed, as a template does).
+function spawnNormal(normal) {
   if (normal.options.killSignal !== undefined) errors.signalNumber(normal.options.killSignal);
   const child = new ChildProcess();
   child._start(normal.file, normal.args, normal.spec);
@@ -237,4 +242,4 @@ function spawn(command, args, options) {
 // instanceof child_process.ChildProcess holds, for code that checks it.
 Object.setPrototypeOf(ChildProcess.prototype, require('node:child_process').ChildProcess.prototype);
 
-module.exports = { ChildProcess, spawn };
+module.exports = { ChildProcess, spawn, spawnNormal };

@@ -60,8 +60,14 @@ function decode(chunks, encoding) {
 }
 
 function execFile(fileIn, argsIn, optionsIn, callbackIn) {
+  return execFileWith(spawn, fileIn, argsIn, optionsIn, callbackIn);
+}
+
+// execFile with the child started by start(file, args, options), which
+// spawn is for execFile and a template's spawn for its execFile.
+function execFileWith(start, fileIn, argsIn, optionsIn, callbackIn) {
   const { file, args, options, callback } = splitExecFileArgs(fileIn, argsIn, optionsIn, callbackIn);
-  const child = spawn(file, args, {
+  const child = start(file, args, {
     ...options,
     // execFile keeps its own timer and signal handling, as Node's does.
     timeout: undefined,
@@ -169,4 +175,4 @@ function promisified(original) {
 Object.defineProperty(execFile, util.promisify.custom, { value: promisified(execFile), enumerable: false });
 Object.defineProperty(exec, util.promisify.custom, { value: promisified(exec), enumerable: false });
 
-module.exports = { execFile, exec };
+module.exports = { execFile, exec, execFileWith, promisified };

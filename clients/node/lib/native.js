@@ -34,6 +34,8 @@ const FAILED = 1;
 const EXITED = 2;
 const LOST = 3;
 const HELLO = 4;
+const TEMPLATE = 5;
+const TEMPLATES = 6;
 
 const handlers = new Map();
 let nextId = 1;
@@ -42,7 +44,7 @@ let refs = 0;
 addon.init((id, kind, a, b, message) => {
   const handler = handlers.get(id);
   if (handler === undefined) return;
-  if (kind === EXITED || kind === LOST || kind === FAILED || kind === HELLO) handlers.delete(id);
+  if (kind !== SPAWNED) handlers.delete(id);
   handler(kind, a, b, message);
 });
 
@@ -79,5 +81,5 @@ module.exports = {
   socket: null,
   setSocket,
   addon, register, unregister, ref, unref,
-  SPAWNED, FAILED, EXITED, LOST, HELLO,
+  SPAWNED, FAILED, EXITED, LOST, HELLO, TEMPLATE, TEMPLATES,
 };

@@ -1,5 +1,5 @@
 'use strict';
-// Version negotiation: the addon sends Hello with version 3 and reads a
+// Version negotiation: the addon sends Hello with version 4 and reads a
 // HelloAck in whichever layout the daemon picked; a daemon answering in
 // version 1 (no features) is served.
 
@@ -39,7 +39,7 @@ test('a daemon answering in version 1 is served, with no features', { skip: !has
   const hello = await within(zygote.hello(), 20000, 'hello');
   assert.deepEqual(hello, { protocolVersion: 1, features: [], serverVersion: '0.1.0' });
   const sent = JSON.parse(addon.decodeFrame('client', Buffer.from(await peer.nextHello(), 'hex')));
-  assert.equal(sent.Hello.protocol_version, 3, 'the client offers its newest version');
+  assert.equal(sent.Hello.protocol_version, 4, 'the client offers its newest version');
   zygote.setSocket(null);
 });
 

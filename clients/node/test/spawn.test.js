@@ -12,9 +12,9 @@ const zygote = require('..');
 
 const shared = sharedDaemon();
 
-test('the zygote answers in protocol version 3 with its features', async () => {
+test('the zygote answers in protocol version 4 with its features', async () => {
   const hello = await within(zygote.hello(), 20000, 'hello');
-  assert.equal(hello.protocolVersion, 3);
+  assert.equal(hello.protocolVersion, 4);
   assert.ok(Array.isArray(hello.features));
   assert.ok(shared.daemon.socket);
 });

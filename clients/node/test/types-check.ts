@@ -43,3 +43,15 @@ zygote.spawn('ls', [], { sandbox: { network: 'bridge' } });
 zygote.spawn('ls', [], { sandbox: { mounts: [{ type: 'tmpfs', source: '/x', destination: '/y' }] } });
 const confined: zygote.AppliedSandbox | null = zygote.spawnSync('true').sandbox;
 void confined;
+
+async function warm(): Promise<string> {
+  const template: zygote.Template = await zygote.pythonTemplate({ preload: ['json'], python: 'python3', cwd: '/' });
+  const child: zygote.ChildProcess = template.spawn(['-c', 'print(1)'], { stdio: 'pipe', zygote: { timeout: 1000 } });
+  void child;
+  // @ts-expect-error: a child of a template runs as this user
+  template.spawn(['-c', 'pass'], { uid: 0 });
+  const { stdout } = await promisify(template.execFile)(['-c', 'print(2)']);
+  const list: zygote.TemplateInfo[] = await zygote.templates();
+  return stdout + template.pid + list.length;
+}
+void warm;

@@ -25,7 +25,7 @@ function stringify(value) {
 const vectors = parse(fs.readFileSync(file, 'utf8'));
 
 test('the vectors are of the protocol version the package speaks', async () => {
-  assert.equal(vectors.protocol_version, 3);
+  assert.equal(vectors.protocol_version, 4);
   assert.ok(vectors.vectors.length > 10);
 });
 

@@ -15,12 +15,14 @@
 //! - `runtime`: the tokio thread, the shared client, the event callback.
 //! - `sync`: `spawnSync`, which blocks the JS thread by its nature.
 //! - `sys`: the `unsafe` code (duplicating an fd known by number).
+//! - `template`: warm templates, kept for JavaScript by number.
 
 mod codec;
 mod plan;
 mod runtime;
 mod sync;
 mod sys;
+mod template;
 
 use std::collections::HashMap;
 use std::os::fd::{IntoRawFd, OwnedFd};
@@ -35,6 +37,8 @@ pub use crate::codec::{decode_frame, encode_frame};
 use crate::plan::SpawnSpec;
 use crate::runtime::{Event, Events};
 pub use crate::sync::spawn_sync;
+use crate::template::TemplateSpec;
+pub use crate::template::drop_template;
 
 /// The pidfds of the children that have not been reported exited, by the
 /// id JavaScript gave them: `kill` signals through these, never by pid.
@@ -127,6 +131,23 @@ pub fn spawn(env: Env, id: u32, spec: SpawnSpec) -> napi::Result<Vec<i32>> {
 #[napi]
 pub fn hello(env: Env, id: u32) -> napi::Result<()> {
     runtime::start_hello(id, instance(&env)?.events.clone());
+    Ok(())
+}
+
+/// Finds or starts a warm Python template: a `template` event whose
+/// message is JSON `{key, handle, pid, reused}` (`key` names it in a
+/// spawn's `template`), or an `error` event.
+#[napi]
+pub fn python_template(env: Env, id: u32, spec: TemplateSpec) -> napi::Result<()> {
+    template::start_template(id, spec, instance(&env)?.events.clone());
+    Ok(())
+}
+
+/// Lists the zygote's templates: a `templates` event whose message is a
+/// JSON array, or an `error` event.
+#[napi]
+pub fn list_templates(env: Env, id: u32) -> napi::Result<()> {
+    template::start_list(id, instance(&env)?.events.clone());
     Ok(())
 }
 

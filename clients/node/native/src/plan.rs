@@ -58,6 +58,10 @@ pub struct SpawnSpec {
     pub pids_max: Option<u32>,
     /// The sandbox, checked by `lib/sandbox.js`.
     pub sandbox: Option<SandboxPlan>,
+    /// The template (its key from `python_template`) whose child this
+    /// is; `args[1..]` are then its Python arguments and `file` only
+    /// names it.
+    pub template: Option<u32>,
 }
 
 /// The `sandbox` option, checked and normalised by `lib/sandbox.js`.
@@ -206,10 +210,21 @@ impl Plan {
     /// offer (`EOPNOTSUPP`).
     pub fn command(self, client: &Client) -> Result<Command, Refused> {
         let Plan { spec, env, fds } = self;
-        let mut command = Command::new(client, &spec.file);
-        if let Some((arg0, rest)) = spec.args.split_first() {
-            command.arg0(arg0).args(rest);
-        }
+        let mut command = match spec.template {
+            Some(key) => crate::template::template(key)
+                .ok_or_else(|| Refused {
+                    errno: libc::EINVAL,
+                    message: format!("no template {key} in this process"),
+                })?
+                .command(spec.args.iter().skip(1)),
+            None => {
+                let mut command = Command::new(client, &spec.file);
+                if let Some((arg0, rest)) = spec.args.split_first() {
+                    command.arg0(arg0).args(rest);
+                }
+                command
+            }
+        };
         command.env_clear();
         command.envs(env);
         if let Some(cwd) = &spec.cwd {
@@ -390,6 +405,7 @@ mod tests {
             memory_max: None,
             pids_max: None,
             sandbox: None,
+            template: None,
         }
     }
 

@@ -26,6 +26,10 @@ pub enum Kind {
     Lost = 3,
     /// The zygote's hello: `message` is JSON.
     Hello = 4,
+    /// A template is ready: `message` is JSON (`{key, handle, pid, reused}`).
+    Template = 5,
+    /// The zygote's templates: `message` is a JSON array.
+    Templates = 6,
 }
 
 /// The function of one JavaScript environment (the main thread or a
@@ -80,7 +84,7 @@ pub fn set_socket(path: Option<String>) {
     }
 }
 
-fn event(events: &Events, id: u32, kind: Kind, a: i32, b: i32, message: String) {
+pub fn event(events: &Events, id: u32, kind: Kind, a: i32, b: i32, message: String) {
     let event = Event {
         id,
         kind,
@@ -119,7 +123,7 @@ pub fn who_failed(error: &zygote_client::Error) -> i32 {
     }
 }
 
-fn failed(events: &Events, id: u32, error: &zygote_client::Error) {
+pub fn failed(events: &Events, id: u32, error: &zygote_client::Error) {
     let errno = error.raw_os_error().unwrap_or(0);
     event(
         events,
