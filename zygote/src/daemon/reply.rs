@@ -85,6 +85,26 @@ pub(crate) fn clip(text: &mut String) {
     text.shrink_to_fit();
 }
 
+/// Cuts `text` to at most [`MAX_REPLY_TEXT`] bytes by dropping its
+/// middle, marking the cut: for a traceback, whose first line says what
+/// failed and whose last says why.
+pub(crate) fn clip_middle(text: &mut String) {
+    const MARK: &str = "\n[...]\n";
+    const HEAD: usize = 256;
+    if text.len() <= MAX_REPLY_TEXT {
+        return;
+    }
+    let mut head = HEAD;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - (MAX_REPLY_TEXT - HEAD - MARK.len());
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    *text = format!("{}{MARK}{}", &text[..head], &text[tail..]);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,5 +118,18 @@ mod tests {
         let mut short = "short".to_owned();
         clip(&mut short);
         assert_eq!(short, "short");
+    }
+
+    #[test]
+    fn a_long_traceback_keeps_its_first_and_last_lines() {
+        let mut text = format!(
+            "preload x raised:\n{}ValueError: why",
+            "é  frame\n".repeat(500)
+        );
+        clip_middle(&mut text);
+        assert!(text.len() <= MAX_REPLY_TEXT, "{}", text.len());
+        assert!(text.starts_with("preload x raised:\n"), "{text}");
+        assert!(text.ends_with("ValueError: why"), "{text}");
+        assert!(text.contains("\n[...]\n"), "{text}");
     }
 }

@@ -221,6 +221,7 @@ pub(super) async fn start(
                 failure.message.push_str(&String::from_utf8_lossy(said));
             }
         }
+        crate::daemon::reply::clip_middle(&mut failure.message);
         return Err((result, failure));
     }
     let process = Arc::new(Process {
