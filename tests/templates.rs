@@ -392,6 +392,7 @@ fn a_child_has_only_its_own_fds_signals_env_and_cwd() {
     let fd = connect(daemon.socket());
     let (_dir, mut env) = modules(&[("dirty", DIRTY_PRELOAD)]);
     env.push(b"FROM_TEMPLATE", b"1");
+    env.push(b"SHARED", b"template's");
     let ready = template(&fd, 1, &python, &["dirty"], env).expect("template");
     let code = "\
 import os, signal
@@ -407,11 +408,13 @@ os.write(5, b'mapped')
 print(fds, int(blocked, 16), signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL,
       signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN,
       signal.getsignal(signal.SIGINT) is signal.default_int_handler,
-      os.environ.get('FROM_TEMPLATE'), os.environ.get('ASKED'), os.getcwd(), os.getppid())
+      os.environ.get('FROM_TEMPLATE'), os.environ.get('ASKED'), os.environ.get('SHARED'),
+      os.getcwd(), os.getppid())
 ";
     let (read_end, write_end) = rustix::pipe::pipe().expect("pipe");
     let mut env = base_env();
     env.push(b"ASKED", b"yes");
+    env.push(b"SHARED", b"child's");
     let request = SpawnRequest {
         env,
         cwd: Some(b"/tmp".to_vec()),
@@ -428,7 +431,7 @@ print(fds, int(blocked, 16), signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL,
     let daemon_pid = daemon.pid();
     assert_eq!(
         ran.stdout,
-        format!("[5] 0 True True True None yes /tmp {daemon_pid}\n"),
+        format!("[5] 0 True True True None yes child's /tmp {daemon_pid}\n"),
         "only the mapped fd; no signal blocked; the template's handler reset, the request's \
          ignored signal kept; only the request's environment; its cwd; the daemon as parent"
     );

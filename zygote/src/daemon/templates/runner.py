@@ -36,6 +36,8 @@ MAX_FDS = 64
 CLONE_PARENT = 0x00008000
 SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 RLIM_MAX = (1 << 64) - 1
+# Set once the preloads are in: see changed_signals().
+TEMPLATE_SIGNALS = 0
 
 
 class StepFailed(Exception):
@@ -257,21 +259,15 @@ def setup(plan, sources, report):
         step("setsid", fcntl.ioctl, 0, termios.TIOCSCTTY, 0)
     if plan["cwd"] is not None:
         step("chdir", os.chdir, raw(plan["cwd"]))
-    os.environ.clear()
-    for key, value in plan["env"]:
-        os.environb[raw(key)] = raw(value)
+    set_environment(plan["env"])
     reopen_stdio()
 
 
 def reset_signals(ignored):
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    # Only those not at their default now, as the kernel tells: one read
-    # in place of a sigaction per signal.
-    changed = ignored
-    with open("/proc/self/status", "rb") as status:
-        for line in status:
-            if line.startswith((b"SigIgn:", b"SigCgt:")):
-                changed |= int(line.split()[1], 16)
+    # Those not at their default in the template (the same for every
+    # child: read once), and those the request ignores.
+    changed = TEMPLATE_SIGNALS | ignored
     for number in signal.valid_signals():
         if number in (signal.SIGKILL, signal.SIGSTOP) or not changed >> (number - 1) & 1:
             continue
@@ -285,6 +281,33 @@ def reset_signals(ignored):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def changed_signals():
+    """The signals this process does not leave at their default, as the
+    kernel shows them (one read in place of a sigaction per signal)."""
+    changed = 0
+    with open("/proc/self/status", "rb") as status:
+        for line in status:
+            if line.startswith((b"SigIgn:", b"SigCgt:")):
+                changed |= int(line.split()[1], 16)
+    return changed
+
+
+def set_environment(pairs):
+    """Makes the environment exactly `pairs`, touching only what differs
+    from the template's: usually nothing, as a client's children and its
+    template mostly share one environment, and each change is a putenv
+    or unsetenv plus both of os.environ's mappings."""
+    wanted = {}
+    for key, value in pairs:
+        wanted[raw(key)] = raw(value)
+    current = os.environb
+    for key in [key for key in current if key not in wanted]:
+        del current[key]
+    for key, value in wanted.items():
+        if current.get(key) != value:
+            current[key] = value
 
 
 def write_oom_score_adj(value):
@@ -432,6 +455,8 @@ def start():
         send(control, {"failed": failed})
         os._exit(1)
     preload(control, names)
+    global TEMPLATE_SIGNALS
+    TEMPLATE_SIGNALS = changed_signals()
     sys.stdout.flush()
     sys.stderr.flush()
     # Its stderr was a pipe the daemon reads while it starts.
