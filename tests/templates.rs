@@ -16,7 +16,9 @@ use zygote_proto::{
 };
 
 use crate::deferred::{connect, receive, send};
-use crate::util::{Daemon, eventually, parent_of, skip, start_daemon, start_daemon_custom};
+use crate::util::{
+    Daemon, eventually, parent_of, process_state, skip, start_daemon, start_daemon_custom,
+};
 
 /// Names the CPython to test with, in place of the default below.
 const PYTHON_ENV: &str = "ZYGOTE_TEST_PYTHON";
@@ -603,6 +605,68 @@ fn a_killed_template_is_reported_and_the_next_request_starts_a_new_one() {
     let info = list(&warm.fd, 3).remove(0);
     assert_ne!(info.pid, first_pid);
     assert_eq!((info.restarts, info.forks), (1, 1));
+}
+
+/// The live (not zombie) children of `parent`, from /proc.
+fn live_children_of(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| parent_of(pid) == Some(parent) && process_state(pid) != Some('Z'))
+        .collect()
+}
+
+#[test]
+fn a_template_keeps_its_pool_forked_ahead_and_the_pool_ends_with_it() {
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    for pool in [0, 3] {
+        let daemon = start_daemon_custom(
+            "tpl-pool",
+            None,
+            None,
+            &[],
+            &crate::util::zygote_bin(),
+            &[("ZYGOTE_TEMPLATE_POOL", &pool.to_string())],
+        );
+        let fd = connect(daemon.socket());
+        let ready = template(&fd, 1, &python, &["json"], base_env())
+            .unwrap_or_else(|failed| panic!("{failed:?}\n{}", daemon.log()));
+        let warm = Warm {
+            daemon,
+            fd,
+            handle: ready.template,
+            python: python.clone(),
+        };
+        // More children than the pool holds: it is refilled between them.
+        for id in 10..15 {
+            let printed = python_output(&warm, id, &format!("print({id})"));
+            assert_eq!(printed, format!("{id}\n"), "pool of {pool}");
+        }
+        let daemon_pid = warm.daemon.pid();
+        let waiting = || {
+            let mut children = live_children_of(daemon_pid);
+            children.retain(|&pid| pid != ready.pid as u32);
+            children
+        };
+        assert!(
+            eventually(Duration::from_secs(10), || waiting().len() == pool),
+            "a pool of {pool} keeps {pool} children waiting: {:?}",
+            waiting()
+        );
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(ready.pid).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .expect("kill the template");
+        assert!(
+            eventually(Duration::from_secs(10), || waiting().is_empty()),
+            "the pool ends with its template: {:?} still run",
+            waiting()
+        );
+    }
 }
 
 #[test]

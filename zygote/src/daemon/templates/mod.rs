@@ -66,6 +66,17 @@ pub const START_DEADLINE: Duration = Duration::from_secs(60);
 /// Milliseconds that replace [`START_DEADLINE`], read at daemon start.
 pub const START_DEADLINE_ENV: &str = "ZYGOTE_TEMPLATE_START_DEADLINE_MS";
 
+/// Children each template keeps forked ahead, waiting for a request.
+pub const POOL_SIZE: usize = 1;
+
+/// `ZYGOTE_TEMPLATE_POOL=N` in the daemon's environment: keep N children
+/// forked ahead per template instead of [`POOL_SIZE`] (0: fork each child
+/// on its request; at most [`MAX_POOL_SIZE`]).
+pub const POOL_ENV: &str = "ZYGOTE_TEMPLATE_POOL";
+
+/// The largest pool [`POOL_ENV`] may ask for.
+pub const MAX_POOL_SIZE: usize = 8;
+
 /// How long a template may take to answer a fork, and a child to report
 /// its setup, before the spawn fails.
 pub const ANSWER_DEADLINE: Duration = Duration::from_secs(30);
@@ -313,6 +324,8 @@ pub struct Templates {
     registry: Arc<Mutex<Registry>>,
     next_handle: AtomicU64,
     start_deadline: Duration,
+    /// See [`POOL_ENV`].
+    pool_size: usize,
 }
 
 impl std::fmt::Debug for Templates {
@@ -341,10 +354,15 @@ impl Templates {
             .ok()
             .and_then(|millis| millis.trim().parse::<u64>().ok())
             .map_or(START_DEADLINE, Duration::from_millis);
+        let pool_size = std::env::var(POOL_ENV)
+            .ok()
+            .and_then(|size| size.trim().parse::<usize>().ok())
+            .map_or(POOL_SIZE, |size| size.min(MAX_POOL_SIZE));
         Self {
             registry: Arc::default(),
             next_handle: AtomicU64::new(first.max(1)),
             start_deadline,
+            pool_size,
         }
     }
 
@@ -540,6 +558,10 @@ impl Templates {
     }
 
     /// The start deadline in force.
+    fn pool_size(&self) -> usize {
+        self.pool_size
+    }
+
     fn start_deadline(&self) -> Duration {
         self.start_deadline
     }

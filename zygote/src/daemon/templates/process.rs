@@ -279,12 +279,14 @@ async fn drain(pipe: OwnedFd) -> Vec<u8> {
 /// A template's plan, and what the daemon keeps of it.
 type Planned = (OwnedFd, OwnedFd, spawn::SpawnPlan, Option<Arc<ChildCgroup>>);
 
-/// The template's plan: its interpreter with the runner and preloads,
+/// The template's plan: its interpreter with the runner, its pool's
+/// size and the preloads,
 /// as the template's peer, with the control socket as fd 3 and its stderr
 /// on a pipe; the daemon's end of that socket, the pipe's read end, the
 /// plan, and the template's cgroup.
 fn plan_for(daemon: &Arc<Daemon>, template: &Template) -> Result<Planned, Failure> {
-    let mut args = vec![b"-c".to_vec(), RUNNER.as_bytes().to_vec()];
+    let pool_size = daemon.templates.pool_size().to_string().into_bytes();
+    let mut args = vec![b"-c".to_vec(), RUNNER.as_bytes().to_vec(), pool_size];
     args.extend(
         template
             .key

@@ -2,10 +2,12 @@
 # `-c`; the preloads follow on its command line. Fd 3 is its control
 # socket (SOCK_SEQPACKET) to the daemon.
 #
+# Its first argument is the size of its pool, the preloads follow.
 # It imports the preloads, checks that it is still single-threaded,
 # freezes the heap, and says "ready". Then, for each frame the daemon
-# sends (a child's plan, its fds attached), it clones a child that is the
-# daemon's own (CLONE_PARENT) and answers its pid. The child sets itself
+# sends (a child's plan, its fds attached), it hands the plan to a child
+# it forked ahead, or clones one, a child that is the daemon's own
+# (CLONE_PARENT), and answers its pid; then it refills its pool. The child sets itself
 # up as the plan says, reports each failing step on its report socket
 # (or "ok"), waits for the daemon's "go", and runs the program as
 # `python ARGS` would.
@@ -88,27 +90,58 @@ def receive(control):
     return data, fds
 
 
-def serve(control):
-    libc = ctypes.PyDLL(None, use_errno=True)
-    syscall = libc.syscall
-    syscall.restype = ctypes.c_long
+def serve(control, pool_size):
     number = SYS_CLONE.get(platform.machine())
-    api = ctypes.pythonapi
+    clone = Cloner(number) if number is not None else None
+    # Children forked ahead, each waiting on its socket for a plan: the
+    # clone and the interpreter's after-fork work are then done between
+    # requests, not while a spawn waits. (pid, the template's end.)
+    pool = []
     while True:
         data, fds = receive(control)
         if not data:
             os._exit(0)
-        plan = json.loads(data)
-        if number is None or not fds:
+        if clone is None or not fds:
             for fd in fds:
                 os.close(fd)
             send(control, {"errno": 38})
             continue
+        pid = hand_to_pooled(pool, data, fds)
+        if pid is None:
+            pid = clone(lambda: child(control, json.loads(data), fds))
+        for fd in fds:
+            os.close(fd)
+        send(control, {"pid": pid} if pid > 0 else {"errno": -pid})
+        while len(pool) < pool_size:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            forked = clone(lambda: pooled(control, ours, theirs, pool))
+            theirs.close()
+            if forked < 0:
+                ours.close()
+                break
+            pool.append((forked, ours))
+
+
+class Cloner:
+    """Makes a child that is the daemon's own (CLONE_PARENT), with the
+    interpreter's fork bookkeeping (locks, at-fork hooks, random's
+    reseed) around it, as os.fork does."""
+
+    def __init__(self, number):
+        libc = ctypes.PyDLL(None, use_errno=True)
+        self.syscall = libc.syscall
+        self.syscall.restype = ctypes.c_long
+        self.number = number
+        self.api = ctypes.pythonapi
+
+    def __call__(self, in_child):
+        """The child's pid, or -errno; `in_child` runs in the child and
+        never returns."""
         sys.stdout.flush()
         sys.stderr.flush()
-        api.PyOS_BeforeFork()
-        pid = syscall(
-            ctypes.c_long(number),
+        self.api.PyOS_BeforeFork()
+        pid = self.syscall(
+            ctypes.c_long(self.number),
             ctypes.c_long(CLONE_PARENT | signal.SIGCHLD),
             ctypes.c_long(0),
             ctypes.c_long(0),
@@ -116,14 +149,51 @@ def serve(control):
             ctypes.c_long(0),
         )
         if pid == 0:
-            api.PyOS_AfterFork_Child()
-            child(control, plan, fds)
-            return
+            self.api.PyOS_AfterFork_Child()
+            in_child()
+            os._exit(127)
         error = ctypes.get_errno()
-        api.PyOS_AfterFork_Parent()
-        for fd in fds:
-            os.close(fd)
-        send(control, {"pid": pid} if pid > 0 else {"errno": error})
+        self.api.PyOS_AfterFork_Parent()
+        return pid if pid > 0 else -error
+
+
+def hand_to_pooled(pool, data, fds):
+    """Passes a plan and its fds to a waiting child: its pid, or None
+    when none is left alive to take it."""
+    while pool:
+        pid, ours = pool.pop(0)
+        try:
+            ours.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, pack_fds(fds))])
+            return pid
+        except OSError:
+            # It is gone (its exit is the daemon's to reap), or the plan
+            # does not fit its socket: the next, or a fresh clone.
+            pass
+        finally:
+            ours.close()
+    return None
+
+
+def pack_fds(fds):
+    return b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
+
+
+def pooled(control, ours, theirs, pool):
+    """A pooled child: waits for its plan, then is that child; ends
+    quietly when the template ends or gives it up."""
+    # The template's ends, its own and its older siblings': each must see
+    # the template's end close.
+    ours.close()
+    for _pid, other in pool:
+        other.close()
+    try:
+        data, fds = receive(theirs)
+    except OSError:
+        os._exit(0)
+    if not data:
+        os._exit(0)
+    theirs.close()
+    child(control, json.loads(data), fds)
 
 
 def raw(text):
@@ -444,7 +514,8 @@ def run_program(args):
 def start():
     control = socket.socket(fileno=CONTROL_FD)
     control.set_inheritable(False)
-    names = sys.argv[1:]
+    pool_size = int(sys.argv[1])
+    names = sys.argv[2:]
     sys.argv = [""]
     if sys.version_info < (3, 8) or sys.implementation.name != "cpython":
         failed = "a template needs CPython 3.8 or later; %s is %s %s" % (
@@ -467,7 +538,7 @@ def start():
     if hasattr(gc, "freeze"):
         gc.freeze()
     send(control, {"ready": os.getpid()})
-    serve(control)
+    serve(control, pool_size)
 
 
 start()
