@@ -740,13 +740,14 @@ pub fn adopt_own(pid: i32) {
 /// Takes `pid` as a child of this process that another process started
 /// for it (a warm template's clone with `CLONE_PARENT`), trusting nothing
 /// that process said: the pid must be this process's own child, unreaped,
-/// whose real uid is `uid`, and not a child already listed as ours. Lists
+/// whose every uid (real, effective, saved, filesystem) is `uid`, and not
+/// a child already listed as ours. Lists
 /// it, and returns a pidfd this process opened itself.
 ///
 /// # Errors
 ///
 /// `ESRCH` when there is no such process; `ECHILD` when it is not this
-/// process's child; `EPERM` when its real uid is another; `EEXIST` when it
+/// process's child; `EPERM` when one of its uids is another; `EEXIST` when it
 /// is already listed (another spawn's child).
 pub fn claim_sibling(pid: i32, uid: u32) -> io::Result<OwnedFd> {
     if pid <= 0 {
@@ -774,7 +775,15 @@ pub fn claim_sibling(pid: i32, uid: u32) -> io::Result<OwnedFd> {
     {
         return Err(io::Error::from_raw_os_error(libc::ECHILD));
     }
-    if field("Uid:") != Some(u64::from(uid)) {
+    // Real, effective, saved and filesystem uids alike: not a process
+    // that gained another uid through a set-user-ID exec.
+    let uids: Vec<&str> = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))
+        .map(|rest| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let uid = uid.to_string();
+    if uids.len() != 4 || uids.iter().any(|each| *each != uid) {
         return Err(io::Error::from_raw_os_error(libc::EPERM));
     }
     let _gate = OWN.gate.read().unwrap_or_else(PoisonError::into_inner);

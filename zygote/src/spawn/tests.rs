@@ -1023,3 +1023,50 @@ fn measure_sandbox_namespaces() {
         );
     }
 }
+
+#[test]
+fn a_sibling_is_claimed_only_when_every_uid_is_the_expected_one() {
+    if !is_root() {
+        skip(
+            "a_sibling_is_claimed_only_when_every_uid_is_the_expected_one",
+            "a child with another effective uid needs root",
+        );
+        return;
+    }
+    let effective_uid = |pid: u32| {
+        fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|status| {
+                let uids = status.lines().find_map(|line| line.strip_prefix("Uid:"))?;
+                uids.split_whitespace().nth(1).map(str::to_owned)
+            })
+    };
+    let mut plain = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("spawn sleep");
+    // Real uid 0, every other uid 65534: what a set-user-ID exec gives.
+    let mut raised = std::process::Command::new("setpriv")
+        .args(["--euid", "65534", "sleep", "30"])
+        .spawn()
+        .expect("spawn setpriv");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while effective_uid(raised.id()).as_deref() != Some("65534") {
+        assert!(Instant::now() < deadline, "setpriv did not switch its euid");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let claimed = super::claim_sibling(plain.id() as i32, 0);
+    let refused = super::claim_sibling(raised.id() as i32, 0);
+    super::forget_own(plain.id() as i32);
+    super::forget_own(raised.id() as i32);
+    for child in [&mut plain, &mut raised] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(claimed.is_ok(), "{claimed:?}");
+    assert_eq!(
+        refused.map(drop).map_err(|error| error.raw_os_error()),
+        Err(Some(libc::EPERM)),
+        "a process whose effective uid is another is not the peer's child"
+    );
+}
