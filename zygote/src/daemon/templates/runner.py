@@ -7,7 +7,8 @@
 # freezes the heap, and says "ready". Then, for each frame the daemon
 # sends (a child's plan, its fds attached), it hands the plan to a child
 # it forked ahead, or clones one, a child that is the daemon's own
-# (CLONE_PARENT), and answers its pid; then it refills its pool. The child sets itself
+# (CLONE_PARENT), and answers its pid; before each request it fills its
+# pool. The child sets itself
 # up as the plan says, reports each failing step on its report socket
 # (or "ok"), waits for the daemon's "go", and runs the program as
 # `python ARGS` would.
@@ -40,6 +41,8 @@ SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 RLIM_MAX = (1 << 64) - 1
 # Set once the preloads are in: see changed_signals().
 TEMPLATE_SIGNALS = 0
+# True in a pooled child once it has done what prepare() does.
+PREPARED = False
 
 
 class StepFailed(Exception):
@@ -98,6 +101,14 @@ def serve(control, pool_size):
     # requests, not while a spawn waits. (pid, the template's end.)
     pool = []
     while True:
+        while len(pool) < pool_size:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            forked = clone(lambda: pooled(control, ours, theirs, pool))
+            theirs.close()
+            if forked < 0:
+                ours.close()
+                break
+            pool.append((forked, ours))
         data, fds = receive(control)
         if not data:
             os._exit(0)
@@ -112,14 +123,6 @@ def serve(control, pool_size):
         for fd in fds:
             os.close(fd)
         send(control, {"pid": pid} if pid > 0 else {"errno": -pid})
-        while len(pool) < pool_size:
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            forked = clone(lambda: pooled(control, ours, theirs, pool))
-            theirs.close()
-            if forked < 0:
-                ours.close()
-                break
-            pool.append((forked, ours))
 
 
 class Cloner:
@@ -174,6 +177,24 @@ def hand_to_pooled(pool, data, fds):
     return None
 
 
+def prepare(control, theirs):
+    """What a pooled child can do before its request, so that its request
+    waits for less: the template's signals reset, and every fd but stdio
+    and its own socket closed."""
+    global PREPARED
+    reset_template_signals()
+    control.detach()
+    keep = (0, 1, 2, theirs.fileno())
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    PREPARED = True
+
+
 def pack_fds(fds):
     return b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
 
@@ -186,6 +207,7 @@ def pooled(control, ours, theirs, pool):
     ours.close()
     for _pid, other in pool:
         other.close()
+    prepare(control, theirs)
     try:
         data, fds = receive(theirs)
     except OSError:
@@ -334,21 +356,29 @@ def setup(plan, sources, report):
 
 
 def reset_signals(ignored):
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    # Those not at their default in the template (the same for every
-    # child: read once), and those the request ignores.
-    changed = TEMPLATE_SIGNALS | ignored
+    if not PREPARED:
+        reset_template_signals()
+    # Then the request's: ignored, as an exec keeps ignored signals.
     for number in signal.valid_signals():
-        if number in (signal.SIGKILL, signal.SIGSTOP) or not changed >> (number - 1) & 1:
+        if ignored >> (number - 1) & 1 and number not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(number, signal.SIG_IGN)
+            except (OSError, ValueError):
+                pass
+
+
+def reset_template_signals():
+    """Every disposition the template changed back to its default, then
+    what a fresh interpreter sets; an empty signal mask."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for number in signal.valid_signals():
+        if number in (signal.SIGKILL, signal.SIGSTOP) or not TEMPLATE_SIGNALS >> (number - 1) & 1:
             continue
-        handler = signal.SIG_IGN if ignored >> (number - 1) & 1 else signal.SIG_DFL
         try:
-            signal.signal(number, handler)
+            signal.signal(number, signal.SIG_DFL)
         except (OSError, ValueError):
             pass
-    # As a fresh interpreter sets them.
-    if not ignored >> (signal.SIGINT - 1) & 1:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
@@ -403,7 +433,10 @@ def place_fds(sources, targets, report):
             os.close(fd)
     # Every other fd: the template's own (its control socket included).
     # Listed, not closed by range: before 3.10 that is a close per number.
-    for name in os.listdir("/proc/self/fd"):
+    # A pooled child closed the template's before its request: only
+    # stdio's numbers can be left.
+    names = ("0", "1", "2") if PREPARED else os.listdir("/proc/self/fd")
+    for name in names:
         fd = int(name)
         if fd not in keep:
             try:
