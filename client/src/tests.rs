@@ -922,8 +922,10 @@ async fn a_sandbox_is_sent_only_to_a_zygote_that_offers_it() {
     assert_eq!(applied.profile.as_deref(), Some("build"));
     assert_eq!(applied.landlock_abi, Some(7));
     child.wait().await.unwrap();
-    let plain = client.command("true").spawn().await.unwrap();
+    let mut plain = client.command("true").spawn().await.unwrap();
     assert_eq!(plain.sandbox(), None);
+    // Its exit read before the client leaves: the fake daemon sends it.
+    plain.wait().await.unwrap();
     drop((child, plain));
     drop(client);
     let requests = join(daemon).await;
