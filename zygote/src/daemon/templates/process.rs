@@ -295,33 +295,11 @@ fn plan_for(daemon: &Arc<Daemon>, template: &Template) -> Result<Planned, Failur
             .map(|name| name.as_bytes().to_vec()),
     );
     let mut request = SpawnRequest {
-        id: 0,
-        program: template.key.interpreter.clone(),
-        argv0: None,
         args,
         env: template.env.clone(),
         cwd: template.key.cwd.clone(),
-        stdin: StdioSpec::Null,
-        stdout: StdioSpec::Null,
         stderr: StdioSpec::Pipe,
-        fd_mappings: Vec::new(),
-        new_session: false,
-        process_group: None,
-        umask: None,
-        rlimits: Vec::new(),
-        user: None,
-        kill_on_close: None,
-        timeout: None,
-        pty: None,
-        report_stops: false,
-        cgroup: None,
-        ignored_signals: 0,
-        nice: None,
-        cpu_affinity: Vec::new(),
-        oom_score_adj: None,
-        large_args: None,
-        defer_spawned: false,
-        sandbox: None,
+        ..SpawnRequest::new(0, template.key.interpreter.clone())
     };
     let (peer, grant) = (&template.peer, &template.grant);
     let credentials = grant
