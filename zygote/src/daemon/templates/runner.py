@@ -101,7 +101,7 @@ def serve(control, pool_size):
     # requests, not while a spawn waits. (pid, the template's end.)
     pool = []
     while True:
-        while len(pool) < pool_size:
+        while clone is not None and len(pool) < pool_size:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             forked = clone(lambda: pooled(control, ours, theirs, pool))
             theirs.close()
