@@ -324,8 +324,10 @@ impl SpawnTask {
         }
     }
 
-    /// Waits for the child's setup report, then moves it into its
-    /// cgroup and tells it to go on: the stage that failed, if one did.
+    /// Moves the child into its cgroup and tells it to go on, then waits
+    /// for its setup report: the stage that failed, if one did. The "go"
+    /// is sent first so that it is waiting in the socket when the child,
+    /// set up, reads it: the child's setup and the daemon's steps overlap.
     async fn release_child(
         &self,
         process: &Process,
@@ -333,35 +335,6 @@ impl SpawnTask {
         report: &AsyncSeqpacket,
         cgroup_dir: Option<&OwnedFd>,
     ) -> Result<(), (SpawnStage, Failure)> {
-        let said = tokio::select! {
-            said = tokio::time::timeout(ANSWER_DEADLINE, read_report(report)) => said,
-            () = self.cancelled() => {
-                return Err((SpawnStage::Exec, Failure::new(
-                    libc::ECANCELED,
-                    "killed before it started: its client left, or the zygote is stopping",
-                )));
-            }
-        };
-        match said {
-            Ok(Report::Ok) => {}
-            Ok(Report::Failed(stage, errno, message)) => {
-                return Err((stage, Failure::new(errno, message)));
-            }
-            Ok(Report::Gone) => {
-                let message = format!(
-                    "the warm child of template process {} ended before it was set up",
-                    process.pid
-                );
-                return Err((SpawnStage::Template, Failure::new(libc::EPROTO, message)));
-            }
-            Err(_) => {
-                let message = format!(
-                    "the warm child did not set itself up in {} s",
-                    ANSWER_DEADLINE.as_secs()
-                );
-                return Err((SpawnStage::Template, Failure::new(libc::ETIMEDOUT, message)));
-            }
-        }
         // In its cgroup before any code of the program runs.
         if let Some(dir) = cgroup_dir {
             spawn::join_cgroup(dir.as_fd(), pid).map_err(|error| {
@@ -370,9 +343,41 @@ impl SpawnTask {
                 (SpawnStage::Cgroup, Failure::new(errno, message))
             })?;
         }
-        zygote_proto::send_frame(report.as_fd(), b"go", &[]).map_err(|error| {
-            let message = format!("the warm child went away before it started: {error}");
-            (SpawnStage::Template, Failure::new(libc::EPROTO, message))
-        })
+        // A child that failed a step has said so and gone: its report,
+        // still readable, says more than the failed send.
+        let went = zygote_proto::send_frame(report.as_fd(), b"go", &[]).err();
+        let said = tokio::select! {
+            said = tokio::time::timeout(ANSWER_DEADLINE, read_report(report)) => said,
+            () = self.cancelled() => {
+                return Err((SpawnStage::Exec, Failure::new(
+                    libc::ECANCELED,
+                    "killed as it started: its client left, or the zygote is stopping",
+                )));
+            }
+        };
+        match said {
+            Ok(Report::Ok) => match went {
+                None => Ok(()),
+                Some(error) => {
+                    let message = format!("the warm child went away before it started: {error}");
+                    Err((SpawnStage::Template, Failure::new(libc::EPROTO, message)))
+                }
+            },
+            Ok(Report::Failed(stage, errno, message)) => Err((stage, Failure::new(errno, message))),
+            Ok(Report::Gone) => {
+                let message = format!(
+                    "the warm child of template process {} ended before it was set up",
+                    process.pid
+                );
+                Err((SpawnStage::Template, Failure::new(libc::EPROTO, message)))
+            }
+            Err(_) => {
+                let message = format!(
+                    "the warm child did not set itself up in {} s",
+                    ANSWER_DEADLINE.as_secs()
+                );
+                Err((SpawnStage::Template, Failure::new(libc::ETIMEDOUT, message)))
+            }
+        }
     }
 }
