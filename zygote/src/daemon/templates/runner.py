@@ -87,11 +87,17 @@ def preload(control, names):
             os._exit(1)
 
 
+# One buffer for every frame: recvmsg() would allocate (and map) a fresh
+# one of MAX_FRAME bytes per call.
+FRAME = bytearray(MAX_FRAME)
+
+
 def receive(control):
     space = socket.CMSG_SPACE(MAX_FDS * 4)
-    data, ancillary, _flags, _address = control.recvmsg(
-        MAX_FRAME, space, socket.MSG_CMSG_CLOEXEC
+    size, ancillary, _flags, _address = control.recvmsg_into(
+        [FRAME], space, socket.MSG_CMSG_CLOEXEC
     )
+    data = bytes(memoryview(FRAME)[:size])
     fds = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -130,9 +136,9 @@ def serve(control, pool_size):
         pid = hand_to_pooled(pool, data, fds)
         if pid is None:
             pid = clone(lambda: child(control, json.loads(data), fds))
+        send(control, {"pid": pid} if pid > 0 else {"errno": -pid})
         for fd in fds:
             os.close(fd)
-        send(control, {"pid": pid} if pid > 0 else {"errno": -pid})
 
 
 class Cloner:
