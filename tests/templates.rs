@@ -1371,7 +1371,7 @@ fn a_template_is_recycled_after_max_age() {
 
 #[test]
 fn an_idle_template_is_stopped_and_its_handle_answers_enoent() {
-    let Some((warm, _dir, env)) = stamped("tpl-idle", &[("ZYGOTE_TEMPLATE_IDLE_MS", "1500")])
+    let Some((warm, _dir, env)) = stamped("tpl-idle", &[("ZYGOTE_TEMPLATE_IDLE_MS", "3000")])
     else {
         return;
     };

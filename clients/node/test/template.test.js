@@ -242,7 +242,7 @@ test('a template killed between two spawns: the second spawn runs, from a fresh 
 
 test('a template the zygote stopped while idle is asked for once more, and the spawn runs', async (t) => {
   if (needsTemplates(t)) return;
-  const own = await new Daemon(null, { ZYGOTE_TEMPLATE_IDLE_MS: '500' }).start();
+  const own = await new Daemon(null, { ZYGOTE_TEMPLATE_IDLE_MS: '2000' }).start();
   zygote.setSocket(own.socket);
   t.after(async () => {
     zygote.setSocket(daemon.socket);
