@@ -1284,3 +1284,160 @@ fn a_template_s_stderr_while_it_starts_is_read_and_shown_when_it_fails() {
         crashed.message
     );
 }
+
+/// A preload that records the pid of the process that imported it: a
+/// child prints the pid of the template it was forked from.
+const STAMP: (&str, &str) = ("stamp", "import os\nPID = os.getpid()\n");
+
+/// A daemon started with these template settings, a connection, and a
+/// template preloading [`STAMP`]; the module directory lives as long as
+/// the returned guard.
+fn stamped(test: &str, settings: &[(&str, &str)]) -> Option<(Warm, tempfile::TempDir, Env)> {
+    let python = python_or_skip()?;
+    let daemon = start_daemon_custom(test, None, None, &[], &crate::util::zygote_bin(), settings);
+    let fd = connect(daemon.socket());
+    let (dir, env) = modules(&[STAMP]);
+    let ready = template(&fd, 1, &python, &["stamp"], env.clone())
+        .unwrap_or_else(|failed| panic!("template failed: {failed:?}\n{}", daemon.log()));
+    let warm = Warm {
+        daemon,
+        fd,
+        handle: ready.template,
+        python,
+    };
+    Some((warm, dir, env))
+}
+
+/// The pid of the template process a fresh child of `warm` came from.
+fn forked_from(warm: &Warm, id: u64) -> i32 {
+    let printed = python_output(warm, id, "import stamp; print(stamp.PID)");
+    printed.trim().parse().expect("a pid")
+}
+
+#[test]
+fn a_template_is_recycled_after_max_forks() {
+    let Some((warm, _dir, _env)) = stamped("tpl-max-forks", &[("ZYGOTE_TEMPLATE_MAX_FORKS", "3")])
+    else {
+        return;
+    };
+    let first = list(&warm.fd, 2)[0].pid;
+    for id in 10..13 {
+        assert_eq!(forked_from(&warm, id), first, "fork {id} of 3");
+    }
+    let second = forked_from(&warm, 13);
+    assert_ne!(second, first, "the fourth child comes from a fresh process");
+    let info = list(&warm.fd, 3).remove(0);
+    assert_eq!(info.template, warm.handle, "behind the same handle");
+    assert_eq!(
+        (info.pid, info.restarts, info.forks),
+        (second, 1, 1),
+        "{info:?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || process_state(first as u32)
+            .is_none()),
+        "the recycled process ended and was reaped\n{}",
+        warm.daemon.log()
+    );
+    assert!(warm.daemon.log().contains("recycling a template"));
+}
+
+#[test]
+fn a_template_is_recycled_after_max_age() {
+    let max_age = Duration::from_millis(1500);
+    let Some((warm, _dir, _env)) = stamped(
+        "tpl-max-age",
+        &[(
+            "ZYGOTE_TEMPLATE_MAX_AGE_MS",
+            &max_age.as_millis().to_string(),
+        )],
+    ) else {
+        return;
+    };
+    let first = forked_from(&warm, 10);
+    assert_eq!(list(&warm.fd, 2)[0].pid, first);
+    std::thread::sleep(max_age + Duration::from_millis(200));
+    let second = forked_from(&warm, 11);
+    assert_ne!(
+        second, first,
+        "a child after MAX_AGE comes from a fresh process"
+    );
+    let info = list(&warm.fd, 3).remove(0);
+    assert_eq!(
+        (info.template, info.pid, info.restarts),
+        (warm.handle, second, 1)
+    );
+}
+
+#[test]
+fn an_idle_template_is_stopped_and_its_handle_answers_enoent() {
+    let Some((warm, _dir, env)) = stamped("tpl-idle", &[("ZYGOTE_TEMPLATE_IDLE_MS", "3000")])
+    else {
+        return;
+    };
+    let pid = forked_from(&warm, 10);
+    // Used a moment ago: still listed.
+    assert_eq!(list(&warm.fd, 2).len(), 1);
+    let mut id = 100;
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            id += 1;
+            list(&warm.fd, id).is_empty()
+        }),
+        "the idle template is no longer listed\n{}",
+        warm.daemon.log()
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || process_state(pid as u32)
+            .is_none()),
+        "its process ended and was reaped\n{}",
+        warm.daemon.log()
+    );
+    assert!(warm.daemon.log().contains("stopping an idle template"));
+    let failed =
+        run_warm(&warm.fd, warm.handle, warm_request(11, &["-c", "pass"])).expect_err("stopped");
+    assert_eq!(
+        (failed.stage, failed.errno),
+        (SpawnStage::Validate, libc::ENOENT),
+        "{failed:?}"
+    );
+    // The documented way back: request it again, under a new handle.
+    let again = template(&warm.fd, 3, &warm.python, &["stamp"], env).expect("requested again");
+    assert!(!again.reused);
+    assert_ne!(again.template, warm.handle);
+    let fresh = Warm {
+        handle: again.template,
+        ..warm
+    };
+    assert_eq!(forked_from(&fresh, 12), again.pid);
+}
+
+#[test]
+fn serve_refuses_a_bad_template_setting_by_name() {
+    for (name, bad) in [
+        ("ZYGOTE_TEMPLATE_MAX_FORKS", "0"),
+        ("ZYGOTE_TEMPLATE_MAX_AGE_MS", "an hour"),
+        ("ZYGOTE_TEMPLATE_IDLE_MS", "-5"),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("zygote.sock");
+        let serve = std::process::Command::new(crate::util::zygote_bin())
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .env(name, bad)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run zygote serve");
+        let output = crate::util::output_within(serve, Duration::from_secs(10), "zygote serve");
+        assert!(!output.status.success(), "{name}={bad} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(&format!("{name}=\"{bad}\" is not a whole number")),
+            "{stderr}"
+        );
+        assert!(!socket.exists(), "refused before binding");
+    }
+}

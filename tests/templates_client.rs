@@ -351,3 +351,105 @@ fn zygote_run_python_template_runs_python_and_status_lists_it() {
         "{json}"
     );
 }
+
+/// A zygote of the current protocol that offers templates, on `path`,
+/// for one connection: it answers a status request, and refuses every
+/// list of templates with `EPERM`.
+fn status_daemon_refusing_the_list(path: &Path) -> std::thread::JoinHandle<()> {
+    use zygote_proto::{
+        ClientMessage, HelloAck, LIMITS, PROTOCOL_VERSION, RequestFailed, ServerMessage,
+        StatusReply,
+    };
+    let listener = zygote_proto::socket::listen_at(path, false).expect("listen");
+    std::thread::spawn(move || {
+        use std::os::fd::AsFd;
+        let (connection, _) =
+            zygote_proto::socket::accept_peer(listener.as_fd(), false).expect("accept");
+        let mut scratch = vec![0; zygote_proto::RECV_BUFFER_BYTES];
+        let reply = |message: ServerMessage| {
+            let bytes = zygote_proto::encode(&message).expect("encode");
+            zygote_proto::send_frame(connection.as_fd(), &bytes, &[]).expect("send");
+        };
+        while let Ok(Some(frame)) = zygote_proto::recv_frame(connection.as_fd(), &mut scratch) {
+            match zygote_proto::decode::<ClientMessage>(&frame.bytes).expect("decode") {
+                ClientMessage::Hello(_) => reply(ServerMessage::HelloAck(HelloAck {
+                    protocol_version: PROTOCOL_VERSION,
+                    server_version: "fake-status".into(),
+                    limits: LIMITS,
+                    features: vec!["templates".into()],
+                })),
+                ClientMessage::Status(request) => reply(ServerMessage::Status(StatusReply {
+                    id: request.id,
+                    server_version: "fake-status".into(),
+                    pid: 4242,
+                    uptime_millis: 65_000,
+                    connections_open: 1,
+                    connections_accepted: 9,
+                    children_running: 2,
+                    spawns_succeeded: 17,
+                    spawns_failed: 3,
+                    peers: Vec::new(),
+                    spawners: Vec::new(),
+                })),
+                ClientMessage::ListTemplates(request) => {
+                    reply(ServerMessage::RequestFailed(RequestFailed {
+                        id: request.id,
+                        errno: libc::EPERM,
+                        message: "listing refused here".into(),
+                    }));
+                }
+                other => panic!("unexpected request: {other:?}"),
+            }
+        }
+    })
+}
+
+/// `zygote status` against a zygote that refuses the list of templates
+/// prints everything else, and one line saying the templates could not
+/// be listed (in `--json`, `templates` is null and `templates_error` says
+/// why); it still exits 0.
+#[test]
+fn status_prints_the_rest_when_templates_cannot_be_listed() {
+    for json in [false, true] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("zygote.sock");
+        let daemon = status_daemon_refusing_the_list(&socket);
+        let mut command = Command::new(zygote_bin());
+        command.arg("status").arg("--socket").arg(&socket);
+        if json {
+            command.arg("--json");
+        }
+        let output = crate::util::output_within(
+            command
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("run zygote status"),
+            Duration::from_secs(20),
+            "zygote status",
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stdout}{stderr}");
+        daemon.join().expect("the fake zygote");
+        if json {
+            let status: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+            assert_eq!(status["spawns_succeeded"], 17, "{stdout}");
+            assert_eq!(status["templates"], serde_json::Value::Null, "{stdout}");
+            let error = status["templates_error"].as_str().unwrap_or_default();
+            assert!(error.contains("listing refused here"), "{stdout}");
+        } else {
+            assert!(
+                stdout.contains("spawns:            17 succeeded, 3 failed\n"),
+                "{stdout}"
+            );
+            let note: Vec<&str> = stdout
+                .lines()
+                .filter(|line| line.contains("could not be listed"))
+                .collect();
+            assert_eq!(note.len(), 1, "{stdout}");
+            assert!(note[0].starts_with("templates:"), "{stdout}");
+            assert!(note[0].contains("listing refused here"), "{stdout}");
+        }
+    }
+}

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use zygote_proto::{Env, PYTHON_TEMPLATE, SpawnStage, TemplateInfo, TemplateRequest};
 
+use crate::client::Session;
 use crate::{Client, Command, Error, Feature, Result};
 
 /// Most modules a template may preload.
@@ -256,22 +257,7 @@ impl Shared {
     /// handle of the answer.
     pub(crate) async fn create(&self, client: &Client) -> Result<()> {
         let session = client.session().await?;
-        if !session
-            .features()
-            .iter()
-            .any(|name| name == Feature::Templates.name())
-        {
-            return Err(Error::Request {
-                op: "template",
-                errno: libc::EOPNOTSUPP,
-                message: format!(
-                    "this zygote does not offer the feature templates (it offers: {}; protocol \
-                     version {}): the request was not sent",
-                    crate::command::offered(session.features()),
-                    session.protocol_version()
-                ),
-            });
-        }
+        check_offered(&session, "template")?;
         let ready = session.template(self.request.clone()).await?;
         *self
             .ready
@@ -359,25 +345,38 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// `EOPNOTSUPP` ([`Error::Request`]) when the zygote speaks a protocol
-    /// version before templates (nothing is sent);
+    /// `EOPNOTSUPP` ([`Error::Request`]) when the zygote does not offer
+    /// the feature `templates` (an older protocol version, or withheld;
+    /// nothing is sent);
     /// [`Error::Request`] when it refuses; [`Error::ZygoteLost`].
     pub async fn templates(&self) -> Result<Vec<TemplateInfo>> {
         let session = self.session().await?;
-        if session.protocol_version() < zygote_proto::TEMPLATES_SINCE {
-            return Err(Error::Request {
-                op: "list templates",
-                errno: libc::EOPNOTSUPP,
-                message: format!(
-                    "this zygote speaks protocol version {}, before templates (version {}): \
-                     the request was not sent",
-                    session.protocol_version(),
-                    zygote_proto::TEMPLATES_SINCE
-                ),
-            });
-        }
+        check_offered(&session, "list templates")?;
         session.list_templates().await
     }
+}
+
+/// `EOPNOTSUPP` ([`Error::Request`] for `op`) unless the zygote offered
+/// the feature `templates` on this connection (a version-4 zygote may
+/// withhold it; one of an older version never offers it).
+fn check_offered(session: &Session, op: &'static str) -> Result<()> {
+    let offered = session
+        .features()
+        .iter()
+        .any(|name| name == Feature::Templates.name());
+    if offered && session.protocol_version() >= zygote_proto::TEMPLATES_SINCE {
+        return Ok(());
+    }
+    Err(Error::Request {
+        op,
+        errno: libc::EOPNOTSUPP,
+        message: format!(
+            "this zygote does not offer the feature templates (it offers: {}; protocol version \
+             {}): the request was not sent",
+            crate::command::offered(session.features()),
+            session.protocol_version()
+        ),
+    })
 }
 
 /// Checks an interpreter before it is sent.

@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use zygote_proto::{
-    CgroupSpec, ClientMessage, CpuMax, EnvVar, FdMapping, Hello, KillOnClose, PROTOCOL_VERSION, PtySpec,
-    ResourceLimit, SignalRequest, SpawnRequest, StatusRequest, StdioSpec, Timeout, UpgradeRequest,
-    UserSpec, WindowSize, encode,
+    CgroupSpec, ClientMessage, CpuMax, EnvVar, FdMapping, Hello, KillOnClose, PROTOCOL_VERSION, PYTHON_TEMPLATE,
+    PtySpec, ResourceLimit, SignalRequest, SpawnRequest, StatusRequest, StdioSpec, TemplateListRequest,
+    TemplateRequest, TemplateSpawnRequest, Timeout, UpgradeRequest, UserSpec, WindowSize, encode,
 };
 
 fn spawn(id: u64) -> SpawnRequest {
@@ -108,6 +108,52 @@ fn main() {
         ),
         ("status", ClientMessage::Status(StatusRequest { id: 4 })),
         ("upgrade", ClientMessage::Upgrade(UpgradeRequest { id: 6 })),
+        (
+            "template",
+            ClientMessage::Template(TemplateRequest {
+                id: 7,
+                kind: PYTHON_TEMPLATE.into(),
+                interpreter: b"/usr/bin/python3".to_vec(),
+                preload: vec!["json".into(), "email.mime.text".into()],
+                env: vec![EnvVar {
+                    key: b"PYTHONPATH".to_vec(),
+                    value: b"/srv/lib".to_vec(),
+                }]
+                .into(),
+                cwd: Some(b"/srv".to_vec()),
+            }),
+        ),
+        (
+            "template_spawn",
+            ClientMessage::SpawnFromTemplate(TemplateSpawnRequest {
+                template: 1_700_000_000_000_000,
+                spawn: SpawnRequest {
+                    args: vec![b"-c".to_vec(), b"import json; print(json.dumps(1))".to_vec()],
+                    stdout: StdioSpec::Pipe,
+                    timeout: Some(Timeout {
+                        millis: 1000,
+                        grace_millis: 500,
+                    }),
+                    ..SpawnRequest::new(8, Vec::new())
+                },
+            }),
+        ),
+        (
+            "template_spawn_module",
+            ClientMessage::SpawnFromTemplate(TemplateSpawnRequest {
+                template: 1,
+                spawn: SpawnRequest {
+                    args: vec![b"-m".to_vec(), b"http.server".to_vec(), b"8000".to_vec()],
+                    cwd: Some(b"/tmp".to_vec()),
+                    fd_mappings: vec![FdMapping {
+                        attached_index: 0,
+                        child_fd: 3,
+                    }],
+                    ..SpawnRequest::new(9, Vec::new())
+                },
+            }),
+        ),
+        ("list_templates", ClientMessage::ListTemplates(TemplateListRequest { id: 10 })),
     ];
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
     for target in ["decode_client", "handle_request"] {

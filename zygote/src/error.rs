@@ -118,6 +118,9 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A setting of the daemon's environment has a value it cannot use.
+    #[error("invalid setting in the environment: {0}")]
+    Setting(String),
     /// Two sources for one listener.
     #[error("{0}")]
     Conflict(String),

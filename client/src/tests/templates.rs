@@ -289,6 +289,12 @@ async fn bad_templates_and_children_are_refused_before_sending() {
         .expect_err("not offered");
     assert_eq!(error.raw_os_error(), Some(libc::EOPNOTSUPP), "{error}");
     assert!(error.to_string().contains("feature templates"), "{error}");
+    let error = client.templates().await.expect_err("not offered");
+    assert!(
+        matches!(&error, Error::Request { op: "list templates", errno, .. } if *errno == libc::EOPNOTSUPP),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("feature templates"), "{error}");
     drop(client);
     assert!(join(daemon).await.is_empty(), "nothing was sent");
 

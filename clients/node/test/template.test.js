@@ -10,7 +10,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { promisify } = require('node:util');
-const { Daemon, finished, within } = require('./helpers');
+const { Daemon, finished, sleep, within } = require('./helpers');
 const zygote = require('..');
 const { Template, templateSpec } = require('../lib/template');
 const { addon } = require('../lib/native');
@@ -201,6 +201,65 @@ test('a preload that raises fails the template with its traceback; a missing int
     'the missing interpreter');
   const { stdout } = await within(promisify(zygote.execFile)('/bin/echo', ['still']), 20000, 'a spawn after');
   assert.equal(stdout, 'still\n');
+});
+
+// A module directory with `stamp`, which records the pid of the process
+// that imported it: a child prints the pid of the template it came from.
+function stampDir(t) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'zygote-node-stamp-'));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  fs.writeFileSync(path.join(dir, 'stamp.py'), 'import os\nPID = os.getpid()\n');
+  return { ...process.env, PYTHONPATH: dir };
+}
+
+async function forkedFrom(template) {
+  const { code, stdout, stderr } = await finished(template.spawn(['-c', 'import stamp; print(stamp.PID)']));
+  assert.equal(code, 0, stderr);
+  return Number(stdout);
+}
+
+async function gone(pid) {
+  const deadline = Date.now() + 20000;
+  while (fs.existsSync(`/proc/${pid}`)) {
+    assert.ok(Date.now() < deadline, `process ${pid} still exists`);
+    await sleep(20);
+  }
+}
+
+test('a template killed between two spawns: the second spawn runs, from a fresh process', async (t) => {
+  if (needsTemplates(t)) return;
+  zygote.setSocket(daemon.socket);
+  const template = await within(zygote.pythonTemplate({ preload: ['stamp'], env: stampDir(t) }), 90000,
+    'the template');
+  assert.equal(await forkedFrom(template), template.pid);
+  process.kill(template.pid, 'SIGKILL');
+  await gone(template.pid);
+  const fresh = await forkedFrom(template);
+  assert.notEqual(fresh, template.pid);
+  const listed = (await within(zygote.templates(), 20000, 'the list')).find((info) => info.handle === template.handle);
+  assert.deepEqual([listed.pid, listed.restarts], [fresh, 1]);
+});
+
+test('a template the zygote stopped while idle is asked for once more, and the spawn runs', async (t) => {
+  if (needsTemplates(t)) return;
+  const own = await new Daemon(null, { ZYGOTE_TEMPLATE_IDLE_MS: '2000' }).start();
+  zygote.setSocket(own.socket);
+  t.after(async () => {
+    zygote.setSocket(daemon.socket);
+    await own.stop();
+  });
+  const template = await within(zygote.pythonTemplate({ preload: ['stamp'], env: stampDir(t) }), 90000,
+    'the template');
+  assert.equal(await forkedFrom(template), template.pid);
+  await gone(template.pid);
+  assert.deepEqual(await within(zygote.templates(), 20000, 'the list'), [], 'stopped while idle');
+  const fresh = await forkedFrom(template);
+  assert.notEqual(fresh, template.pid);
+  const listed = await within(zygote.templates(), 20000, 'the list');
+  assert.equal(listed.length, 1);
+  assert.notEqual(listed[0].handle, template.handle, 'requested again, under a new handle');
+  assert.equal(listed[0].pid, fresh);
+  assert.match(own.log(), /stopping an idle template/);
 });
 
 function hasPython() {

@@ -16,6 +16,7 @@ import tempfile
 import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -429,3 +430,135 @@ def test_a_gone_template_is_asked_for_again_once(tmp_path: Path, how: str) -> No
             assert [handle for name, handle in peer.requests if name != "Template"][-2:] == [2, 3]
     finally:
         peer.listener.close()
+
+
+def _wait_gone(pid: int) -> None:
+    """Waits until process ``pid`` is gone (reaped), for 30 s at most."""
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{pid}"):
+        assert time.monotonic() < deadline, f"process {pid} still exists"
+        time.sleep(0.02)
+
+
+def test_a_killed_template_is_started_again_and_the_next_request_runs(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """A template killed between two spawns: the second spawn gets a child
+    of a fresh process behind the same handle."""
+    directory = modules_dir(tmp_path, stamp="import os\nPID = os.getpid()\n")
+    code = "import stamp; print(stamp.PID)"
+    with zygote.Client(daemon.socket) as client:
+        offers_templates(client)
+        template = client.python_template(preload=["stamp"], env=with_path(directory))
+        first = template.run(["-c", code], capture_output=True, text=True, timeout=30)
+        assert first.stdout == f"{template.pid}\n", first.stderr
+        os.kill(template.pid, signal.SIGKILL)
+        _wait_gone(template.pid)
+        second = template.run(["-c", code], capture_output=True, text=True, timeout=30)
+        assert second.returncode == 0, second.stderr
+        assert second.stdout != first.stdout, "a fresh template process"
+        (listed,) = client.templates()
+        assert listed["template"] == template.handle
+        assert (listed["pid"], listed["restarts"]) == (int(second.stdout), 1)
+
+
+def test_a_template_that_keeps_crashing_raises_and_is_not_looped(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """A template whose restart fails raises a clear error once per spawn,
+    each spawn tries one start at most, and after 3 failures in a row the
+    daemon refuses without trying."""
+    starts = tmp_path / "starts"
+    directory = modules_dir(tmp_path, flaky=f"open({str(starts)!r}, 'a').write('x')\n")
+    with zygote.Client(daemon.socket) as client:
+        offers_templates(client)
+        template = client.python_template(preload=["flaky"], env=with_path(directory))
+        (directory / "flaky.py").write_text(
+            f"open({str(starts)!r}, 'a').write('x')\nraise OSError('gone bad')\n"
+        )
+        os.kill(template.pid, signal.SIGKILL)
+        _wait_gone(template.pid)
+        for attempt in range(1, 4):
+            with pytest.raises(OSError) as failed:
+                template.run(["-c", "pass"], timeout=30)
+            assert failed.value.errno == errno.EPROTO
+            assert failed.value.zygote_stage == "Template"  # type: ignore[attr-defined]
+            message = failed.value.zygote_message  # type: ignore[attr-defined]
+            assert "OSError: gone bad" in message
+            assert starts.read_text() == "x" * (1 + attempt), "one start per spawn"
+        began = time.monotonic()
+        with pytest.raises(OSError) as paused:
+            template.run(["-c", "pass"], timeout=30)
+        message = paused.value.zygote_message  # type: ignore[attr-defined]
+        assert "failed to start 3 times in a row" in message
+        assert time.monotonic() - began < 5
+        assert starts.read_text() == "xxxx", "refused without a start"
+
+
+def _spawn_as_nobody(template: zygote.Template, socket_path: str) -> str:
+    """Runs a child of ``template`` (another uid's) from a forked process
+    that became uid and gid 65534: what it raised, as "ERRNO STAGE"."""
+    read_end, write_end = os.pipe()
+    # The child only connects, spawns and exits; a lock held by another
+    # thread at the fork would show as "no answer", not as a hang.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            with zygote.Client(socket_path) as other:
+                template._client = other
+                try:
+                    template.run(["-c", "pass"], timeout=30)
+                    said = "ran"
+                except OSError as error:
+                    said = f"{error.errno} {getattr(error, 'zygote_stage', None)}"
+            os.write(write_end, said.encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], 30)
+        said = os.read(read_end, 200).decode() if ready else "no answer in 30 s"
+    finally:
+        os.close(read_end)
+        deadline = time.monotonic() + 10
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.02)
+    return said
+
+
+def test_a_template_of_another_uid_is_refused_with_eperm() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a peer of another uid needs root")
+    # Reachable by uid 65534: a searchable directory, a socket open to all.
+    directory = Path(tempfile.mkdtemp(prefix="zygote-tpl-uid-"))
+    directory.chmod(0o755)
+    own = Daemon(directory, extra=["--socket-mode", "0666"])
+    try:
+        with zygote.Client(own.socket) as client:
+            offers_templates(client)
+            template = client.python_template(preload=["json"], env=ENV)
+            assert template.run(["-c", "pass"]).returncode == 0
+            handle = template.handle
+            said = _spawn_as_nobody(template, own.socket)
+            assert said == f"{errno.EPERM} Validate", own.log()
+            # Refused, not re-requested: root's template is untouched.
+            (listed,) = client.templates()
+            assert (listed["template"], listed["uid"], listed["forks"]) == (handle, 0, 1)
+    finally:
+        own.kill()
+        own.stop()
+        for name in os.listdir(directory):
+            os.unlink(directory / name)
+        os.rmdir(directory)

@@ -14,6 +14,7 @@ use crate::daemon::handover::{self, SavedDaemon};
 use crate::daemon::policy::Policy;
 use crate::daemon::private;
 use crate::daemon::server::{self, Options, Restored};
+use crate::daemon::templates::Settings;
 use crate::daemon::upgrade::Handover;
 use crate::service::activation::Activation;
 use crate::service::activation::Notifier;
@@ -29,8 +30,9 @@ use crate::{Error, spawn};
 ///
 /// # Errors
 ///
-/// When the kernel is too old, a socket cannot be bound or was passed
-/// twice, or the runtime cannot start.
+/// When the kernel is too old, a template setting of the environment is
+/// bad, a socket cannot be bound or was passed twice, or the runtime
+/// cannot start.
 pub fn serve(
     args: &ServeArgs,
     activation: Activation,
@@ -42,6 +44,11 @@ pub fn serve(
         tracing::warn!(%error, "could not mark inherited fds close-on-exec (needs Linux 5.11)");
     }
     spawn::check_kernel_support().map_err(Error::KernelUnsupported)?;
+    // A live upgrade keeps serving whatever the environment says (the
+    // templates then use their defaults for a bad value, with a warning).
+    if handover.is_none() {
+        Settings::from_env().map_err(Error::Setting)?;
+    }
     if let Some(fd) = args.private_fd {
         let socket =
             spawn::take_inherited_fd(fd).map_err(|source| Error::InheritedFd { fd, source })?;

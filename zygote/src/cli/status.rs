@@ -21,10 +21,11 @@ pub fn status(args: &StatusArgs) -> u8 {
     let asked = runtime.block_on(async {
         let client = Client::connect(&path).await?;
         let status = client.status().await?;
+        // The rest of the status is worth printing when the list is not.
         let templates = if client.offers(Feature::Templates) {
-            client.templates().await?
+            client.templates().await.map_err(|error| error.to_string())
         } else {
-            Vec::new()
+            Ok(Vec::new())
         };
         let protocol = Protocol {
             version: client.protocol_version(),
@@ -77,12 +78,10 @@ impl Protocol {
     }
 }
 
-fn render(
-    socket: &str,
-    status: &DaemonStatus,
-    protocol: &Protocol,
-    templates: &[TemplateInfo],
-) -> String {
+/// The templates listed, or why they could not be.
+type Listed = Result<Vec<TemplateInfo>, String>;
+
+fn render(socket: &str, status: &DaemonStatus, protocol: &Protocol, templates: &Listed) -> String {
     format!(
         "socket:            {socket}\n\
          version:           {}\n\
@@ -110,11 +109,14 @@ fn render(
 
 /// The warm templates the zygote showed (every uid's to root and the
 /// zygote's own uid, the caller's own to anyone else), as a table; nothing
-/// when there are none or the zygote does not offer them.
-fn templates_table(templates: &[TemplateInfo]) -> String {
-    if templates.is_empty() {
-        return String::new();
-    }
+/// when there are none or the zygote does not offer them; one line when
+/// they could not be listed.
+fn templates_table(templates: &Listed) -> String {
+    let templates = match templates {
+        Ok(templates) if templates.is_empty() => return String::new(),
+        Ok(templates) => templates,
+        Err(error) => return format!("\ntemplates:         could not be listed: {error}\n"),
+    };
     let mut table = format!(
         "\ntemplates:\n  {:>6}  {:>10}  {:>8}  {:>6}  {:>8}  {:>9}  {:>7}  {:<16}  {}\n",
         "HANDLE", "UID", "PID", "FORKS", "RESTARTS", "AGE", "RSS", "INTERPRETER", "PRELOAD"
@@ -205,11 +207,13 @@ fn spawners_table(spawners: &[SpawnerInfo]) -> String {
 }
 
 /// One JSON object with the same facts; durations in milliseconds.
+/// Templates that could not be listed are `null`, with
+/// `templates_error` saying why.
 fn render_json(
     socket: &str,
     status: &DaemonStatus,
     protocol: &Protocol,
-    templates: &[TemplateInfo],
+    templates: &Listed,
 ) -> String {
     serde_json::json!({
         "socket": socket,
@@ -237,7 +241,10 @@ fn render_json(
             "spawns": spawner.spawns,
             "restarts": spawner.restarts,
         })).collect::<Vec<_>>(),
-        "templates": templates.iter().map(template_json).collect::<Vec<_>>(),
+        "templates": templates.as_ref().ok().map(|templates| {
+            templates.iter().map(template_json).collect::<Vec<_>>()
+        }),
+        "templates_error": templates.as_ref().err(),
     })
     .to_string()
 }
@@ -348,8 +355,9 @@ mod tests {
     #[test]
     fn templates_print_as_a_table_and_in_json() {
         let templates = [template(3, 4300, &["json", "decimal"]), template(4, 0, &[])];
+        let listed: Listed = Ok(templates.to_vec());
         assert_eq!(
-            templates_table(&templates),
+            templates_table(&listed),
             "\ntemplates:\n\
              \x20 HANDLE         UID       PID   FORKS  RESTARTS        AGE      RSS  \
              INTERPRETER       PRELOAD\n\
@@ -358,7 +366,7 @@ mod tests {
              \x20      4        1000         -     300         1      1m 1s    25.0M  \
              /usr/bin/python3  -\n"
         );
-        assert_eq!(templates_table(&[]), "");
+        assert_eq!(templates_table(&Ok(Vec::new())), "");
         assert_eq!(
             template_json(&templates[0]),
             serde_json::json!({
@@ -369,6 +377,16 @@ mod tests {
         );
         assert_eq!(human_bytes(812 * 1024), "812K");
         assert_eq!(human_bytes(3 << 30), "3.0G");
+    }
+
+    #[test]
+    fn templates_that_cannot_be_listed_are_one_line() {
+        let listed: Listed = Err("list templates failed: Operation not permitted".to_owned());
+        assert_eq!(
+            templates_table(&listed),
+            "\ntemplates:         could not be listed: list templates failed: Operation not \
+             permitted\n"
+        );
     }
 
     #[test]

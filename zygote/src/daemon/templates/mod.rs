@@ -20,12 +20,14 @@
 //! Bounds: [`PER_UID`] templates per uid and [`IN_ALL`] in all; a process
 //! is recycled after [`MAX_FORKS`] forks or [`MAX_AGE`]; a template is
 //! stopped after [`IDLE_STOP`] without a spawn, or when its uid's last
-//! connection closes; a start has [`START_DEADLINE`] (or
-//! [`START_DEADLINE_ENV`]); an answer [`ANSWER_DEADLINE`]; after
+//! connection closes; a start has [`START_DEADLINE`]; an answer
+//! [`ANSWER_DEADLINE`]; the daemon's environment may change the first
+//! three and the start deadline ([`Settings`]); after
 //! [`FAILED_STARTS_BEFORE_PAUSE`] failed starts in a row a template is not
 //! started again before [`START_PAUSE`].
 
 mod process;
+mod settings;
 mod warm;
 mod watch;
 
@@ -42,6 +44,7 @@ use crate::daemon::policy::Grant;
 use crate::daemon::state::Daemon;
 use process::Process;
 
+pub(crate) use settings::Settings;
 pub(crate) use warm::check_spawn;
 
 /// Templates one uid may have at once.
@@ -63,7 +66,8 @@ pub const IDLE_STOP: Duration = Duration::from_secs(600);
 /// How long a template may take to import its preloads and say ready.
 pub const START_DEADLINE: Duration = Duration::from_secs(60);
 
-/// Milliseconds that replace [`START_DEADLINE`], read at daemon start.
+/// Milliseconds that replace [`START_DEADLINE`], read at daemon start
+/// (see [`Settings`]).
 pub const START_DEADLINE_ENV: &str = "ZYGOTE_TEMPLATE_START_DEADLINE_MS";
 
 /// Children each template keeps forked ahead, waiting for a request.
@@ -162,13 +166,13 @@ impl Template {
 
     /// Its process, when one runs that may fork; one due for recycling is
     /// retired on the way.
-    fn usable(&self) -> Option<Arc<Process>> {
+    fn usable(&self, settings: &Settings) -> Option<Arc<Process>> {
         let state = self.lock();
         let process = state.process.as_ref()?;
         if !process.accepting() {
             return None;
         }
-        if process.forks() >= MAX_FORKS || process.started.elapsed() >= MAX_AGE {
+        if process.forks() >= settings.max_forks || process.started.elapsed() >= settings.max_age {
             info!(
                 template = self.handle,
                 uid = self.key.uid,
@@ -187,11 +191,12 @@ impl Template {
         self: &Arc<Self>,
         daemon: &Arc<Daemon>,
     ) -> Result<(Arc<Process>, bool), Failure> {
-        if let Some(process) = self.usable() {
+        let settings = daemon.templates.settings();
+        if let Some(process) = self.usable(settings) {
             return Ok((process, false));
         }
         let _starting = self.starting.lock().await;
-        if let Some(process) = self.usable() {
+        if let Some(process) = self.usable(settings) {
             return Ok((process, false));
         }
         {
@@ -323,9 +328,7 @@ struct Registry {
 pub struct Templates {
     registry: Arc<Mutex<Registry>>,
     next_handle: AtomicU64,
-    start_deadline: Duration,
-    /// See [`POOL_ENV`].
-    pool_size: usize,
+    settings: Settings,
 }
 
 impl std::fmt::Debug for Templates {
@@ -343,26 +346,28 @@ impl Default for Templates {
 }
 
 impl Templates {
-    /// No templates yet. Handles start from the clock's microseconds, so
-    /// that an image started by an upgrade never hands out one the
-    /// previous image did.
+    /// No templates yet, under the [`Settings`] of the environment (the
+    /// defaults, with a warning, when it holds a bad value: `zygote
+    /// serve` refuses to start with one before it gets here). Handles
+    /// start from the clock's microseconds, so that an image started by
+    /// an upgrade never hands out one the previous image did.
     pub fn new() -> Self {
+        let settings = Settings::from_env().unwrap_or_else(|error| {
+            tracing::warn!(%error, "template settings: using the defaults");
+            Settings::default()
+        });
+        Self::with_settings(settings)
+    }
+
+    /// No templates yet, under `settings`.
+    pub fn with_settings(settings: Settings) -> Self {
         let first = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |since| since.as_micros() as u64);
-        let start_deadline = std::env::var(START_DEADLINE_ENV)
-            .ok()
-            .and_then(|millis| millis.trim().parse::<u64>().ok())
-            .map_or(START_DEADLINE, Duration::from_millis);
-        let pool_size = std::env::var(POOL_ENV)
-            .ok()
-            .and_then(|size| size.trim().parse::<usize>().ok())
-            .map_or(POOL_SIZE, |size| size.min(MAX_POOL_SIZE));
         Self {
             registry: Arc::default(),
             next_handle: AtomicU64::new(first.max(1)),
-            start_deadline,
-            pool_size,
+            settings,
         }
     }
 
@@ -557,18 +562,24 @@ impl Templates {
         Arc::downgrade(&self.registry)
     }
 
-    /// The start deadline in force.
-    fn pool_size(&self) -> usize {
-        self.pool_size
+    /// The bounds in force.
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.settings
     }
 
+    /// Children each template keeps forked ahead.
+    fn pool_size(&self) -> usize {
+        self.settings.pool_size
+    }
+
+    /// The start deadline in force.
     fn start_deadline(&self) -> Duration {
-        self.start_deadline
+        self.settings.start_deadline
     }
 }
 
 /// Takes an idle template out of `registry` (its watch saw no spawn for
-/// [`IDLE_STOP`]).
+/// [`Settings::idle_stop`]).
 fn remove_idle(registry: &Weak<Mutex<Registry>>, template: &Template) {
     if let Some(registry) = registry.upgrade() {
         let mut registry = registry.lock().unwrap_or_else(PoisonError::into_inner);
@@ -689,16 +700,25 @@ pub(super) mod tests {
     #[tokio::test]
     async fn a_process_past_its_forks_or_age_is_retired_for_a_fresh_one() {
         let (young, process, _peer) = running(Instant::now(), MAX_FORKS - 1);
-        assert!(young.usable().is_some(), "below both bounds it forks");
+        assert!(
+            young.usable(&Settings::default()).is_some(),
+            "below both bounds it forks"
+        );
         assert!(!process.retired());
         let (used, process, _peer) = running(Instant::now(), MAX_FORKS);
-        assert!(used.usable().is_none(), "at MAX_FORKS it is replaced");
+        assert!(
+            used.usable(&Settings::default()).is_none(),
+            "at MAX_FORKS it is replaced"
+        );
         assert!(process.retired(), "and asked to end");
         let Some(long_ago) = Instant::now().checked_sub(MAX_AGE) else {
             return;
         };
         let (old, process, _peer) = running(long_ago, 0);
-        assert!(old.usable().is_none(), "at MAX_AGE it is replaced");
+        assert!(
+            old.usable(&Settings::default()).is_none(),
+            "at MAX_AGE it is replaced"
+        );
         assert!(process.retired());
         assert_eq!(old.info().pid, 0, "listed without a process meanwhile");
     }

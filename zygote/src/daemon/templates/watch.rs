@@ -13,7 +13,7 @@ use tracing::info;
 use zygote_proto::RECV_BUFFER_BYTES;
 
 use super::process::{Answer, Process};
-use super::{ANSWER_DEADLINE, Failure, IDLE_STOP, Registry, Template, remove_idle};
+use super::{ANSWER_DEADLINE, Failure, Registry, Template, remove_idle};
 use crate::daemon::state::Daemon;
 use crate::daemon::{lifetime, reaper};
 use crate::spawn;
@@ -191,7 +191,7 @@ impl Watch {
                     .last_used
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    + IDLE_STOP
+                    + self.daemon.templates.settings().idle_stop
             }
         }
     }
@@ -214,14 +214,15 @@ impl Watch {
             .last_used
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if last.elapsed() < IDLE_STOP {
+        let idle_stop = self.daemon.templates.settings().idle_stop;
+        if last.elapsed() < idle_stop {
             return None;
         }
         if let Some(template) = self.template.upgrade() {
             info!(
                 template = template.handle,
                 uid = self.process.uid,
-                idle_s = IDLE_STOP.as_secs(),
+                idle_ms = idle_stop.as_millis() as u64,
                 "stopping an idle template"
             );
             remove_idle(&self.registry, &template);
@@ -252,6 +253,7 @@ impl Watch {
 
 #[cfg(test)]
 mod tests {
+    use super::super::IDLE_STOP;
     use super::*;
     use zygote_proto::{Env, PYTHON_TEMPLATE, TemplateRequest};
 
