@@ -41,6 +41,8 @@ from ._errors import ZygoteError
 _GONE_ON_SEND = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
 #: How long a connection ended by a failed send waits for its reader.
 _READER_END_SECONDS = 1.0
+#: How often the idle reader thread checks whether it is needed.
+_READER_RECHECK_SECONDS = 1.0
 
 #: The name this client gives in ``Hello``.
 CLIENT_NAME = "zygote-py/0.1.0"
@@ -129,9 +131,10 @@ class Connection:
         # reply: their child is killed when Spawned comes.
         self._abandoned: Set[int] = set()
         # Guards the hand-over of a Spawned reply against a caller giving
-        # up at the same moment, and the receiving role below; never held
-        # across a round trip. Reentrant: a finalizer run by the garbage
-        # collector while this thread holds it may give a spawn up.
+        # up at the same moment, and the receiving role below; held only
+        # for a few statements, never across a round trip. Reentrant: a
+        # finalizer run by the garbage collector while this thread holds
+        # it may give a spawn up (or poll).
         self._lock = threading.RLock()
         # The receiving role: whether a thread holds it, the events of the
         # threads waiting for its holder, and the spawns whose replies go to
@@ -263,45 +266,53 @@ class Connection:
         if os.getpid() != self.pid:
             self.forsake_after_fork()  # sets every event of the parent's
             return event.wait(timeout)
-        with self._lock:
-            lead = not self._receiving and self._lost is None and not event.is_set()
-            if lead:
-                self._receiving = True
-            else:
-                self._followers.append(event)
-        if not lead:
-            try:
-                return event.wait(timeout)
-            finally:
-                with self._lock:
-                    self._followers.remove(event)
         deadline = None if timeout is None else time.monotonic() + timeout
+        # Both flags are set with the state they stand for, inside the try:
+        # a signal handler raising anywhere here still gives the role up.
+        leading = following = False
         try:
+            with self._lock:
+                if not self._receiving and self._lost is None:
+                    leading = self._receiving = True
+                else:
+                    following = True
+                    self._followers.append(event)
+            if following:
+                return event.wait(timeout)
             while not event.is_set() and self._lost is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
                 self._receive_one(left)
+            return event.is_set()
         finally:
-            self._step_down()
-        return event.is_set()
+            if leading:
+                self._receiving = False  # first: no call in between
+                self._step_down()
+            elif following:
+                with self._lock:
+                    try:
+                        self._followers.remove(event)
+                    except ValueError:
+                        pass  # interrupted before it was added
 
     def collect(self) -> None:
         """Dispatches the frames that have come (and the connection's end),
         without blocking, unless another thread is receiving them."""
-        if os.getpid() != self.pid or not self._lock.acquire(blocking=False):
+        if os.getpid() != self.pid:
             return
+        leading = False
         try:
-            if self._receiving or self._lost is not None:
-                return
-            self._receiving = True
-        finally:
-            self._lock.release()
-        try:
+            with self._lock:
+                if self._receiving or self._lost is not None:
+                    return
+                leading = self._receiving = True
             while self._lost is None and self._receive_one(0.0):
                 pass
         finally:
-            self._step_down()
+            if leading:
+                self._receiving = False
+                self._step_down()
 
     def _step_down(self) -> None:
         """Gives the receiving role up; wakes the reader thread if anybody
@@ -378,7 +389,9 @@ class Connection:
                 while self._receiving or not self._reader_wanted():
                     if self._lost is not None:
                         return
-                    self._reader_wake.wait()
+                    # Woken by whoever makes it needed; the timeout only
+                    # covers a wake lost to a signal handler raising.
+                    self._reader_wake.wait(_READER_RECHECK_SECONDS)
                 if self._lost is not None:
                     return
                 self._receiving = True
