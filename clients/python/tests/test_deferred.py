@@ -23,8 +23,8 @@ from zygote._conn import Connection
 
 
 class Recorder:
-    """The names of the replies each spawn id got, read off the reader
-    thread's dispatch, and each spawn's exit notice."""
+    """The names of the replies each spawn id got, read off the
+    connection's dispatch, and each spawn's exit notice."""
 
     def __init__(self, conn: Connection) -> None:
         self.replies: Dict[int, List[str]] = {}

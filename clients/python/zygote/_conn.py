@@ -1,9 +1,24 @@
-"""One connection to a zygote: the socket, the handshake, and a reader
-thread that hands each reply to whoever waits for its request id.
+"""One connection to a zygote: the socket, the handshake, and the
+receiving of replies, each handed to whoever waits for its request id.
 
 Sending needs no lock: a SOCK_SEQPACKET ``sendmsg`` sends one whole frame
-atomically, so threads send concurrently and then wait on their own slot.
-The reader thread is the only receiver.
+atomically, so threads send concurrently and then wait for their reply.
+
+Receiving is one role, held by one thread at a time. A thread that waits
+for a reply while nobody receives takes the role itself: it reads and
+dispatches every frame (its own and anyone else's) until its reply is in,
+then gives the role up, so a lone caller hears its reply with no hand-over
+between threads. A thread that finds the role taken waits for the holder
+to dispatch its reply. The connection's reader thread sleeps until the
+role is free and somebody needs frames read: a thread still waiting when
+the holder leaves, a spawn whose reply goes to a callback (asyncio), a
+spawn given up before its reply (its child is killed when reported), or
+the end of the connection. ``Popen.poll`` reads what has come without
+blocking (:meth:`Connection.collect`).
+
+A signal handler that raises in the receiving thread interrupts the
+blocking read before it takes a frame (a frame is atomic); the role passes
+on, so the others are still served.
 """
 
 from __future__ import annotations
@@ -26,6 +41,8 @@ from ._errors import ZygoteError
 _GONE_ON_SEND = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
 #: How long a connection ended by a failed send waits for its reader.
 _READER_END_SECONDS = 1.0
+#: How often the idle reader thread checks whether it is needed.
+_READER_RECHECK_SECONDS = 1.0
 
 #: The name this client gives in ``Hello``.
 CLIENT_NAME = "zygote-py/0.1.0"
@@ -66,7 +83,7 @@ def _fds_of(ancdata: List[Any]) -> List[int]:
 
 class SpawnSlot:
     """What one spawn request waits for: ``Spawned`` (or ``SpawnFailed``),
-    then ``Exited``. The reader thread fills it; callbacks let asyncio
+    then ``Exited``. The receiving thread fills it; callbacks let asyncio
     hear about it without a thread blocking."""
 
     __slots__ = (
@@ -96,7 +113,7 @@ class SpawnSlot:
         if callback is not None:
             try:
                 callback()
-            except Exception:  # the reader thread must survive any waiter
+            except Exception:  # the receiving thread must survive any waiter
                 pass
 
 
@@ -114,14 +131,28 @@ class Connection:
         # reply: their child is killed when Spawned comes.
         self._abandoned: Set[int] = set()
         # Guards the hand-over of a Spawned reply against a caller giving
-        # up at the same moment; never held across a round trip.
-        self._lock = threading.Lock()
+        # up at the same moment, and the receiving role below; held only
+        # for a few statements, never across a round trip. Reentrant: a
+        # finalizer run by the garbage collector while this thread holds
+        # it may give a spawn up (or poll).
+        self._lock = threading.RLock()
+        # The receiving role: whether a thread holds it, the events of the
+        # threads waiting for its holder, and the spawns whose replies go to
+        # callbacks, which the reader thread receives for.
+        self._receiving = False
+        self._followers: List[threading.Event] = []
+        self._watched: Set[int] = set()
+        self._reader_wake = threading.Condition(self._lock)
+        # Set by close() and by a failed send: read on to the end.
+        self._ending = False
         self._lost: Optional[ZygoteError] = None
         self._closing = False
         # Frames are read into this one buffer (the handshake, then only
-        # the reader thread): a fresh max-frame bytes object per reply cost
-        # an mmap and an mremap each.
+        # the receiving thread): a fresh max-frame bytes object per reply
+        # cost an mmap and an mremap each.
         self._recv_buffer = bytearray()
+        self._poller = select.poll()
+        self._poller.register(sock.fileno(), select.POLLIN)
         self.pid = os.getpid()
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF_BYTES)
@@ -196,7 +227,9 @@ class Connection:
             )
         raise ZygoteError(errno.EPROTO, f"zygote at {self.where} answered Hello with {message!r}")
 
-    def _recv(self, max_frame: int, max_fds: int) -> "tuple[Optional[bytes], List[int]]":
+    def _recv(
+        self, max_frame: int, max_fds: int, flags: int = 0
+    ) -> "tuple[Optional[bytes], List[int]]":
         """One frame and its fds; ``None`` at end of stream."""
         if len(self._recv_buffer) != max_frame + 1:
             self._recv_buffer = bytearray(max_frame + 1)
@@ -205,7 +238,7 @@ class Connection:
                 size, ancdata, flags, _ = self._sock.recvmsg_into(
                     [self._recv_buffer],
                     socket.CMSG_SPACE(max_fds * 4),
-                    socket.MSG_CMSG_CLOEXEC,
+                    socket.MSG_CMSG_CLOEXEC | flags,
                 )
                 break
             except InterruptedError:  # pragma: no cover - PEP 475 retries
@@ -221,43 +254,161 @@ class Connection:
             return None, []
         return data, fds
 
-    # --- the reader thread ---------------------------------------------
+    # --- receiving --------------------------------------------------------
 
-    def _read_loop(self) -> None:
-        reason: ZygoteError
+    def wait(self, event: threading.Event, timeout: Optional[float] = None) -> bool:
+        """Waits at most ``timeout`` seconds (None: no limit) for ``event``,
+        set when the reply it stands for is dispatched or the connection
+        ends; True once it is set. When no thread is receiving, this one
+        receives until its reply is in."""
+        if event.is_set():
+            return True
+        if os.getpid() != self.pid:
+            self.forsake_after_fork()  # sets every event of the parent's
+            return event.wait(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # Both flags are set with the state they stand for, inside the try:
+        # a signal handler raising anywhere here still gives the role up.
+        leading = following = False
         try:
-            while True:
-                frame, fds = self._recv(self.max_frame, self.max_fds)
-                if frame is None:
-                    reason = ZygoteError(
-                        errno.ECONNRESET, f"the zygote at {self.where} closed the connection"
-                    )
+            with self._lock:
+                if not self._receiving and self._lost is None:
+                    leading = self._receiving = True
+                else:
+                    following = True
+                    self._followers.append(event)
+            if following:
+                return event.wait(timeout)
+            while not event.is_set() and self._lost is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
                     break
-                try:
-                    message = _wire.decode_server(frame, self.protocol_version)
-                except _wire.DecodeError as error:
-                    _close_all(fds)
-                    reason = ZygoteError(
-                        errno.EPROTO, f"the zygote at {self.where} sent a bad frame: {error}"
-                    )
-                    break
-                stop = self._dispatch(message, fds)
-                if stop is not None:
-                    reason = stop
-                    break
+                self._receive_one(left)
+            return event.is_set()
+        finally:
+            if leading:
+                self._receiving = False  # first: no call in between
+                self._step_down()
+            elif following:
+                with self._lock:
+                    try:
+                        self._followers.remove(event)
+                    except ValueError:
+                        pass  # interrupted before it was added
+
+    def collect(self) -> None:
+        """Dispatches the frames that have come (and the connection's end),
+        without blocking, unless another thread is receiving them."""
+        if os.getpid() != self.pid:
+            return
+        leading = False
+        try:
+            with self._lock:
+                if self._receiving or self._lost is not None:
+                    return
+                leading = self._receiving = True
+            while self._lost is None and self._receive_one(0.0):
+                pass
+        finally:
+            if leading:
+                self._receiving = False
+                self._step_down()
+
+    def _step_down(self) -> None:
+        """Gives the receiving role up; wakes the reader thread if anybody
+        still needs frames read (or the connection ended, so it exits)."""
+        with self._lock:
+            self._receiving = False
+            if self._lost is not None or self._reader_wanted():
+                self._reader_wake.notify()
+
+    def _reader_wanted(self) -> bool:
+        """Whether frames must be read for anyone but a receiving caller.
+        The lock is held."""
+        return (
+            self._ending
+            or bool(self._watched)
+            or bool(self._abandoned)
+            or any(not event.is_set() for event in self._followers)
+        )
+
+    def _receive_one(self, wait: Optional[float]) -> bool:
+        """Reads and dispatches one frame, or ends the connection; False
+        when no frame came within ``wait`` seconds (None: blocks). The
+        caller holds the receiving role."""
+        flags = 0
+        if wait is not None:
+            if not self._poller.poll(max(0, int(wait * 1000 + 0.999))):
+                return False
+            flags = socket.MSG_DONTWAIT
+        try:
+            frame, fds = self._recv(self.max_frame, self.max_fds, flags)
+        except BlockingIOError:
+            return False
         except ZygoteError as error:
-            reason = error
+            self._end(error)
+            return True
         except OSError as error:
-            reason = ZygoteError(
-                error.errno, f"reading from the zygote at {self.where} failed: {error.strerror}"
+            if error.errno is None:
+                raise  # not the socket's: a signal handler's, say
+            self._end(
+                ZygoteError(
+                    error.errno,
+                    f"reading from the zygote at {self.where} failed: {error.strerror}",
+                )
             )
-        except Exception as error:  # a bug here must not leave waiters hanging
-            reason = ZygoteError(
-                errno.EPROTO, f"the client's reader for {self.where} failed: {error!r}"
+            return True
+        if frame is None:
+            self._end(
+                ZygoteError(errno.ECONNRESET, f"the zygote at {self.where} closed the connection")
             )
+            return True
+        try:
+            message = _wire.decode_server(frame, self.protocol_version)
+        except _wire.DecodeError as error:
+            _close_all(fds)
+            self._end(
+                ZygoteError(errno.EPROTO, f"the zygote at {self.where} sent a bad frame: {error}")
+            )
+            return True
+        stop = self._dispatch(message, fds)
+        if stop is not None:
+            self._end(stop)
+        return True
+
+    def _end(self, reason: ZygoteError) -> None:
         if self._closing:
             reason = ZygoteError(errno.ESHUTDOWN, f"the client of {self.where} was closed")
         self._fail_all(reason)
+
+    def _read_loop(self) -> None:
+        """The reader thread: receives while the role is free and somebody
+        needs frames read; exits once the connection has ended."""
+        while True:
+            with self._lock:
+                while self._receiving or not self._reader_wanted():
+                    if self._lost is not None:
+                        return
+                    # Woken by whoever makes it needed; the timeout only
+                    # covers a wake lost to a signal handler raising.
+                    self._reader_wake.wait(_READER_RECHECK_SECONDS)
+                if self._lost is not None:
+                    return
+                self._receiving = True
+            try:
+                while self._lost is None:
+                    self._receive_one(None)
+                    with self._lock:
+                        if not self._reader_wanted():
+                            break
+            except Exception as error:  # a bug here must not leave waiters hanging
+                self._end(
+                    ZygoteError(
+                        errno.EPROTO, f"the client's reader for {self.where} failed: {error!r}"
+                    )
+                )
+            finally:
+                self._step_down()
 
     def _dispatch(self, message: Any, fds: List[int]) -> Optional[ZygoteError]:
         ((name, body),) = message.items()
@@ -270,6 +421,9 @@ class Connection:
                     slot.reply = message
                     slot.fds = fds
                     slot.spawned.set()
+                if abandoned:
+                    # Its Exited is read as soon as it comes, too.
+                    self._watched.add(body["id"])
             if slot is None:
                 if abandoned and fds:
                     _kill(fds[0])
@@ -279,8 +433,9 @@ class Connection:
             return None
         _close_all(fds)
         if name == "SpawnFailed":
-            self._abandoned.discard(body["id"])
-            slot = self._slots.pop(body["id"], None)
+            with self._lock:
+                self._abandoned.discard(body["id"])
+                slot = self._forget(body["id"])
             if slot is not None:
                 slot.reply = message
                 slot.spawned.set()
@@ -288,7 +443,7 @@ class Connection:
         elif name == "Exited":
             with self._lock:
                 self._abandoned.discard(body["id"])
-                slot = self._slots.pop(body["id"], None)
+                slot = self._forget(body["id"])
             if slot is not None:
                 slot.exit = body
                 slot.exited.set()
@@ -312,10 +467,16 @@ class Connection:
             )
         return None
 
+    def _forget(self, request_id: int) -> Optional[SpawnSlot]:
+        """Drops a spawn's slot. The lock is held."""
+        self._watched.discard(request_id)
+        return self._slots.pop(request_id, None)
+
     def _fail_all(self, reason: ZygoteError) -> None:
         self._lost = reason
         slots = list(self._slots.values())
         self._slots.clear()
+        self._watched.clear()
         for slot in slots:
             slot.error = reason
             if not slot.spawned.is_set():
@@ -347,6 +508,7 @@ class Connection:
             slot.spawned.set()
             slot.exited.set()
         self._slots.clear()
+        self._watched.clear()
         for event in list(self._signals.values()):
             event.set()
         self._signals.clear()
@@ -358,10 +520,12 @@ class Connection:
     @property
     def lost(self) -> Optional[ZygoteError]:
         """Why the connection ended, unless this client closed it."""
+        self.collect()  # an end that nobody has read yet
         return None if self._closing else self._lost
 
     @property
     def alive(self) -> bool:
+        self.collect()
         return self._lost is None and not self._closing
 
     def check(self) -> None:
@@ -415,22 +579,38 @@ class Connection:
         if error.errno not in _GONE_ON_SEND or os.getpid() != self.pid:
             return False
         if self._lost is None:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            self._end_reading()
             if self._reader is not threading.current_thread():
                 self._reader.join(_READER_END_SECONDS)
         return self._lost is not None
+
+    def _end_reading(self) -> None:
+        """Shuts the socket down and has it read to its end (by the
+        receiving thread, or else the reader thread), which fails every
+        request still waiting."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        with self._lock:
+            self._ending = True
+            self._reader_wake.notify()
 
     def fileno(self) -> int:
         return self._sock.fileno()
 
     def register_spawn(self, request_id: int, slot: SpawnSlot) -> None:
         self.check()
-        self._slots[request_id] = slot
+        with self._lock:
+            self._slots[request_id] = slot
+            if slot.on_spawn is not None or slot.on_exit is not None:
+                # Nobody may wait for this reply: the reader thread reads it.
+                self._watched.add(request_id)
+                if not self._receiving:
+                    self._reader_wake.notify()
         if self._lost is not None:  # lost between the check and now
-            self._slots.pop(request_id, None)
+            with self._lock:
+                self._forget(request_id)
             self.check()
 
     def unregister(self, request_id: int, sent: bool) -> None:
@@ -439,12 +619,15 @@ class Connection:
         if os.getpid() != self.pid:
             return  # the parent's request, and the parent's child
         with self._lock:
-            slot = self._slots.pop(request_id, None)
+            slot = self._forget(request_id)
             if slot is None:
                 return
             slot.abandoned = True
             if sent and not slot.spawned.is_set():
+                # The reader thread kills the child once it is reported.
                 self._abandoned.add(request_id)
+                if not self._receiving:
+                    self._reader_wake.notify()
                 return
         if sent and slot.reply is not None and "Spawned" in slot.reply:
             _kill(slot.fds[0])
@@ -459,7 +642,7 @@ class Connection:
         self.check()
         self._signals[request_id] = event
         self.send(_wire.encode_client(message), ())
-        if not event.wait(timeout):
+        if not self.wait(event, timeout):
             self._signals.pop(request_id, None)
             raise ZygoteError(
                 errno.ETIMEDOUT, f"the zygote at {self.where} did not answer within {timeout} s"
@@ -480,10 +663,7 @@ class Connection:
             # connection must not be shut down from here.
             self._sock.close()
             return
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        self._end_reading()
         if self._reader is not threading.current_thread():
             self._reader.join(5)
         self._sock.close()

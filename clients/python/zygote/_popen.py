@@ -385,7 +385,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 self._zygote_release.atexit = False
                 self._child_created = True
                 return
-            slot.spawned.wait()
+            conn.wait(slot.spawned)
         except BaseException:
             conn.unregister(request_id, sent=True)
             raise
@@ -476,6 +476,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if self._zygote_fallback:
             return super()._internal_poll(*args, **kwargs)  # type: ignore[misc,no-any-return]
         deadstate = kwargs.get("_deadstate", args[0] if args else None)
+        if self.returncode is None and self._zygote_conn is not None:
+            self._zygote_conn.collect()  # the replies that have come, if nobody reads them
         if self._zygote_pending:
             assert self._zygote_slot is not None
             if not self._zygote_slot.spawned.is_set():
@@ -499,16 +501,16 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             return super()._wait(timeout)  # type: ignore[misc,no-any-return]
         if self.returncode is not None:
             return self.returncode
-        slot = self._zygote_slot
-        assert slot is not None
+        slot, conn = self._zygote_slot, self._zygote_conn
+        assert slot is not None and conn is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._zygote_pending:
-            if not slot.spawned.wait(timeout):
+            if not conn.wait(slot.spawned, timeout):
                 raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
             self._zygote_settle()
             if deadline is not None:
                 timeout = max(0.0, deadline - time.monotonic())
-        if not slot.exited.wait(timeout):
+        if not conn.wait(slot.exited, timeout):
             raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
         if slot.exit is None and self.returncode is None:
             # The daemon is gone: the pidfd stands in.
@@ -577,7 +579,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 )
             # Not started yet, or reaped with its Exited on the way
             # (PROTOCOL.md section 5.6): the first reply tells them apart.
-            slot.spawned.wait(pause)
+            conn.wait(slot.spawned, pause)
             pause = min(2 * pause, _SIGNAL_RETRY_SECONDS)
         if slot.reply is None or "SpawnFailed" in slot.reply:
             return False

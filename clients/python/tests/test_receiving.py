@@ -1,0 +1,170 @@
+"""Who reads the replies: a waiting caller while nobody else does, the
+reader thread for those left waiting, for callbacks and for the end."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import threading
+import time
+from typing import Any, Dict, List
+
+import pytest
+
+import zygote
+from zygote._conn import Connection
+
+
+class SignalHandlerError(Exception):
+    """What the test's signal handler raises."""
+
+
+def _dispatching_threads(conn: Connection) -> List[str]:
+    """Records the name of the thread that dispatches each spawn reply."""
+    names: List[str] = []
+    original = conn._dispatch
+
+    def dispatch(message: Any, fds: List[int]) -> Any:
+        ((name, _),) = message.items()
+        if name in ("Spawned", "Exited", "SpawnFailed"):
+            names.append(threading.current_thread().name)
+        return original(message, fds)
+
+    conn._dispatch = dispatch  # type: ignore[method-assign]
+    return names
+
+
+def test_a_lone_caller_reads_its_own_replies(client: zygote.Client) -> None:
+    names = _dispatching_threads(client._connection())
+    for code in range(5):
+        assert client.run(["sh", "-c", f"exit {code}"]).returncode == code
+    process = client.Popen(["sh", "-c", "exit 9"])
+    assert process.wait(timeout=30) == 9
+    assert len(names) >= 7, names  # an early exit of run() may be its only reply
+    assert set(names) == {threading.current_thread().name}, names
+
+
+def test_threads_sharing_a_connection_get_their_own_exit_codes(client: zygote.Client) -> None:
+    names = _dispatching_threads(client._connection())
+    threads_count, rounds = 12, 15
+    barrier = threading.Barrier(threads_count)
+    codes: Dict[int, List[int]] = {}
+    errors: List[BaseException] = []
+
+    def worker(index: int) -> None:
+        try:
+            barrier.wait(30)
+            got = []
+            for round_ in range(rounds):
+                code = (index * rounds + round_) % 256
+                if round_ % 3 == 0:
+                    process = client.Popen(["sh", "-c", f"exit {code}"])
+                    got.append(process.wait(timeout=60))
+                else:
+                    got.append(client.run(["sh", "-c", f"exit {code}"], timeout=60).returncode)
+            codes[index] = got
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [
+        threading.Thread(target=worker, args=(index,), name=f"caller-{index}")
+        for index in range(threads_count)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads), "a caller never heard its reply"
+    assert not errors, errors[:3]
+    for index in range(threads_count):
+        assert codes[index] == [(index * rounds + r) % 256 for r in range(rounds)]
+    # The callers read replies for one another, not only the reader thread.
+    assert any(name.startswith("caller-") for name in names), set(names)
+
+
+def test_a_callback_hears_an_exit_while_no_thread_waits(client: zygote.Client) -> None:
+    async def scenario() -> int:
+        process = await client.create_subprocess_exec("sh", "-c", "sleep 0.2; exit 3")
+        return await asyncio.wait_for(process.wait(), 30)
+
+    assert asyncio.run(scenario()) == 3
+
+
+def test_poll_sees_an_exit_that_nobody_waited_for(client: zygote.Client) -> None:
+    process = client.Popen(["sh", "-c", "exit 4"])
+    deadline = time.monotonic() + 30
+    while process.poll() is None:
+        assert time.monotonic() < deadline, "poll never saw the exit"
+        time.sleep(0.01)
+    assert process.returncode == 4
+
+
+def test_a_receiving_wait_honours_its_timeout(client: zygote.Client) -> None:
+    process = client.Popen(["sleep", "30"])
+    outcome: Dict[str, Any] = {}
+
+    def wait() -> None:
+        started = time.monotonic()
+        try:
+            process.wait(timeout=0.3)
+        except subprocess.TimeoutExpired:
+            outcome["seconds"] = time.monotonic() - started
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    waiter.join(20)
+    timed_out = not waiter.is_alive()
+    process.kill()
+    assert process.wait(timeout=30) == -signal.SIGKILL
+    waiter.join(30)
+    assert timed_out, "the wait ran past its timeout"
+    assert 0.3 <= outcome["seconds"] < 15, outcome
+
+
+def test_an_interrupt_while_receiving_leaves_the_connection_serving(
+    client: zygote.Client,
+) -> None:
+    """A signal handler raises in the main thread while it reads for itself
+    and for another thread: that thread still gets its reply, and the
+    connection serves the next call."""
+    conn = client._connection()
+    main = threading.main_thread().ident
+    assert main == threading.get_ident()
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise SignalHandlerError
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    sleeper = client.Popen(["sleep", "30"])
+    other: Dict[str, Any] = {}
+
+    def follow() -> None:
+        # Sent once the main thread is reading: this thread waits on it.
+        deadline = time.monotonic() + 20
+        while not conn._receiving and time.monotonic() < deadline:
+            time.sleep(0.005)
+        other["leader_was_reading"] = conn._receiving
+        try:
+            other["code"] = client.run(["sh", "-c", "sleep 0.5; exit 5"], timeout=60).returncode
+        except BaseException as error:
+            other["error"] = error
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    assert main is not None
+    timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGUSR1))
+    timer.start()
+    try:
+        with pytest.raises(SignalHandlerError):
+            sleeper.wait(timeout=60)
+    finally:
+        timer.join(30)
+        signal.signal(signal.SIGUSR1, previous)
+    follower.join(60)
+    assert not follower.is_alive(), "the other thread never heard its reply"
+    assert other.get("leader_was_reading"), other
+    assert other.get("code") == 5, other
+    assert client.run(["sh", "-c", "exit 6"], timeout=60).returncode == 6
+    sleeper.kill()
+    assert sleeper.wait(timeout=30) == -signal.SIGKILL
