@@ -421,8 +421,8 @@ def test_an_interrupt_right_after_the_request_left_kills_the_child(
     if where == "send":
         send = conn.send
 
-        def interrupted_send(frame: bytes, fds: Any) -> None:
-            send(frame, fds)
+        def interrupted_send(frame: bytes, fds: Any, receipt: Any = None) -> None:
+            send(frame, fds, receipt)
             raise KeyboardInterrupt
 
         monkeypatch.setattr(conn, "send", interrupted_send)

@@ -4,6 +4,7 @@ reader thread for those left waiting, for callbacks and for the end."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import threading
@@ -168,3 +169,81 @@ def test_an_interrupt_while_receiving_leaves_the_connection_serving(
     assert client.run(["sh", "-c", "exit 6"], timeout=60).returncode == 6
     sleeper.kill()
     assert sleeper.wait(timeout=30) == -signal.SIGKILL
+
+
+#: Enough replies that raises land in every gap between two bytecodes.
+WORKER_SPAWNS = 300
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_storm_of_raising_signal_handlers_loses_no_frame(client: zygote.Client) -> None:
+    """The main thread spawns and receives (for itself and for a worker)
+    while a signal whose handler raises comes every few hundred
+    microseconds: each raise lands before a frame is taken or after it is
+    dispatched, never between, so the worker hears every reply, and no fd
+    that a reply carried is left behind."""
+    conn = client._connection()
+    client.run(["true"], timeout=60)
+    baseline = _open_fds()
+    main = threading.main_thread().ident
+    assert main is not None and main == threading.get_ident()
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise SignalHandlerError
+
+    go, stop = threading.Event(), threading.Event()
+    worker_codes: List[int] = []
+    worker_errors: List[BaseException] = []
+
+    def storm() -> None:
+        go.wait(60)
+        while not stop.is_set():
+            signal.pthread_kill(main, signal.SIGUSR1)
+            time.sleep(0.0001)
+
+    def work() -> None:
+        go.wait(60)
+        try:
+            for _ in range(WORKER_SPAWNS):
+                worker_codes.append(client.run(["true"], timeout=20).returncode)
+        except BaseException as error:
+            worker_errors.append(error)
+
+    storming = threading.Thread(target=storm)
+    worker = threading.Thread(target=work)
+    storming.start()
+    worker.start()
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    interrupted = completed = 0
+    deadline = time.monotonic() + 90
+    # From here the main thread may raise at any bytecode: all of it is
+    # inside the try, up to the handler being set aside.
+    while True:
+        try:
+            go.set()
+            while worker.is_alive() and time.monotonic() < deadline:
+                assert client.run(["true"], timeout=20).returncode == 0
+                completed += 1
+            stop.set()
+            storming.join(30)
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+            break
+        except SignalHandlerError:
+            interrupted += 1
+    signal.signal(signal.SIGUSR1, previous)
+    worker.join(60)
+    assert not worker.is_alive(), "the worker never heard a reply"
+    assert worker_errors == [], worker_errors
+    assert worker_codes == [0] * WORKER_SPAWNS, worker_codes
+    assert interrupted > 0, "the storm never interrupted the main thread"
+    # The children the interrupted calls gave up are killed and reported:
+    # once every report is in, the fds are back where they were.
+    deadline = time.monotonic() + 30
+    while (conn._abandoned or _open_fds() != baseline) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        conn.collect()
+    assert not conn._abandoned, "a given-up spawn's reply never came"
+    assert _open_fds() == baseline, (completed, interrupted)

@@ -16,14 +16,18 @@ spawn given up before its reply (its child is killed when reported), or
 the end of the connection. ``Popen.poll`` reads what has come without
 blocking (:meth:`Connection.collect`).
 
-A signal handler that raises in the receiving thread interrupts the
-blocking read before it takes a frame (a frame is atomic); the role passes
-on, so the others are still served.
+Python runs signal handlers in the main thread only, between two
+bytecodes. When the main thread receives, it waits for a frame with the
+signals open, so a handler that raises (KeyboardInterrupt) interrupts the
+wait before a frame is taken; it then takes and dispatches the frame with
+the asynchronous signals blocked, so that no handler can raise between the
+two and lose the frame. The role passes on, and the others are served.
 """
 
 from __future__ import annotations
 
 import array
+import contextlib
 import errno
 import itertools
 import os
@@ -32,7 +36,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from . import _wire
 from ._errors import ZygoteError
@@ -44,6 +48,19 @@ _READER_END_SECONDS = 1.0
 #: How often the idle reader thread checks whether it is needed.
 _READER_RECHECK_SECONDS = 1.0
 
+#: Blocked while the main thread takes and dispatches a frame: every signal
+#: but those a fault raises, which cannot wait.
+_DEFERRED_SIGNALS = frozenset(signal.valid_signals()) - {
+    signal.SIGKILL,
+    signal.SIGSTOP,
+    signal.SIGSEGV,
+    signal.SIGBUS,
+    signal.SIGFPE,
+    signal.SIGILL,
+    signal.SIGTRAP,
+    signal.SIGSYS,
+}
+
 #: The name this client gives in ``Hello``.
 CLIENT_NAME = "zygote-py/0.1.0"
 #: The protocol version Hello offers: the newest, lowered by tests to talk
@@ -54,6 +71,24 @@ HELLO_VERSION = _wire.PROTOCOL_VERSION
 HANDSHAKE_SECONDS = 10.0
 SEND_SECONDS = 30.0
 SNDBUF_BYTES = 512 * 1024
+
+
+@contextlib.contextmanager
+def _handlers_deferred() -> Iterator[None]:
+    """In the main thread, holds signal handlers back until the block is
+    done: a handler pending at entry runs (and may raise) before it, one
+    for a signal that comes during it runs at its end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    # Both calls run pending handlers after they set the mask: the first
+    # changes nothing, and the second is inside the try that restores it.
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED_SIGNALS)
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _close_all(fds: Sequence[int]) -> None:
@@ -337,10 +372,18 @@ class Connection:
         when no frame came within ``wait`` seconds (None: blocks). The
         caller holds the receiving role."""
         flags = 0
-        if wait is not None:
-            if not self._poller.poll(max(0, int(wait * 1000 + 0.999))):
+        main = threading.current_thread() is threading.main_thread()
+        if wait is not None or main:
+            timeout = -1 if wait is None else max(0, int(wait * 1000 + 0.999))
+            if not self._poller.poll(timeout):
                 return False
             flags = socket.MSG_DONTWAIT
+        with _handlers_deferred():
+            return self._take_one(flags)
+
+    def _take_one(self, flags: int) -> bool:
+        """Reads and dispatches the frame that has come (or ends the
+        connection); False when none had."""
         try:
             frame, fds = self._recv(self.max_frame, self.max_fds, flags)
         except BlockingIOError:
@@ -538,8 +581,12 @@ class Connection:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def try_send(self, frame: bytes, fds: Sequence[int]) -> bool:
-        """Sends without blocking; False when the socket buffer is full."""
+    def try_send(
+        self, frame: bytes, fds: Sequence[int], receipt: Optional[List[bool]] = None
+    ) -> bool:
+        """Sends without blocking; False when the socket buffer is full.
+        Once the frame has left, ``receipt`` holds True, even if a signal
+        handler raises as this returns."""
         self.check()
         if os.getpid() != self.pid:
             # Never on the parent's connection from a forked child.
@@ -547,7 +594,10 @@ class Connection:
             self.check()
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         try:
-            self._sock.sendmsg([frame], ancillary, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+            with _handlers_deferred():
+                self._sock.sendmsg([frame], ancillary, socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+                if receipt is not None:
+                    receipt.append(True)
         except BlockingIOError:
             return False
         except OSError as error:
@@ -557,10 +607,11 @@ class Connection:
             ) from None
         return True
 
-    def send(self, frame: bytes, fds: Sequence[int]) -> None:
-        """Sends, waiting at most ``SEND_SECONDS`` for buffer space."""
+    def send(self, frame: bytes, fds: Sequence[int], receipt: Optional[List[bool]] = None) -> None:
+        """Sends, waiting at most ``SEND_SECONDS`` for buffer space;
+        ``receipt`` as in :meth:`try_send`."""
         deadline = time.monotonic() + SEND_SECONDS
-        while not self.try_send(frame, fds):
+        while not self.try_send(frame, fds, receipt):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ZygoteError(

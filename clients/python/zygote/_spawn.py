@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, List, Optional, Protocol
 
 from . import _request, _sandbox
 from ._conn import Connection, SpawnSlot
@@ -102,18 +102,19 @@ def send(endpoint: Endpoint, spec: _request.ChildSpec) -> Outgoing:
     state = endpoint._process_state()
     for attempt in range(2):
         request = Outgoing(endpoint._connection(), spec, SpawnSlot(), state)
+        receipt: List[bool] = []
         try:
             request.register()
-            request.conn.send(request.frame, request.fds)
+            request.conn.send(request.frame, request.fds, receipt)
         except ZygoteError as error:
             request.abandon(sent=False)
             if attempt == 0 and request.conn.ended_by_send(error):
                 continue
             raise
         except BaseException:
-            # An interrupt may come after the frame left: a child reported
-            # for this id is killed.
-            request.abandon(sent=True)
+            # An interrupt before or after the frame left (never between):
+            # if it left, the child reported for this id is killed.
+            request.abandon(sent=bool(receipt))
             raise
         return request
     raise AssertionError("unreachable: the second attempt returns or raises")
