@@ -15,11 +15,11 @@
 #
 # Kept to the standard library and to CPython 3.8.
 
+import _io
 import builtins
 import ctypes
 import fcntl
 import gc
-import _io
 import importlib
 import importlib.machinery
 import io
