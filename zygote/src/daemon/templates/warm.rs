@@ -204,7 +204,15 @@ fn stage_named(name: &str) -> SpawnStage {
 
 async fn read_report(report: &AsyncSeqpacket) -> Report {
     let mut scratch = vec![0u8; zygote_proto::RECV_BUFFER_BYTES];
-    let Ok(Some(received)) = report.recv_in(&mut scratch).await else {
+    let mut received = report.recv_in(&mut scratch).await;
+    if received.is_err() {
+        // A child that failed a step exits without reading the "go" sent
+        // meanwhile, and a socket closed with unread data leaves its peer
+        // an error (ECONNRESET) that the first read returns ahead of the
+        // report still queued: the second read has the report.
+        received = report.recv_in(&mut scratch).await;
+    }
+    let Ok(Some(received)) = received else {
         return Report::Gone;
     };
     let said: Result<serde_json::Value, _> = serde_json::from_slice(&scratch[..received.len]);
