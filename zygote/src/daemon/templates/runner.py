@@ -200,14 +200,7 @@ def prepare(control, theirs):
     global PREPARED
     reset_template_signals()
     control.detach()
-    keep = (0, 1, 2, theirs.fileno())
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    close_all_but((0, 1, 2, theirs.fileno()), os.listdir("/proc/self/fd"))
     PREPARED = True
     rehearse()
 
@@ -482,7 +475,11 @@ def place_fds(sources, targets, report):
     # Listed, not closed by range: before 3.10 that is a close per number.
     # A pooled child closed the template's before its request: only
     # stdio's numbers can be left.
-    names = ("0", "1", "2") if PREPARED else os.listdir("/proc/self/fd")
+    close_all_but(keep, ("0", "1", "2") if PREPARED else os.listdir("/proc/self/fd"))
+
+
+def close_all_but(keep, names):
+    """Closes the fds named (as in /proc/self/fd) that are not in `keep`."""
     for name in names:
         fd = int(name)
         if fd not in keep:
