@@ -14,8 +14,8 @@ use zygote_client::Stdio;
 use zygote_client::blocking::{Child, Client, Command};
 use zygote_proto::{
     ClientMessage, EnvVar, FdMapping, Hello, PROTOCOL_VERSION, ProtocolErrorKind,
-    RECV_BUFFER_BYTES, ServerMessage, SpawnFailed, SpawnRequest, SpawnStage, StatusRequest,
-    StdioSpec, UserSpec, decode, encode, recv_frame, send_frame, socket,
+    RECV_BUFFER_BYTES, ServerMessage, SignalRequest, SpawnFailed, SpawnRequest, SpawnStage,
+    StatusRequest, StdioSpec, UserSpec, decode, encode, recv_frame, send_frame, socket,
 };
 
 use crate::util::{Daemon, start_daemon_with};
@@ -139,6 +139,15 @@ fn expect_spawn_failed(fd: &OwnedFd, stage: SpawnStage, errno: i32) -> SpawnFail
             failed
         }
         other => panic!("expected SpawnFailed({stage:?}, {errno}), got {other:?}"),
+    }
+}
+
+fn expect_request_failed(fd: &OwnedFd, id: u64, errno: i32) {
+    match receive(fd) {
+        Some(ServerMessage::RequestFailed(failed)) => {
+            assert_eq!((failed.id, failed.errno), (id, errno), "{}", failed.message);
+        }
+        other => panic!("expected RequestFailed({id}, {errno}), got {other:?}"),
     }
 }
 
@@ -314,7 +323,20 @@ fn duplicate_request_ids_are_refused_not_overwritten() {
             "{}",
             failed.message
         );
-        // The first spawn still owns id 5: its exit arrives under it.
+        // Nor may another kind of request take it: its reply would carry
+        // the running spawn's id.
+        let status = ClientMessage::Status(StatusRequest { id: 5 });
+        send(&fd, &encode(&status).unwrap());
+        expect_request_failed(&fd, 5, libc::EEXIST);
+        let signal = ClientMessage::Signal(SignalRequest {
+            id: 5,
+            spawn_id: 5,
+            signal: libc::SIGKILL,
+        });
+        send(&fd, &encode(&signal).unwrap());
+        expect_request_failed(&fd, 5, libc::EEXIST);
+        // The first spawn still owns id 5, unsignalled: its exit arrives
+        // under it.
         match receive(&fd) {
             Some(ServerMessage::Exited(notice)) => {
                 assert_eq!(notice.id, 5);

@@ -10,33 +10,13 @@ use zygote_client::blocking::{Client, Command};
 
 use crate::helper::helper;
 use crate::util::{
-    children_of, eventually, exit_within, process_state, start_daemon, start_daemon_with,
+    children_of, eventually, exit_within, group_members, process_state, start_daemon,
+    start_daemon_with,
 };
 
 /// True once `pid` is gone or a zombie.
 fn dead(pid: u32) -> bool {
     process_state(pid).is_none_or(|state| state == 'Z')
-}
-
-/// Pids of live processes in process group `pgid`.
-fn group_members(pgid: u32) -> Vec<u32> {
-    let mut members = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some(rest) = stat.rfind(')').map(|end| &stat[end + 2..]) else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.get(2).and_then(|f| f.parse().ok()) == Some(pgid) && fields[0] != "Z" {
-            members.push(pid);
-        }
-    }
-    members
 }
 
 /// `sleep 30`, signalled with `signal` when its connection closes.

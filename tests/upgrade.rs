@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use zygote_client::{Client, ExitStatus};
 
 use crate::util::{
-    Daemon, eventually, parent_of, process_state, runtime, signal_bit, start_daemon_custom,
-    thread_masks, within, zygote_bin,
+    Daemon, eventually, group_members, parent_of, process_state, runtime, signal_bit,
+    start_daemon_custom, thread_masks, within, zygote_bin,
 };
 
 /// Copies of the built binary, one per tag, made once per test run.
@@ -415,7 +415,7 @@ fn sighup_upgrades_in_place() {
 }
 
 #[test]
-fn kill_on_close_and_timeouts_still_fire_after_an_upgrade() {
+fn kill_on_close_of_a_child_or_its_group_and_timeouts_still_fire_after_an_upgrade() {
     let installed = Installed::new("a");
     let daemon = start("upgrade-deadlines", &installed, &[]);
     let log = || daemon.log();
@@ -431,6 +431,21 @@ fn kill_on_close_and_timeouts_still_fire_after_an_upgrade() {
             .await
             .expect("spawn");
         let doomed_pid = doomed.id();
+        // A group leader whose whole group goes when the client leaves.
+        let group = leaving
+            .command("/bin/sh")
+            .args(["-c", "sleep 60 & sleep 60"])
+            .process_group(0)
+            .kill_process_group_on_close(libc::SIGKILL)
+            .spawn()
+            .await
+            .expect("spawn");
+        let group_pid = group.id();
+        assert!(eventually(Duration::from_secs(10), || group_members(
+            group_pid
+        )
+        .len()
+            == 3));
         let started = Instant::now();
         let mut timed = staying
             .command("sleep")
@@ -455,13 +470,20 @@ fn kill_on_close_and_timeouts_still_fire_after_an_upgrade() {
         );
         // The client leaves: its kill-on-close child is killed by the new
         // image.
-        drop(doomed);
+        drop((doomed, group));
         drop(leaving);
         assert!(
             eventually(Duration::from_secs(10), || process_state(doomed_pid)
                 .is_none_or(|state| state == 'Z')
                 && !crate::util::children_of(daemon.pid()).contains(&doomed_pid)),
             "the kill-on-close child survived its client; log:\n{}",
+            log()
+        );
+        assert!(
+            eventually(Duration::from_secs(10), || group_members(group_pid)
+                .is_empty()),
+            "the group killed on close kept {:?} after an upgrade; log:\n{}",
+            group_members(group_pid),
             log()
         );
     });

@@ -330,6 +330,27 @@ pub fn parent_of(pid: u32) -> Option<u32> {
     stat_fields(pid)?.get(1)?.parse().ok()
 }
 
+/// Pids of live processes in process group `pgid`.
+pub fn group_members(pgid: u32) -> Vec<u32> {
+    let mut members = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|end| &stat[end + 2..]) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(2).and_then(|f| f.parse().ok()) == Some(pgid) && fields[0] != "Z" {
+            members.push(pid);
+        }
+    }
+    members
+}
+
 /// The state letter of `pid` (R, S, Z, ...).
 pub fn process_state(pid: u32) -> Option<char> {
     stat_fields(pid)?.first()?.chars().next()
