@@ -3,8 +3,12 @@
 # and syscall tracepoints, then splits them into steps (segments.py).
 #
 #   bench/trace/round-trip.sh [zygote-shared|zygote-private|zygote-template]
+#   bench/trace/round-trip.sh python [PYTHON]
 #
-# Needs root (tracepoints), perf and python3; builds the release binaries.
+# "python" traces the Python client (clients/python/bench.py, one thread,
+# against os.posix_spawn in the same process) run by PYTHON (default
+# python3). Needs root (tracepoints), perf and python3; builds the release
+# binaries.
 set -euo pipefail
 
 method="${1:-zygote-shared}"
@@ -14,7 +18,7 @@ out="$(mktemp -d /tmp/zygote-trace-XXXXXX)"
 if [ ! -e /sys/kernel/tracing/events ]; then
     mount -t tracefs nodev /sys/kernel/tracing
 fi
-cargo build --release --workspace --bins --manifest-path "$root/Cargo.toml"
+cargo build --release --workspace --bins --locked --manifest-path "$root/Cargo.toml"
 
 events=(
     sched:sched_wakeup sched:sched_wakeup_new sched:sched_switch
@@ -22,10 +26,22 @@ events=(
     syscalls:sys_enter_sendmsg syscalls:sys_exit_recvmsg
     syscalls:sys_enter_clone syscalls:sys_enter_waitid
 )
+if [[ $method == python ]]; then
+    python="${2:-python3}"
+    # The interpreter's thread name: the file it was started as.
+    names=(--client "$(basename "$(realpath -s "$(command -v "$python")")")")
+    names+=(--floor "${names[1]}")
+    command=(env ZYGOTE_BIN="$root/target/release/zygote" "$python"
+        "$root/clients/python/bench.py" --methods posix_spawn,zygote
+        --rss-gib 0 --fds 0 --concurrency 1 --iterations 400 --rounds 1)
+else
+    names=()
+    command=("$root/target/release/zygote-bench" --methods "$method"
+        --rss-gib 0 --fds 0 --concurrency 1 --iterations 400 --rounds 1
+        --cow-rounds 1 --resident-children 5)
+fi
 perf record -a -o "$out/perf.data" -e "$(IFS=,; echo "${events[*]}")" -- \
-    "$root/target/release/zygote-bench" --methods "$method" \
-    --rss-gib 0 --fds 0 --concurrency 1 --iterations 400 --rounds 1 \
-    --cow-rounds 1 --resident-children 5 >"$out/bench.md"
+    "${command[@]}" >"$out/bench.md"
 perf script -i "$out/perf.data" -F comm,tid,cpu,time,event,trace 2>/dev/null \
-    | python3 "$root/bench/trace/segments.py"
+    | python3 "$root/bench/trace/segments.py" "${names[@]}"
 echo "trace and bench output kept in $out"

@@ -13,7 +13,9 @@ A zygote round trip, as seen in the trace:
 
 The daemon's spawning thread is the one that calls clone with CLONE_VM and
 CLONE_VFORK; the client is the thread named by --client (the bench's main
-thread is "zygote-bench"); the floor's helper is named "floor".
+thread is "zygote-bench"); the floor is what the thread named by --floor
+starts ("floor", zygote-bench's helper; for bench.py, the Python process
+itself, whose posix_spawn calls are the only children it starts).
 """
 
 import argparse
@@ -119,11 +121,11 @@ def zygote_round_trips(events, client):
     return trips, thinking
 
 
-def floor_cycles(events):
+def floor_cycles(events, floor):
     cycles = []
     current = None
     for time, comm, tid, event, rest in events:
-        if comm == "floor" and event == "sched:sched_wakeup_new":
+        if comm == floor and event == "sched:sched_wakeup_new":
             if current and "exit" in current and "exec" in current:
                 cycles.append({
                     "posix_spawn -> child exec": current["exec"] - current["new"],
@@ -156,6 +158,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--client", default="zygote-bench",
                         help="the client thread's name (default: zygote-bench)")
+    parser.add_argument("--floor", default="floor",
+                        help="the name of the thread that runs the floor (default: floor)")
     args = parser.parse_args()
     events = parse(sys.stdin)
     trips, thinking = zygote_round_trips(events, args.client)
@@ -163,7 +167,7 @@ def main():
     if thinking:
         print(f"client, Exited received -> next request sent: p50 "
               f"{statistics.median(thinking):.0f} µs, mean {statistics.mean(thinking):.0f} µs\n")
-    table("floor", floor_cycles(events))
+    table("floor", floor_cycles(events, args.floor))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ picks some):
 
 Conditions: the process holds each ``--rss-gib`` of touched memory and each
 ``--fds`` extra open fds, at each ``--concurrency`` (threads spawning back to
-back). ``--capture`` runs every method with ``capture_output=True``. Reports
-p50 and p99 per method, this process's CPU time per spawn (all its threads,
+back; at 1, the main thread). ``--capture`` runs every method with
+``capture_output=True``. Reports p50 and p99 per method, this process's CPU time per spawn (all its threads,
 the zygote client's reader included; not the child's, not the daemon's),
 and the target ratios, all within one condition.
 
@@ -106,6 +106,10 @@ def timed(spawn: Callable[[], object], count: int, threads: int) -> List[float]:
             with lock:
                 samples.append(elapsed)
 
+    if threads == 1:
+        # One caller spawns from the main thread, as most programs do.
+        worker()
+        return samples
     pool = [threading.Thread(target=worker) for _ in range(threads)]
     for thread in pool:
         thread.start()
