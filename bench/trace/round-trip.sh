@@ -4,11 +4,14 @@
 #
 #   bench/trace/round-trip.sh [zygote-shared|zygote-private|zygote-template]
 #   bench/trace/round-trip.sh python [PYTHON]
+#   bench/trace/round-trip.sh node
 #
 # "python" traces the Python client (clients/python/bench.py, one thread,
 # against os.posix_spawn in the same process) run by PYTHON (default
-# python3). Needs root (tracepoints), perf and python3; builds the release
-# binaries.
+# python3); "node" the Node.js client (clients/node/bench.js from a small
+# process, with its posix_spawn floor), on a daemon of its own, with the
+# addon as it was last built. Needs root (tracepoints), perf and python3;
+# builds the release binaries.
 set -euo pipefail
 
 method="${1:-zygote-shared}"
@@ -34,6 +37,15 @@ if [[ $method == python ]]; then
     command=(env ZYGOTE_BIN="$root/target/release/zygote" "$python"
         "$root/clients/python/bench.py" --methods posix_spawn,zygote
         --rss-gib 0 --fds 0 --concurrency 1 --iterations 400 --rounds 1)
+elif [[ $method == node ]]; then
+    # The addon's runtime thread sends the requests and reads the replies.
+    names=(--client zygote-node)
+    "$root/target/release/zygote" serve --socket "$out/zygote.sock" 2>"$out/daemon.log" &
+    daemon=$!
+    trap 'kill $daemon' EXIT
+    while [ ! -S "$out/zygote.sock" ]; do sleep 0.05; done
+    command=(env ZYGOTE_SOCKET="$out/zygote.sock" node "$root/clients/node/bench.js"
+        --heap-gib 0 --methods zygote --concurrency 1 --rounds 1 --spawns 400)
 else
     names=()
     command=("$root/target/release/zygote-bench" --methods "$method"

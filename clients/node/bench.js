@@ -3,10 +3,12 @@
 // at concurrency 1 and 50, from a small process and from one holding a
 // large heap in 60 KiB Buffers, in interleaved rounds, with the largest
 // gap the event loop showed between 1 ms timers; and the posix_spawn
-// floor from a tiny C program, when a C compiler is at hand.
+// floor from a tiny C program, when a C compiler is at hand, run in every
+// round beside the methods.
 //
 //   ZYGOTE_SOCKET=/path/to/zygote.sock node bench.js [--heap-gib 0,4]
-//       [--rounds 2] [--spawns 50] [--program /bin/true] [--json out.json]
+//       [--rounds 2] [--spawns 50] [--program /bin/true]
+//       [--methods child_process,zygote] [--concurrency 1,50] [--json out.json]
 //
 // Each heap size runs in its own Node process (started by this one).
 
@@ -23,6 +25,8 @@ function flag(name, fallback) {
 const program = flag('program', '/bin/true');
 const spawns = Number(flag('spawns', '50'));
 const rounds = Number(flag('rounds', '2'));
+const methodNames = flag('methods', 'child_process,zygote').split(',');
+const concurrencies = flag('concurrency', '1,50').split(',').map(Number);
 
 function percentile(sorted, p) {
   if (sorted.length === 0) return NaN;
@@ -75,13 +79,21 @@ async function worker() {
     held.push(Buffer.alloc(chunk, 1));
   }
   const zygote = require('.');
-  const methods = { child_process: childProcess.spawn, zygote: zygote.spawn };
+  const all = { child_process: childProcess.spawn, zygote: zygote.spawn };
+  const methods = Object.fromEntries(methodNames.map((name) => [name, all[name]]));
+  const floorBinary = flag('floor-binary', null);
   const results = [];
-  // Warm both paths (the zygote's connection, libuv's signal handling).
+  // Warm every path (the zygote's connection, libuv's signal handling).
   for (const spawn of Object.values(methods)) await cell(spawn, 1, 3);
   for (let round = 0; round < rounds; round++) {
-    const order = round % 2 === 0 ? ['child_process', 'zygote'] : ['zygote', 'child_process'];
-    for (const concurrency of [1, 50]) {
+    const names = Object.keys(methods);
+    const order = round % 2 === 0 ? names : names.reverse();
+    for (const concurrency of concurrencies) {
+      if (concurrency === 1 && floorBinary) {
+        // The floor's p50 now, from its own small process.
+        const p50 = Number(childProcess.execFileSync(floorBinary, [program, String(spawns)]));
+        results.push({ heap_gib: gib, method: 'floor', concurrency, round, p50_ms: p50 });
+      }
       for (const method of order) {
         const count = concurrency === 1 ? spawns : spawns * 4;
         const result = await cell(methods[method], concurrency, count);
@@ -93,9 +105,9 @@ async function worker() {
   process.exit(0);
 }
 
-// The posix_spawn floor: a tiny C program spawning `program` and waiting.
-function posixSpawnFloor() {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'zygote-floor-'));
+// The posix_spawn floor: a tiny C program spawning `program` and waiting,
+// printing the p50 in ms; its path, or null without a C compiler.
+function buildFloor(dir) {
   try {
     const source = path.join(dir, 'floor.c');
     fs.writeFileSync(source, `#include <spawn.h>
@@ -123,15 +135,16 @@ int main(int argc, char **argv) {
 `);
     const binary = path.join(dir, 'floor');
     childProcess.execFileSync('cc', ['-O2', '-o', binary, source], { stdio: 'ignore' });
-    return Number(childProcess.execFileSync(binary, [program, String(spawns * 4)]).toString());
+    return binary;
   } catch {
     return null;
-  } finally {
-    fs.rmSync(dir, { recursive: true, force: true });
   }
 }
 
-function summarize(all, floor) {
+// One line per heap, concurrency and method: medians over the rounds (the
+// loop gap: the largest), and at concurrency 1 the p50 over the floor's
+// p50 in the same rounds.
+function summarize(all, floorBinary) {
   const rows = new Map();
   for (const r of all) {
     const key = `${r.heap_gib}|${r.concurrency}|${r.method}`;
@@ -139,32 +152,49 @@ function summarize(all, floor) {
     rows.get(key).push(r);
   }
   const median = (values) => values.sort((a, b) => a - b)[Math.floor(values.length / 2)];
-  console.log(`program ${program}; ${rounds} interleaved rounds; posix_spawn floor p50: ${
-    floor === null ? 'n/a (no C compiler)' : `${floor.toFixed(3)} ms`}`);
-  console.log('heap GiB  conc  method          p50 ms    p99 ms    spawns/s   loop gap ms');
+  const floors = (gib) => (rows.get(`${gib}|1|floor`) || []).map((r) => r.p50_ms);
+  console.log(`program ${program}; ${rounds} interleaved rounds; posix_spawn floor: ${
+    floorBinary === null ? 'n/a (no C compiler)' : `${spawns} spawns a round, beside the methods`}`);
+  console.log('heap GiB  conc  method          p50 ms    p99 ms    spawns/s   loop gap ms  p50/floor');
   for (const [key, list] of rows) {
     const [gib, concurrency, method] = key.split('|');
     const row = (field) => median(list.map((r) => r[field]));
+    const p50 = row('p50_ms');
+    const floor = floors(gib);
+    const ratio = concurrency === '1' && floor.length ? (p50 / median(floor)).toFixed(2) : '';
+    if (method === 'floor') {
+      console.log(`${gib.padStart(8)}  ${concurrency.padStart(4)}  ${'floor'.padEnd(14)}  ${
+        p50.toFixed(2).padStart(8)}  ${''.padStart(8)}  ${''.padStart(9)}  ${''.padStart(11)}  ${ratio.padStart(9)}`);
+      continue;
+    }
     console.log(`${gib.padStart(8)}  ${concurrency.padStart(4)}  ${method.padEnd(14)}  ${
-      row('p50_ms').toFixed(2).padStart(8)}  ${row('p99_ms').toFixed(2).padStart(8)}  ${
-      row('per_s').toFixed(1).padStart(9)}  ${Math.max(...list.map((r) => r.gap_ms)).toFixed(1).padStart(11)}`);
+      p50.toFixed(2).padStart(8)}  ${row('p99_ms').toFixed(2).padStart(8)}  ${
+      row('per_s').toFixed(1).padStart(9)}  ${Math.max(...list.map((r) => r.gap_ms)).toFixed(1).padStart(11)}  ${
+      ratio.padStart(9)}`);
   }
 }
 
 function main() {
   const heaps = flag('heap-gib', '0,4').split(',').map(Number);
-  const floor = posixSpawnFloor();
-  const all = [];
-  for (const gib of heaps) {
-    const out = childProcess.execFileSync(process.execPath, [
-      '--max-old-space-size=16384', __filename, '--worker', '--worker-heap-gib', String(gib),
-      '--rounds', String(rounds), '--spawns', String(spawns), '--program', program,
-    ], { maxBuffer: 64 * 1024 * 1024, stdio: ['ignore', 'pipe', 'inherit'] });
-    all.push(...JSON.parse(out).results);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'zygote-floor-'));
+  try {
+    const floorBinary = buildFloor(dir);
+    const all = [];
+    for (const gib of heaps) {
+      const out = childProcess.execFileSync(process.execPath, [
+        '--max-old-space-size=16384', __filename, '--worker', '--worker-heap-gib', String(gib),
+        '--rounds', String(rounds), '--spawns', String(spawns), '--program', program,
+        '--methods', methodNames.join(','), '--concurrency', concurrencies.join(','),
+        ...(floorBinary ? ['--floor-binary', floorBinary] : []),
+      ], { maxBuffer: 64 * 1024 * 1024, stdio: ['ignore', 'pipe', 'inherit'] });
+      all.push(...JSON.parse(out).results);
+    }
+    summarize(all, floorBinary);
+    const json = flag('json', null);
+    if (json) fs.writeFileSync(json, JSON.stringify({ program, rounds, spawns, results: all }, null, 1));
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
   }
-  summarize(all, floor);
-  const json = flag('json', null);
-  if (json) fs.writeFileSync(json, JSON.stringify({ program, rounds, spawns, posix_spawn_floor_ms: floor, results: all }, null, 1));
 }
 
 if (process.argv.includes('--worker')) worker();
