@@ -171,6 +171,45 @@ fn a_spawner_that_dies_is_reported_and_replaced() {
     );
 }
 
+/// A spawner with nothing to do for a minute leaves: reaped, no longer
+/// counted, the daemon's fd to it closed; the uid's next spawn starts
+/// another.
+#[test]
+fn an_idle_spawner_exits_after_a_minute_and_the_next_spawn_starts_one() {
+    if skip_unless_root() {
+        return;
+    }
+    let (daemon, metrics) = shared_daemon("spawner-idle", &[]);
+    assert_eq!(run_as_peer(&daemon, "id -u"), format!("{PEER}\n"));
+    let first = daemon.spawners();
+    assert_eq!(first.len(), 1);
+    assert_eq!(metric(metrics, "zygote_uid_spawners"), Some(1.0));
+    let with_spawner = daemon.settled_fd_count();
+    // Still there well inside the minute.
+    std::thread::sleep(Duration::from_secs(40));
+    assert_eq!(daemon.spawners(), first, "left before it was idle a minute");
+    assert!(
+        eventually(Duration::from_secs(40), || daemon.spawners().is_empty()
+            && daemon.zombies().is_empty()),
+        "the idle spawner is still there, or not reaped: {:?} {:?}\n{}",
+        daemon.spawners(),
+        daemon.zombies(),
+        daemon.log()
+    );
+    assert_eq!(metric(metrics, "zygote_uid_spawners"), Some(0.0));
+    assert!(
+        daemon.settled_fd_count() < with_spawner,
+        "the daemon kept its socket to the spawner"
+    );
+    assert!(
+        !daemon.log().contains("spawner process failed"),
+        "an idle exit is not a failure:\n{}",
+        daemon.log()
+    );
+    assert_eq!(run_as_peer(&daemon, "id -u"), format!("{PEER}\n"));
+    assert_eq!(daemon.spawners().len(), 1, "a new spawner");
+}
+
 /// `ZYGOTE_UID_SPAWNERS=0`: no spawner; the child is forked from the
 /// daemon, and still runs as the peer.
 #[test]

@@ -557,6 +557,18 @@ impl Command {
         let template = self.template.as_ref().map(|template| template.handle());
         let reply = session.spawn(request, &attached, template).await?;
         drop(large_args);
+        self.started(session, reply, piped, deferred)
+    }
+
+    /// The child of a reply: its pidfd, pipe ends and pty taken from the
+    /// fds in their order; a deferred child's early exit; or the error.
+    fn started(
+        &self,
+        session: Arc<crate::client::Session>,
+        reply: SpawnReply,
+        piped: [bool; 3],
+        deferred: bool,
+    ) -> std::result::Result<Started, SpawnFailure> {
         let (spawn_id, pid, fds, exit, sandbox) = match reply {
             SpawnReply::Spawned {
                 id,

@@ -114,6 +114,62 @@ pub struct Metrics {
     templates: TemplateMetrics,
 }
 
+/// Creates metrics and registers them in one step, so that a metric can
+/// neither be forgotten in the registry nor registered twice.
+struct Registrar<'a>(&'a Registry);
+
+impl Registrar<'_> {
+    fn register(&self, collector: impl Collector + 'static) {
+        self.0
+            .register(Box::new(collector))
+            .expect("unique metric names");
+    }
+
+    /// Registers `collector` and gives back a handle on the same metric.
+    fn add<C: Collector + Clone + 'static>(&self, collector: C) -> C {
+        self.register(collector.clone());
+        collector
+    }
+
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.add(IntCounter::new(name, help).expect("valid counter"))
+    }
+
+    fn counters(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter"))
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.add(IntGauge::new(name, help).expect("valid gauge"))
+    }
+
+    fn latency(&self, name: &str, help: &str) -> Histogram {
+        let options = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+        self.add(Histogram::with_opts(options).expect("valid histogram"))
+    }
+
+    /// The process's own metrics, and which zygote and protocol it is.
+    fn process_and_build(&self) {
+        self.register(ProcessMetrics::new());
+        let build_info = self.add(
+            IntGaugeVec::new(
+                Opts::new(
+                    "zygote_build_info",
+                    "Always 1; the labels say which zygote and protocol version runs.",
+                ),
+                &["version", "protocol_version"],
+            )
+            .expect("valid gauge"),
+        );
+        build_info
+            .with_label_values(&[
+                &crate::version(),
+                &zygote_proto::PROTOCOL_VERSION.to_string(),
+            ])
+            .set(1);
+    }
+}
+
 /// The warm templates' metrics.
 #[derive(Debug, Clone)]
 struct TemplateMetrics {
@@ -128,51 +184,30 @@ impl TemplateMetrics {
     const START_RESULTS: [&'static str; 5] =
         ["ok", "refused", "failed", "exec_failed", "preload_failed"];
 
-    fn register(registry: &Registry) -> Self {
-        let starts = IntCounterVec::new(
-            Opts::new(
-                "zygote_template_starts_total",
-                "Template processes started, by result (timeout: not ready within the start \
-                 deadline).",
-            ),
+    fn register(metrics: &Registrar<'_>) -> Self {
+        let starts = metrics.counters(
+            "zygote_template_starts_total",
+            "Template processes started, by result (timeout: not ready within the start \
+             deadline).",
             &["result"],
-        )
-        .expect("valid counter");
+        );
         for result in Self::START_RESULTS.into_iter().chain(["timeout"]) {
             starts.with_label_values(&[result]);
         }
-        let exits_unasked = IntCounter::new(
-            "zygote_template_exits_unasked_total",
-            "Template processes that ended without being asked to (crashed, killed).",
-        )
-        .expect("valid counter");
-        let forks = IntCounter::new(
-            "zygote_template_forks_total",
-            "Children forked by templates and taken by the daemon.",
-        )
-        .expect("valid counter");
-        let warm_spawn_duration = Histogram::with_opts(
-            HistogramOpts::new(
-                "zygote_warm_spawn_duration_seconds",
-                "Time from receiving a spawn from a template to sending its Spawned.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-        )
-        .expect("valid histogram");
-        let collectors: [Box<dyn prometheus::core::Collector>; 4] = [
-            Box::new(starts.clone()),
-            Box::new(exits_unasked.clone()),
-            Box::new(forks.clone()),
-            Box::new(warm_spawn_duration.clone()),
-        ];
-        for collector in collectors {
-            registry.register(collector).expect("unique metric names");
-        }
         Self {
             starts,
-            exits_unasked,
-            forks,
-            warm_spawn_duration,
+            exits_unasked: metrics.counter(
+                "zygote_template_exits_unasked_total",
+                "Template processes that ended without being asked to (crashed, killed).",
+            ),
+            forks: metrics.counter(
+                "zygote_template_forks_total",
+                "Children forked by templates and taken by the daemon.",
+            ),
+            warm_spawn_duration: metrics.latency(
+                "zygote_warm_spawn_duration_seconds",
+                "Time from receiving a spawn from a template to sending its Spawned.",
+            ),
         }
     }
 }
@@ -187,195 +222,105 @@ impl Metrics {
     /// tests.
     pub fn new() -> Self {
         let registry = Registry::new();
-        let spawn_duration = Histogram::with_opts(
-            HistogramOpts::new(
-                "zygote_spawn_duration_seconds",
-                "Time from receiving a spawn request to sending its reply.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-        )
-        .expect("valid histogram");
-        let spawns = IntCounterVec::new(
-            Opts::new(
-                "zygote_spawns_total",
-                "Spawn requests by result: ok (exec'd), failed (setup or exec failed), \
-                 refused (rejected before any process was created).",
-            ),
+        let metrics = Registrar(&registry);
+        let spawns = metrics.counters(
+            "zygote_spawns_total",
+            "Spawn requests by result: ok (exec'd), failed (setup or exec failed), \
+             refused (rejected before any process was created).",
             &["result"],
-        )
-        .expect("valid counter");
-        // By peer uid: the policy bounds which uids may connect, so the
-        // series stay few; pids would not.
-        let peer_spawns = IntCounterVec::new(
-            Opts::new(
-                "zygote_peer_spawns_total",
-                "Spawn requests by the peer's uid and result.",
-            ),
-            &["uid", "result"],
-        )
-        .expect("valid counter");
-        let exec_errors = IntCounterVec::new(
-            Opts::new(
-                "zygote_exec_errors_total",
-                "Spawns whose execve failed, by errno name.",
-            ),
-            &["errno"],
-        )
-        .expect("valid counter");
-        let sandboxed_spawns = IntCounterVec::new(
-            Opts::new(
-                "zygote_sandboxed_spawns_total",
-                "Spawns with a sandbox (requested or imposed by policy), by result: \
-                 ok, failed, refused.",
-            ),
-            &["result"],
-        )
-        .expect("valid counter");
-        let sandbox_failures = IntCounterVec::new(
-            Opts::new(
-                "zygote_sandbox_failures_total",
-                "Sandboxes refused or failed, by stage (validate, sandbox) and step.",
-            ),
-            &["stage", "step"],
-        )
-        .expect("valid counter");
-        let children_running = IntGauge::new(
-            "zygote_children_running",
-            "Children started and not yet reaped.",
-        )
-        .expect("valid gauge");
-        let child_exits = IntCounterVec::new(
-            Opts::new(
-                "zygote_child_exits_total",
-                "Children reaped, by how they ended: exited or signaled.",
-            ),
+        );
+        let child_exits = metrics.counters(
+            "zygote_child_exits_total",
+            "Children reaped, by how they ended: exited or signaled.",
             &["kind"],
-        )
-        .expect("valid counter");
-        let connections_open =
-            IntGauge::new("zygote_connections_open", "Client connections open now.")
-                .expect("valid gauge");
-        let connections_accepted = IntCounter::new(
-            "zygote_connections_accepted_total",
-            "Client connections accepted since start.",
-        )
-        .expect("valid counter");
-        let protocol_errors = IntCounterVec::new(
-            Opts::new(
-                "zygote_protocol_errors_total",
-                "Connections closed for a protocol error, by reason.",
-            ),
+        );
+        let protocol_errors = metrics.counters(
+            "zygote_protocol_errors_total",
+            "Connections closed for a protocol error, by reason.",
             &["reason"],
-        )
-        .expect("valid counter");
-        let oom_kills = IntCounterVec::new(
-            Opts::new(
-                "zygote_oom_kills_total",
-                "Children whose cgroup saw an OOM kill, by the peer's uid.",
-            ),
-            &["uid"],
-        )
-        .expect("valid counter");
-        let tree_kills = IntCounterVec::new(
-            Opts::new(
-                "zygote_tree_kills_total",
-                "Whole child cgroups ended with cgroup.kill, by the peer's uid.",
-            ),
-            &["uid"],
-        )
-        .expect("valid counter");
-        let spawn_paths = IntCounterVec::new(
-            Opts::new(
-                "zygote_spawn_paths_total",
-                "Children started, by path: vfork (by a daemon thread, keeping the daemon's \
-                 uid), spawner (by the per-uid spawner process of the uid switched to), fork \
-                 (a copy of the daemon, for a uid without a spawner).",
-            ),
-            &["path"],
-        )
-        .expect("valid counter");
-        let uid_spawners = IntGauge::new(
-            "zygote_uid_spawners",
-            "Per-uid spawner processes running now.",
-        )
-        .expect("valid gauge");
-        let uid_spawner_restarts = IntCounter::new(
-            "zygote_uid_spawner_restarts_total",
-            "Spawner processes started for a uid whose previous one failed.",
-        )
-        .expect("valid counter");
-        let spawns_by_path =
-            SpawnPath::ALL.map(|path| spawn_paths.with_label_values(&[path.label()]));
-        let spawns_by_result =
-            SpawnResult::ALL.map(|result| spawns.with_label_values(&[result.label()]));
-        let exits_by_kind =
-            ["exited", "signaled"].map(|kind| child_exits.with_label_values(&[kind]));
+        );
         // Every reason's series exists from the start, at 0, rather than
         // appearing on the first error.
         for kind in ProtocolErrorKind::ALL {
             protocol_errors.with_label_values(&[kind.name()]);
         }
-        let build_info = IntGaugeVec::new(
-            Opts::new(
-                "zygote_build_info",
-                "Always 1; the labels say which zygote and protocol version runs.",
-            ),
-            &["version", "protocol_version"],
-        )
-        .expect("valid gauge");
-        build_info
-            .with_label_values(&[
-                &crate::version(),
-                &zygote_proto::PROTOCOL_VERSION.to_string(),
-            ])
-            .set(1);
-        let collectors: [Box<dyn prometheus::core::Collector>; 18] = [
-            Box::new(spawn_paths.clone()),
-            Box::new(uid_spawners.clone()),
-            Box::new(uid_spawner_restarts.clone()),
-            Box::new(sandboxed_spawns.clone()),
-            Box::new(sandbox_failures.clone()),
-            Box::new(oom_kills.clone()),
-            Box::new(tree_kills.clone()),
-            Box::new(spawn_duration.clone()),
-            Box::new(spawns.clone()),
-            Box::new(peer_spawns.clone()),
-            Box::new(exec_errors.clone()),
-            Box::new(children_running.clone()),
-            Box::new(child_exits.clone()),
-            Box::new(connections_open.clone()),
-            Box::new(connections_accepted.clone()),
-            Box::new(protocol_errors.clone()),
-            Box::new(build_info),
-            Box::new(ProcessMetrics::new()),
-        ];
-        for collector in collectors {
-            registry.register(collector).expect("unique metric names");
-        }
-        let templates = TemplateMetrics::register(&registry);
+        let spawn_paths = metrics.counters(
+            "zygote_spawn_paths_total",
+            "Children started, by path: vfork (by a daemon thread, keeping the daemon's \
+             uid), spawner (by the per-uid spawner process of the uid switched to), fork \
+             (a copy of the daemon, for a uid without a spawner).",
+            &["path"],
+        );
+        metrics.process_and_build();
         Self {
-            registry,
-            spawn_duration,
+            spawn_duration: metrics.latency(
+                "zygote_spawn_duration_seconds",
+                "Time from receiving a spawn request to sending its reply.",
+            ),
+            spawns_by_result: SpawnResult::ALL
+                .map(|result| spawns.with_label_values(&[result.label()])),
             spawns,
-            peer_spawns,
-            exec_errors,
-            sandboxed_spawns,
-            sandbox_failures,
-            children_running,
+            // By peer uid: the policy bounds which uids may connect, so the
+            // series stay few; pids would not.
+            peer_spawns: metrics.counters(
+                "zygote_peer_spawns_total",
+                "Spawn requests by the peer's uid and result.",
+                &["uid", "result"],
+            ),
+            exec_errors: metrics.counters(
+                "zygote_exec_errors_total",
+                "Spawns whose execve failed, by errno name.",
+                &["errno"],
+            ),
+            sandboxed_spawns: metrics.counters(
+                "zygote_sandboxed_spawns_total",
+                "Spawns with a sandbox (requested or imposed by policy), by result: \
+                 ok, failed, refused.",
+                &["result"],
+            ),
+            sandbox_failures: metrics.counters(
+                "zygote_sandbox_failures_total",
+                "Sandboxes refused or failed, by stage (validate, sandbox) and step.",
+                &["stage", "step"],
+            ),
+            children_running: metrics.gauge(
+                "zygote_children_running",
+                "Children started and not yet reaped.",
+            ),
+            exits_by_kind: ["exited", "signaled"]
+                .map(|kind| child_exits.with_label_values(&[kind])),
             child_exits,
-            connections_open,
-            connections_accepted,
+            connections_open: metrics
+                .gauge("zygote_connections_open", "Client connections open now."),
+            connections_accepted: metrics.counter(
+                "zygote_connections_accepted_total",
+                "Client connections accepted since start.",
+            ),
             protocol_errors,
-            oom_kills,
-            tree_kills,
+            oom_kills: metrics.counters(
+                "zygote_oom_kills_total",
+                "Children whose cgroup saw an OOM kill, by the peer's uid.",
+                &["uid"],
+            ),
+            tree_kills: metrics.counters(
+                "zygote_tree_kills_total",
+                "Whole child cgroups ended with cgroup.kill, by the peer's uid.",
+                &["uid"],
+            ),
+            spawns_by_path: SpawnPath::ALL
+                .map(|path| spawn_paths.with_label_values(&[path.label()])),
             spawn_paths,
-            uid_spawners,
-            uid_spawner_restarts,
-            spawns_by_result,
-            exits_by_kind,
-            spawns_by_path,
+            uid_spawners: metrics.gauge(
+                "zygote_uid_spawners",
+                "Per-uid spawner processes running now.",
+            ),
+            uid_spawner_restarts: metrics.counter(
+                "zygote_uid_spawner_restarts_total",
+                "Spawner processes started for a uid whose previous one failed.",
+            ),
             peer_spawns_by_uid: Arc::default(),
-            templates,
+            templates: TemplateMetrics::register(&metrics),
+            registry,
         }
     }
 
