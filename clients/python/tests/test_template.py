@@ -485,6 +485,7 @@ def test_a_template_that_keeps_crashing_raises_and_is_not_looped(
             assert failed.value.zygote_stage == "Template"  # type: ignore[attr-defined]
             message = failed.value.zygote_message  # type: ignore[attr-defined]
             assert "OSError: gone bad" in message
+            assert "(template: " in str(failed.value) and "gone bad" in str(failed.value)
             assert starts.read_text() == "x" * (1 + attempt), "one start per spawn"
         began = time.monotonic()
         with pytest.raises(OSError) as paused:

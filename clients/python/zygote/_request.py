@@ -610,6 +610,11 @@ def encode_spawn(
     return frame
 
 
+#: Steps of the zygote's own, which ``subprocess`` never reports: an
+#: errno alone would not say what failed.
+_ZYGOTE_STEPS = frozenset({"Template", "Sandbox", "Cgroup", "Admission"})
+
+
 def spawn_error(failure: Dict[str, Any], executable: Any, cwd: Any) -> OSError:
     """The exception ``subprocess`` would raise for a ``SpawnFailed``.
 
@@ -618,7 +623,8 @@ def spawn_error(failure: Dict[str, Any], executable: Any, cwd: Any) -> OSError:
     filename the stdlib sets: the program when exec failed, the working
     directory when chdir did, none otherwise. The step the zygote reported
     and its message are in ``zygote_stage`` and ``zygote_message`` (and in
-    ``__notes__`` on Python 3.11+).
+    ``__notes__`` on Python 3.11+); for a step of the zygote's own
+    (template, sandbox, cgroup, admission), in the text too.
     """
     code = int(failure["errno"])
     stage = failure["stage"]
@@ -626,6 +632,8 @@ def spawn_error(failure: Dict[str, Any], executable: Any, cwd: Any) -> OSError:
         error = OSError(code, os.strerror(code), executable)
     elif stage == "Chdir" and cwd is not None:
         error = OSError(code, os.strerror(code), cwd)
+    elif stage in _ZYGOTE_STEPS:
+        error = OSError(code, f"{os.strerror(code)} ({stage.lower()}: {failure['message']})")
     else:
         error = OSError(code, os.strerror(code))
     error.zygote_stage = stage  # type: ignore[attr-defined]
