@@ -52,7 +52,8 @@ function fallbackReason(args) {
       if (typeof fd !== 'number' || fd < 0) return 'a stdio stream has no fd (yet) to pass to the zygote';
     }
   }
-  if (options && options.serialization === 'advanced') return "serialization 'advanced' needs an IPC channel";
+  // `serialization` only shapes an IPC channel, which was refused above:
+  // Node ignores it without one, and execa always passes 'advanced'.
   const socket = socketPath();
   if (!fs.existsSync(socket)) return `no zygote listens at ${socket}`;
   return null;

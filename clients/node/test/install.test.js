@@ -57,6 +57,35 @@ test('install routes, names why it falls back, and uninstall restores', async ()
   assert.equal(childProcess.spawn, original);
 });
 
+test('libraries built on child_process (cross-spawn, execa, simple-git) are served once installed', async () => {
+  const reasons = [];
+  const daemonPid = String(shared.daemon.process.pid);
+  zygote.install({ onFallback: (reason, api) => reasons.push([api, reason]) });
+  try {
+    const crossSpawn = require('cross-spawn');
+    const child = crossSpawn('sh', ['-c', 'echo $PPID']);
+    let out = '';
+    child.stdout.on('data', (chunk) => { out += chunk; });
+    const code = await within(new Promise((resolve) => child.once('close', resolve)), 20000, 'cross-spawn');
+    assert.equal(code, 0);
+    assert.equal(out.trim(), daemonPid, 'cross-spawn went through the zygote');
+
+    const { execa } = await import('execa');
+    const { stdout } = await within(execa('sh', ['-c', 'echo $PPID']), 20000, 'execa');
+    assert.equal(stdout, daemonPid, 'execa went through the zygote');
+
+    // git runs the alias through a shell whose parent is git: git's own
+    // parent is the zygote.
+    const git = require('simple-git').simpleGit({ unsafe: { allowUnsafeAlias: true } });
+    const parent = await within(git.raw(['-c', "alias.parent=!awk '{print $4}' /proc/$PPID/stat", 'parent']),
+      20000, 'simple-git');
+    assert.equal(parent.trim(), daemonPid, 'simple-git went through the zygote');
+  } finally {
+    zygote.uninstall();
+  }
+  assert.deepEqual(reasons, [], 'nothing fell back');
+});
+
 test('with no zygote at the socket, install falls back to child_process', async () => {
   const reasons = [];
   zygote.setSocket(path.join(require('node:os').tmpdir(), `zygote-absent-${process.pid}.sock`));
