@@ -573,11 +573,30 @@ async fn dispatch(
         received_at,
         stopping,
     } = request;
-    match decode_client(bytes, connection.version)? {
-        ClientMessage::Hello(_) => Err((
-            ProtocolErrorKind::UnexpectedMessage,
-            "received a second Hello".into(),
-        )),
+    let message = decode_client(bytes, connection.version)?;
+    let name = message_name(&message);
+    if matches!(
+        message,
+        ClientMessage::Template(_)
+            | ClientMessage::SpawnFromTemplate(_)
+            | ClientMessage::ListTemplates(_)
+    ) {
+        templates_version(name, connection.version)?;
+    }
+    let takes_fds = matches!(
+        message,
+        ClientMessage::Hello(_) | ClientMessage::Spawn(_) | ClientMessage::SpawnFromTemplate(_)
+    );
+    if !takes_fds && !fds.is_empty() {
+        return Err(unexpected_fds(name, fds.len()));
+    }
+    match message {
+        ClientMessage::Hello(_) => {
+            return Err((
+                ProtocolErrorKind::UnexpectedMessage,
+                "received a second Hello".into(),
+            ));
+        }
         ClientMessage::Spawn(request) => {
             let spawn = Spawn {
                 request,
@@ -587,39 +606,22 @@ async fn dispatch(
                 stopping,
             };
             start_spawn(spawn, connection, daemon, shutdown, active).await;
-            Ok(())
         }
-        ClientMessage::Signal(request) => {
-            if !fds.is_empty() {
-                return Err(unexpected_fds("Signal", fds.len()));
-            }
-            let reply = signal(&request, connection);
-            connection.reply(daemon, reply);
-            Ok(())
-        }
+        ClientMessage::Signal(request) => connection.reply(daemon, signal(&request, connection)),
         ClientMessage::Status(request) => {
-            if !fds.is_empty() {
-                return Err(unexpected_fds("Status", fds.len()));
-            }
             let reply = if connection.id_in_use(request.id) {
                 in_use(request.id)
             } else {
                 ServerMessage::Status(daemon.status(request.id, &connection.peer))
             };
             connection.reply(daemon, reply);
-            Ok(())
         }
         ClientMessage::Upgrade(request) => {
-            if !fds.is_empty() {
-                return Err(unexpected_fds("Upgrade", fds.len()));
-            }
             if let Err(reply) = ask_upgrade(request.id, socket, connection, daemon) {
                 connection.reply(daemon, reply);
             }
-            Ok(())
         }
         ClientMessage::SpawnFromTemplate(request) => {
-            templates_version("SpawnFromTemplate", connection.version)?;
             if !daemon.offers(Feature::Templates) {
                 drop(fds);
                 let failed = SpawnFailed {
@@ -639,34 +641,31 @@ async fn dispatch(
                 stopping,
             };
             start_spawn(spawn, connection, daemon, shutdown, active).await;
-            Ok(())
         }
         ClientMessage::Template(request) => {
-            templates_version("Template", connection.version)?;
-            if !fds.is_empty() {
-                return Err(unexpected_fds("Template", fds.len()));
-            }
             start_template(request, stopping, connection, daemon, active).await;
-            Ok(())
         }
         ClientMessage::ListTemplates(TemplateListRequest { id }) => {
-            templates_version("ListTemplates", connection.version)?;
-            if !fds.is_empty() {
-                return Err(unexpected_fds("ListTemplates", fds.len()));
-            }
-            let reply = if connection.id_in_use(id) {
-                in_use(id)
-            } else if !daemon.offers(Feature::Templates) {
-                not_offered(id)
-            } else {
-                let uid = connection.peer.uid;
-                let all = uid == 0 || uid == daemon.uid;
-                let templates = daemon.templates.list(all, uid);
-                ServerMessage::Templates(TemplateList { id, templates })
-            };
-            connection.reply(daemon, reply);
-            Ok(())
+            connection.reply(daemon, list_templates(id, connection, daemon));
         }
+    }
+    Ok(())
+}
+
+/// The reply to `ListTemplates`: root and the daemon's own uid see every
+/// template, any other peer its own.
+fn list_templates(id: u64, connection: &Connection, daemon: &Daemon) -> ServerMessage {
+    if connection.id_in_use(id) {
+        in_use(id)
+    } else if !daemon.offers(Feature::Templates) {
+        not_offered(id)
+    } else {
+        let uid = connection.peer.uid;
+        let all = uid == 0 || uid == daemon.uid;
+        ServerMessage::Templates(TemplateList {
+            id,
+            templates: daemon.templates.list(all, uid),
+        })
     }
 }
 
