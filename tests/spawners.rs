@@ -210,6 +210,63 @@ fn an_idle_spawner_exits_after_a_minute_and_the_next_spawn_starts_one() {
     assert_eq!(daemon.spawners().len(), 1, "a new spawner");
 }
 
+/// A non-root peer's child started through its spawner, running across a
+/// live upgrade: its exit still reaches its client, nothing is left
+/// unreaped, and the uid's next spawn is served.
+#[test]
+fn a_spawners_child_in_flight_across_an_upgrade_is_reported_and_the_uid_served_after() {
+    if skip_unless_root() {
+        return;
+    }
+    let (daemon, _metrics) = shared_daemon("spawner-upgrade", &[]);
+    let running = Command::new(zygote_bin())
+        .args(["run", "--", "/bin/sh", "-c", "sleep 2; id -u; exit 7"])
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .current_dir("/")
+        .uid(PEER)
+        .gid(PEER)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start zygote run");
+    assert!(
+        eventually(Duration::from_secs(10), || daemon.spawners().len() == 1
+            && crate::util::children_of(daemon.pid()).len() >= 2),
+        "the child did not start: {}",
+        daemon.log()
+    );
+    let upgrade = Command::new(zygote_bin())
+        .args(["upgrade", "--socket"])
+        .arg(daemon.socket())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("zygote upgrade");
+    let upgraded = output_within(upgrade, Duration::from_secs(60), "zygote upgrade");
+    assert!(upgraded.status.success(), "{upgraded:?}\n{}", daemon.log());
+    let output = output_within(
+        running,
+        Duration::from_secs(30),
+        "the child across the upgrade",
+    );
+    assert_eq!(
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).as_ref()
+        ),
+        (Some(7), format!("{PEER}\n").as_str()),
+        "{output:?}\n{}",
+        daemon.log()
+    );
+    assert_eq!(run_as_peer(&daemon, "id -u"), format!("{PEER}\n"));
+    assert!(
+        eventually(Duration::from_secs(10), || daemon.zombies().is_empty()),
+        "left unreaped: {:?}",
+        daemon.zombies()
+    );
+}
+
 /// `ZYGOTE_UID_SPAWNERS=0`: no spawner; the child is forked from the
 /// daemon, and still runs as the peer.
 #[test]
