@@ -264,6 +264,10 @@ fn completions_generate_for_every_shell() {
             script.contains("serve") && script.contains("close-fds"),
             "{shell} completions name no subcommand or flag:\n{script}"
         );
+        assert!(
+            !script.contains("uid-spawner") && !script.contains("check-state"),
+            "{shell} completions offer a hidden command:\n{script}"
+        );
     }
     // Syntax checks by the shells themselves (scripts/test installs them).
     for (shell, check) in [("zsh", "-n"), ("fish", "--no-execute")] {

@@ -122,11 +122,29 @@ fn write_pages(command: clap::Command, dir: &Path) -> std::io::Result<()> {
     std::fs::write(dir.join("zygote-policy.5"), POLICY_PAGE)
 }
 
+/// The CLI without its hidden commands (`check-state`, `uid-spawner`, for
+/// the daemon's own use), which clap_complete would offer otherwise.
+fn visible_command() -> clap::Command {
+    let full = Cli::command();
+    clap::Command::new("zygote")
+        .version(super::VERSION)
+        .args(
+            full.get_arguments()
+                .filter(|arg| !arg.is_hide_set())
+                .cloned(),
+        )
+        .subcommands(
+            full.get_subcommands()
+                .filter(|command| !command.is_hide_set())
+                .cloned(),
+        )
+}
+
 /// `zygote completions SHELL`: a completion script on stdout, e.g.
 /// `zygote completions bash > /usr/share/bash-completion/completions/zygote`.
 pub fn completions(args: &CompletionsArgs) -> u8 {
     let mut script = Vec::new();
-    clap_complete::generate(args.shell, &mut Cli::command(), "zygote", &mut script);
+    clap_complete::generate(args.shell, &mut visible_command(), "zygote", &mut script);
     report(
         std::io::stdout()
             .lock()
