@@ -13,9 +13,10 @@ picks some):
 Conditions: the process holds each ``--rss-gib`` of touched memory and each
 ``--fds`` extra open fds, at each ``--concurrency`` (threads spawning back to
 back; at 1, the main thread). ``--capture`` runs every method with
-``capture_output=True``. Reports p50 and p99 per method, this process's CPU time per spawn (all its threads,
-the zygote client's reader included; not the child's, not the daemon's),
-and the target ratios, all within one condition.
+``capture_output=True``. Reports p50 and p99 per method, this process's
+CPU time per spawn (all its threads, the zygote client's reader included;
+not the child's, not the daemon's), and the target ratios, all within one
+condition.
 
     ZYGOTE_BIN=target/release/zygote python clients/python/bench.py
 """
