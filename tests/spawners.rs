@@ -50,6 +50,16 @@ fn run_as_peer(daemon: &Daemon, script: &str) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// A shared daemon that has served one spawn of [`PEER`]: its spawner
+/// is running.
+fn daemon_with_a_spawner(name: &str) -> (Daemon, SocketAddr, Vec<u32>) {
+    let (daemon, metrics) = shared_daemon(name, &[]);
+    assert_eq!(run_as_peer(&daemon, "id -u"), format!("{PEER}\n"));
+    let spawners = daemon.spawners();
+    assert_eq!(spawners.len(), 1, "one spawner for uid {PEER}");
+    (daemon, metrics, spawners)
+}
+
 /// The value of the metric line that starts with `series` (name and
 /// labels), if exported.
 fn metric(address: SocketAddr, series: &str) -> Option<f64> {
@@ -135,10 +145,7 @@ fn a_spawner_that_dies_is_reported_and_replaced() {
     if skip_unless_root() {
         return;
     }
-    let (daemon, metrics) = shared_daemon("spawner-dies", &[]);
-    assert_eq!(run_as_peer(&daemon, "id -u"), format!("{PEER}\n"));
-    let first = daemon.spawners();
-    assert_eq!(first.len(), 1);
+    let (daemon, metrics, first) = daemon_with_a_spawner("spawner-dies");
     let pid = rustix::process::Pid::from_raw(first[0] as i32).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kill the spawner");
     assert!(
@@ -179,10 +186,7 @@ fn an_idle_spawner_exits_after_a_minute_and_the_next_spawn_starts_one() {
     if skip_unless_root() {
         return;
     }
-    let (daemon, metrics) = shared_daemon("spawner-idle", &[]);
-    assert_eq!(run_as_peer(&daemon, "id -u"), format!("{PEER}\n"));
-    let first = daemon.spawners();
-    assert_eq!(first.len(), 1);
+    let (daemon, metrics, first) = daemon_with_a_spawner("spawner-idle");
     assert_eq!(metric(metrics, "zygote_uid_spawners"), Some(1.0));
     let with_spawner = daemon.settled_fd_count();
     // Still there well inside the minute.
