@@ -28,9 +28,9 @@ fn shared_daemon(name: &str, envs: &[(&str, &str)]) -> (Daemon, SocketAddr) {
     (daemon, address)
 }
 
-/// `zygote run -- sh -c SCRIPT` as [`PEER`]: its stdout.
-fn run_as_peer(daemon: &Daemon, script: &str) -> String {
-    let child = Command::new(zygote_bin())
+/// `zygote run -- sh -c SCRIPT` as [`PEER`], started.
+fn start_as_peer(daemon: &Daemon, script: &str) -> std::process::Child {
+    Command::new(zygote_bin())
         .args(["run", "--", "/bin/sh", "-c", script])
         .env("ZYGOTE_SOCKET", daemon.socket())
         .current_dir("/")
@@ -40,7 +40,12 @@ fn run_as_peer(daemon: &Daemon, script: &str) -> String {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start zygote run");
+        .expect("start zygote run")
+}
+
+/// `zygote run -- sh -c SCRIPT` as [`PEER`]: its stdout.
+fn run_as_peer(daemon: &Daemon, script: &str) -> String {
+    let child = start_as_peer(daemon, script);
     let output = output_within(child, Duration::from_secs(20), "zygote run as the peer");
     assert!(
         output.status.success(),
@@ -223,17 +228,7 @@ fn a_spawners_child_in_flight_across_an_upgrade_is_reported_and_the_uid_served_a
         return;
     }
     let (daemon, _metrics) = shared_daemon("spawner-upgrade", &[]);
-    let running = Command::new(zygote_bin())
-        .args(["run", "--", "/bin/sh", "-c", "sleep 2; id -u; exit 7"])
-        .env("ZYGOTE_SOCKET", daemon.socket())
-        .current_dir("/")
-        .uid(PEER)
-        .gid(PEER)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start zygote run");
+    let running = start_as_peer(&daemon, "sleep 2; id -u; exit 7");
     assert!(
         eventually(Duration::from_secs(10), || daemon.spawners().len() == 1
             && crate::util::children_of(daemon.pid()).len() >= 2),
