@@ -122,6 +122,90 @@ fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
     assert!(text.contains("Seccomp:\t2"), "{text}");
 }
 
+/// The value of `zygote_spawn_paths_total{path="PATH"}`.
+fn spawns_by_path(metrics: std::net::SocketAddr, path: &str) -> Option<f64> {
+    let (_, text) = crate::tools::http_get(metrics, "/metrics").expect("GET /metrics");
+    let series = format!("zygote_spawn_paths_total{{path=\"{path}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(series.as_str()))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// A sandbox without a new pid namespace (filesystem, network none,
+/// seccomp, Landlock) is vforked by a spawner process, root's for a root
+/// peer, and confines as on the fork path; one that isolates forks.
+#[test]
+fn a_sandbox_without_a_pid_namespace_is_set_up_by_a_spawner_and_confines() {
+    if !root_or_skip("a root daemon with spawner processes") {
+        return;
+    }
+    let work = work_dir();
+    let other = work_dir();
+    let path = work.path().to_str().unwrap();
+    let policy = format!(
+        "[sandbox.flat]\nnetwork = \"none\"\nseccomp = \"default\"\n\
+         ro_bind = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\"]\nbind = [\"{path}\"]\n\
+         landlock_rx = [\"/\"]\nlandlock_rw = [\"{path}\", \"/dev\"]\n\n\
+         [[peer]]\nuids = [0, 65534]\nsandbox = \"flat\"\n"
+    );
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], crate::tools::free_port()));
+    let metrics_text = metrics.to_string();
+    let daemon = start_daemon_with(
+        "sandbox-spawner",
+        Some(&policy),
+        &["--socket-mode", "0666", "--metrics-listen", &metrics_text],
+    );
+    let script = format!(
+        "cat /etc/shadow >/dev/null 2>&1 && echo ESCAPE-shadow; \
+         ls /home >/dev/null 2>&1 && echo ESCAPE-home; \
+         touch {}/outside 2>/dev/null && echo ESCAPE-outside; \
+         unshare --ipc true 2>/dev/null && echo ESCAPE-unshare; \
+         touch inside-$(id -u) && echo wrote-inside; \
+         echo links $(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '); \
+         grep -E '^(NoNewPrivs|CapBnd|CapEff|Seccomp):' /proc/self/status",
+        other.path().display()
+    );
+    for uid in [Some(65534), None] {
+        let output = run(&daemon, path, uid, &script);
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{uid:?}: {text} {}\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            daemon.log()
+        );
+        assert!(!text.contains("ESCAPE"), "{uid:?}: {text}");
+        assert!(text.contains("wrote-inside"), "{uid:?}: {text}");
+        assert!(text.contains("links lo\n"), "{uid:?}: {text}");
+        assert!(text.contains("NoNewPrivs:\t1"), "{uid:?}: {text}");
+        assert!(
+            text.contains("CapBnd:\t0000000000000000"),
+            "{uid:?}: {text}"
+        );
+        assert!(
+            text.contains("CapEff:\t0000000000000000"),
+            "{uid:?}: {text}"
+        );
+        assert!(text.contains("Seccomp:\t2"), "{uid:?}: {text}");
+    }
+    assert!(work.path().join("inside-65534").exists());
+    assert!(work.path().join("inside-0").exists());
+    assert!(!other.path().join("outside").exists());
+    assert_eq!(daemon.spawners().len(), 2, "one for 65534, one for root");
+    assert_eq!(spawns_by_path(metrics, "spawner"), Some(2.0));
+    assert_eq!(spawns_by_path(metrics, "fork"), Some(0.0));
+    // Tightened with isolate: an init that never execs, so forked.
+    let output = Command::new(zygote_bin())
+        .args(["run", "--sandbox", "flat", "--isolate", "--", "/bin/true"])
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .current_dir(path)
+        .stdin(Stdio::null())
+        .output()
+        .expect("zygote run");
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(spawns_by_path(metrics, "fork"), Some(1.0));
+}
+
 #[test]
 fn landlock_alone_denies_writes_outside_its_read_write_list() {
     if !root_or_skip("a root daemon that confines another uid") {
@@ -451,7 +535,9 @@ mod wire {
                 other => panic!("{named}: {other:?}"),
             }
         }
-        // A missing source is found by the child, resolving it as the peer.
+        // A missing source is found by the child, resolving it as the peer
+        // (vforked by root's spawner: no pid namespace); the step and the
+        // item come back through the spawner.
         let missing = with_mount(MountKind::Bind, "/nonexistent/zygote", "/work");
         send(&fd, &request(20, missing));
         match receive(&fd) {
@@ -506,9 +592,10 @@ mod wire {
             other => panic!("{other:?}"),
         }
         // Nothing of the refused, failed or finished sandboxes stays open
-        // but the one empty network namespace, kept for the next.
+        // but the one empty network namespace, kept for the next, and
+        // root's spawner process (its socket and pidfd).
         drop(fd);
-        assert_eq!(daemon.settled_fd_count(), fds_before + 1);
+        assert_eq!(daemon.settled_fd_count(), fds_before + 1 + 2);
     }
 }
 

@@ -628,8 +628,9 @@ impl SpawnTask {
         // A child that keeps the daemon's ids cannot be stopped by its
         // peer: vfork, the fastest. One that switches to the peer's ids
         // could be, between the switch and exec: see `start_switching`.
-        // A sandboxed child resolves the peer's paths as the peer: never
-        // on this thread, and never on a spawner (which gives it no sandbox).
+        // A sandboxed child resolves the peer's paths as the peer, which
+        // can block: never on this thread, but on its uid's spawner
+        // (root's for a root peer) or the fork path.
         let (pid, pidfd, status) = if plan.credentials.is_none() && plan.sandbox.is_none() {
             // The daemon's copies of the child's fds go with the plan.
             let child = self.daemon.spawn_plan(plan).await.map_err(failed)?;

@@ -169,9 +169,13 @@ pub(super) fn clone_child_into(
 ///
 /// As [`clone_child_into`] with `dir`; `(Clone, errno)` otherwise
 /// (`ENOSYS` where clone3 is missing or filtered).
+///
+/// `namespaces`: `CLONE_NEW*` flags for a sandboxed child (0 for none),
+/// never a new pid or user namespace (see `SandboxPlan::suits_vfork`).
 pub(super) fn clone_sibling(
     args: &ChildArgs<'_>,
     dir: Option<BorrowedFd<'_>>,
+    namespaces: c_int,
 ) -> Result<(libc::pid_t, OwnedFd), (SpawnStage, c_int)> {
     let arg = ptr::from_ref(args).cast_mut().cast::<c_void>();
     let stack = match STACK.take() {
@@ -185,7 +189,15 @@ pub(super) fn clone_sibling(
             // SAFETY: as in `clone_child_into`: `child_main` reads the
             // `ChildArgs` behind `arg`, kept alive by the borrow for the
             // whole (vfork-blocking) call; the stack is ours.
-            unsafe { clone3_on(&stack, child::child_main, arg, libc::CLONE_PARENT, cgroup) }
+            unsafe {
+                clone3_on(
+                    &stack,
+                    child::child_main,
+                    arg,
+                    libc::CLONE_PARENT | namespaces,
+                    cgroup,
+                )
+            }
         });
     STACK.set(Some(stack));
     result

@@ -8,13 +8,13 @@
 //! [`ExpectedSibling`] for the child's uid, so that its orphan reaper
 //! leaves an exited child of that uid alone.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::PoisonError;
 
 use zygote_proto::SpawnStage;
 
 use super::child::Failure;
-use super::{OWN, Prepared, SpawnError, SpawnPlan, Spawner, clone};
+use super::{OWN, Prepared, SpawnError, SpawnPlan, Spawner, clone, sandbox};
 
 /// A child started by [`Spawner::spawn_sibling`]: exec'd, or failed
 /// before (then it has exited, and its parent must reap it).
@@ -36,12 +36,32 @@ impl Spawner {
     ///
     /// # Errors
     ///
-    /// `Validate`, `Cgroup` or `Clone` when no child was created (`Clone`
-    /// with `ENOSYS` where `clone3` is missing or filtered).
+    /// `Validate`, `Pipe`, `Cgroup` or `Clone` when no child was created
+    /// (`Clone` with `ENOSYS` where `clone3` is missing or filtered;
+    /// `Validate` for a sandbox a vforked child cannot set up, see
+    /// [`super::SandboxPlan::suits_vfork`]).
     pub fn spawn_sibling(&self, plan: &SpawnPlan) -> Result<SiblingChild, SpawnError> {
-        let prepared = Prepared::new(plan)?;
+        let mut prepared = Prepared::new(plan)?;
         let failure = Failure::default();
+        // The sandbox's own fds, above every target and kept open.
+        let sandbox_fds = match &plan.sandbox {
+            Some(sandbox) if !sandbox.suits_vfork() => {
+                return Err(SpawnError::new(SpawnStage::Validate, libc::EINVAL));
+            }
+            Some(sandbox) => sandbox::copy_fds(sandbox, prepared.dup_floor)
+                .map_err(|errno| SpawnError::new(SpawnStage::Pipe, errno.raw_os_error()))?,
+            None => Vec::new(),
+        };
+        for fd in &sandbox_fds {
+            prepared.keep_open(fd.as_raw_fd());
+        }
+        let sandbox_raw: Vec<RawFd> = sandbox_fds.iter().map(AsRawFd::as_raw_fd).collect();
         let mut args = prepared.child_args(&self.signals, &failure);
+        args.sandbox_fds = &sandbox_raw;
+        let namespaces = plan
+            .sandbox
+            .as_ref()
+            .map_or(0, |sandbox| sandbox.clone_flags);
         let cgroup = plan.cgroup.as_ref().map(AsFd::as_fd);
         // Below 5.7 the child joins by itself, as on the daemon's paths.
         let procs = match cgroup {
@@ -53,11 +73,13 @@ impl Spawner {
         };
         args.join_cgroup = procs.as_ref().map(AsRawFd::as_raw_fd);
         let into = if procs.is_none() { cgroup } else { None };
-        let (pid, pidfd) = clone::clone_sibling(&args, into)
+        let (pid, pidfd) = clone::clone_sibling(&args, into, namespaces)
             .map_err(|(stage, errno)| SpawnError::new(stage, errno))?;
-        let failure = failure
-            .get()
-            .map(|(stage, errno, _)| SpawnError::new(stage, errno));
+        let failure = failure.get().map(|(stage, errno, sandbox)| SpawnError {
+            stage,
+            errno,
+            sandbox,
+        });
         Ok(SiblingChild {
             pid,
             pidfd,

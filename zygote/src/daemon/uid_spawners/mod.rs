@@ -216,10 +216,15 @@ impl UidSpawners {
         metrics: &Metrics,
         start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
     ) -> Result<oneshot::Receiver<Outcome>, Box<SpawnPlan>> {
-        let Some(uid) = plan.credentials.as_ref().map(|c| c.uid) else {
-            return Err(Box::new(plan));
+        // A child that keeps the daemon's ids (a root peer's) comes here
+        // only with a sandbox, which root's spawner sets up.
+        let uid = match &plan.credentials {
+            Some(credentials) if credentials.uid != 0 => credentials.uid,
+            Some(_) => return Err(Box::new(plan)),
+            None if plan.sandbox.is_some() => 0,
+            None => return Err(Box::new(plan)),
         };
-        if !self.enabled || uid == 0 {
+        if !self.enabled {
             return Err(Box::new(plan));
         }
         let Some(spawner) = self.spawner_for(uid, metrics, start) else {

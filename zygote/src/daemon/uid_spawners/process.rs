@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use zygote_proto::{RECV_BUFFER_BYTES, recv_frame_in, send_frame};
 
 use super::wire::{self, Answer};
-use crate::spawn::{self, SiblingChild, SpawnPlan, Spawner};
+use crate::spawn::{self, SandboxFailure, SiblingChild, SpawnPlan, Spawner};
 
 /// The fd the daemon passes the spawner's socket on.
 pub(crate) const SOCKET_FD: i32 = 3;
@@ -65,13 +65,14 @@ fn start(spawner: &Spawner, plan: Option<SpawnPlan>, uid: u32) -> (Answer, Optio
     let Some(plan) = plan else {
         return refused(zygote_proto::SpawnStage::Validate, libc::EINVAL);
     };
-    // Only the uid this spawner serves, never root: a daemon bug must not
-    // turn into a child of another uid.
-    if plan
-        .credentials
-        .as_ref()
-        .is_none_or(|c| c.uid != uid || uid == 0)
-    {
+    // Only the uid this spawner serves: a daemon bug must not turn into a
+    // child of another uid. Root's spawner starts only sandboxed children
+    // that keep its ids (a root peer's); the daemon vforks the others.
+    let serves = match &plan.credentials {
+        Some(credentials) => credentials.uid == uid && uid != 0,
+        None => uid == 0 && plan.sandbox.is_some(),
+    };
+    if !serves {
         return refused(zygote_proto::SpawnStage::Validate, libc::EPERM);
     }
     match spawner.spawn_sibling(&plan) {
@@ -80,7 +81,10 @@ fn start(spawner: &Spawner, plan: Option<SpawnPlan>, uid: u32) -> (Answer, Optio
             pidfd,
             failure,
         }) => {
-            let failure = failure.map(|error| (error.stage, error.errno));
+            let failure = failure.map(|error| {
+                let step = SandboxFailure::pack(error.sandbox);
+                (error.stage, error.errno, step)
+            });
             (Answer::Started { pid, failure }, Some(pidfd))
         }
         Err(error) => refused(error.stage, error.errno),

@@ -19,7 +19,7 @@ use super::{
     UidSpawner,
 };
 use crate::service::metrics::Metrics;
-use crate::spawn::{self, SpawnError};
+use crate::spawn::{self, SandboxFailure, SpawnError};
 
 /// A spawner and what its watching task needs.
 pub(super) struct Watched {
@@ -240,7 +240,11 @@ impl Watched {
             Outcome::Child {
                 pid,
                 pidfd,
-                failure: failure.map(|(stage, errno)| SpawnError::new(stage, errno)),
+                failure: failure.map(|(stage, errno, step)| SpawnError {
+                    stage,
+                    errno,
+                    sandbox: SandboxFailure::unpack(step),
+                }),
             }
         };
         // Nobody waits any more (its client left): the child goes.

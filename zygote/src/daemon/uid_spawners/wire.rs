@@ -4,11 +4,14 @@
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use zygote_proto::{Env, ResourceLimit, SpawnStage};
 
-use crate::spawn::{Credentials, SpawnPlan};
+use crate::spawn::{
+    Credentials, LandlockPlan, Mount, MountKind, SandboxPlan, SeccompProgram, SpawnPlan,
+};
 
 /// The largest plan sent to a spawner, a frame the spawner receives
 /// whole: a larger one (a large argv and environment, or a long PATH's
@@ -30,12 +33,41 @@ struct PlanOut<'a> {
     process_group: Option<i32>,
     umask: Option<u32>,
     rlimits: &'a [ResourceLimit],
-    credentials: (u32, u32, &'a [u32]),
+    credentials: Option<(u32, u32, &'a [u32])>,
     cgroup: bool,
     ignored_signals: u64,
     nice: Option<i32>,
     cpu_affinity: &'a [u64],
     oom_score_adj: Option<i32>,
+    sandbox: Option<SandboxOut<'a>>,
+}
+
+/// A [`SandboxPlan`] as the daemon sends it; its fds (the network
+/// namespace, then one per Landlock ruleset) travel after the cgroup's.
+#[derive(Serialize)]
+struct SandboxOut<'a> {
+    clone_flags: i32,
+    netns: bool,
+    hostname: Option<&'a [u8]>,
+    filesystem: Option<Vec<(u8, &'a CStr, &'a CStr)>>,
+    seccomp: Vec<(&'a str, Vec<Instruction>)>,
+    landlock: Vec<(Vec<(&'a CStr, u64)>, u64)>,
+    clear_bounding_set: bool,
+}
+
+/// A BPF instruction: `code`, `jt`, `jf`, `k`.
+type Instruction = (u16, u8, u8, u32);
+
+/// [`SandboxOut`] as the spawner receives it.
+#[derive(Deserialize)]
+struct SandboxIn {
+    clone_flags: i32,
+    netns: bool,
+    hostname: Option<Vec<u8>>,
+    filesystem: Option<Vec<(u8, CString, CString)>>,
+    seccomp: Vec<(String, Vec<Instruction>)>,
+    landlock: Vec<(Vec<(CString, u64)>, u64)>,
+    clear_bounding_set: bool,
 }
 
 /// [`PlanOut`] as the spawner receives it, field for field.
@@ -51,38 +83,51 @@ struct PlanIn {
     process_group: Option<i32>,
     umask: Option<u32>,
     rlimits: Vec<ResourceLimit>,
-    credentials: (u32, u32, Vec<u32>),
+    credentials: Option<(u32, u32, Vec<u32>)>,
     cgroup: bool,
     ignored_signals: u64,
     nice: Option<i32>,
     cpu_affinity: Vec<u64>,
     oom_score_adj: Option<i32>,
+    sandbox: Option<SandboxIn>,
 }
 
 /// The spawner's answer to one plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) enum Answer {
     /// A child exists (its pidfd is attached): exec'd, or failed at
-    /// `failure` and exiting.
+    /// `failure` (the stage, errno and packed sandbox step) and exiting.
     Started {
         pid: i32,
-        failure: Option<(SpawnStage, i32)>,
+        failure: Option<(SpawnStage, i32, u16)>,
     },
     /// No child was created.
     Refused { stage: SpawnStage, errno: i32 },
 }
 
 /// Encodes `plan` and lists the fds to attach; `None` when it must take
-/// another path: no credentials, too large, or too many fds.
+/// another path: neither credentials nor a sandbox, a sandbox a vforked
+/// child cannot set up, too large, or too many fds.
 pub(super) fn encode_plan(plan: &SpawnPlan) -> Option<(Vec<u8>, Vec<BorrowedFd<'_>>)> {
-    // A sandbox is set up by the daemon's own child, never a spawner's:
-    // the plan would lose it on the way.
-    if plan.sandbox.is_some() {
+    if plan.credentials.is_none() && plan.sandbox.is_none() {
         return None;
     }
-    let credentials = plan.credentials.as_ref()?;
+    let sandbox = match &plan.sandbox {
+        Some(sandbox) if !sandbox.suits_vfork() => return None,
+        Some(sandbox) => Some(encode_sandbox(sandbox)),
+        None => None,
+    };
     let mut fds: Vec<BorrowedFd<'_>> = plan.fds.iter().map(|(fd, _)| fd.as_fd()).collect();
     fds.extend(plan.cgroup.as_ref().map(AsFd::as_fd));
+    if let Some(sandbox) = &plan.sandbox {
+        fds.extend(sandbox.netns.iter().map(|netns| netns.as_fd()));
+        fds.extend(
+            sandbox
+                .landlock
+                .iter()
+                .map(|landlock| landlock.ruleset.as_fd()),
+        );
+    }
     if fds.len() > zygote_proto::MAX_FDS_PER_FRAME {
         return None;
     }
@@ -97,28 +142,158 @@ pub(super) fn encode_plan(plan: &SpawnPlan) -> Option<(Vec<u8>, Vec<BorrowedFd<'
         process_group: plan.process_group,
         umask: plan.umask,
         rlimits: &plan.rlimits,
-        credentials: (credentials.uid, credentials.gid, &credentials.groups),
+        credentials: plan
+            .credentials
+            .as_ref()
+            .map(|c| (c.uid, c.gid, c.groups.as_slice())),
         cgroup: plan.cgroup.is_some(),
         ignored_signals: plan.ignored_signals,
         nice: plan.nice,
         cpu_affinity: &plan.cpu_affinity,
         oom_score_adj: plan.oom_score_adj,
+        sandbox,
     };
     let bytes = zygote_proto::encode(&out).ok()?;
     (bytes.len() <= MAX_PLAN_BYTES).then_some((bytes, fds))
+}
+
+fn encode_sandbox(plan: &SandboxPlan) -> SandboxOut<'_> {
+    SandboxOut {
+        clone_flags: plan.clone_flags,
+        netns: plan.netns.is_some(),
+        hostname: plan.hostname.as_deref(),
+        filesystem: plan.filesystem.as_ref().map(|mounts| {
+            mounts
+                .iter()
+                .map(|mount| {
+                    let kind = MOUNT_KINDS
+                        .iter()
+                        .position(|kind| *kind == mount.kind)
+                        .and_then(|index| u8::try_from(index).ok())
+                        .unwrap_or(u8::MAX);
+                    (kind, mount.source.as_c_str(), mount.destination.as_c_str())
+                })
+                .collect()
+        }),
+        seccomp: plan
+            .seccomp
+            .iter()
+            .map(|program| {
+                let filter = program
+                    .filter
+                    .iter()
+                    .map(|op| (op.code, op.jt, op.jf, op.k))
+                    .collect();
+                (program.name.as_str(), filter)
+            })
+            .collect(),
+        landlock: plan
+            .landlock
+            .iter()
+            .map(|landlock| {
+                let paths = landlock
+                    .paths
+                    .iter()
+                    .map(|(path, access)| (path.as_c_str(), *access))
+                    .collect();
+                (paths, landlock.file_access)
+            })
+            .collect(),
+        clear_bounding_set: plan.clear_bounding_set,
+    }
+}
+
+/// Mount kinds by their number on the wire.
+const MOUNT_KINDS: [MountKind; 4] = [
+    MountKind::ReadOnlyBind,
+    MountKind::Bind,
+    MountKind::Tmpfs,
+    MountKind::Proc,
+];
+
+/// Rebuilds a sandbox from its data and its fds, taken from `fds` in the
+/// order [`encode_plan`] attached them.
+fn decode_sandbox(
+    sandbox: SandboxIn,
+    fds: &mut impl Iterator<Item = OwnedFd>,
+) -> Option<SandboxPlan> {
+    let netns = if sandbox.netns {
+        Some(Arc::new(fds.next()?))
+    } else {
+        None
+    };
+    let filesystem = match sandbox.filesystem {
+        Some(mounts) => Some(
+            mounts
+                .into_iter()
+                .map(|(kind, source, destination)| {
+                    Some(Mount {
+                        kind: *MOUNT_KINDS.get(usize::from(kind))?,
+                        source,
+                        destination,
+                    })
+                })
+                .collect::<Option<Vec<_>>>()?,
+        ),
+        None => None,
+    };
+    let seccomp = sandbox
+        .seccomp
+        .into_iter()
+        .map(|(name, filter)| {
+            let filter = filter
+                .into_iter()
+                .map(|(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k })
+                .collect();
+            Arc::new(SeccompProgram { name, filter })
+        })
+        .collect();
+    let landlock = sandbox
+        .landlock
+        .into_iter()
+        .map(|(paths, file_access)| {
+            Some(LandlockPlan {
+                ruleset: fds.next()?,
+                paths,
+                file_access,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let plan = SandboxPlan {
+        clone_flags: sandbox.clone_flags,
+        netns,
+        hostname: sandbox.hostname,
+        filesystem,
+        seccomp,
+        landlock,
+        map_ids: None,
+        fresh_proc: false,
+        clear_bounding_set: sandbox.clear_bounding_set,
+    };
+    plan.suits_vfork().then_some(plan)
 }
 
 /// Rebuilds the plan from its bytes and fds; `None` when they do not fit
 /// together (the daemon never sends such a frame).
 pub(super) fn decode_plan(bytes: &[u8], fds: Vec<OwnedFd>) -> Option<SpawnPlan> {
     let plan: PlanIn = zygote_proto::decode(bytes).ok()?;
-    if fds.len() != plan.targets.len() + usize::from(plan.cgroup) {
+    let sandbox_fds = plan.sandbox.as_ref().map_or(0, |sandbox| {
+        usize::from(sandbox.netns) + sandbox.landlock.len()
+    });
+    if fds.len() != plan.targets.len() + usize::from(plan.cgroup) + sandbox_fds {
         return None;
     }
     let mut fds = fds.into_iter();
-    let mapped: Vec<(OwnedFd, RawFd)> = fds.by_ref().zip(plan.targets).collect();
-    let cgroup = fds.next();
-    let (uid, gid, groups) = plan.credentials;
+    let mapped: Vec<(OwnedFd, RawFd)> = fds
+        .by_ref()
+        .take(plan.targets.len())
+        .zip(plan.targets)
+        .collect();
+    let cgroup = if plan.cgroup { fds.next() } else { None };
+    let sandbox = match plan.sandbox {
+        Some(sandbox) => Some(decode_sandbox(sandbox, &mut fds)?),
+        None => None,
+    };
     Some(SpawnPlan {
         exec_candidates: plan.exec_candidates,
         argv: plan.argv,
@@ -130,13 +305,15 @@ pub(super) fn decode_plan(bytes: &[u8], fds: Vec<OwnedFd>) -> Option<SpawnPlan> 
         process_group: plan.process_group,
         umask: plan.umask,
         rlimits: plan.rlimits,
-        credentials: Some(Credentials { uid, gid, groups }),
+        credentials: plan
+            .credentials
+            .map(|(uid, gid, groups)| Credentials { uid, gid, groups }),
         cgroup,
         ignored_signals: plan.ignored_signals,
         nice: plan.nice,
         cpu_affinity: plan.cpu_affinity,
         oom_score_adj: plan.oom_score_adj,
-        sandbox: None,
+        sandbox,
     })
 }
 
@@ -226,10 +403,104 @@ mod tests {
         plan.argv = vec![CString::new(vec![b'a'; MAX_PLAN_BYTES]).expect("no NUL")];
         assert!(encode_plan(&plan).is_none(), "too large");
         let mut plan = sample();
-        plan.sandbox = Some(crate::spawn::SandboxPlan::default());
+        plan.sandbox = Some(SandboxPlan {
+            clone_flags: libc::CLONE_NEWNS | libc::CLONE_NEWPID,
+            ..SandboxPlan::default()
+        });
         assert!(
             encode_plan(&plan).is_none(),
-            "a sandbox is the daemon's own child's to set up"
+            "a new pid namespace's init would hold the spawner's vfork"
         );
+        plan.credentials = None;
+        plan.sandbox = Some(SandboxPlan::default());
+        assert!(
+            encode_plan(&plan).is_some(),
+            "a sandbox that keeps the daemon's ids goes to root's spawner"
+        );
+    }
+
+    /// Every part of a sandbox arrives, its fds after the plan's own.
+    #[test]
+    fn a_sandbox_arrives_whole_with_its_fds() {
+        let mut plan = sample();
+        let filter = vec![libc::sock_filter {
+            code: 6,
+            jt: 1,
+            jf: 2,
+            k: 0x7fff_0000,
+        }];
+        plan.sandbox = Some(SandboxPlan {
+            clone_flags: libc::CLONE_NEWNS | libc::CLONE_NEWIPC,
+            netns: Some(Arc::new(null())),
+            hostname: Some(b"box".to_vec()),
+            filesystem: Some(vec![
+                Mount {
+                    kind: MountKind::ReadOnlyBind,
+                    source: c"/usr".to_owned(),
+                    destination: c"usr".to_owned(),
+                },
+                Mount {
+                    kind: MountKind::Tmpfs,
+                    source: CString::default(),
+                    destination: c"tmp".to_owned(),
+                },
+            ]),
+            seccomp: vec![Arc::new(SeccompProgram {
+                name: "default".into(),
+                filter,
+            })],
+            landlock: vec![LandlockPlan {
+                ruleset: null(),
+                paths: vec![(c"/work".to_owned(), 0x1fff)],
+                file_access: 0x0f,
+            }],
+            map_ids: None,
+            fresh_proc: false,
+            clear_bounding_set: true,
+        });
+        let (bytes, fds) = encode_plan(&plan).expect("encodes");
+        assert_eq!(fds.len(), 7, "four mapped, the cgroup, netns, ruleset");
+        let owned: Vec<OwnedFd> = fds
+            .iter()
+            .map(|fd| fd.try_clone_to_owned().expect("dup"))
+            .collect();
+        let back = decode_plan(&bytes, owned).expect("decodes");
+        assert_eq!(back.fds.len(), 4);
+        assert!(back.cgroup.is_some());
+        let sandbox = back.sandbox.expect("a sandbox");
+        assert_eq!(sandbox.clone_flags, libc::CLONE_NEWNS | libc::CLONE_NEWIPC);
+        assert!(sandbox.netns.is_some());
+        assert_eq!(sandbox.hostname.as_deref(), Some(&b"box"[..]));
+        let mounts = sandbox.filesystem.expect("mounts");
+        let mounts: Vec<_> = mounts
+            .iter()
+            .map(|m| (m.kind, m.source.as_c_str(), m.destination.as_c_str()))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                (MountKind::ReadOnlyBind, c"/usr", c"usr"),
+                (MountKind::Tmpfs, c"", c"tmp")
+            ]
+        );
+        let [program] = sandbox.seccomp.as_slice() else {
+            panic!("one program: {:?}", sandbox.seccomp);
+        };
+        assert_eq!(program.name, "default");
+        let op = program.filter[0];
+        assert_eq!((op.code, op.jt, op.jf, op.k), (6, 1, 2, 0x7fff_0000));
+        let [landlock] = sandbox.landlock.as_slice() else {
+            panic!("one ruleset: {:?}", sandbox.landlock);
+        };
+        assert_eq!(landlock.paths, [(c"/work".to_owned(), 0x1fff)]);
+        assert_eq!(landlock.file_access, 0x0f);
+        assert!(sandbox.clear_bounding_set);
+        // One fd short: refused, not shifted.
+        let short: Vec<OwnedFd> = fds
+            .iter()
+            .skip(1)
+            .map(|fd| fd.try_clone_to_owned().expect("dup"))
+            .collect();
+        assert!(decode_plan(&bytes, short).is_none());
     }
 }

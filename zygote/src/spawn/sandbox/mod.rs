@@ -1,12 +1,15 @@
 //! The sandbox's data for the child ([`SandboxPlan`]) and the code that
 //! applies it between `clone` and `execve`.
 //!
-//! Sandboxed children always start on the fork path (see
-//! [`super::Spawner::start`]): resolving a peer's paths can block (a FUSE
-//! mount, a stopped process's file), and only a forked child may block
-//! without holding a daemon thread. The fork path's child is still a copy
-//! of a multi-threaded process, so everything here is async-signal-safe
-//! as in `child`: raw syscalls on data the daemon prepared, no allocation.
+//! Sandboxed children never start on a daemon thread's vfork: resolving a
+//! peer's paths can block (a FUSE mount, a stopped process's file). They
+//! are vforked by a spawner process (see `Spawner::spawn_sibling`), whose
+//! stall holds no daemon thread, or forked (see [`super::Spawner::start`])
+//! when the spawner cannot take them: a new pid namespace, whose init
+//! never execs, or a rootless daemon's. Either way the child shares or
+//! copies another process's memory, so everything here is
+//! async-signal-safe as in `child`: raw syscalls on data the daemon
+//! prepared, no allocation.
 //!
 //! # Order
 //!
@@ -69,6 +72,18 @@ pub struct SandboxPlan {
     /// `CAP_SETPCAP`: a root daemon, or a user namespace of the child's
     /// own; a rootless child without one has no capability to lose).
     pub clear_bounding_set: bool,
+}
+
+impl SandboxPlan {
+    /// Whether a vforked child (a spawner's) can set it up: not one with a
+    /// new pid namespace, whose child is an init that never execs and
+    /// would hold the vfork for its whole life, nor one with a user
+    /// namespace (a rootless daemon's, which has no spawners).
+    pub fn suits_vfork(&self) -> bool {
+        self.clone_flags & (libc::CLONE_NEWPID | libc::CLONE_NEWUSER) == 0
+            && self.map_ids.is_none()
+            && !self.fresh_proc
+    }
 }
 
 /// One mount of a sandbox's filesystem.
@@ -223,14 +238,14 @@ pub struct SandboxFailure {
 
 impl SandboxFailure {
     /// Packs it in 16 bits (0: none), for the child's report.
-    pub(super) fn pack(failure: Option<Self>) -> u16 {
+    pub fn pack(failure: Option<Self>) -> u16 {
         failure.map_or(0, |failure| {
             u16::from(failure.step as u8) << 8 | u16::from(failure.item.map_or(0xff, |item| item))
         })
     }
 
     /// Reverses [`SandboxFailure::pack`].
-    pub(super) fn unpack(bits: u16) -> Option<Self> {
+    pub fn unpack(bits: u16) -> Option<Self> {
         let [step, item] = bits.to_be_bytes();
         Some(Self {
             step: Step::from_u8(step)?,
