@@ -968,7 +968,7 @@ type SandboxFor = fn(&std::sync::Arc<OwnedFd>) -> Option<super::SandboxPlan>;
 fn measure_sandbox_namespaces() {
     const RUNS: usize = 300;
     let shared_netns = std::sync::Arc::new(super::empty_network_namespace().unwrap());
-    let variants: [(&str, SandboxFor); 5] = [
+    let variants: [(&str, SandboxFor); 7] = [
         ("fork path, no sandbox", |_| None),
         ("setns into the shared empty netns", |netns| {
             Some(super::SandboxPlan {
@@ -991,6 +991,44 @@ fn measure_sandbox_namespaces() {
         ("bounding set and caps dropped, nnp", |_| {
             Some(super::SandboxPlan {
                 clear_bounding_set: true,
+                ..super::SandboxPlan::default()
+            })
+        }),
+        ("the same and a one-instruction seccomp filter", |_| {
+            let allow_all = libc::sock_filter {
+                code: 0x06, // BPF_RET | BPF_K
+                jt: 0,
+                jf: 0,
+                k: 0x7fff_0000, // SECCOMP_RET_ALLOW
+            };
+            Some(super::SandboxPlan {
+                clear_bounding_set: true,
+                seccomp: vec![std::sync::Arc::new(super::SeccompProgram {
+                    name: "allow".into(),
+                    filter: vec![allow_all],
+                })],
+                ..super::SandboxPlan::default()
+            })
+        }),
+        ("the same and a 244-instruction linear filter", |_| {
+            let op = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
+            let mut filter = vec![
+                op(0x20, 0, 0, 4),           // ld arch
+                op(0x15, 1, 0, 0xc000_003e), // jeq x86_64
+                op(0x06, 0, 0, 0),           // ret kill
+                op(0x20, 0, 0, 0),           // ld nr
+            ];
+            for i in 0..240u8 {
+                filter.push(op(0x15, 240 - i, 0, 600 + u32::from(i)));
+            }
+            filter.push(op(0x06, 0, 0, 0x7fff_0000));
+            filter.push(op(0x06, 0, 0, 0x0005_0001));
+            Some(super::SandboxPlan {
+                clear_bounding_set: true,
+                seccomp: vec![std::sync::Arc::new(super::SeccompProgram {
+                    name: "long".into(),
+                    filter,
+                })],
                 ..super::SandboxPlan::default()
             })
         }),
