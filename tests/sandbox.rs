@@ -206,6 +206,70 @@ fn a_sandbox_without_a_pid_namespace_is_set_up_by_a_spawner_and_confines() {
     assert_eq!(spawns_by_path(metrics, "fork"), Some(1.0));
 }
 
+/// A sandbox of one seccomp profile, Landlock and no namespace: its
+/// child inherits the filter from a spawner that installed that profile
+/// on itself, and is confined as if it had installed it.
+#[test]
+fn a_filters_only_sandbox_inherits_its_seccomp_profile_from_a_spawner_holding_it() {
+    if !root_or_skip("a root daemon with spawner processes") {
+        return;
+    }
+    let work = work_dir();
+    let other = work_dir();
+    let path = work.path().to_str().unwrap();
+    let policy = format!(
+        "[sandbox.filters]\nseccomp = \"default\"\nlandlock_rx = [\"/\"]\n\
+         landlock_rw = [\"{path}\", \"/dev\"]\n\n[[peer]]\nuids = [0, 65534]\n\
+         sandbox = \"filters\"\n"
+    );
+    let daemon = start_daemon_with("sandbox-inherit", Some(&policy), &["--socket-mode", "0666"]);
+    let script = format!(
+        "touch {}/outside 2>/dev/null && echo ESCAPE-outside; \
+         unshare --ipc true 2>/dev/null && echo ESCAPE-unshare; \
+         touch inside-$(id -u) && echo wrote-inside; \
+         grep -E '^(NoNewPrivs|CapBnd|CapEff|Seccomp|Seccomp_filters):' /proc/self/status",
+        other.path().display()
+    );
+    for uid in [Some(65534), None] {
+        let output = run(&daemon, path, uid, &script);
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{uid:?}: {text} {output:?}\n{}",
+            daemon.log()
+        );
+        assert!(!text.contains("ESCAPE"), "{uid:?}: {text}");
+        assert!(text.contains("wrote-inside"), "{uid:?}: {text}");
+        assert!(text.contains("NoNewPrivs:\t1"), "{uid:?}: {text}");
+        assert!(
+            text.contains("CapBnd:\t0000000000000000"),
+            "{uid:?}: {text}"
+        );
+        assert!(
+            text.contains("CapEff:\t0000000000000000"),
+            "{uid:?}: {text}"
+        );
+        // One filter, the inherited one: none installed on top.
+        assert!(text.contains("Seccomp:\t2"), "{uid:?}: {text}");
+        assert!(text.contains("Seccomp_filters:\t1"), "{uid:?}: {text}");
+    }
+    assert!(!other.path().join("outside").exists());
+    let spawners = daemon.spawners();
+    assert_eq!(spawners.len(), 2, "one for 65534, one for root");
+    for spawner in spawners {
+        let cmdline = std::fs::read(format!("/proc/{spawner}/cmdline")).unwrap();
+        assert!(
+            String::from_utf8_lossy(&cmdline).contains("--seccomp\0default"),
+            "{cmdline:?}"
+        );
+        let status = std::fs::read_to_string(format!("/proc/{spawner}/status")).unwrap();
+        assert!(
+            status.contains("Seccomp:\t2"),
+            "the spawner holds it: {status}"
+        );
+    }
+}
+
 #[test]
 fn landlock_alone_denies_writes_outside_its_read_write_list() {
     if !root_or_skip("a root daemon that confines another uid") {

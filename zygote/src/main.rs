@@ -79,7 +79,10 @@ fn main() -> ExitCode {
         Command::Upgrade(args) => ExitCode::from(upgrade::upgrade(&args)),
         Command::CheckState(args) => ExitCode::from(upgrade::check_state(&args)),
         Command::UidSpawner(args) => {
-            ExitCode::from(zygote::daemon::uid_spawners::process::serve(args.uid))
+            let seccomp = args.seccomp.as_deref();
+            ExitCode::from(zygote::daemon::uid_spawners::process::serve(
+                args.uid, seccomp,
+            ))
         }
         Command::Man(args) => ExitCode::from(docs::man(&args)),
         Command::Completions(args) => ExitCode::from(docs::completions(&args)),

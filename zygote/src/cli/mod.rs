@@ -101,6 +101,10 @@ pub struct UidSpawnerArgs {
     /// The uid whose children this spawner starts.
     #[arg(long)]
     pub uid: u32,
+    /// A seccomp profile this spawner installs on itself at start, which
+    /// its children inherit instead of each installing its own.
+    #[arg(long)]
+    pub seccomp: Option<String>,
 }
 
 /// Arguments of `zygote serve`.

@@ -18,7 +18,9 @@ pub(crate) const PROCESS_NAME: &std::ffi::CStr = c"zygote-spawner";
 
 /// Serves the daemon on fd 3 until it closes the socket; the process's
 /// exit code (0 when the daemon closed, 1 on an error, said on stderr).
-pub fn serve(uid: u32) -> u8 {
+/// With `seccomp`, that profile is installed on this process first: every
+/// child inherits it (see the parent module).
+pub fn serve(uid: u32, seccomp: Option<&str>) -> u8 {
     // Nothing else the daemon passed stays open.
     let socket = match spawn::take_inherited_fd(SOCKET_FD) {
         Ok(socket) => socket,
@@ -31,6 +33,14 @@ pub fn serve(uid: u32) -> u8 {
     // there must not end it (the daemon stops it by closing the socket).
     let _held = spawn::hold_stop_signals();
     let _ = rustix::thread::set_name(PROCESS_NAME);
+    if let Some(name) = seccomp {
+        let installed = crate::daemon::sandbox::seccomp_profile(name)
+            .and_then(|program| spawn::install_seccomp_filter(&program).map_err(|e| e.to_string()));
+        if let Err(error) = installed {
+            eprintln!("zygote uid-spawner: seccomp profile {name}: {error}");
+            return 1;
+        }
+    }
     let spawner = Spawner::with_current_dispositions().unwrap_or_else(Spawner::resetting_all);
     let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
     loop {
@@ -43,7 +53,7 @@ pub fn serve(uid: u32) -> u8 {
             }
         };
         let plan = wire::decode_plan(&scratch[..received.len], received.fds);
-        let (answer, pidfd) = start(&spawner, plan, uid);
+        let (answer, pidfd) = start(&spawner, plan, uid, seccomp.is_some());
         let bytes = zygote_proto::encode(&answer).unwrap_or_default();
         let fds: Vec<_> = pidfd.iter().map(AsFd::as_fd).collect();
         if let Err(error) = send_frame(socket.as_fd(), &bytes, &fds) {
@@ -60,7 +70,13 @@ pub fn serve(uid: u32) -> u8 {
 }
 
 /// Starts the child of one plan (whose fds are closed on return).
-fn start(spawner: &Spawner, plan: Option<SpawnPlan>, uid: u32) -> (Answer, Option<OwnedFd>) {
+/// `filtered`: this spawner holds a seccomp profile.
+fn start(
+    spawner: &Spawner,
+    plan: Option<SpawnPlan>,
+    uid: u32,
+    filtered: bool,
+) -> (Answer, Option<OwnedFd>) {
     let refused = |stage, errno| (Answer::Refused { stage, errno }, None);
     let Some(plan) = plan else {
         return refused(zygote_proto::SpawnStage::Validate, libc::EINVAL);
@@ -74,6 +90,10 @@ fn start(spawner: &Spawner, plan: Option<SpawnPlan>, uid: u32) -> (Answer, Optio
     };
     if !serves {
         return refused(zygote_proto::SpawnStage::Validate, libc::EPERM);
+    }
+    // Under the profile, such a child would fail before exec: never sent.
+    if filtered && super::needs_calls_profiles_deny(&plan) {
+        return refused(zygote_proto::SpawnStage::Validate, libc::EINVAL);
     }
     match spawner.spawn_sibling(&plan) {
         Ok(SiblingChild {

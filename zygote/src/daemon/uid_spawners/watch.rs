@@ -262,10 +262,10 @@ impl Watched {
             let mut registry = registry.lock().unwrap_or_else(PoisonError::into_inner);
             let ours = registry
                 .running
-                .get(&self.spawner.uid)
+                .get(&self.spawner.key())
                 .is_some_and(|running| Arc::ptr_eq(running, &self.spawner));
             if ours {
-                registry.running.remove(&self.spawner.uid);
+                registry.running.remove(&self.spawner.key());
             }
             self.metrics.set_uid_spawners(registry.running.len());
         }

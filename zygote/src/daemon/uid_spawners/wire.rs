@@ -107,14 +107,19 @@ pub(super) enum Answer {
 
 /// Encodes `plan` and lists the fds to attach; `None` when it must take
 /// another path: neither credentials nor a sandbox, a sandbox a vforked
-/// child cannot set up, too large, or too many fds.
-pub(super) fn encode_plan(plan: &SpawnPlan) -> Option<(Vec<u8>, Vec<BorrowedFd<'_>>)> {
+/// child cannot set up, too large, or too many fds. With
+/// `seccomp_inherited`, the sandbox's seccomp programs stay behind: the
+/// spawner holds the filter, and its child inherits it.
+pub(super) fn encode_plan(
+    plan: &SpawnPlan,
+    seccomp_inherited: bool,
+) -> Option<(Vec<u8>, Vec<BorrowedFd<'_>>)> {
     if plan.credentials.is_none() && plan.sandbox.is_none() {
         return None;
     }
     let sandbox = match &plan.sandbox {
         Some(sandbox) if !sandbox.suits_vfork() => return None,
-        Some(sandbox) => Some(encode_sandbox(sandbox)),
+        Some(sandbox) => Some(encode_sandbox(sandbox, seccomp_inherited)),
         None => None,
     };
     let mut fds: Vec<BorrowedFd<'_>> = plan.fds.iter().map(|(fd, _)| fd.as_fd()).collect();
@@ -157,7 +162,12 @@ pub(super) fn encode_plan(plan: &SpawnPlan) -> Option<(Vec<u8>, Vec<BorrowedFd<'
     (bytes.len() <= MAX_PLAN_BYTES).then_some((bytes, fds))
 }
 
-fn encode_sandbox(plan: &SandboxPlan) -> SandboxOut<'_> {
+fn encode_sandbox(plan: &SandboxPlan, seccomp_inherited: bool) -> SandboxOut<'_> {
+    let seccomp = if seccomp_inherited {
+        &[][..]
+    } else {
+        plan.seccomp.as_slice()
+    };
     SandboxOut {
         clone_flags: plan.clone_flags,
         netns: plan.netns.is_some(),
@@ -175,8 +185,7 @@ fn encode_sandbox(plan: &SandboxPlan) -> SandboxOut<'_> {
                 })
                 .collect()
         }),
-        seccomp: plan
-            .seccomp
+        seccomp: seccomp
             .iter()
             .map(|program| {
                 let filter = program
@@ -360,7 +369,7 @@ mod tests {
     #[test]
     fn a_plan_arrives_whole_with_its_fds_in_place() {
         let plan = sample();
-        let (bytes, fds) = encode_plan(&plan).expect("encodes");
+        let (bytes, fds) = encode_plan(&plan, false).expect("encodes");
         let owned: Vec<OwnedFd> = fds
             .iter()
             .map(|fd| fd.try_clone_to_owned().expect("dup"))
@@ -390,7 +399,7 @@ mod tests {
     #[test]
     fn fds_that_do_not_match_the_plan_are_refused() {
         let plan = sample();
-        let (bytes, _) = encode_plan(&plan).expect("encodes");
+        let (bytes, _) = encode_plan(&plan, false).expect("encodes");
         assert!(decode_plan(&bytes, vec![null()]).is_none());
     }
 
@@ -398,23 +407,23 @@ mod tests {
     fn plans_without_credentials_or_too_large_take_another_path() {
         let mut plan = sample();
         plan.credentials = None;
-        assert!(encode_plan(&plan).is_none(), "no credentials");
+        assert!(encode_plan(&plan, false).is_none(), "no credentials");
         let mut plan = sample();
         plan.argv = vec![CString::new(vec![b'a'; MAX_PLAN_BYTES]).expect("no NUL")];
-        assert!(encode_plan(&plan).is_none(), "too large");
+        assert!(encode_plan(&plan, false).is_none(), "too large");
         let mut plan = sample();
         plan.sandbox = Some(SandboxPlan {
             clone_flags: libc::CLONE_NEWNS | libc::CLONE_NEWPID,
             ..SandboxPlan::default()
         });
         assert!(
-            encode_plan(&plan).is_none(),
+            encode_plan(&plan, false).is_none(),
             "a new pid namespace's init would hold the spawner's vfork"
         );
         plan.credentials = None;
         plan.sandbox = Some(SandboxPlan::default());
         assert!(
-            encode_plan(&plan).is_some(),
+            encode_plan(&plan, false).is_some(),
             "a sandbox that keeps the daemon's ids goes to root's spawner"
         );
     }
@@ -458,7 +467,7 @@ mod tests {
             fresh_proc: false,
             clear_bounding_set: true,
         });
-        let (bytes, fds) = encode_plan(&plan).expect("encodes");
+        let (bytes, fds) = encode_plan(&plan, false).expect("encodes");
         assert_eq!(fds.len(), 7, "four mapped, the cgroup, netns, ruleset");
         let owned: Vec<OwnedFd> = fds
             .iter()

@@ -398,6 +398,17 @@ fn write_file(path: &CStr, text: &[u8], step: Step) -> Result<(), Failed> {
     failed.map_or(Ok(()), Err)
 }
 
+/// Installs `program` on the calling thread (a spawner process's only
+/// one), whose later children inherit it.
+///
+/// # Errors
+///
+/// The errno of `seccomp(2)`: `EACCES` without `CAP_SYS_ADMIN` or
+/// `no_new_privs`, `EINVAL` for a program the kernel refuses.
+pub fn install_seccomp_filter(program: &SeccompProgram) -> std::io::Result<()> {
+    install_seccomp(program).map_err(|(_, errno, _)| std::io::Error::from_raw_os_error(errno))
+}
+
 /// The kernel's Landlock ABI version; 0 when Landlock is unavailable.
 pub fn landlock_abi() -> u32 {
     // SAFETY: with LANDLOCK_CREATE_RULESET_VERSION the kernel reads no
