@@ -756,6 +756,52 @@ fn a_peer_spawning_sleepers_gets_its_share_of_the_table() {
     assert!(gone, "the sleepers outlived their kill-on-close client");
 }
 
+/// A table of 8 children whose every uid may use it all, served by a
+/// daemon of [`NEIGHBOUR`]'s uid that any uid may use: root's reserve is
+/// the last 2 (a quarter).
+const RESERVE_TABLE: &str = "[connect]\nany = true\n\n[limits]\nmax_children = 8\n\
+                             max_children_per_peer = 8\nmax_connections = 8\n\
+                             max_connections_per_peer = 8\n";
+
+/// The last places in the child and connection tables are kept for root
+/// and the daemon's own uid: an unprivileged peer allowed the whole table
+/// stops short of them, and root then takes them. The daemon runs as
+/// another uid than root, so that root is privileged as root, not as the
+/// daemon's uid.
+#[test]
+fn the_last_children_and_connections_are_kept_for_root() {
+    if skip_unless_root() {
+        return;
+    }
+    let daemon = crate::util::start_daemon_as(
+        "dos-reserve",
+        Some(NEIGHBOUR),
+        Some(RESERVE_TABLE),
+        &["--socket-mode", "0666"],
+    );
+    let mut peer = attacker("sleepers", &daemon, ATTACKER);
+    assert_eq!(
+        peer.finding(),
+        "sleepers 6",
+        "8 children less root's reserve of 2\n{}",
+        daemon.log()
+    );
+    let mut root = attacker("sleepers", &daemon, 0);
+    assert_eq!(root.finding(), "sleepers 2", "root takes the reserve");
+    root.end();
+    peer.end();
+    // Connections: 6 of 8 for the peer (each over is refused at once),
+    // the other 2 for root; all close at the handshake deadline.
+    let mut peer = attacker("idle-connections:8", &daemon, ATTACKER);
+    assert_eq!(peer.finding(), "open 8");
+    let mut root = attacker("idle-connections:2", &daemon, 0);
+    assert_eq!(root.finding(), "open 2");
+    assert_eq!(peer.finding(), "busy 2 deadline 6 other 0");
+    assert_eq!(root.finding(), "busy 0 deadline 2 other 0");
+    root.end();
+    peer.end();
+}
+
 /// A peer reads each `Spawned` but never an `Exited`: its children are
 /// reaped when they exit and stop counting against its share, their exit
 /// notices wait for it, and it can start at most its share plus
