@@ -122,6 +122,29 @@ fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
     assert!(text.contains("Seccomp:\t2"), "{text}");
 }
 
+/// Checks the output of a script run as `uid` under a sandbox: it ran,
+/// escaped nothing, wrote inside, and ran with `no_new_privs`, no
+/// capability and a seccomp filter; its stdout.
+fn assert_confined(uid: Option<u32>, output: &Output, daemon: &Daemon) -> String {
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{uid:?}: {text} {output:?}\n{}",
+        daemon.log()
+    );
+    assert!(!text.contains("ESCAPE"), "{uid:?}: {text}");
+    assert!(text.contains("wrote-inside"), "{uid:?}: {text}");
+    for line in [
+        "NoNewPrivs:\t1",
+        "CapBnd:\t0000000000000000",
+        "CapEff:\t0000000000000000",
+        "Seccomp:\t2",
+    ] {
+        assert!(text.contains(line), "{uid:?}: {line}: {text}");
+    }
+    text
+}
+
 /// The value of `zygote_spawn_paths_total{path="PATH"}`.
 fn spawns_by_path(metrics: std::net::SocketAddr, path: &str) -> Option<f64> {
     let (_, text) = crate::tools::http_get(metrics, "/metrics").expect("GET /metrics");
@@ -167,26 +190,8 @@ fn a_sandbox_without_a_pid_namespace_is_set_up_by_a_spawner_and_confines() {
     );
     for uid in [Some(65534), None] {
         let output = run(&daemon, path, uid, &script);
-        let text = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "{uid:?}: {text} {}\n{}",
-            String::from_utf8_lossy(&output.stderr),
-            daemon.log()
-        );
-        assert!(!text.contains("ESCAPE"), "{uid:?}: {text}");
-        assert!(text.contains("wrote-inside"), "{uid:?}: {text}");
+        let text = assert_confined(uid, &output, &daemon);
         assert!(text.contains("links lo\n"), "{uid:?}: {text}");
-        assert!(text.contains("NoNewPrivs:\t1"), "{uid:?}: {text}");
-        assert!(
-            text.contains("CapBnd:\t0000000000000000"),
-            "{uid:?}: {text}"
-        );
-        assert!(
-            text.contains("CapEff:\t0000000000000000"),
-            "{uid:?}: {text}"
-        );
-        assert!(text.contains("Seccomp:\t2"), "{uid:?}: {text}");
     }
     assert!(work.path().join("inside-65534").exists());
     assert!(work.path().join("inside-0").exists());
@@ -232,25 +237,8 @@ fn a_filters_only_sandbox_inherits_its_seccomp_profile_from_a_spawner_holding_it
     );
     for uid in [Some(65534), None] {
         let output = run(&daemon, path, uid, &script);
-        let text = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "{uid:?}: {text} {output:?}\n{}",
-            daemon.log()
-        );
-        assert!(!text.contains("ESCAPE"), "{uid:?}: {text}");
-        assert!(text.contains("wrote-inside"), "{uid:?}: {text}");
-        assert!(text.contains("NoNewPrivs:\t1"), "{uid:?}: {text}");
-        assert!(
-            text.contains("CapBnd:\t0000000000000000"),
-            "{uid:?}: {text}"
-        );
-        assert!(
-            text.contains("CapEff:\t0000000000000000"),
-            "{uid:?}: {text}"
-        );
+        let text = assert_confined(uid, &output, &daemon);
         // One filter, the inherited one: none installed on top.
-        assert!(text.contains("Seccomp:\t2"), "{uid:?}: {text}");
         assert!(text.contains("Seccomp_filters:\t1"), "{uid:?}: {text}");
     }
     assert!(!other.path().join("outside").exists());

@@ -382,6 +382,15 @@ fn sighup_upgrades_in_place() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(upgraded, "SIGHUP did not upgrade; log:\n{}", daemon.log());
+        // The new image keeps the daemon's environment.
+        let environ = std::fs::read(format!("/proc/{}/environ", daemon.pid())).expect("environ");
+        assert!(
+            environ
+                .split(|byte| *byte == 0)
+                .any(|var| var.starts_with(b"PATH=")),
+            "the new image lost the environment: {}",
+            String::from_utf8_lossy(&environ)
+        );
         // The new image blocks SIGCHLD in every thread again and reads it
         // from its signalfd: stops are still reported.
         let sigchld = signal_bit(libc::SIGCHLD);
@@ -1092,11 +1101,26 @@ fn a_socket_activated_service_reloads_in_place() {
         installed.install("b");
         let pid = client.status().await.expect("status").pid;
         let pid = rustix::process::Pid::from_raw(pid).expect("pid");
+        let monotonic_us = || {
+            let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+            now.tv_sec as u64 * 1_000_000 + now.tv_nsec as u64 / 1_000
+        };
+        let before = monotonic_us();
         rustix::process::kill_process(pid, rustix::process::Signal::HUP).expect("SIGHUP");
         let seen = notices("READY=1");
         assert!(
             seen.contains("RELOADING=1") && seen.contains("MONOTONIC_USEC="),
             "no RELOADING=1 before READY=1: {seen:?}"
+        );
+        // systemd orders the reload by it: CLOCK_MONOTONIC in µs, now.
+        let reloading_at: u64 = seen
+            .lines()
+            .find_map(|line| line.strip_prefix("MONOTONIC_USEC="))
+            .and_then(|value| value.parse().ok())
+            .expect("a number");
+        assert!(
+            (before..=monotonic_us()).contains(&reloading_at),
+            "MONOTONIC_USEC={reloading_at}, sent between {before} and now"
         );
         // The new image keeps the watchdog and the socket-activated
         // listener.

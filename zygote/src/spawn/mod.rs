@@ -411,14 +411,7 @@ fn start_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<StartedChild, S
     if let Some(write) = &init_write {
         prepared.keep_open(write.as_raw_fd());
     }
-    // The sandbox's own fds, above every target and kept open.
-    let sandbox_fds = match &plan.sandbox {
-        Some(sandbox) => sandbox::copy_fds(sandbox, prepared.dup_floor).map_err(pipe_failed)?,
-        None => Vec::new(),
-    };
-    for fd in &sandbox_fds {
-        prepared.keep_open(fd.as_raw_fd());
-    }
+    let sandbox_fds = prepared.sandbox_fds(plan).map_err(pipe_failed)?;
     let sandbox_raw: Vec<RawFd> = sandbox_fds.iter().map(AsRawFd::as_raw_fd).collect();
     let mut args = prepared.child_args(signals, &failure);
     args.report = Some(write.as_raw_fd());
@@ -1023,6 +1016,19 @@ impl<'a> Prepared<'a> {
     }
 
     /// Leaves fd `keep`, at or above `dup_floor`, open in the child.
+    /// Copies of the plan's sandbox fds above every target, kept open in
+    /// the child (see `sandbox::copy_fds`).
+    fn sandbox_fds(&mut self, plan: &SpawnPlan) -> rustix::io::Result<Vec<OwnedFd>> {
+        let fds = match &plan.sandbox {
+            Some(sandbox) => sandbox::copy_fds(sandbox, self.dup_floor)?,
+            None => Vec::new(),
+        };
+        for fd in &fds {
+            self.keep_open(fd.as_raw_fd());
+        }
+        Ok(fds)
+    }
+
     fn keep_open(&mut self, keep: RawFd) {
         let Ok(keep) = c_uint::try_from(keep) else {
             return;

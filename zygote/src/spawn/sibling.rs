@@ -14,7 +14,7 @@ use std::sync::PoisonError;
 use zygote_proto::SpawnStage;
 
 use super::child::Failure;
-use super::{OWN, Prepared, SpawnError, SpawnPlan, Spawner, clone, sandbox};
+use super::{OWN, Prepared, SpawnError, SpawnPlan, Spawner, clone};
 
 /// A child started by [`Spawner::spawn_sibling`]: exec'd, or failed
 /// before (then it has exited, and its parent must reap it).
@@ -43,18 +43,12 @@ impl Spawner {
     pub fn spawn_sibling(&self, plan: &SpawnPlan) -> Result<SiblingChild, SpawnError> {
         let mut prepared = Prepared::new(plan)?;
         let failure = Failure::default();
-        // The sandbox's own fds, above every target and kept open.
-        let sandbox_fds = match &plan.sandbox {
-            Some(sandbox) if !sandbox.suits_vfork() => {
-                return Err(SpawnError::new(SpawnStage::Validate, libc::EINVAL));
-            }
-            Some(sandbox) => sandbox::copy_fds(sandbox, prepared.dup_floor)
-                .map_err(|errno| SpawnError::new(SpawnStage::Pipe, errno.raw_os_error()))?,
-            None => Vec::new(),
-        };
-        for fd in &sandbox_fds {
-            prepared.keep_open(fd.as_raw_fd());
+        if plan.sandbox.as_ref().is_some_and(|s| !s.suits_vfork()) {
+            return Err(SpawnError::new(SpawnStage::Validate, libc::EINVAL));
         }
+        let sandbox_fds = prepared
+            .sandbox_fds(plan)
+            .map_err(|errno| SpawnError::new(SpawnStage::Pipe, errno.raw_os_error()))?;
         let sandbox_raw: Vec<RawFd> = sandbox_fds.iter().map(AsRawFd::as_raw_fd).collect();
         let mut args = prepared.child_args(&self.signals, &failure);
         args.sandbox_fds = &sandbox_raw;
