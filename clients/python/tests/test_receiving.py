@@ -194,23 +194,34 @@ def test_a_storm_of_raising_signal_handlers_loses_no_frame(client: zygote.Client
     def interrupt(signum: int, frame: Any) -> None:
         raise SignalHandlerError
 
-    go, stop = threading.Event(), threading.Event()
-    worker_codes: List[int] = []
-    worker_errors: List[BaseException] = []
+    # Plain flags, not threading.Event: an Event takes a lock, and a
+    # handler raising in the main thread between its acquire and release
+    # would leave it held, hanging the test (not the client) for ever.
+    flags = {"go": False, "stop": False, "worker_done": False}
+
+    def wait_for_go() -> None:
+        until = time.monotonic() + 60
+        while not flags["go"] and time.monotonic() < until:
+            time.sleep(0.001)
 
     def storm() -> None:
-        go.wait(60)
-        while not stop.is_set():
+        wait_for_go()
+        while not flags["stop"]:
             signal.pthread_kill(main, signal.SIGUSR1)
             time.sleep(0.0001)
 
+    worker_codes: List[int] = []
+    worker_errors: List[BaseException] = []
+
     def work() -> None:
-        go.wait(60)
+        wait_for_go()
         try:
             for _ in range(WORKER_SPAWNS):
                 worker_codes.append(client.run(["true"], timeout=20).returncode)
         except BaseException as error:
             worker_errors.append(error)
+        finally:
+            flags["worker_done"] = True
 
     storming = threading.Thread(target=storm)
     worker = threading.Thread(target=work)
@@ -220,19 +231,20 @@ def test_a_storm_of_raising_signal_handlers_loses_no_frame(client: zygote.Client
     interrupted = completed = 0
     deadline = time.monotonic() + 90
     # From here the main thread may raise at any bytecode: all of it is
-    # inside the try, up to the handler being set aside.
+    # inside the try, up to the handler being set aside, and takes no
+    # lock of its own (only the client's code does).
     while True:
         try:
-            go.set()
-            while worker.is_alive() and time.monotonic() < deadline:
+            flags["go"] = True
+            while not flags["worker_done"] and time.monotonic() < deadline:
                 assert client.run(["true"], timeout=20).returncode == 0
                 completed += 1
-            stop.set()
-            storming.join(30)
+            flags["stop"] = True
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
             break
         except SignalHandlerError:
             interrupted += 1
+    storming.join(30)
     signal.signal(signal.SIGUSR1, previous)
     worker.join(60)
     assert not worker.is_alive(), "the worker never heard a reply"
