@@ -191,13 +191,18 @@ def test_a_storm_of_raising_signal_handlers_loses_no_frame(client: zygote.Client
     main = threading.main_thread().ident
     assert main is not None and main == threading.get_ident()
 
-    def interrupt(signum: int, frame: Any) -> None:
-        raise SignalHandlerError
-
     # Plain flags, not threading.Event: an Event takes a lock, and a
     # handler raising in the main thread between its acquire and release
     # would leave it held, hanging the test (not the client) for ever.
-    flags = {"go": False, "stop": False, "worker_done": False}
+    flags = {"armed": False, "go": False, "stop": False, "worker_done": False}
+
+    def interrupt(signum: int, frame: Any) -> None:
+        # One raise per arming: the test's own retry code (the except
+        # clause, the loop's back edge) runs disarmed, so only the code
+        # inside the try, the client's, is ever interrupted.
+        if flags["armed"]:
+            flags["armed"] = False
+            raise SignalHandlerError
 
     def wait_for_go() -> None:
         until = time.monotonic() + 60
@@ -230,20 +235,24 @@ def test_a_storm_of_raising_signal_handlers_loses_no_frame(client: zygote.Client
     previous = signal.signal(signal.SIGUSR1, interrupt)
     interrupted = completed = 0
     deadline = time.monotonic() + 90
-    # From here the main thread may raise at any bytecode: all of it is
-    # inside the try, up to the handler being set aside, and takes no
-    # lock of its own (only the client's code does).
-    while True:
-        try:
-            flags["go"] = True
-            while not flags["worker_done"] and time.monotonic() < deadline:
-                assert client.run(["true"], timeout=20).returncode == 0
-                completed += 1
-            flags["stop"] = True
-            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-            break
-        except SignalHandlerError:
-            interrupted += 1
+    # While armed, the main thread may raise at any bytecode: all of that
+    # is inside the inner try, and takes no lock of its own (only the
+    # client's code does).
+    try:
+        while True:
+            try:
+                flags["armed"] = True
+                flags["go"] = True
+                while not flags["worker_done"] and time.monotonic() < deadline:
+                    assert client.run(["true"], timeout=20).returncode == 0
+                    completed += 1
+                flags["armed"] = False
+                break
+            except SignalHandlerError:
+                interrupted += 1
+    finally:
+        flags["armed"] = False
+        flags["stop"] = True
     storming.join(30)
     signal.signal(signal.SIGUSR1, previous)
     worker.join(60)
