@@ -131,6 +131,43 @@ async fn upgrade_async(daemon: &Daemon) -> (bool, String) {
         .expect("join")
 }
 
+/// A `NOTIFY_SOCKET` for a test daemon: the sd_notify lines it was sent.
+struct Notifications {
+    socket: std::os::unix::net::UnixDatagram,
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Notifications {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("notify");
+        let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("bind notify");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        Self {
+            socket,
+            path,
+            _dir: dir,
+        }
+    }
+
+    /// Every line received until one equals `until`, or 10 s have passed.
+    fn until(&self, until: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = String::new();
+        let mut buffer = [0u8; 4096];
+        while Instant::now() < deadline && !seen.lines().any(|line| line == until) {
+            if let Ok(n) = self.socket.recv(&mut buffer) {
+                seen.push_str(&String::from_utf8_lossy(&buffer[..n]));
+                seen.push('\n');
+            }
+        }
+        seen
+    }
+}
+
 fn version(tag: &str) -> String {
     format!("{}+{tag}", env!("CARGO_PKG_VERSION"))
 }
@@ -501,11 +538,17 @@ fn kill_on_close_of_a_child_or_its_group_and_timeouts_still_fire_after_an_upgrad
 #[test]
 fn a_state_the_new_binary_refuses_leaves_the_old_image_serving() {
     let installed = Installed::new("a");
+    let notifications = Notifications::new();
+    let notify_socket = notifications.path.display().to_string();
     let daemon = start(
         "upgrade-refused",
         &installed,
-        &[("ZYGOTE_TEST_CORRUPT_STATE", "truncate")],
+        &[
+            ("ZYGOTE_TEST_CORRUPT_STATE", "truncate"),
+            ("NOTIFY_SOCKET", &notify_socket),
+        ],
     );
+    assert!(notifications.until("READY=1").contains("READY=1"));
     let rt = runtime();
     rt.block_on(async {
         let client = Client::connect(daemon.socket()).await.expect("connect");
@@ -521,6 +564,13 @@ fn a_state_the_new_binary_refuses_leaves_the_old_image_serving() {
         assert!(
             text.contains("upgrade abandoned") && text.contains("truncated"),
             "the error does not say what failed: {text}"
+        );
+        // The service manager, told it was reloading, hears it is ready
+        // again.
+        let seen = notifications.until("READY=1");
+        assert!(
+            seen.contains("RELOADING=1") && seen.lines().any(|line| line == "READY=1"),
+            "no READY=1 after the abandoned upgrade's RELOADING=1: {seen:?}"
         );
         // Same image, same connection, child still reported.
         let status = client.status().await.expect("still serving");
@@ -1050,24 +1100,22 @@ fn an_exit_waiting_for_its_tree_is_carried_over() {
 
 #[test]
 fn a_socket_activated_service_reloads_in_place() {
-    use std::os::unix::net::UnixDatagram;
     if !crate::tools::have_tool("systemd-socket-activate", "systemd") {
         return;
     }
     let installed = Installed::new("a");
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("zygote.sock");
-    let notify = dir.path().join("notify");
-    let notify_socket = UnixDatagram::bind(&notify).expect("bind notify");
-    notify_socket
-        .set_read_timeout(Some(Duration::from_millis(100)))
-        .expect("timeout");
+    let notifications = Notifications::new();
     let mut activator = StdCommand::new("systemd-socket-activate")
         .arg("--seqpacket")
         .arg("--listen")
         .arg(&socket)
         .arg("--fdname=spawn")
-        .arg(format!("--setenv=NOTIFY_SOCKET={}", notify.display()))
+        .arg(format!(
+            "--setenv=NOTIFY_SOCKET={}",
+            notifications.path.display()
+        ))
         .arg("--setenv=WATCHDOG_USEC=400000")
         .arg(installed.path())
         .arg("serve")
@@ -1077,17 +1125,7 @@ fn a_socket_activated_service_reloads_in_place() {
         .spawn()
         .expect("systemd-socket-activate");
     assert!(eventually(Duration::from_secs(10), || socket.exists()));
-    let notices = |until: &str| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut seen = String::new();
-        let mut buffer = [0u8; 4096];
-        while Instant::now() < deadline && !seen.lines().any(|line| line == until) {
-            if let Ok(n) = notify_socket.recv(&mut buffer) {
-                seen.push_str(&String::from_utf8_lossy(&buffer[..n]));
-            }
-        }
-        seen
-    };
+    let notices = |until: &str| notifications.until(until);
     let rt = runtime();
     rt.block_on(async {
         let client = Client::connect(&socket).await.expect("connect");
@@ -1465,6 +1503,38 @@ fn a_deferred_spawned_pending_at_an_upgrade_is_sent_before_the_pause() {
         "the upgrade never caught a deferred Spawned pending; log:\n{}",
         daemon.log()
     );
+}
+
+/// The upgrade's reply goes to the connection that asked for it, with
+/// older and newer connections open beside it, and to no other.
+#[test]
+fn the_upgrades_reply_reaches_the_connection_that_asked_and_no_other() {
+    use crate::deferred::{connect, receive, send};
+    use zygote_proto::{ClientMessage, ServerMessage, StatusRequest, UpgradeRequest};
+
+    let installed = Installed::new("a");
+    let daemon = start("upgrade-asker", &installed, &[]);
+    let older = connect(daemon.socket());
+    let asker = connect(daemon.socket());
+    let newer = connect(daemon.socket());
+    installed.install("b");
+    send(&asker, &ClientMessage::Upgrade(UpgradeRequest { id: 7 }));
+    match receive(&asker) {
+        (ServerMessage::Status(status), _) => {
+            assert_eq!(status.id, 7);
+            assert_eq!(status.server_version, version("b"), "{}", daemon.log());
+        }
+        (other, _) => panic!("unexpected reply: {other:?}; log:\n{}", daemon.log()),
+    }
+    // Each other connection's first reply is the answer to its own
+    // request: nothing of the upgrade's came before it.
+    for (id, fd) in [(11, &older), (12, &newer)] {
+        send(fd, &ClientMessage::Status(StatusRequest { id }));
+        match receive(fd) {
+            (ServerMessage::Status(status), _) => assert_eq!(status.id, id),
+            (other, _) => panic!("unexpected reply: {other:?}; log:\n{}", daemon.log()),
+        }
+    }
 }
 
 /// A SIGTERM that comes the moment the new image has been exec'd, before
