@@ -132,6 +132,32 @@ fn signal_group(pgid: u32, signal: i32) {
     assert!(status.success(), "kill -{signal} -{pgid}");
 }
 
+/// SIGKILLs its processes when dropped, through pidfds (never a pid that
+/// was reused): a test that fails midway leaves no stopped wrapper and
+/// no looping child behind.
+struct KillOnDrop(Vec<std::os::fd::OwnedFd>);
+
+impl KillOnDrop {
+    fn new(pids: &[u32]) -> Self {
+        Self(
+            pids.iter()
+                .filter_map(|&pid| rustix::process::Pid::from_raw(pid as i32))
+                .filter_map(|pid| {
+                    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for pidfd in &self.0 {
+            let _ = rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL);
+        }
+    }
+}
+
 /// kill(1): the real-time signals have no name in rustix.
 fn signal(pid: u32, signal: i32) {
     let status = Command::new("kill")
@@ -427,6 +453,7 @@ fn a_stop_reaches_the_child_as_the_signal_it_can_act_on() {
         got.display()
     );
     let (mut handler, child) = wrapped_shell(&daemon, dir.path(), &[], &script);
+    let _cleanup = KillOnDrop::new(&[handler.id(), child]);
     std::thread::sleep(Duration::from_millis(200));
     signal(handler.id(), libc::SIGTSTP);
     // The wrapper stops only once the child has: the child's handler
@@ -459,6 +486,7 @@ fn a_stop_reaches_the_child_as_the_signal_it_can_act_on() {
     wait_within(&mut handler, Duration::from_secs(30), "zygote run");
 
     let (mut orphan, child) = wrapped_sleeper(&daemon, dir.path(), &["--setsid"]);
+    let _cleanup_orphan = KillOnDrop::new(&[orphan.id(), child]);
     std::thread::sleep(Duration::from_millis(200));
     signal(orphan.id(), libc::SIGTSTP);
     assert!(

@@ -110,9 +110,12 @@ fn upgrade(daemon: &Daemon) -> (bool, String) {
     upgrade_at(daemon.socket())
 }
 
-/// `zygote upgrade` against the daemon on `socket`.
+/// `zygote upgrade` against the daemon on `socket`, given 60 s: an
+/// upgrade that never answers fails the test rather than hanging it.
 fn upgrade_at(socket: &Path) -> (bool, String) {
-    let output = StdCommand::new(zygote_bin())
+    let output = StdCommand::new("timeout")
+        .args(["--kill-after=5", "60"])
+        .arg(zygote_bin())
         .arg("upgrade")
         .arg("--socket")
         .arg(socket)
@@ -226,17 +229,7 @@ fn upgrade_under_load_loses_no_child_and_no_connection() {
             // The upgrade, and 50 spawns spread over the ~50 ms around it:
             // some are in flight when the daemon pauses.
             let socket = daemon.socket().to_owned();
-            let upgrading = tokio::task::spawn_blocking(move || {
-                let output = StdCommand::new(zygote_bin())
-                    .arg("upgrade")
-                    .arg("--socket")
-                    .arg(&socket)
-                    .output()
-                    .expect("run zygote upgrade");
-                let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
-                text.push_str(&String::from_utf8_lossy(&output.stderr));
-                (output.status.success(), text)
-            });
+            let upgrading = tokio::task::spawn_blocking(move || upgrade_at(&socket));
             let mut in_flight = Vec::new();
             for i in 0..50u32 {
                 let mut command = clients[(i % 5) as usize].command("sh");
