@@ -25,9 +25,10 @@ child's own, from the exit status, plus the server side: the daemon's
 process tree, its spawners and templates, from /proc/PID/stat), the PSS
 of each of ``--live`` children alive at once (blocked on stdin, from
 /proc/PID/smaps_rollup), and the time to create a template against a
-cold start made right after it. It prints markdown tables, the second with the targets:
-warm p50 <= 5 ms where the cold start takes >= 100 ms (back to back and
-paced); warm PSS <= 1/3 of cold; creation <= cold start + 10%.
+cold start made right after it. It prints markdown tables, the second
+with the targets: warm p50 <= 5 ms where the cold start takes >= 100 ms
+(back to back and paced); warm PSS <= 1/3 of cold; creation <= cold
+start + 10%.
 
     cargo build --release --bins --locked
     ZYGOTE_BIN=target/release/zygote python clients/python/bench_templates.py
