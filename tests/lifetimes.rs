@@ -11,7 +11,7 @@ use zygote_client::blocking::{Client, Command};
 use crate::helper::helper;
 use crate::util::{
     children_of, eventually, exit_within, group_members, process_state, start_daemon,
-    start_daemon_with,
+    start_daemon_with, stat_fields,
 };
 
 /// True once `pid` is gone or a zombie.
@@ -53,13 +53,21 @@ fn kill_on_close_signals_children_when_the_client_leaves() {
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
+    // Kill-on-close of the child alone, though it leads a group of its
+    // own: the rest of its group is left running.
+    let leader = Command::new(&leaving, "/bin/sh")
+        .args(["-c", "sleep 30 & sleep 30"])
+        .process_group(0)
+        .kill_on_close(libc::SIGKILL)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
     let (doomed_pid, kept_pid, group_pid) = (doomed.id(), kept.id(), group.id());
-    assert!(eventually(Duration::from_secs(5), || group_members(
-        group_pid
-    )
-    .len()
-        == 3));
-    drop((doomed, kept, group));
+    let leader_pid = leader.id();
+    assert!(eventually(Duration::from_secs(5), || {
+        group_members(group_pid).len() == 3 && group_members(leader_pid).len() == 3
+    }));
+    drop((doomed, kept, group, leader));
     drop(leaving);
 
     assert!(eventually(Duration::from_secs(5), || dead(doomed_pid)));
@@ -77,6 +85,16 @@ fn kill_on_close_signals_children_when_the_client_leaves() {
         !dead(kept_pid),
         "a child without kill-on-close outlives its client"
     );
+    assert!(eventually(Duration::from_secs(5), || dead(leader_pid)));
+    let left = group_members(leader_pid);
+    assert_eq!(
+        left.len(),
+        2,
+        "kill-on-close of a group leader alone took its group: {left:?}"
+    );
+    for pid in left {
+        sigkill(pid);
+    }
     sigkill(kept_pid);
     assert!(
         exit_within(Duration::from_secs(30), "the survivor", || survivor
@@ -86,6 +104,59 @@ fn kill_on_close_signals_children_when_the_client_leaves() {
     assert!(eventually(Duration::from_secs(5), || daemon
         .zombies()
         .is_empty()));
+}
+
+/// Kill-on-close of a child's group reaches the group only while the
+/// child still leads it: a child that moved to another group is
+/// signalled alone, and neither the group it left nor the one it joined
+/// is.
+#[test]
+fn a_child_that_left_its_group_is_killed_on_close_alone() {
+    let daemon = start_daemon("kill-on-close-left-group");
+    let leaving = Client::connect(daemon.socket()).expect("connect");
+    // A sleep stays in the child's group; a perl makes a group of its own,
+    // which the child (exec'd into perl) then joins.
+    let script = "sleep 30 & perl -e 'setpgrp(0, 0); sleep 30' & other=$!; \
+        exec perl -e 'my $g = shift; \
+            select(undef, undef, undef, 0.01) until getpgrp($g) == $g; \
+            setpgrp(0, $g) or die \"setpgrp: $!\"; sleep 30' $other";
+    let child = Command::new(&leaving, "/bin/sh")
+        .args(["-c", script])
+        .process_group(0)
+        .kill_process_group_on_close(libc::SIGKILL)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let pgid_of = |pid: u32| -> Option<u32> { stat_fields(pid)?.get(2)?.parse().ok() };
+    let mut joined = None;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            joined = pgid_of(pid).filter(|&pgid| pgid != pid);
+            joined.is_some() && group_members(pid).len() == 1
+        }),
+        "the child never moved to the other group: {:?}, its group {:?}",
+        pgid_of(pid),
+        group_members(pid)
+    );
+    let joined = joined.expect("the group it joined");
+    let left_behind = group_members(pid);
+    drop(child);
+    drop(leaving);
+    assert!(eventually(Duration::from_secs(5), || dead(pid)));
+    // The group signal, had it been sent, goes out before the child's own.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        left_behind.iter().all(|&member| !dead(member)),
+        "the group the child left was signalled: {left_behind:?}"
+    );
+    assert!(
+        !dead(joined),
+        "the group the child joined was signalled"
+    );
+    for member in left_behind.into_iter().chain([joined]) {
+        sigkill(member);
+    }
 }
 
 #[test]

@@ -1530,6 +1530,43 @@ fn the_upgrades_reply_reaches_the_connection_that_asked_and_no_other() {
     }
 }
 
+/// The spawn id of a child still running is still taken after an
+/// upgrade: a request that reuses it is refused, not answered under it,
+/// and the child's exit comes under its id.
+#[test]
+fn a_running_childs_id_stays_taken_across_an_upgrade() {
+    use crate::deferred::{connect, receive, send};
+    use zygote_proto::{ClientMessage, ServerMessage, SpawnRequest, StatusRequest};
+
+    let installed = Installed::new("a");
+    let daemon = start("upgrade-ids", &installed, &[]);
+    let fd = connect(daemon.socket());
+    let mut sleeper = SpawnRequest::new(5, b"/bin/sleep".to_vec());
+    sleeper.args = vec![b"3".to_vec()];
+    send(&fd, &ClientMessage::Spawn(sleeper));
+    match receive(&fd) {
+        (ServerMessage::Spawned(spawned), _) => assert_eq!(spawned.id, 5),
+        (other, _) => panic!("unexpected reply: {other:?}; log:\n{}", daemon.log()),
+    }
+    installed.install("b");
+    let (ok, text) = upgrade(&daemon);
+    assert!(ok && text.contains(&version("b")), "{text}; log:\n{}", daemon.log());
+    send(&fd, &ClientMessage::Status(StatusRequest { id: 5 }));
+    match receive(&fd) {
+        (ServerMessage::RequestFailed(failed), _) => {
+            assert_eq!((failed.id, failed.errno), (5, libc::EEXIST), "{failed:?}");
+        }
+        (other, _) => panic!("the running child's id was free after the upgrade: {other:?}"),
+    }
+    match receive(&fd) {
+        (ServerMessage::Exited(notice), _) => {
+            assert_eq!(notice.id, 5);
+            assert_eq!(notice.status, zygote_proto::ExitStatus::Exited(0));
+        }
+        (other, _) => panic!("unexpected reply: {other:?}; log:\n{}", daemon.log()),
+    }
+}
+
 /// A SIGTERM that comes the moment the new image has been exec'd, before
 /// it has a runtime or handlers, is held across the exec and stops the
 /// new image gracefully: exit status 0, the socket removed.
