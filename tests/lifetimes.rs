@@ -150,10 +150,7 @@ fn a_child_that_left_its_group_is_killed_on_close_alone() {
         left_behind.iter().all(|&member| !dead(member)),
         "the group the child left was signalled: {left_behind:?}"
     );
-    assert!(
-        !dead(joined),
-        "the group the child joined was signalled"
-    );
+    assert!(!dead(joined), "the group the child joined was signalled");
     for member in left_behind.into_iter().chain([joined]) {
         sigkill(member);
     }

@@ -1550,7 +1550,11 @@ fn a_running_childs_id_stays_taken_across_an_upgrade() {
     }
     installed.install("b");
     let (ok, text) = upgrade(&daemon);
-    assert!(ok && text.contains(&version("b")), "{text}; log:\n{}", daemon.log());
+    assert!(
+        ok && text.contains(&version("b")),
+        "{text}; log:\n{}",
+        daemon.log()
+    );
     send(&fd, &ClientMessage::Status(StatusRequest { id: 5 }));
     match receive(&fd) {
         (ServerMessage::RequestFailed(failed), _) => {
