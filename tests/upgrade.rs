@@ -1118,11 +1118,10 @@ fn a_socket_activated_service_reloads_in_place() {
         .spawn()
         .expect("systemd-socket-activate");
     assert!(eventually(Duration::from_secs(10), || socket.exists()));
-    let notices = |until: &str| notifications.until(until);
     let rt = runtime();
     rt.block_on(async {
         let client = Client::connect(&socket).await.expect("connect");
-        assert!(notices("READY=1").contains("READY=1"));
+        assert!(notifications.until("READY=1").contains("READY=1"));
         let mut child = client
             .command("sh")
             .args(["-c", "sleep 1; exit 6"])
@@ -1138,7 +1137,7 @@ fn a_socket_activated_service_reloads_in_place() {
         };
         let before = monotonic_us();
         rustix::process::kill_process(pid, rustix::process::Signal::HUP).expect("SIGHUP");
-        let seen = notices("READY=1");
+        let seen = notifications.until("READY=1");
         assert!(
             seen.contains("RELOADING=1") && seen.contains("MONOTONIC_USEC="),
             "no RELOADING=1 before READY=1: {seen:?}"
@@ -1155,7 +1154,7 @@ fn a_socket_activated_service_reloads_in_place() {
         );
         // The new image keeps the watchdog and the socket-activated
         // listener.
-        assert!(notices("WATCHDOG=1").contains("WATCHDOG=1"));
+        assert!(notifications.until("WATCHDOG=1").contains("WATCHDOG=1"));
         let status = client.status().await.expect("status");
         assert_eq!(status.server_version, version("b"));
         assert_eq!(

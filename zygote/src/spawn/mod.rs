@@ -1015,7 +1015,6 @@ impl<'a> Prepared<'a> {
         })
     }
 
-    /// Leaves fd `keep`, at or above `dup_floor`, open in the child.
     /// Copies of the plan's sandbox fds above every target, kept open in
     /// the child (see `sandbox::copy_fds`).
     fn sandbox_fds(&mut self, plan: &SpawnPlan) -> rustix::io::Result<Vec<OwnedFd>> {
@@ -1029,6 +1028,7 @@ impl<'a> Prepared<'a> {
         Ok(fds)
     }
 
+    /// Leaves fd `keep`, at or above `dup_floor`, open in the child.
     fn keep_open(&mut self, keep: RawFd) {
         let Ok(keep) = c_uint::try_from(keep) else {
             return;
