@@ -92,6 +92,7 @@ pub fn serve(
         None => Policy::default_for(uid),
     };
     tracing::info!(limits = ?policy.limits, "policy loaded");
+    crate::daemon::sandbox::prepare_seccomp();
     // Before the runtime's threads exist: the daemon moves into a leaf.
     let cgroups =
         Subtree::setup(args.cgroup.as_deref(), &policy.peer_caps()).map_err(Error::Cgroup)?;

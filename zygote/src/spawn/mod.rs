@@ -10,7 +10,8 @@
 //! - `child`: what runs in the child until exec; async-signal-safe only.
 //! - `sandbox`: a [`SandboxPlan`]'s data and the child's steps to apply
 //!   it (namespaces, the new root, Landlock, seccomp, the pid namespace's
-//!   init); async-signal-safe as `child` is.
+//!   init); async-signal-safe as `child` is. Its `libseccomp` module
+//!   loads libseccomp, for the daemon, to compile filters as trees.
 //! - `fork`: whole-process operations of the private zygote: `fork(2)` of
 //!   a single-threaded program into a template, and taking over an
 //!   inherited socket.
@@ -64,6 +65,7 @@ pub use sibling::{
 
 pub use wrapper::{die_by, stop_self_by};
 
+pub use sandbox::libseccomp;
 pub use sandbox::{
     LandlockPlan, MAX_MOUNTS, Mount, MountKind, SANDBOX_STAGE, SandboxFailure, SandboxPlan,
     SeccompProgram, Step as SandboxStep, empty_network_namespace, install_seccomp_filter,
@@ -1086,4 +1088,4 @@ impl<'a> Prepared<'a> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

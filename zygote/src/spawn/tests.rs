@@ -361,17 +361,21 @@ fn missing_cwd_is_chdir_enoent() {
     assert_fails(&plan, SpawnStage::Chdir, libc::ENOENT);
 }
 
-/// Says that `test`, or the part of it that `reason` names, did not run,
+/// Says that `test` (a path, or a name in this module), or the part of it that `reason` names, did not run,
 /// and records it in the file named by `ZYGOTE_TEST_SKIPS`, where
 /// `scripts/test` counts it as skipped rather than passed. What these
 /// tests need, CI provides (root, no opt-out variable): under CI (`CI`
 /// set) a skip is a failure.
-fn skip(test: &str, reason: &str) {
+pub(crate) fn skip(test: &str, reason: &str) {
     let in_ci = std::env::var_os("CI").is_some_and(|value| !value.is_empty() && value != "false");
     assert!(!in_ci, "{test}: {reason}; under CI this must run");
     eprintln!("SKIPPED {test}: {reason}");
     if let Some(path) = std::env::var_os("ZYGOTE_TEST_SKIPS") {
-        let line = format!("spawn::tests::{test}\t{reason}\n");
+        let line = if test.contains("::") {
+            format!("{test}\t{reason}\n")
+        } else {
+            format!("spawn::tests::{test}\t{reason}\n")
+        };
         OpenOptions::new()
             .create(true)
             .append(true)

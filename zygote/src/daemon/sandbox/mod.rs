@@ -34,7 +34,8 @@ use std::sync::{Arc, OnceLock};
 use crate::spawn::{SandboxFailure, SandboxPlan, SandboxStep};
 pub use profile::Profiles;
 pub use seccomp::{
-    MAX_FILTER_BYTES, MAX_FILTER_SYSCALLS, PROFILES as SECCOMP_PROFILES, profile as seccomp_profile,
+    MAX_FILTER_BYTES, MAX_FILTER_SYSCALLS, PROFILES as SECCOMP_PROFILES,
+    prepare as prepare_seccomp, profile as seccomp_profile,
 };
 pub use spec::{
     AppliedSandbox, FilesystemSpec, LandlockSpec, MountKind, MountSpec, NetworkMode, SandboxSpec,

@@ -30,6 +30,7 @@ use zygote_proto::SpawnStage;
 mod filters;
 mod fs;
 mod init;
+pub mod libseccomp;
 
 use filters::drop_capabilities;
 use filters::{clear_capability_sets, enforce_landlock, install_seccomp};
