@@ -51,12 +51,17 @@ fn metrics_count_spawns_and_pass_promtool() {
             .is_err()
     );
 
+    // Refused by the daemon before anything exists: a profile it does
+    // not know (the client cannot check that).
+    let unknown = zygote_client::Sandbox::new().seccomp_profile("zygote-no-such-profile");
+    assert!(client.command("true").sandbox(unknown).status().is_err());
+
     let (code, text) = http_get(address, "/metrics").expect("GET /metrics");
     assert_eq!(code, 200, "{text}");
     let expect = [
         ("zygote_spawns_total{result=\"ok\"}", 4.0),
         ("zygote_spawns_total{result=\"failed\"}", 2.0),
-        ("zygote_spawns_total{result=\"refused\"}", 0.0),
+        ("zygote_spawns_total{result=\"refused\"}", 1.0),
         ("zygote_peer_spawns_total{result=\"ok\",uid=\"0\"}", 4.0),
         ("zygote_exec_errors_total{errno=\"ENOENT\"}", 1.0),
         ("zygote_child_exits_total{kind=\"exited\"}", 3.0),
@@ -65,7 +70,7 @@ fn metrics_count_spawns_and_pass_promtool() {
         ("zygote_connections_open", 1.0),
         // The harness's readiness probe, then the client.
         ("zygote_connections_accepted_total", 2.0),
-        ("zygote_spawn_duration_seconds_count", 6.0),
+        ("zygote_spawn_duration_seconds_count", 7.0),
         ("zygote_protocol_errors_total{reason=\"malformed\"}", 0.0),
     ];
     for (series, value) in expect {
@@ -73,9 +78,10 @@ fn metrics_count_spawns_and_pass_promtool() {
     }
     assert!(sample(&text, "process_open_fds").is_some_and(|fds| fds > 0.0));
     assert!(sample(&text, "process_resident_memory_bytes").is_some_and(|rss| rss > 0.0));
-    // The Status reply reads the same counters.
+    // The Status reply reads the same counters (its failures include
+    // the refusal).
     let status = client.status().unwrap();
-    assert_eq!((status.spawns_succeeded, status.spawns_failed), (4, 2));
+    assert_eq!((status.spawns_succeeded, status.spawns_failed), (4, 3));
 
     assert_eq!(http_get(address, "/").unwrap().0, 404);
 
