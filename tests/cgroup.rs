@@ -10,7 +10,8 @@ use zygote_client::Stdio;
 use zygote_client::blocking::{Client, Command};
 
 use crate::util::{
-    Daemon, eventually, exit_within, process_state, start_daemon, start_daemon_with,
+    Daemon, eventually, exit_within, process_state, start_daemon, start_daemon_custom,
+    start_daemon_with, zygote_bin,
 };
 
 /// A cgroup v2 directory for one test daemon; on drop, whatever is left in
@@ -385,6 +386,28 @@ fn write_policy(text: &str) -> tempfile::NamedTempFile {
         .expect("create a policy file");
     std::fs::write(file.path(), text).expect("write the policy file");
     file
+}
+
+/// A daemon that withholds `cgroups` (as a test asks with
+/// `ZYGOTE_MASK_FEATURES`) refuses a cgroup request by the feature's
+/// name, although its subtree could take it, and keeps serving.
+#[test]
+fn a_withheld_cgroups_feature_is_refused_by_name_though_a_subtree_exists() {
+    let test = "cgroup-withheld";
+    let Some(cgroup) = TestCgroup::new(test) else {
+        return;
+    };
+    let masked = [("ZYGOTE_MASK_FEATURES", "cgroups")];
+    let flags = ["--cgroup", &cgroup.arg()];
+    let daemon = start_daemon_custom(test, None, None, &flags, &zygote_bin(), &masked);
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let error = Command::new(&client, "true")
+        .kill_tree(true)
+        .status()
+        .expect_err("cgroups are withheld");
+    assert_eq!(error.raw_os_error(), Some(libc::EOPNOTSUPP), "{error}");
+    assert!(error.to_string().contains("feature cgroups"), "{error}");
+    assert!(Command::new(&client, "true").status().unwrap().success());
 }
 
 #[test]

@@ -218,9 +218,17 @@ fn working_directory_is_the_clients_or_the_one_set() {
             .spawn()
             .await
         {
-            Err(Error::Spawn { stage, errno, .. }) => {
+            Err(Error::Spawn {
+                stage,
+                errno,
+                message,
+                ..
+            }) => {
                 assert_eq!(stage, SpawnStage::Chdir);
                 assert_eq!(errno, libc::ENOENT);
+                // The directory is named, not the program.
+                let named = format!("chdir {}", missing.display());
+                assert!(message.starts_with(&named), "{message}");
             }
             other => panic!("expected a chdir failure, got {other:?}"),
         }
