@@ -310,6 +310,23 @@ fn timeout_escalates_to_sigkill_when_sigterm_is_ignored() {
 }
 
 #[test]
+fn timeout_leaves_the_grace_period_to_a_child_that_handles_sigterm() {
+    let daemon = start_daemon("timeout-grace");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    // The handler takes 300 ms, well within the grace period.
+    let script = "sleep 30 & pid=$!; trap 'sleep 0.3; kill $pid; exit 7' TERM; wait";
+    let status = Command::new(&client, "/bin/sh")
+        .args(["-c", script])
+        .timeout(Duration::from_millis(200))
+        .timeout_grace(Duration::from_secs(20))
+        .stdin(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(7), "{status:?}");
+    assert!(status.timed_out());
+}
+
+#[test]
 fn client_sigkilled_mid_stream() {
     let daemon = start_daemon("client-killed");
     // Another client, untouched throughout.

@@ -959,6 +959,54 @@ fn batch_spawner_is_other_and_raised_while_busy() {
     .unwrap();
 }
 
+/// A deny-list as libseccomp's tree (as the daemon compiles profiles).
+fn tree_filter() -> std::sync::Arc<super::SeccompProgram> {
+    let names = [
+        "ptrace",
+        "mount",
+        "umount2",
+        "pivot_root",
+        "keyctl",
+        "add_key",
+        "bpf",
+        "kexec_load",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "unshare",
+        "setns",
+        "reboot",
+        "swapon",
+        "perf_event_open",
+    ];
+    let rules: Vec<_> = names
+        .iter()
+        .map(|name| super::libseccomp::TreeRule {
+            syscall: (*name).to_owned(),
+            arg0_has_bits: None,
+        })
+        .collect();
+    let filter = super::libseccomp::compile_tree(0x7fff_0000, 0x0005_0001, &rules)
+        .expect("libseccomp compiles the tree");
+    std::sync::Arc::new(super::SeccompProgram {
+        name: "tree".into(),
+        filter,
+    })
+}
+
+/// The system's directories bound read-only, as a full sandbox has them.
+fn system_binds() -> Vec<super::Mount> {
+    ["usr", "bin", "lib", "lib64"]
+        .into_iter()
+        .filter(|dir| std::path::Path::new("/").join(dir).exists())
+        .map(|dir| super::Mount {
+            kind: super::MountKind::ReadOnlyBind,
+            source: c(&format!("/{dir}")),
+            destination: c(dir),
+        })
+        .collect()
+}
+
 /// A sandbox plan made from the shared network namespace.
 type SandboxFor = fn(&std::sync::Arc<OwnedFd>) -> Option<super::SandboxPlan>;
 
@@ -972,7 +1020,7 @@ type SandboxFor = fn(&std::sync::Arc<OwnedFd>) -> Option<super::SandboxPlan>;
 fn measure_sandbox_namespaces() {
     const RUNS: usize = 300;
     let shared_netns = std::sync::Arc::new(super::empty_network_namespace().unwrap());
-    let variants: [(&str, SandboxFor); 7] = [
+    let variants: [(&str, SandboxFor); 10] = [
         ("fork path, no sandbox", |_| None),
         ("setns into the shared empty netns", |netns| {
             Some(super::SandboxPlan {
@@ -1033,6 +1081,33 @@ fn measure_sandbox_namespaces() {
                     name: "long".into(),
                     filter,
                 })],
+                ..super::SandboxPlan::default()
+            })
+        }),
+        ("the same and a libseccomp tree of 16 rules", |_| {
+            Some(super::SandboxPlan {
+                clear_bounding_set: true,
+                seccomp: vec![tree_filter()],
+                ..super::SandboxPlan::default()
+            })
+        }),
+        ("a new root: system binds, /dev", |_| {
+            Some(super::SandboxPlan {
+                clone_flags: libc::CLONE_NEWNS,
+                filesystem: Some(system_binds()),
+                ..super::SandboxPlan::default()
+            })
+        }),
+        ("the full sandbox, with a tree filter", |netns| {
+            Some(super::SandboxPlan {
+                clone_flags: libc::CLONE_NEWNS
+                    | libc::CLONE_NEWPID
+                    | libc::CLONE_NEWIPC
+                    | libc::CLONE_NEWUTS,
+                netns: Some(std::sync::Arc::clone(netns)),
+                filesystem: Some(system_binds()),
+                clear_bounding_set: true,
+                seccomp: vec![tree_filter()],
                 ..super::SandboxPlan::default()
             })
         }),
