@@ -10,7 +10,9 @@ use zygote_client::blocking::{Client, Command};
 use zygote_client::{Error, ProtocolErrorKind, SpawnStage, Stdio};
 
 use crate::helper::{findings, helper};
-use crate::util::{root_or_skip, start_daemon_as, start_daemon_with};
+use crate::util::{
+    root_or_skip, start_daemon_as, start_daemon_custom, start_daemon_with, zygote_bin,
+};
 
 #[test]
 fn root_zygote_runs_children_as_the_peer_and_refuses_more() {
@@ -188,4 +190,87 @@ fn policy_parse_errors_stop_the_daemon_with_path_and_line() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("bad.toml"), "{stderr}");
     assert!(stderr.contains("line 2"), "{stderr}");
+}
+
+/// The daemon raises its own open-file soft limit to the hard one; a
+/// request that sets no limits (a raw one: the client libraries send
+/// their caller's) gets the soft limit the daemon started with, as a
+/// child of its shell would, even when it sets another limit; one that
+/// sets the open-file limit keeps its own.
+#[test]
+fn children_get_the_open_file_limit_the_daemon_started_with() {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::PermissionsExt;
+    use zygote_proto::{
+        ClientMessage, Hello, PROTOCOL_VERSION, RECV_BUFFER_BYTES, ResourceLimit, ServerMessage,
+        SpawnRequest, StdioSpec, decode, encode, recv_frame, send_frame, socket,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wrapper = dir.path().join("zygote-with-1000-files");
+    let script = format!(
+        "#!/bin/sh\nulimit -Sn 1000 && exec '{}' \"$@\"\n",
+        zygote_bin().display()
+    );
+    std::fs::write(&wrapper, script).expect("write the wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let daemon = start_daemon_custom("child-nofile", None, None, &[], &wrapper, &[]);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", daemon.pid())).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"));
+    assert!(
+        !open_files.unwrap_or_default().contains(" 1000 "),
+        "the daemon raised its own soft limit: {open_files:?}"
+    );
+
+    let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+    let timeout = Some(std::time::Duration::from_secs(10));
+    rustix::net::sockopt::set_socket_timeout(&fd, rustix::net::sockopt::Timeout::Recv, timeout)
+        .expect("SO_RCVTIMEO");
+    let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+    let hello = ClientMessage::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        client: "open-file limit test".into(),
+    });
+    send_frame(fd.as_fd(), &encode(&hello).unwrap(), &[]).expect("hello");
+    recv_frame(fd.as_fd(), &mut scratch).expect("hello ack");
+    let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .expect("a finite hard limit");
+    let limit = |resource, soft, hard| ResourceLimit {
+        resource,
+        soft,
+        hard,
+    };
+    let cases = [
+        (vec![], "1000"),
+        (vec![limit(libc::RLIMIT_CORE, 0, 0)], "1000"),
+        (vec![limit(libc::RLIMIT_NOFILE, 500, hard)], "500"),
+    ];
+    for (id, (rlimits, expected)) in (1u64..).zip(cases) {
+        let request = SpawnRequest {
+            args: vec![b"-c".to_vec(), b"ulimit -Sn".to_vec()],
+            stdout: StdioSpec::Pipe,
+            rlimits: rlimits.clone(),
+            ..SpawnRequest::new(id, "/bin/sh")
+        };
+        let frame = encode(&ClientMessage::Spawn(request)).unwrap();
+        send_frame(fd.as_fd(), &frame, &[]).expect("spawn");
+        // Replies to earlier requests (their exits) may come first.
+        let stdout = loop {
+            let frame = recv_frame(fd.as_fd(), &mut scratch)
+                .expect("recv")
+                .expect("a reply");
+            match decode(&frame.bytes).expect("decode") {
+                ServerMessage::Spawned(spawned) if spawned.id == id => {
+                    break frame.fds.into_iter().nth(1).expect("the stdout pipe");
+                }
+                ServerMessage::Exited(_) => {}
+                other => panic!("request {id}: {other:?}"),
+            }
+        };
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(stdout), &mut out).unwrap();
+        assert_eq!(out.trim(), expected, "rlimits {rlimits:?}");
+    }
 }
