@@ -210,6 +210,11 @@ fn oversized_frame() {
         // Past the protocol crate's own check, which refuses to send it.
         send_with_fds(&fd, &spawn_frame(big), &[]);
         expect_closed_with(&fd, ProtocolErrorKind::TooLarge);
+        // And as the very first frame: an answer, not a silent close.
+        let fd = connect(daemon);
+        rustix::net::sockopt::set_socket_send_buffer_size(&fd, 1 << 20).unwrap();
+        send_with_fds(&fd, &vec![0u8; 300 * 1024], &[]);
+        expect_closed_with(&fd, ProtocolErrorKind::Malformed);
     });
 }
 
