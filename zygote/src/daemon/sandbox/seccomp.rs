@@ -201,17 +201,21 @@ struct FilterSpec {
 const EPERM: Action = Action::Errno(libc::EPERM as u32);
 
 fn compile_profile(name: &str) -> Result<SeccompProgram, String> {
+    compile(name, &profile_spec(name))
+}
+
+/// A named profile's rules: a deny-list, `strict` longer than `default`.
+fn profile_spec(name: &str) -> FilterSpec {
     let mut rules: Vec<TreeRule> = DEFAULT_DENIED.iter().map(|s| rule(s)).collect();
     if name == "strict" {
         rules.extend(STRICT_DENIED.iter().map(|s| rule(s)));
         rules.extend(namespace_clone_rules());
     }
-    let spec = FilterSpec {
+    FilterSpec {
         default: Action::Allow,
         matched: EPERM,
         rules,
-    };
-    compile(name, &spec)
+    }
 }
 
 fn rule(name: &str) -> TreeRule {
@@ -554,23 +558,10 @@ mod tests {
                 &reason,
             );
         }
-        let mut specs: Vec<(&str, FilterSpec)> = Vec::new();
-        for name in PROFILES {
-            let mut rules: Vec<TreeRule> = DEFAULT_DENIED.iter().map(|s| rule(s)).collect();
-            if name == "strict" {
-                rules.extend(STRICT_DENIED.iter().map(|s| rule(s)));
-                rules.extend(namespace_clone_rules());
-            }
-            let (default, matched) = (Action::Allow, EPERM);
-            specs.push((
-                name,
-                FilterSpec {
-                    default,
-                    matched,
-                    rules,
-                },
-            ));
-        }
+        let mut specs: Vec<(&str, FilterSpec)> = PROFILES
+            .iter()
+            .map(|name| (*name, profile_spec(name)))
+            .collect();
         let allow_list = "default kill\naction allow\nread\nwrite\nexit_group\nexecve\n";
         specs.push(("allow-list", parse_custom(allow_list).unwrap()));
         let clone_args = [
