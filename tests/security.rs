@@ -214,15 +214,6 @@ fn children_get_the_open_file_limit_the_daemon_started_with() {
     std::fs::write(&wrapper, script).expect("write the wrapper");
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
     let daemon = start_daemon_custom("child-nofile", None, None, &[], &wrapper, &[]);
-    let limits = std::fs::read_to_string(format!("/proc/{}/limits", daemon.pid())).unwrap();
-    let open_files = limits
-        .lines()
-        .find(|line| line.starts_with("Max open files"));
-    assert!(
-        !open_files.unwrap_or_default().contains(" 1000 "),
-        "the daemon raised its own soft limit: {open_files:?}"
-    );
-
     let fd = socket::connect_to(daemon.socket(), false).expect("connect");
     let timeout = Some(std::time::Duration::from_secs(10));
     rustix::net::sockopt::set_socket_timeout(&fd, rustix::net::sockopt::Timeout::Recv, timeout)
@@ -234,6 +225,16 @@ fn children_get_the_open_file_limit_the_daemon_started_with() {
     });
     send_frame(fd.as_fd(), &encode(&hello).unwrap(), &[]).expect("hello");
     recv_frame(fd.as_fd(), &mut scratch).expect("hello ack");
+    // The socket listens before the daemon raises its limit; a hello is
+    // answered only after.
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", daemon.pid())).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"));
+    assert!(
+        !open_files.unwrap_or_default().contains(" 1000 "),
+        "the daemon raised its own soft limit: {open_files:?}"
+    );
     let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .maximum
         .expect("a finite hard limit");
