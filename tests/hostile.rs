@@ -261,11 +261,56 @@ fn requests_before_the_handshake() {
     survives("before-hello", |daemon| {
         let fd = connect(daemon);
         send(&fd, &spawn_frame(request(1, "/bin/true")));
-        expect_closed_with(&fd, ProtocolErrorKind::UnexpectedMessage);
+        expect_closed_naming(&fd, "received Spawn");
         let fd = connect(daemon);
         let status = ClientMessage::Status(StatusRequest { id: 1 });
         send(&fd, &encode(&status).unwrap());
-        expect_closed_with(&fd, ProtocolErrorKind::UnexpectedMessage);
+        expect_closed_naming(&fd, "received Status");
+    });
+}
+
+/// Expects an `UnexpectedMessage` error whose text holds `naming`, then
+/// the end of the connection.
+fn expect_closed_naming(fd: &OwnedFd, naming: &str) {
+    match receive(fd) {
+        Some(ServerMessage::ProtocolError(error)) => {
+            assert_eq!(error.kind, ProtocolErrorKind::UnexpectedMessage);
+            assert!(error.message.contains(naming), "{}", error.message);
+        }
+        other => panic!("expected an UnexpectedMessage protocol error, got {other:?}"),
+    }
+    assert!(receive(fd).is_none(), "the connection is closed after it");
+}
+
+/// A client that closes with replies still unread leaves the daemon a
+/// reset connection: that is a client leaving, not a protocol error, and
+/// is neither logged nor counted as one.
+#[test]
+fn a_client_leaving_with_replies_unread_is_no_protocol_error() {
+    survives("leaves-unread", |daemon| {
+        for id in 1..=3 {
+            let fd = connect(daemon);
+            hello(&fd);
+            let status = ClientMessage::Status(StatusRequest { id });
+            send(&fd, &encode(&status).unwrap());
+            // The reply is in this socket's queue before it closes.
+            let deadline = Duration::from_secs(10).try_into().expect("timespec");
+            let ready = rustix::event::poll(
+                &mut [rustix::event::PollFd::new(
+                    &fd,
+                    rustix::event::PollFlags::IN,
+                )],
+                Some(&deadline),
+            )
+            .expect("poll");
+            assert_eq!(ready, 1, "no reply within 10 s");
+            drop(fd);
+        }
+        // The daemon reads each reset before the bystander's next request.
+        let client = Client::connect(daemon.socket()).expect("connect");
+        assert!(Command::new(&client, "true").status().unwrap().success());
+        let log = daemon.log();
+        assert!(!log.contains("closing connection"), "{log}");
     });
 }
 

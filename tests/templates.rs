@@ -887,6 +887,28 @@ pub(crate) fn other_uid_client(socket: &Path, handle: u64) {
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
 }
 
+/// Runs [`other_uid_client`] as nobody against `handle`: its lines up to
+/// "done", and the helper, connected until its stdin closes.
+fn nobody_helper(daemon: &crate::util::Daemon, handle: u64) -> (std::process::Child, Vec<String>) {
+    let mut helper = crate::helper::helper(&format!("templates:{handle}"), daemon.socket())
+        .uid(65534)
+        .gid(65534)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the helper as nobody");
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(helper.stdout.take().unwrap()));
+    let mut found = Vec::new();
+    for line in lines {
+        let line = line.expect("the helper's output");
+        if line == "HELPER done" {
+            break;
+        }
+        found.extend(line.strip_prefix("HELPER ").map(str::to_owned));
+    }
+    (helper, found)
+}
+
 #[test]
 fn a_template_is_its_uids_alone() {
     if !crate::util::root_or_skip("a peer of another uid") {
@@ -902,23 +924,7 @@ fn a_template_is_its_uids_alone() {
     let daemon = crate::util::start_daemon_with("tpl-uids", None, &["--socket-mode", "0666"]);
     let fd = connect(daemon.socket());
     let ready = template(&fd, 1, &python, &[], base_env()).expect("root's template");
-    let mut helper =
-        crate::helper::helper(&format!("templates:{}", ready.template), daemon.socket())
-            .uid(65534)
-            .gid(65534)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("run the helper as nobody");
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(helper.stdout.take().unwrap()));
-    let mut found = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.expect("the helper's output");
-        if line == "HELPER done" {
-            break;
-        }
-        found.extend(line.strip_prefix("HELPER ").map(str::to_owned));
-    }
+    let (mut helper, found) = nobody_helper(&daemon, ready.template);
     assert!(
         found.contains(&format!("others validate {}", libc::EPERM)),
         "{found:?}\n{}",
@@ -1110,6 +1116,18 @@ fn a_daemon_run_as_a_user_runs_templates_and_warm_children_as_that_user() {
     let ran = run_warm(&fd, ready.template, request)
         .unwrap_or_else(|failed| panic!("{failed:?}\n{}", daemon.log()));
     assert_eq!(ran.stdout, "65534\n", "{}", ran.stderr);
+    // Root and the daemon's own uid see every peer's templates.
+    let (mut helper, found) = nobody_helper(&daemon, ready.template);
+    assert!(
+        found.contains(&"sees [0, 65534]".to_owned()),
+        "{found:?}\n{}",
+        daemon.log()
+    );
+    let mut uids: Vec<u32> = list(&fd, 20).iter().map(|info| info.uid).collect();
+    uids.sort_unstable();
+    assert_eq!(uids, [0, 65534]);
+    drop(helper.stdin.take());
+    crate::util::wait_within(&mut helper, Duration::from_secs(10), "the helper");
 }
 
 /// A preload that makes the template lie about the children it forks:
