@@ -18,7 +18,8 @@ use zygote_proto::{
     StatusRequest, StdioSpec, UserSpec, decode, encode, recv_frame, send_frame, socket,
 };
 
-use crate::util::{Daemon, start_daemon_with};
+use crate::tools::{free_port, http_get};
+use crate::util::{Daemon, eventually, start_daemon_with};
 
 /// Another client with a child that waits for a line on stdin, then
 /// exits 7: it must outlive whatever the hostile client does.
@@ -532,4 +533,70 @@ fn nonexistent_or_invalid_uid() {
             );
         }
     });
+}
+
+/// Beyond the connection table and the 64 connections being refused at
+/// once, a connection is closed at once without an answer: a flood of
+/// them holds no fd longer than it takes to close it. A refused
+/// connection waits a second for its hello before its answer, so each
+/// round must open its connections within that second; a round that
+/// did not is tried again.
+#[test]
+fn connections_far_over_the_limit_are_closed_unanswered() {
+    let address = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, free_port()));
+    let daemon = crate::util::start_daemon_with(
+        "far-over-the-limit",
+        Some("[limits]\nmax_connections = 2\n"),
+        &["--metrics-listen", &address.to_string()],
+    );
+    let open_now = || {
+        let (_, text) = http_get(address, "/metrics").ok()?;
+        text.lines()
+            .find_map(|line| line.strip_prefix("zygote_connections_open "))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+    };
+    let counted = |count: u64| eventually(Duration::from_millis(500), || open_now() == Some(count));
+    for _round in 0..5 {
+        assert!(counted(0), "connections of an earlier round are still open");
+        let started = std::time::Instant::now();
+        // The table (2) and the 64 refused at once: each still answered.
+        let held: Vec<OwnedFd> = (0..66).map(|_| connect(&daemon)).collect();
+        // None of the 66 is closed unanswered (the 66th counted may be
+        // any of them).
+        if !counted(66) {
+            assert!(
+                started.elapsed() >= Duration::from_millis(900)
+                    || !any_readable_within(&held, Duration::ZERO),
+                "the 66th connection was closed unanswered"
+            );
+            continue;
+        }
+        assert!(
+            !any_readable_within(&held, Duration::from_millis(200)),
+            "the 66th connection was closed unanswered"
+        );
+        let over = connect(&daemon);
+        let closed = any_readable_within(std::slice::from_ref(&over), Duration::from_millis(200));
+        if started.elapsed() >= Duration::from_millis(900) {
+            continue; // the refused ones may have been answered and closed
+        }
+        assert!(closed, "the 67th connection was not closed at once");
+        let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
+        assert!(
+            matches!(recv_frame(over.as_fd(), &mut scratch), Ok(None)),
+            "the 67th connection got an answer"
+        );
+        return;
+    }
+    panic!("five rounds could not open 67 connections within a second");
+}
+
+/// Whether any of `fds` has something to read (or its end) within `wait`.
+fn any_readable_within(fds: &[OwnedFd], wait: Duration) -> bool {
+    let wait = wait.try_into().expect("timespec");
+    let mut poll: Vec<_> = fds
+        .iter()
+        .map(|fd| rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN))
+        .collect();
+    rustix::event::poll(&mut poll, Some(&wait)).expect("poll") > 0
 }
