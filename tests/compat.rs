@@ -763,3 +763,39 @@ fn rust_client_refuses_a_sandbox_the_daemon_does_not_offer() {
         );
     });
 }
+
+/// Each version's `HelloAck` lists the features its layouts can carry: a
+/// sandbox from version 3, templates from version 4.
+#[test]
+fn each_version_is_offered_the_features_its_layouts_carry() {
+    let daemon = start_daemon("compat-features-per-version");
+    for (version, sandbox, templates) in [(3, true, false), (4, true, true)] {
+        let fd = socket::connect_to(daemon.socket(), false).expect("connect");
+        rustix::net::sockopt::set_socket_timeout(
+            &fd,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(REPLY_DEADLINE),
+        )
+        .expect("SO_RCVTIMEO");
+        let hello = ClientMessage::Hello(Hello {
+            protocol_version: version,
+            client: "compat-test".into(),
+        });
+        send_frame(fd.as_fd(), &encode(&hello).expect("encode"), &[]).expect("send");
+        let mut buffer = vec![0; RECV_BUFFER_BYTES];
+        let frame = recv_frame(fd.as_fd(), &mut buffer)
+            .expect("receive")
+            .expect("a HelloAck");
+        let Ok(ServerMessage::HelloAck(ack)) = decode(&frame.bytes) else {
+            panic!("expected a HelloAck to version {version}");
+        };
+        assert_eq!(ack.protocol_version, version);
+        let lists = |name: &str| ack.features.iter().any(|listed| listed == name);
+        assert_eq!(
+            (lists("sandbox"), lists("templates")),
+            (sandbox, templates),
+            "version {version}: {:?}",
+            ack.features
+        );
+    }
+}
