@@ -76,7 +76,11 @@ fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
         Some(&full_profile(path)),
         &["--socket-mode", "0666"],
     );
+    // /dev/null must work first: a redirection to it that failed would
+    // skip each probe below and hide an escape.
     let script = "\
+        echo probe >/dev/null && echo dev-null-writable; \
+        echo urandom $(head -c 16 /dev/urandom | wc -c) zero $(head -c 4 /dev/zero | wc -c); \
         cat /etc/shadow >/dev/null 2>&1 && echo ESCAPE-shadow; \
         ls /root >/dev/null 2>&1 && echo ESCAPE-root; \
         ls /home >/dev/null 2>&1 && echo ESCAPE-home; \
@@ -107,6 +111,8 @@ fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
         assert!(text.contains(denied), "{denied}: {text}");
     }
     assert!(text.contains("wrote-inside"), "{text}");
+    assert!(text.contains("dev-null-writable"), "{text}");
+    assert!(text.contains("urandom 16 zero 4"), "{text}");
     assert!(work.path().join("inside").exists());
     // The init, the shell, its subshell, ls and grep: only the child's own
     // tree (the host has hundreds).
@@ -664,7 +670,11 @@ fn a_rootless_daemon_confines_children_in_a_user_namespace() {
         Some(&full_profile(path)),
         &[],
     );
+    // /dev/null must work first: a redirection to it that failed would
+    // skip each probe below and hide an escape.
     let script = "\
+        echo probe >/dev/null && echo dev-null-writable; \
+        echo urandom $(head -c 16 /dev/urandom | wc -c) zero $(head -c 4 /dev/zero | wc -c); \
         cat /etc/shadow >/dev/null 2>&1 && echo ESCAPE-shadow; \
         touch /usr/escape 2>/dev/null && echo ESCAPE-usr; \
         touch inside && echo wrote-inside; \

@@ -106,7 +106,7 @@ fn detach_sources(
     for ((index, mount), slot) in mounts.iter().enumerate().zip(trees.iter_mut()) {
         if matches!(mount.kind, MountKind::ReadOnlyBind | MountKind::Bind) {
             let source = open_as_peer(&mount.source, peer, index)?;
-            let tree = clone_tree(source, mount.kind, index);
+            let tree = clone_tree(source, bind_attributes(mount.kind), index);
             close(source);
             *slot = tree?;
         }
@@ -177,18 +177,25 @@ fn open_as_peer(path: &CStr, peer: &Peer<'_>, index: usize) -> Result<c_int, Fai
     failed.map_or(Ok(fd), Err)
 }
 
-/// A detached copy of the tree at `source`, with its attributes set.
-fn clone_tree(source: c_int, kind: MountKind, index: usize) -> Result<c_int, Failed> {
+/// The attributes of a bind of `kind`: never suid or device files, and
+/// read-only when asked.
+fn bind_attributes(kind: MountKind) -> u64 {
+    let set = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+    if kind == MountKind::ReadOnlyBind {
+        set | libc::MOUNT_ATTR_RDONLY
+    } else {
+        set
+    }
+}
+
+/// A detached copy of the tree at `source`, with the attributes `set`.
+fn clone_tree(source: c_int, set: u64, index: usize) -> Result<c_int, Failed> {
     let flags = libc::OPEN_TREE_CLONE
         | libc::OPEN_TREE_CLOEXEC
         | (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as c_uint;
     // SAFETY: an fd and an empty NUL-terminated path.
     let tree = unsafe { libc::syscall(libc::SYS_open_tree, source, c"".as_ptr(), flags) };
     let tree = check(tree, Step::Mount, Some(index))? as c_int;
-    let mut set = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
-    if kind == MountKind::ReadOnlyBind {
-        set |= libc::MOUNT_ATTR_RDONLY;
-    }
     let attr = libc::mount_attr {
         attr_set: set,
         attr_clr: 0,
@@ -371,7 +378,13 @@ fn make_dev(root: c_int) -> Result<(), Failed> {
         if node < 0 {
             continue; // a host without it gives none
         }
-        let tree = clone_tree(node, MountKind::Bind, index);
+        // A device node's bind must allow devices: `nodev` would refuse
+        // every open of it.
+        let tree = clone_tree(
+            node,
+            libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC,
+            index,
+        );
         close(node);
         let tree = tree.map_err(|_| dev_failed())?;
         let mut inside = [0u8; 32];
