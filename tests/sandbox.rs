@@ -650,10 +650,11 @@ mod wire {
             other => panic!("{other:?}"),
         }
         // Nothing of the refused, failed or finished sandboxes stays open
-        // but the one empty network namespace, kept for the next, and
-        // root's spawner process (its socket and pidfd).
+        // but the one empty network namespace and the one template of
+        // `/dev`, kept for the next, and root's spawner process (its
+        // socket and pidfd).
         drop(fd);
-        assert_eq!(daemon.settled_fd_count(), fds_before + 1 + 2);
+        assert_eq!(daemon.settled_fd_count(), fds_before + 2 + 2);
     }
 }
 
@@ -685,6 +686,8 @@ fn a_rootless_daemon_confines_children_in_a_user_namespace() {
     assert_eq!(output.status.code(), Some(4), "{text} {output:?}");
     assert!(!text.contains("ESCAPE"), "{text}");
     assert!(text.contains("wrote-inside"), "{text}");
+    assert!(text.contains("dev-null-writable"), "{text}");
+    assert!(text.contains("urandom 16 zero 4"), "{text}");
     // The daemon's uid, mapped to itself; the sandbox's hostname and pids.
     assert!(text.contains("host box id 65534"), "{text}");
     assert!(text.contains("NoNewPrivs:\t1"), "{text}");
@@ -716,8 +719,12 @@ fn an_imposed_profile_survives_a_live_upgrade() {
 
 #[test]
 fn zygote_run_sandbox_flags_confine_the_command() {
+    // /dev is read-only, even to a root peer (a template's clone, its
+    // tmpfs shared by every sandbox).
     const SCRIPT: &str = "echo $$ $(hostname) $(ls / | tr '\\n' ' '); touch made; \
-                          unshare -U true 2>/dev/null || echo denied";
+                          unshare -U true 2>/dev/null || echo denied; \
+                          touch /dev/made 2>/dev/null || echo dev-read-only; \
+                          echo x >/dev/null && echo dev-null-writable";
     if !root_or_skip("a root daemon with namespaces") {
         return;
     }
@@ -758,6 +765,8 @@ fn zygote_run_sandbox_flags_confine_the_command() {
         "{text}"
     );
     assert!(text.contains("denied"), "{text}");
+    assert!(text.contains("dev-read-only"), "{text}");
+    assert!(text.contains("dev-null-writable"), "{text}");
     assert!(work.path().join("made").exists());
     // A missing bind source: refused, naming it, the command not run.
     let output = Command::new(zygote_bin())

@@ -68,8 +68,8 @@ pub use wrapper::{die_by, stop_self_by};
 pub use sandbox::libseccomp;
 pub use sandbox::{
     LandlockPlan, MAX_MOUNTS, Mount, MountKind, SANDBOX_STAGE, SandboxFailure, SandboxPlan,
-    SeccompProgram, Step as SandboxStep, empty_network_namespace, install_seccomp_filter,
-    landlock_abi, user_namespaces_work,
+    SeccompProgram, Step as SandboxStep, dev_template, empty_network_namespace,
+    install_seccomp_filter, landlock_abi, user_namespaces_work,
 };
 
 pub use fork::{

@@ -1007,6 +1007,14 @@ fn system_binds() -> Vec<super::Mount> {
         .collect()
 }
 
+/// The daemon's `/dev` template, made once for the measurement.
+fn dev_template() -> std::sync::Arc<OwnedFd> {
+    static TEMPLATE: std::sync::OnceLock<std::sync::Arc<OwnedFd>> = std::sync::OnceLock::new();
+    std::sync::Arc::clone(
+        TEMPLATE.get_or_init(|| std::sync::Arc::new(super::dev_template().expect("/dev template"))),
+    )
+}
+
 /// A sandbox plan made from the shared network namespace.
 type SandboxFor = fn(&std::sync::Arc<OwnedFd>) -> Option<super::SandboxPlan>;
 
@@ -1020,7 +1028,7 @@ type SandboxFor = fn(&std::sync::Arc<OwnedFd>) -> Option<super::SandboxPlan>;
 fn measure_sandbox_namespaces() {
     const RUNS: usize = 300;
     let shared_netns = std::sync::Arc::new(super::empty_network_namespace().unwrap());
-    let variants: [(&str, SandboxFor); 10] = [
+    let variants: [(&str, SandboxFor); 11] = [
         ("fork path, no sandbox", |_| None),
         ("setns into the shared empty netns", |netns| {
             Some(super::SandboxPlan {
@@ -1091,10 +1099,18 @@ fn measure_sandbox_namespaces() {
                 ..super::SandboxPlan::default()
             })
         }),
-        ("a new root: system binds, /dev", |_| {
+        ("a new root: system binds, /dev built", |_| {
             Some(super::SandboxPlan {
                 clone_flags: libc::CLONE_NEWNS,
                 filesystem: Some(system_binds()),
+                ..super::SandboxPlan::default()
+            })
+        }),
+        ("a new root: system binds, /dev cloned", |_| {
+            Some(super::SandboxPlan {
+                clone_flags: libc::CLONE_NEWNS,
+                filesystem: Some(system_binds()),
+                dev_template: Some(dev_template()),
                 ..super::SandboxPlan::default()
             })
         }),
@@ -1106,6 +1122,7 @@ fn measure_sandbox_namespaces() {
                     | libc::CLONE_NEWUTS,
                 netns: Some(std::sync::Arc::clone(netns)),
                 filesystem: Some(system_binds()),
+                dev_template: Some(dev_template()),
                 clear_bounding_set: true,
                 seccomp: vec![tree_filter()],
                 ..super::SandboxPlan::default()

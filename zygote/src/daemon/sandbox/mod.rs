@@ -93,6 +93,7 @@ pub struct Sandboxes {
     /// namespace of their own, mapping the daemon's ids to themselves.
     pub rootless: Option<(u32, u32)>,
     netns: OnceLock<Result<Arc<OwnedFd>, String>>,
+    dev_template: OnceLock<Option<Arc<OwnedFd>>>,
 }
 
 impl Sandboxes {
@@ -102,7 +103,23 @@ impl Sandboxes {
             profiles,
             rootless: (uid != 0).then_some((uid, gid)),
             netns: OnceLock::new(),
+            dev_template: OnceLock::new(),
         }
+    }
+
+    /// The `/dev` a root daemon's sandboxes clone, made on first use;
+    /// `None` where it cannot be made (each child then builds its own,
+    /// the same `/dev`, at more cost).
+    fn dev_template(&self) -> Option<Arc<OwnedFd>> {
+        self.dev_template
+            .get_or_init(|| match crate::spawn::dev_template() {
+                Ok(dev) => Some(Arc::new(dev)),
+                Err(error) => {
+                    tracing::info!(%error, "sandboxes build their /dev one by one: no template of it");
+                    None
+                }
+            })
+            .clone()
     }
 
     fn empty_netns(&self) -> Result<Arc<OwnedFd>, Refusal> {
@@ -216,6 +233,9 @@ impl Sandboxes {
                 plan.map_ids = Some(ids);
                 applied.namespaces.push("user".into());
             }
+        }
+        if plan.filesystem.is_some() && self.rootless.is_none() {
+            plan.dev_template = self.dev_template();
         }
         plan.clear_bounding_set = self.rootless.is_none() || plan.map_ids.is_some();
         self.add_filters(layers, &mut plan, &mut applied)?;

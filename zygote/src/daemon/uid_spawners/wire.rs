@@ -43,11 +43,13 @@ struct PlanOut<'a> {
 }
 
 /// A [`SandboxPlan`] as the daemon sends it; its fds (the network
-/// namespace, then one per Landlock ruleset) travel after the cgroup's.
+/// namespace, the `/dev` template, then one per Landlock ruleset) travel
+/// after the cgroup's.
 #[derive(Serialize)]
 struct SandboxOut<'a> {
     clone_flags: i32,
     netns: bool,
+    dev_template: bool,
     hostname: Option<&'a [u8]>,
     filesystem: Option<Vec<(u8, &'a CStr, &'a CStr)>>,
     seccomp: Vec<(&'a str, Vec<Instruction>)>,
@@ -63,6 +65,7 @@ type Instruction = (u16, u8, u8, u32);
 struct SandboxIn {
     clone_flags: i32,
     netns: bool,
+    dev_template: bool,
     hostname: Option<Vec<u8>>,
     filesystem: Option<Vec<(u8, CString, CString)>>,
     seccomp: Vec<(String, Vec<Instruction>)>,
@@ -126,6 +129,7 @@ pub(super) fn encode_plan(
     fds.extend(plan.cgroup.as_ref().map(AsFd::as_fd));
     if let Some(sandbox) = &plan.sandbox {
         fds.extend(sandbox.netns.iter().map(|netns| netns.as_fd()));
+        fds.extend(sandbox.dev_template.iter().map(|dev| dev.as_fd()));
         fds.extend(
             sandbox
                 .landlock
@@ -171,6 +175,7 @@ fn encode_sandbox(plan: &SandboxPlan, seccomp_inherited: bool) -> SandboxOut<'_>
     SandboxOut {
         clone_flags: plan.clone_flags,
         netns: plan.netns.is_some(),
+        dev_template: plan.dev_template.is_some(),
         hostname: plan.hostname.as_deref(),
         filesystem: plan.filesystem.as_ref().map(|mounts| {
             mounts
@@ -231,6 +236,11 @@ fn decode_sandbox(
     } else {
         None
     };
+    let dev_template = if sandbox.dev_template {
+        Some(Arc::new(fds.next()?))
+    } else {
+        None
+    };
     let filesystem = match sandbox.filesystem {
         Some(mounts) => Some(
             mounts
@@ -271,6 +281,7 @@ fn decode_sandbox(
     let plan = SandboxPlan {
         clone_flags: sandbox.clone_flags,
         netns,
+        dev_template,
         hostname: sandbox.hostname,
         filesystem,
         seccomp,
@@ -287,7 +298,7 @@ fn decode_sandbox(
 pub(super) fn decode_plan(bytes: &[u8], fds: Vec<OwnedFd>) -> Option<SpawnPlan> {
     let plan: PlanIn = zygote_proto::decode(bytes).ok()?;
     let sandbox_fds = plan.sandbox.as_ref().map_or(0, |sandbox| {
-        usize::from(sandbox.netns) + sandbox.landlock.len()
+        usize::from(sandbox.netns) + usize::from(sandbox.dev_template) + sandbox.landlock.len()
     });
     if fds.len() != plan.targets.len() + usize::from(plan.cgroup) + sandbox_fds {
         return None;
@@ -441,6 +452,7 @@ mod tests {
         plan.sandbox = Some(SandboxPlan {
             clone_flags: libc::CLONE_NEWNS | libc::CLONE_NEWIPC,
             netns: Some(Arc::new(null())),
+            dev_template: Some(Arc::new(null())),
             hostname: Some(b"box".to_vec()),
             filesystem: Some(vec![
                 Mount {
@@ -468,7 +480,11 @@ mod tests {
             clear_bounding_set: true,
         });
         let (bytes, fds) = encode_plan(&plan, false).expect("encodes");
-        assert_eq!(fds.len(), 7, "four mapped, the cgroup, netns, ruleset");
+        assert_eq!(
+            fds.len(),
+            8,
+            "four mapped, the cgroup, netns, /dev, ruleset"
+        );
         let owned: Vec<OwnedFd> = fds
             .iter()
             .map(|fd| fd.try_clone_to_owned().expect("dup"))
@@ -479,6 +495,7 @@ mod tests {
         let sandbox = back.sandbox.expect("a sandbox");
         assert_eq!(sandbox.clone_flags, libc::CLONE_NEWNS | libc::CLONE_NEWIPC);
         assert!(sandbox.netns.is_some());
+        assert!(sandbox.dev_template.is_some());
         assert_eq!(sandbox.hostname.as_deref(), Some(&b"box"[..]));
         let mounts = sandbox.filesystem.expect("mounts");
         let mounts: Vec<_> = mounts

@@ -35,6 +35,7 @@ pub mod libseccomp;
 use filters::drop_capabilities;
 use filters::{clear_capability_sets, enforce_landlock, install_seccomp};
 
+pub use fs::dev_template;
 pub(in crate::spawn) use init::{expect_init_report, run_init, take_init_report};
 
 /// The stage a failed sandbox step reports; the step says which.
@@ -53,6 +54,9 @@ pub struct SandboxPlan {
     pub clone_flags: c_int,
     /// A network namespace to join with `setns`: the daemon's empty one.
     pub netns: Option<Arc<OwnedFd>>,
+    /// The daemon's read-only `/dev` ([`dev_template`]) for a filesystem
+    /// to clone; `None`: the child builds its own.
+    pub dev_template: Option<Arc<OwnedFd>>,
     /// The hostname inside (needs a new uts namespace).
     pub hostname: Option<Vec<u8>>,
     /// The filesystem view: a new root; `None`: the host's.
@@ -292,16 +296,18 @@ pub(super) struct Peer<'a> {
 
 /// Copies of the plan's fds above every target of the child (`floor`),
 /// which the child's closing of other fds leaves open: the network
-/// namespace (or -1's place taken by nothing: the list starts with it
-/// only when there is one), then each Landlock ruleset.
+/// namespace and the `/dev` template, each only when there is one, then
+/// each Landlock ruleset.
 ///
 /// # Errors
 ///
 /// When an fd cannot be duplicated.
 pub(super) fn copy_fds(plan: &SandboxPlan, floor: RawFd) -> rustix::io::Result<Vec<OwnedFd>> {
     let netns = plan.netns.iter().map(|fd| &**fd);
+    let dev = plan.dev_template.iter().map(|fd| &**fd);
     let rulesets = plan.landlock.iter().map(|landlock| &landlock.ruleset);
     netns
+        .chain(dev)
         .chain(rulesets)
         .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, floor))
         .collect()
@@ -325,7 +331,12 @@ pub(super) fn before_credentials(plan: &SandboxPlan, peer: &Peer<'_>) -> Result<
         check(ret.into(), Step::Hostname, None)?;
     }
     if let Some(mounts) = &plan.filesystem {
-        fs::build_root(mounts, peer, plan.clone_flags & libc::CLONE_NEWPID != 0)?;
+        let dev_template = plan
+            .dev_template
+            .as_ref()
+            .and_then(|_| peer.fds.get(usize::from(plan.netns.is_some())).copied());
+        let new_pid_ns = plan.clone_flags & libc::CLONE_NEWPID != 0;
+        fs::build_root(mounts, peer, dev_template, new_pid_ns)?;
     } else if plan.fresh_proc {
         fs::remount_proc()?;
     }
@@ -341,7 +352,9 @@ pub(super) fn before_exec(plan: &SandboxPlan, fds: &[RawFd]) -> Result<(), Faile
     let ret = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     check(ret.into(), Step::NoNewPrivs, None)?;
     drop_capabilities()?;
-    let rulesets = fds.iter().skip(usize::from(plan.netns.is_some()));
+    let rulesets = fds
+        .iter()
+        .skip(usize::from(plan.netns.is_some()) + usize::from(plan.dev_template.is_some()));
     for (landlock, ruleset) in plan.landlock.iter().zip(rulesets) {
         enforce_landlock(landlock, *ruleset)?;
     }
