@@ -75,6 +75,9 @@ pub(super) struct ChildArgs<'a> {
     /// With a new pid namespace: where its init reports the program's
     /// exit (see [`sandbox::run_init`]).
     pub(super) init_report: Option<RawFd>,
+    /// How the init starts its program without copying its memory (the
+    /// parent side's, passed in: this module calls nothing of it).
+    pub(super) start_program: Option<StartProgram>,
     /// The sandbox's fds as the child sees them (see
     /// [`sandbox::copy_fds`]).
     pub(super) sandbox_fds: &'a [RawFd],
@@ -223,6 +226,16 @@ impl Failure {
 /// A failed step: its stage and errno.
 type Failed = (SpawnStage, c_int);
 
+/// Starts `entry(arg)` in a child that shares the caller's memory while
+/// the caller waits (vfork), on a stack of its own; returns its pid.
+///
+/// # Safety
+///
+/// `entry` must be async-signal-safe and never return; `arg` must stay
+/// valid for it.
+pub(super) type StartProgram =
+    unsafe fn(extern "C" fn(*mut c_void) -> c_int, *mut c_void) -> Result<libc::pid_t, c_int>;
+
 /// The child's entry point, called by `clone` on the mmap'd stack.
 ///
 /// Never returns: it execs, or reports the failure and exits with 127.
@@ -232,7 +245,34 @@ pub(super) extern "C" fn child_main(arg: *mut c_void) -> c_int {
     // valid and nobody else reads or writes it meanwhile. On the fork path
     // (`clone::fork_child`) it points into our own copy of the memory.
     let args = unsafe { &*arg.cast::<ChildArgs<'_>>() };
-    let (stage, errno) = setup_and_exec(args);
+    report_and_exit(args, setup_and_exec(args))
+}
+
+/// The program under a pid namespace's init, which starts it sharing its
+/// memory ([`StartProgram`]): copying the init's memory, a copy of the
+/// daemon's, for a child that execs at once cost more than the
+/// namespaces. Runs the steps after the init's, then execs.
+///
+/// Never returns: it execs, or reports the failure and exits with 127.
+extern "C" fn program_main(arg: *mut c_void) -> c_int {
+    // SAFETY: the init passes its own live `ChildArgs` and waits, suspended,
+    // until this child has exec'd or exited.
+    let args = unsafe { &*arg.cast::<ChildArgs<'_>>() };
+    sandbox::leave_init();
+    if let Some(report) = args.init_report {
+        // SAFETY: our copy of the init's report pipe, which only the init
+        // writes.
+        unsafe { libc::close(report) };
+    }
+    let failed = match after_init(args) {
+        Ok(()) => exec(args),
+        Err(failed) => failed,
+    };
+    report_and_exit(args, failed)
+}
+
+/// Records and reports the step that failed, then exits with 127.
+fn report_and_exit(args: &ChildArgs<'_>, (stage, errno): Failed) -> ! {
     args.failure.errno.set(errno);
     args.failure.stage.set(Some(stage));
     if let Some(fd) = args.report {
@@ -321,9 +361,22 @@ fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
     }
 
     if let Some(report) = args.init_report {
-        sandboxed(args, sandbox::run_init(report, args.report))?;
+        let arg = ptr::from_ref(args).cast_mut().cast::<c_void>();
+        let start = args.start_program.map(|start| {
+            move || {
+                // SAFETY: `program_main` is async-signal-safe and never
+                // returns; `args` outlives the init, which never returns.
+                unsafe { start(program_main, arg) }
+            }
+        });
+        sandboxed(args, sandbox::run_init(report, args.report, start))?;
     }
+    after_init(args)
+}
 
+/// The steps after a pid namespace's init (if any): as the peer, last
+/// before exec.
+fn after_init(args: &ChildArgs<'_>) -> Result<(), Failed> {
     if let Some(cwd) = args.cwd {
         // SAFETY: `cwd` is a NUL-terminated string owned by the plan.
         check(unsafe { libc::chdir(cwd.as_ptr()) }, SpawnStage::Chdir)?;

@@ -420,6 +420,36 @@ pub(super) fn fork_child(
     unsafe { clone_with(child::child_main, arg, Sharing::Fork(namespaces)) }
 }
 
+/// Starts the program under a pid namespace's init (see
+/// [`child::StartProgram`]): `clone(CLONE_VM | CLONE_VFORK)` on a fresh
+/// stack, unmapped once the child has exec'd or exited. No pidfd: the
+/// init waits with `waitid`, and logs nothing (it is a copy of the
+/// daemon, whose other threads' locks stay held in it).
+///
+/// # Safety
+///
+/// As [`child::StartProgram`].
+pub(super) unsafe fn vfork_program(
+    entry: extern "C" fn(*mut c_void) -> c_int,
+    arg: *mut c_void,
+) -> Result<libc::pid_t, c_int> {
+    let stack = Stack::new().map_err(|error| errno_of(&error))?;
+    // SAFETY: forwarded from our caller; the stack is ours and unused, and
+    // outlives the child's use of it (this thread waits until its exec).
+    let pid = unsafe {
+        libc::clone(
+            entry,
+            stack.top(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            arg,
+        )
+    };
+    if pid < 0 {
+        return Err(last_errno());
+    }
+    Ok(pid)
+}
+
 /// How the child relates to our memory.
 #[derive(Clone, Copy)]
 enum Sharing {

@@ -418,6 +418,9 @@ fn start_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<StartedChild, S
     let mut args = prepared.child_args(signals, &failure);
     args.report = Some(write.as_raw_fd());
     args.init_report = init_write.as_ref().map(AsRawFd::as_raw_fd);
+    if args.init_report.is_some() {
+        args.start_program = Some(clone::vfork_program);
+    }
     args.sandbox_fds = &sandbox_raw;
     // Forked children join their cgroup themselves, first thing, while
     // they still have the daemon's ids (clone3's placement is used on the
@@ -1082,6 +1085,7 @@ impl<'a> Prepared<'a> {
             report: None,
             sandbox: plan.sandbox.as_ref(),
             init_report: None,
+            start_program: None,
             sandbox_fds: &[],
         }
     }

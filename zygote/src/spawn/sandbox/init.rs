@@ -53,40 +53,82 @@ pub(in crate::spawn) fn take_init_report(pid: i32) -> Option<ExitStatus> {
 
 /// In a new pid namespace this child is its init (pid 1): a program run
 /// as pid 1 would ignore every signal it has no handler for (`SIGTERM`
-/// sent through its pidfd would do nothing). So the child forks the
+/// sent through its pidfd would do nothing). So the child starts the
 /// program, and stays as a minimal init: it forwards every signal it
 /// gets to the program, reaps orphans, and when the program ends writes
 /// its exact exit (code or signal) to `report` and exits with its code
 /// (or 128 + signal), which the daemon replaces by the report.
 ///
-/// Returns in the program's process; never in the init's.
-pub(in crate::spawn) fn run_init(report: RawFd, status_pipe: Option<RawFd>) -> Result<(), Failed> {
-    // Every signal blocked before the fork, so that none meant for the
-    // init is lost (pid 1 drops those it has no handler for), and the
-    // program's SIGCHLD waits for the init's sigwaitinfo even when the
+/// The program is started by `start` (sharing the init's memory until it
+/// execs, on a stack of its own; it calls [`leave_init`] first), and the
+/// init never returns. Where `start` is missing or fails with `ENOSYS`,
+/// the init forks it instead, and returns in the program's process.
+pub(in crate::spawn) fn run_init(
+    report: RawFd,
+    status_pipe: Option<RawFd>,
+    start: Option<impl FnOnce() -> Result<libc::pid_t, c_int>>,
+) -> Result<(), Failed> {
+    // Every signal blocked before the program starts, so that none meant
+    // for the init is lost (pid 1 drops those it has no handler for), and
+    // the program's SIGCHLD waits for the init's sigwaitinfo even when the
     // program ends at once.
-    let (all, empty) = signal_sets();
+    let (all, _) = signal_sets();
     // SAFETY: valid pointers to our own sets; this process is single-threaded.
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, &raw const all, ptr::null_mut()) };
-    // SAFETY: a raw fork (no CLONE_VM): glibc's fork would take locks that
-    // other daemon threads may have held when this child was copied.
-    let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as c_long, 0, 0, 0, 0) };
-    let program = check(pid, Step::Init, None);
-    if !matches!(program, Ok(pid) if pid > 0) {
-        // The program (or a failed fork): exec keeps the mask, so clear it.
-        // SAFETY: as above.
-        unsafe { libc::sigprocmask(libc::SIG_SETMASK, &raw const empty, ptr::null_mut()) };
-    }
-    let program = program? as libc::pid_t;
-    if program == 0 {
-        close(report);
-        return Ok(());
-    }
+    let started = match start.map(|start| start()) {
+        Some(Err(libc::ENOSYS)) | None => None,
+        Some(started) => Some(started),
+    };
+    let program = match started {
+        Some(Ok(pid)) => pid,
+        Some(Err(errno)) => {
+            leave_init();
+            return Err(fail_with(errno));
+        }
+        None => {
+            // SAFETY: a raw fork (no CLONE_VM): glibc's fork would take
+            // locks that other daemon threads may have held when this child
+            // was copied.
+            let pid =
+                unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as c_long, 0, 0, 0, 0) };
+            let program = check(pid, Step::Init, None);
+            if !matches!(program, Ok(pid) if pid > 0) {
+                // The program (or a failed fork).
+                leave_init();
+            }
+            let program = program? as libc::pid_t;
+            if program == 0 {
+                close(report);
+                return Ok(());
+            }
+            program
+        }
+    };
     // The program's exec closes the last copy of the status pipe.
     if let Some(fd) = status_pipe {
         close(fd);
     }
     init_loop(program, report)
+}
+
+/// Unblocks every signal the init blocked: in its program (exec keeps
+/// the mask), or in an init that failed to start it.
+pub(in crate::spawn) fn leave_init() {
+    let (_, empty) = signal_sets();
+    // SAFETY: a valid pointer to our own set; this process is single-threaded.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &raw const empty, ptr::null_mut()) };
+}
+
+/// A failure of the init's step with `errno`.
+fn fail_with(errno: c_int) -> Failed {
+    (
+        super::SANDBOX_STAGE,
+        errno,
+        Some(super::SandboxFailure {
+            step: Step::Init,
+            item: None,
+        }),
+    )
 }
 
 /// Every signal, and none.

@@ -36,7 +36,7 @@ use filters::drop_capabilities;
 use filters::{clear_capability_sets, enforce_landlock, install_seccomp};
 
 pub use fs::dev_template;
-pub(in crate::spawn) use init::{expect_init_report, run_init, take_init_report};
+pub(in crate::spawn) use init::{expect_init_report, leave_init, run_init, take_init_report};
 
 /// The stage a failed sandbox step reports; the step says which.
 pub const SANDBOX_STAGE: SpawnStage = SpawnStage::Sandbox;
