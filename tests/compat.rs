@@ -797,5 +797,20 @@ fn each_version_is_offered_the_features_its_layouts_carry() {
             "version {version}: {:?}",
             ack.features
         );
+        // A template message is answered from version 4 on, and ends an
+        // older connection.
+        let list = ClientMessage::ListTemplates(zygote_proto::TemplateListRequest { id: 1 });
+        send_frame(fd.as_fd(), &encode(&list).expect("encode"), &[]).expect("send");
+        let frame = recv_frame(fd.as_fd(), &mut buffer)
+            .expect("receive")
+            .expect("a reply");
+        match decode(&frame.bytes) {
+            Ok(ServerMessage::Templates(_)) if templates => {}
+            Ok(ServerMessage::ProtocolError(error)) if !templates => {
+                assert_eq!(error.kind, ProtocolErrorKind::UnexpectedMessage);
+                assert!(error.message.contains("version 4"), "{}", error.message);
+            }
+            other => panic!("version {version}: ListTemplates got {other:?}"),
+        }
     }
 }
