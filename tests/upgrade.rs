@@ -1043,6 +1043,31 @@ fn only_root_or_the_daemons_uid_may_upgrade() {
     });
 }
 
+/// A daemon run as a user may be upgraded by that user, and by root.
+#[test]
+fn a_daemon_run_as_a_user_is_upgraded_by_that_user_or_root() {
+    use std::os::unix::process::CommandExt;
+    if !crate::util::root_or_skip("a daemon of another uid") {
+        return;
+    }
+    let daemon = crate::util::start_daemon_as("upgrade-user-daemon", Some(65534), None, &[]);
+    for uid in [65534, 0] {
+        let output = StdCommand::new(zygote_bin())
+            .args(["upgrade", "--socket"])
+            .arg(daemon.socket())
+            .uid(uid)
+            .gid(uid)
+            .output()
+            .expect("zygote upgrade");
+        let error = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "uid {uid} could not upgrade a daemon of uid 65534: {error}\n{}",
+            daemon.log()
+        );
+    }
+}
+
 #[test]
 fn an_exit_waiting_for_its_tree_is_carried_over() {
     let Some(cgroup) = TestCgroup::new("upgrade-tree") else {
