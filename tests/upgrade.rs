@@ -1595,6 +1595,61 @@ fn a_running_childs_id_stays_taken_across_an_upgrade() {
     }
 }
 
+/// A connection that has not said hello yet is carried across an
+/// upgrade once, also after an upgrade that was abandoned (its place on
+/// the list of parked sockets is given back).
+#[test]
+fn a_connection_before_its_hello_is_carried_once_after_an_abandoned_upgrade() {
+    use crate::deferred::{receive, send};
+    use zygote_proto::{ClientMessage, Hello, PROTOCOL_VERSION, ServerMessage, SpawnRequest};
+
+    let installed = Installed::new("a");
+    let daemon = start("upgrade-parked", &installed, &[]);
+    let silent = || {
+        let fd = zygote_proto::socket::connect_to(daemon.socket(), false).expect("connect");
+        rustix::net::sockopt::set_socket_timeout(
+            &fd,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(Duration::from_secs(10)),
+        )
+        .expect("SO_RCVTIMEO");
+        fd
+    };
+    // One: with several, a drop that removed the others' places instead
+    // of its own would leave the list empty, and right, by chance.
+    let connections = [silent()];
+    // A binary that refuses the state: the upgrade is abandoned.
+    let next = installed.dir.path().join("zygote.next");
+    std::fs::copy("/bin/false", &next).expect("copy /bin/false");
+    std::fs::rename(&next, installed.path()).expect("install /bin/false");
+    let (ok, text) = upgrade(&daemon);
+    assert!(!ok, "an upgrade to /bin/false: {text}");
+    installed.install("b");
+    let (ok, text) = upgrade(&daemon);
+    assert!(ok && text.contains(&version("b")), "{text}");
+    for (id, fd) in (1..).zip(&connections) {
+        send(
+            fd,
+            &ClientMessage::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION,
+                client: "parked test".into(),
+            }),
+        );
+        match receive(fd) {
+            (ServerMessage::HelloAck(_), _) => {}
+            (other, _) => panic!("expected HelloAck, got {other:?}; log:\n{}", daemon.log()),
+        }
+        send(
+            fd,
+            &ClientMessage::Spawn(SpawnRequest::new(id, b"/bin/true".to_vec())),
+        );
+        match receive(fd) {
+            (ServerMessage::Spawned(spawned), _) => assert_eq!(spawned.id, id),
+            (other, _) => panic!("spawn {id}: {other:?}; log:\n{}", daemon.log()),
+        }
+    }
+}
+
 /// A SIGTERM that comes the moment the new image has been exec'd, before
 /// it has a runtime or handlers, is held across the exec and stops the
 /// new image gracefully: exit status 0, the socket removed.
