@@ -2,7 +2,7 @@
 //! tmpfs root built from the mounts, a minimal `/dev`, a fresh `/proc`,
 //! then `pivot_root`. Async-signal-safe, as the rest of the child's code.
 
-use std::ffi::{CStr, c_int, c_uint, c_void};
+use std::ffi::{CStr, c_int, c_long, c_uint, c_void};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
 
@@ -201,24 +201,7 @@ fn clone_tree(source: c_int, set: u64, index: usize) -> Result<c_int, Failed> {
     if set == 0 {
         return Ok(tree);
     }
-    let attr = libc::mount_attr {
-        attr_set: set,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    // SAFETY: the kernel reads a valid mount_attr of the given size.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree,
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
-            &raw const attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        )
-    };
-    if ret < 0 {
+    if set_attributes(tree, set) < 0 {
         let failed = fail(Step::Mount, Some(index));
         close(tree);
         return Err(failed);
@@ -414,14 +397,24 @@ pub fn dev_template() -> std::io::Result<OwnedFd> {
 
 /// Makes the mount tree at `tree` read-only.
 fn read_only(tree: c_int) -> Result<(), Failed> {
+    check(
+        set_attributes(tree, libc::MOUNT_ATTR_RDONLY),
+        Step::Dev,
+        None,
+    )
+    .map(drop)
+}
+
+/// `mount_setattr` setting `set` on the whole tree at `tree`; its return.
+fn set_attributes(tree: c_int, set: u64) -> c_long {
     let attr = libc::mount_attr {
-        attr_set: libc::MOUNT_ATTR_RDONLY,
+        attr_set: set,
         attr_clr: 0,
         propagation: 0,
         userns_fd: 0,
     };
     // SAFETY: the kernel reads a valid mount_attr of the given size.
-    let ret = unsafe {
+    unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
             tree,
@@ -430,8 +423,7 @@ fn read_only(tree: c_int) -> Result<(), Failed> {
             &raw const attr,
             std::mem::size_of::<libc::mount_attr>(),
         )
-    };
-    check(ret, Step::Dev, None).map(drop)
+    }
 }
 
 /// The device nodes, `pts` and the links, in the `/dev` directory `dev`.
