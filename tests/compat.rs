@@ -626,13 +626,7 @@ fn a_sandbox_request_is_refused_while_the_daemon_does_not_offer_it() {
         &zygote_bin(),
         &[("ZYGOTE_MASK_FEATURES", "sandbox")],
     );
-    let fd = socket::connect_to(daemon.socket(), false).expect("connect");
-    rustix::net::sockopt::set_socket_timeout(
-        &fd,
-        rustix::net::sockopt::Timeout::Recv,
-        Some(REPLY_DEADLINE),
-    )
-    .expect("SO_RCVTIMEO");
+    let fd = crate::util::connect_with_deadline(daemon.socket(), REPLY_DEADLINE);
     let send = |message: &ClientMessage| {
         send_frame(fd.as_fd(), &encode(message).expect("encode"), &[]).expect("send");
     };
@@ -770,13 +764,7 @@ fn rust_client_refuses_a_sandbox_the_daemon_does_not_offer() {
 fn each_version_is_offered_the_features_its_layouts_carry() {
     let daemon = start_daemon("compat-features-per-version");
     for (version, sandbox, templates) in [(3, true, false), (4, true, true)] {
-        let fd = socket::connect_to(daemon.socket(), false).expect("connect");
-        rustix::net::sockopt::set_socket_timeout(
-            &fd,
-            rustix::net::sockopt::Timeout::Recv,
-            Some(REPLY_DEADLINE),
-        )
-        .expect("SO_RCVTIMEO");
+        let fd = crate::util::connect_with_deadline(daemon.socket(), REPLY_DEADLINE);
         let hello = ClientMessage::Hello(Hello {
             protocol_version: version,
             client: "compat-test".into(),

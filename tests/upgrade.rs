@@ -656,13 +656,7 @@ fn a_version_2_connection_keeps_its_layout_across_an_upgrade() {
     };
     let installed = Installed::new("a");
     let daemon = start("upgrade-version-2", &installed, &[]);
-    let fd = zygote_proto::socket::connect_to(daemon.socket(), false).expect("connect");
-    rustix::net::sockopt::set_socket_timeout(
-        &fd,
-        rustix::net::sockopt::Timeout::Recv,
-        Some(Duration::from_secs(20)),
-    )
-    .expect("SO_RCVTIMEO");
+    let fd = crate::util::connect_with_deadline(daemon.socket(), Duration::from_secs(20));
     let send = |bytes: Vec<u8>| send_frame(fd.as_fd(), &bytes, &[]).expect("send");
     let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
     // Replies decode strictly in the version-2 layout: a version-3 one
@@ -1223,13 +1217,7 @@ fn a_client_that_does_not_read_does_not_hold_up_the_upgrade_and_loses_nothing() 
     const SPAWNS: u64 = 2000;
     let installed = Installed::new("a");
     let daemon = start("upgrade-unread", &installed, &[]);
-    let fd = zygote_proto::socket::connect_to(daemon.socket(), false).expect("connect");
-    rustix::net::sockopt::set_socket_timeout(
-        &fd,
-        rustix::net::sockopt::Timeout::Recv,
-        Some(Duration::from_secs(20)),
-    )
-    .expect("SO_RCVTIMEO");
+    let fd = crate::util::connect_with_deadline(daemon.socket(), Duration::from_secs(20));
     let send = |fd: &std::os::fd::OwnedFd, message: &ClientMessage| {
         send_frame(fd.as_fd(), &encode(message).expect("encode"), &[]).expect("send");
     };
@@ -1432,13 +1420,7 @@ fn a_connection_that_has_not_said_hello_is_served_by_the_new_image() {
     };
     let installed = Installed::new("a");
     let daemon = start("upgrade-prehello", &installed, &[]);
-    let fd = zygote_proto::socket::connect_to(daemon.socket(), false).expect("connect");
-    rustix::net::sockopt::set_socket_timeout(
-        &fd,
-        rustix::net::sockopt::Timeout::Recv,
-        Some(Duration::from_secs(10)),
-    )
-    .expect("SO_RCVTIMEO");
+    let fd = crate::util::connect_with_deadline(daemon.socket(), Duration::from_secs(10));
     installed.install("b");
     let (ok, text) = upgrade(&daemon);
     assert!(ok, "{text}; log:\n{}", daemon.log());
@@ -1605,19 +1587,12 @@ fn a_connection_before_its_hello_is_carried_once_after_an_abandoned_upgrade() {
 
     let installed = Installed::new("a");
     let daemon = start("upgrade-parked", &installed, &[]);
-    let silent = || {
-        let fd = zygote_proto::socket::connect_to(daemon.socket(), false).expect("connect");
-        rustix::net::sockopt::set_socket_timeout(
-            &fd,
-            rustix::net::sockopt::Timeout::Recv,
-            Some(Duration::from_secs(10)),
-        )
-        .expect("SO_RCVTIMEO");
-        fd
-    };
     // One: with several, a drop that removed the others' places instead
     // of its own would leave the list empty, and right, by chance.
-    let connections = [silent()];
+    let connections = [crate::util::connect_with_deadline(
+        daemon.socket(),
+        Duration::from_secs(10),
+    )];
     // A binary that refuses the state: the upgrade is abandoned.
     let next = installed.dir.path().join("zygote.next");
     std::fs::copy("/bin/false", &next).expect("copy /bin/false");

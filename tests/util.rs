@@ -367,6 +367,19 @@ pub fn open_fds(pid: u32) -> Vec<i32> {
     fds
 }
 
+/// A raw protocol connection to `socket` (no hello sent) whose reads
+/// fail after `deadline`: a silent daemon fails the test, not hangs it.
+pub fn connect_with_deadline(socket: &Path, deadline: Duration) -> std::os::fd::OwnedFd {
+    let fd = zygote_proto::socket::connect_to(socket, false).expect("connect");
+    rustix::net::sockopt::set_socket_timeout(
+        &fd,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(deadline),
+    )
+    .expect("SO_RCVTIMEO");
+    fd
+}
+
 /// Polls `condition` every 10 ms until it holds or `timeout` passes.
 pub fn eventually(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
