@@ -46,8 +46,43 @@ def test_a_lone_caller_reads_its_own_replies(client: zygote.Client) -> None:
     assert set(names) == {threading.current_thread().name}, names
 
 
+def _reader_held_until(conn: Connection, released: threading.Event) -> None:
+    """Keeps the reader thread from taking the receiving role until
+    ``released`` is set, so that a caller must lead first."""
+    original = conn._reader_wanted
+
+    def wanted() -> bool:
+        if threading.current_thread() is conn._reader and not released.is_set():
+            return False
+        return original()
+
+    conn._reader_wanted = wanted  # type: ignore[method-assign]
+
+
+def _release(conn: Connection, released: threading.Event) -> None:
+    with conn._lock:
+        released.set()
+        conn._reader_wake.notify()
+
+
 def test_threads_sharing_a_connection_get_their_own_exit_codes(client: zygote.Client) -> None:
-    names = _dispatching_threads(client._connection())
+    conn = client._connection()
+    names = _dispatching_threads(conn)
+    # Held until a caller has dispatched a reply, or for at most 10 s, so
+    # that callers unable to lead fail the last assertion, not hang.
+    released = threading.Event()
+    _reader_held_until(conn, released)
+    original_dispatch = conn._dispatch
+
+    def dispatch(message: Any, fds: List[int]) -> Any:
+        result = original_dispatch(message, fds)
+        if threading.current_thread().name.startswith("caller-") and not released.is_set():
+            _release(conn, released)
+        return result
+
+    conn._dispatch = dispatch  # type: ignore[method-assign]
+    timer = threading.Timer(10, _release, (conn, released))
+    timer.start()
     threads_count, rounds = 12, 15
     barrier = threading.Barrier(threads_count)
     codes: Dict[int, List[int]] = {}
@@ -76,11 +111,13 @@ def test_threads_sharing_a_connection_get_their_own_exit_codes(client: zygote.Cl
         thread.start()
     for thread in threads:
         thread.join(120)
+    timer.cancel()
     assert not any(thread.is_alive() for thread in threads), "a caller never heard its reply"
     assert not errors, errors[:3]
     for index in range(threads_count):
         assert codes[index] == [(index * rounds + r) % 256 for r in range(rounds)]
-    # The callers read replies for one another, not only the reader thread.
+    # A caller read replies while the others waited, not only the reader
+    # thread; the reader joined in once released.
     assert any(name.startswith("caller-") for name in names), set(names)
 
 
