@@ -155,3 +155,74 @@ fn run_refuses_sandbox_options_the_zygote_does_not_offer() {
     assert_eq!(out.status.code(), Some(0));
     assert!(marker.exists());
 }
+
+/// Each `-p` property limits its own cgroup file: where the controller is
+/// delegated the child reads its value back, elsewhere (as here) the
+/// zygote's refusal names that file.
+#[test]
+fn each_property_limits_its_own_cgroup_file() {
+    let Some(cgroup) = crate::cgroup::TestCgroup::new("run-properties") else {
+        return;
+    };
+    let daemon =
+        crate::util::start_daemon_with("run-properties", None, &["--cgroup", &cgroup.arg()]);
+    let cases = [
+        ("MemoryMax=512M", "memory.max", "536870912"),
+        ("MemorySwapMax=1G", "memory.swap.max", "1073741824"),
+        ("TasksMax=64", "pids.max", "64"),
+        ("CPUWeight=50", "cpu.weight", "50"),
+        ("IOWeight=200", "io.weight", "default 200"),
+        ("CPUQuota=50%", "cpu.max", "50000 100000"),
+    ];
+    let arg = cgroup.arg();
+    let mount = std::path::Path::new(&arg)
+        .parent()
+        .expect("the test's cgroup is under the mount");
+    for (property, file, value) in cases {
+        let out = zygote_run(
+            daemon.socket(),
+            &format!(
+                r#""$ZYGOTE" run -p {property} -- sh -c 'cat "{}$(cut -d: -f3 /proc/self/cgroup)/{file}"'"#,
+                mount.display()
+            ),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                value,
+                "{property}"
+            );
+        } else {
+            assert_eq!(out.status.code(), Some(125), "{property}: {stderr}");
+            assert!(
+                stderr.contains(&format!("{file} requested")),
+                "{property}: {stderr}"
+            );
+        }
+    }
+}
+
+/// `-u NAME` and `-E NAME[=VALUE]` refuse what is no variable name, before
+/// anything runs.
+#[test]
+fn run_refuses_variable_names_that_cannot_be() {
+    let daemon = start_daemon("run-bad-names");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("ran");
+    for (options, message) in [
+        ("-u ''", "cannot unset \"\""),
+        ("-u A=B", "cannot unset \"A=B\""),
+        ("-E =x", "the name is empty"),
+        ("-E ''", "cannot set an empty name"),
+    ] {
+        let out = zygote_run(
+            daemon.socket(),
+            &format!(r#""$ZYGOTE" run {options} -- touch '{}'"#, marker.display()),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{options}: {stderr}");
+        assert!(stderr.contains(message), "{options}: {stderr}");
+        assert!(!marker.exists(), "{options}: the command ran");
+    }
+}

@@ -91,9 +91,12 @@ async fn run_async(args: RunArgs, ignored: u64) -> Outcome {
         return Outcome::Exit(EXIT_ZYGOTE_FAILED);
     }
     for property in &args.properties {
-        if let Err(message) = apply_property(&mut command, property) {
-            eprintln!("zygote: -p {property}: {message}");
-            return Outcome::Exit(EXIT_ZYGOTE_FAILED);
+        match Property::parse(property) {
+            Ok(parsed) => parsed.apply(&mut command),
+            Err(message) => {
+                eprintln!("zygote: -p {property}: {message}");
+                return Outcome::Exit(EXIT_ZYGOTE_FAILED);
+            }
         }
     }
     if args.pty {
@@ -269,42 +272,69 @@ fn lookup_id(name: &str, file: &str, what: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("no {what} named {name:?} in {file}"))
 }
 
-/// Applies one `-p NAME=VALUE` cgroup property, spelled as in systemd-run.
-fn apply_property(command: &mut Command, property: &str) -> Result<(), String> {
-    let (name, value) = property
-        .split_once('=')
-        .ok_or("expected NAME=VALUE, e.g. MemoryMax=512M")?;
-    let number = |value: &str| {
-        value
-            .parse::<u64>()
-            .map_err(|_| format!("{value:?} is not a number"))
-    };
-    match name {
-        "MemoryMax" => command.memory_max(bytes(value)?),
-        "MemorySwapMax" => command.memory_swap_max(bytes(value)?),
-        "TasksMax" => command.pids_max(number(value)?),
-        "CPUWeight" => command.cpu_weight(weight(value)?),
-        "IOWeight" => command.io_weight(weight(value)?),
-        "CPUQuota" => {
-            let percent = number(
-                value
-                    .strip_suffix('%')
-                    .ok_or("expected a percentage, e.g. 50%")?,
-            )?;
-            let period = std::time::Duration::from_millis(100);
-            command.cpu_max(
-                period * u32::try_from(percent).unwrap_or(u32::MAX) / 100,
-                period,
-            )
-        }
-        _ => {
-            return Err(format!(
-                "unknown property {name:?}; known: MemoryMax, MemorySwapMax, TasksMax, CPUQuota, \
-                 CPUWeight, IOWeight"
-            ));
-        }
-    };
-    Ok(())
+/// One `-p NAME=VALUE` cgroup property, spelled as in systemd-run.
+#[derive(Debug, PartialEq, Eq)]
+enum Property {
+    MemoryMax(u64),
+    MemorySwapMax(u64),
+    TasksMax(u64),
+    CpuWeight(u32),
+    IoWeight(u32),
+    CpuQuota {
+        quota: std::time::Duration,
+        period: std::time::Duration,
+    },
+}
+
+impl Property {
+    /// Reads `NAME=VALUE`; a usage error says why it cannot.
+    fn parse(property: &str) -> Result<Self, String> {
+        let (name, value) = property
+            .split_once('=')
+            .ok_or("expected NAME=VALUE, e.g. MemoryMax=512M")?;
+        let number = |value: &str| {
+            value
+                .parse::<u64>()
+                .map_err(|_| format!("{value:?} is not a number"))
+        };
+        Ok(match name {
+            "MemoryMax" => Self::MemoryMax(bytes(value)?),
+            "MemorySwapMax" => Self::MemorySwapMax(bytes(value)?),
+            "TasksMax" => Self::TasksMax(number(value)?),
+            "CPUWeight" => Self::CpuWeight(weight(value)?),
+            "IOWeight" => Self::IoWeight(weight(value)?),
+            "CPUQuota" => {
+                let percent = number(
+                    value
+                        .strip_suffix('%')
+                        .ok_or("expected a percentage, e.g. 50%")?,
+                )?;
+                // systemd's period: the quota is a share of 100 ms.
+                let period = std::time::Duration::from_millis(100);
+                Self::CpuQuota {
+                    quota: period * u32::try_from(percent).unwrap_or(u32::MAX) / 100,
+                    period,
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "unknown property {name:?}; known: MemoryMax, MemorySwapMax, TasksMax, \
+                     CPUQuota, CPUWeight, IOWeight"
+                ));
+            }
+        })
+    }
+
+    fn apply(self, command: &mut Command) {
+        match self {
+            Self::MemoryMax(bytes) => command.memory_max(bytes),
+            Self::MemorySwapMax(bytes) => command.memory_swap_max(bytes),
+            Self::TasksMax(pids) => command.pids_max(pids),
+            Self::CpuWeight(weight) => command.cpu_weight(weight),
+            Self::IoWeight(weight) => command.io_weight(weight),
+            Self::CpuQuota { quota, period } => command.cpu_max(quota, period),
+        };
+    }
 }
 
 /// A size with an optional K, M, G or T suffix (powers of 1024, as
@@ -334,14 +364,96 @@ fn weight(value: &str) -> Result<u32, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::bytes;
+    use std::time::Duration;
+
+    use super::{Property, bytes, lookup_id, weight};
 
     #[test]
     fn sizes_read_as_systemd_reads_them() {
         assert_eq!(bytes("512M"), Ok(512 << 20));
         assert_eq!(bytes("4096"), Ok(4096));
+        assert_eq!(bytes("3K"), Ok(3 << 10));
+        assert_eq!(bytes("2G"), Ok(2 << 30));
         assert_eq!(bytes("1T"), Ok(1 << 40));
         assert!(bytes("12X").is_err());
         assert!(bytes("").is_err());
+        assert!(bytes("K").is_err());
+        assert!(bytes("99999999999T").is_err(), "an overflow is no size");
+    }
+
+    #[test]
+    fn weights_run_from_1_to_10000() {
+        assert_eq!(weight("1"), Ok(1));
+        assert_eq!(weight("10000"), Ok(10_000));
+        assert!(weight("0").is_err());
+        assert!(weight("10001").is_err());
+        assert!(weight("heavy").is_err());
+    }
+
+    #[test]
+    fn each_property_sets_its_own_limit() {
+        let parsed = |text: &str| Property::parse(text);
+        assert_eq!(parsed("MemoryMax=512M"), Ok(Property::MemoryMax(512 << 20)));
+        assert_eq!(
+            parsed("MemorySwapMax=1G"),
+            Ok(Property::MemorySwapMax(1 << 30))
+        );
+        assert_eq!(parsed("TasksMax=64"), Ok(Property::TasksMax(64)));
+        assert_eq!(parsed("CPUWeight=50"), Ok(Property::CpuWeight(50)));
+        assert_eq!(parsed("IOWeight=200"), Ok(Property::IoWeight(200)));
+        let period = Duration::from_millis(100);
+        assert_eq!(
+            parsed("CPUQuota=50%"),
+            Ok(Property::CpuQuota {
+                quota: Duration::from_millis(50),
+                period
+            })
+        );
+        assert_eq!(
+            parsed("CPUQuota=250%"),
+            Ok(Property::CpuQuota {
+                quota: Duration::from_millis(250),
+                period
+            })
+        );
+    }
+
+    #[test]
+    fn a_bad_property_says_what_is_wrong() {
+        let error = |text: &str| Property::parse(text).expect_err(text);
+        assert!(error("MemoryMax").contains("NAME=VALUE"));
+        assert!(error("MemoryLimit=1G").contains("unknown property \"MemoryLimit\""));
+        assert!(error("TasksMax=many").contains("not a number"));
+        assert!(error("CPUQuota=50").contains("percentage"));
+        assert!(error("CPUWeight=0").contains("weight from 1 to 10000"));
+    }
+
+    #[test]
+    fn users_and_groups_are_numbers_or_names_in_their_table() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let table = dir.path().join("passwd");
+        std::fs::write(
+            &table,
+            "root:x:0:0::/root:/bin/sh\nbuilder:x:1042:100::/:/bin/sh\n",
+        )
+        .expect("write");
+        let table = table.to_str().expect("utf-8");
+        assert_eq!(lookup_id("builder", table, "user"), Ok(1042));
+        assert_eq!(lookup_id("root", table, "user"), Ok(0));
+        assert_eq!(
+            lookup_id("77", table, "user"),
+            Ok(77),
+            "a number is not looked up"
+        );
+        let missing = lookup_id("nobody-here", table, "user").expect_err("no such user");
+        assert!(
+            missing.contains("no user named \"nobody-here\""),
+            "{missing}"
+        );
+        let unreadable = lookup_id("builder", "/nonexistent/passwd", "user").expect_err("no file");
+        assert!(
+            unreadable.contains("reading /nonexistent/passwd"),
+            "{unreadable}"
+        );
     }
 }
