@@ -747,7 +747,25 @@ fn errno() -> c_int {
 
 #[cfg(test)]
 mod tests {
-    use super::hex_field;
+    use super::{SignalReset, hex_field, non_default_signals};
+
+    #[test]
+    fn the_parent_reads_the_dispositions_for_its_children() {
+        // The Rust runtime ignores SIGPIPE, so this process has at least one.
+        let reset = SignalReset::with_current_dispositions().expect("procfs is readable");
+        let read_here = non_default_signals(&SignalReset::new()).expect("procfs is readable");
+        assert_eq!(
+            reset.known,
+            Some(read_here),
+            "the child would read /proc itself"
+        );
+        assert_ne!(reset.known() & (1 << (libc::SIGPIPE - 1)), 0);
+        assert_eq!(
+            SignalReset::new().known(),
+            u128::MAX,
+            "unknown: reset them all"
+        );
+    }
 
     #[test]
     fn hex_fields_are_parsed() {
