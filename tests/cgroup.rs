@@ -159,6 +159,31 @@ fn a_child_in_a_cgroup_of_its_own_starts_under_sched_other() {
     );
 }
 
+/// A child in a new pid namespace is forked, not vforked with
+/// `CLONE_INTO_CGROUP`: it joins its cgroup itself, first thing.
+#[test]
+fn a_forked_child_joins_its_cgroup_itself() {
+    let Some(cgroup) = TestCgroup::new("forked") else {
+        return;
+    };
+    let daemon = daemon_in(&cgroup, "cgroup-forked");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let output = Command::new(&client, "/bin/cat")
+        .arg("/proc/self/cgroup")
+        .sandbox(zygote_client::Sandbox::new().isolate())
+        .kill_tree(true)
+        .stdout(Stdio::piped())
+        .output()
+        .expect("run cat");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}\n{}", daemon.log());
+    assert!(
+        text.lines()
+            .any(|line| line.starts_with("0::") && line.contains("/peers/")),
+        "in a cgroup of its own: {text}"
+    );
+}
+
 #[test]
 fn a_timeout_kills_a_grandchild_that_escaped_by_setsid() {
     let Some(cgroup) = TestCgroup::new("timeout-tree") else {

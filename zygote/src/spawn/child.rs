@@ -747,7 +747,32 @@ fn errno() -> c_int {
 
 #[cfg(test)]
 mod tests {
-    use super::{SignalReset, hex_field, non_default_signals};
+    use zygote_proto::SpawnStage;
+
+    use super::{SignalReset, decode_failure, encode_failure, hex_field, non_default_signals};
+    use crate::spawn::sandbox::{SandboxFailure, Step};
+
+    #[test]
+    fn a_failure_report_keeps_its_stage_errno_and_sandbox_step() {
+        let mount = SandboxFailure {
+            step: Step::Mount,
+            item: Some(3),
+        };
+        let report = encode_failure(
+            SpawnStage::Sandbox,
+            libc::EACCES,
+            SandboxFailure::pack(Some(mount)),
+        );
+        assert_eq!(
+            decode_failure(report),
+            Some((SpawnStage::Sandbox, libc::EACCES, Some(mount)))
+        );
+        let report = encode_failure(SpawnStage::Exec, libc::ENOENT, 0);
+        assert_eq!(
+            decode_failure(report),
+            Some((SpawnStage::Exec, libc::ENOENT, None))
+        );
+    }
 
     #[test]
     fn the_parent_reads_the_dispositions_for_its_children() {

@@ -602,6 +602,15 @@ fn bad_process_group_is_setpgid_error() {
 }
 
 #[test]
+fn an_affinity_of_no_present_cpu_is_an_affinity_error() {
+    let mut plan = plan(&["/bin/true"]);
+    // CPU 1023 alone: the kernel finds no CPU it has in the mask.
+    plan.cpu_affinity = vec![0; 16];
+    plan.cpu_affinity[15] = 1 << 63;
+    assert_fails(&plan, SpawnStage::Affinity, libc::EINVAL);
+}
+
+#[test]
 fn duplicate_targets_are_refused() {
     let mut plan = plan(&["/bin/true"]);
     plan.fds.push((dev_null(), 1));
