@@ -243,6 +243,18 @@ fn child_has_no_blocked_or_ignored_signals() {
     );
 }
 
+#[test]
+fn signals_asked_ignored_are_ignored_but_never_sigkill_or_sigstop() {
+    let mut plan = plan(&["/bin/grep", "^SigIgn", "/proc/self/status"]);
+    let bit = |signal: i32| 1u64 << (signal - 1);
+    // A raw request may name the two that cannot be ignored: skipped.
+    plan.ignored_signals = bit(libc::SIGUSR1) | bit(libc::SIGKILL) | bit(libc::SIGSTOP);
+    assert_eq!(
+        output(plan),
+        format!("SigIgn:\t{:016x}\n", bit(libc::SIGUSR1))
+    );
+}
+
 /// Spawns a child that prints its blocked and ignored signal sets, through
 /// `spawn`, and checks both are empty.
 fn assert_child_signals_are_clean(
@@ -608,6 +620,27 @@ fn an_affinity_of_no_present_cpu_is_an_affinity_error() {
     plan.cpu_affinity = vec![0; 16];
     plan.cpu_affinity[15] = 1 << 63;
     assert_fails(&plan, SpawnStage::Affinity, libc::EINVAL);
+}
+
+/// Lowering the OOM score needs `CAP_SYS_RESOURCE`, which a container
+/// may withhold even from root: then the spawn fails at its stage, never
+/// silently with the score unchanged.
+#[test]
+fn an_oom_score_adj_is_applied_or_fails_the_spawn() {
+    let status = fs::read_to_string("/proc/self/status").unwrap();
+    let effective = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .expect("CapEff");
+    let mut plan = plan(&["/bin/cat", "/proc/self/oom_score_adj"]);
+    plan.oom_score_adj = Some(-1000);
+    // CAP_SYS_RESOURCE is capability 24.
+    if effective & (1 << 24) == 0 {
+        assert_fails(&plan, SpawnStage::OomScoreAdj, libc::EACCES);
+    } else {
+        assert_eq!(output(plan), "-1000\n");
+    }
 }
 
 #[test]
