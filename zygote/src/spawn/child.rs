@@ -81,6 +81,8 @@ pub(super) struct ChildArgs<'a> {
     /// The sandbox's fds as the child sees them (see
     /// [`sandbox::copy_fds`]).
     pub(super) sandbox_fds: &'a [RawFd],
+    /// The cloning thread's namespaces (sandboxed children only).
+    pub(super) parent_namespaces: sandbox::ParentNamespaces,
 }
 
 /// The status pipe's failure report: the stage's index in
@@ -352,6 +354,7 @@ fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
         let peer = sandbox::Peer {
             credentials: args.credentials,
             fds: args.sandbox_fds,
+            parent: args.parent_namespaces,
         };
         sandboxed(args, sandbox::before_credentials(plan, &peer))?;
     }

@@ -1087,6 +1087,11 @@ impl<'a> Prepared<'a> {
             init_report: None,
             start_program: None,
             sandbox_fds: &[],
+            parent_namespaces: plan
+                .sandbox
+                .as_ref()
+                .map(|_| sandbox::ParentNamespaces::of_this_thread())
+                .unwrap_or_default(),
         }
     }
 }

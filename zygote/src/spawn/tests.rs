@@ -737,6 +737,52 @@ fn exec_report(started: &super::StartedChild) -> super::ExecReport {
     }
 }
 
+/// A sandbox with a filesystem whose clone flags lack `CLONE_NEWNS`
+/// fails before its first mount. Run on a thread with a mount namespace
+/// of its own, so that a broken check mounts and pivots only there.
+#[test]
+fn a_filesystem_without_a_new_mount_namespace_is_refused() {
+    let refused = std::thread::spawn(|| {
+        // SAFETY: unshares this thread's own fs and mount namespace only.
+        if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+            return None;
+        }
+        let mut plan = plan(&["/bin/true"]);
+        plan.sandbox = Some(super::SandboxPlan {
+            filesystem: Some(system_binds()),
+            ..super::SandboxPlan::default()
+        });
+        let started = super::start(&plan).unwrap();
+        let report = exec_report(&started);
+        let child = SpawnedChild {
+            pid: started.pid,
+            pidfd: started.pidfd,
+        };
+        wait(&child);
+        Some(report)
+    })
+    .join()
+    .unwrap();
+    let Some(report) = refused else {
+        skip(
+            "a_filesystem_without_a_new_mount_namespace_is_refused",
+            "cannot unshare a mount namespace (needs root)",
+        );
+        return;
+    };
+    let super::ExecReport::Failed(error) = report else {
+        panic!("the child mounted in its parent's namespace: {report:?}");
+    };
+    assert_eq!(
+        (error.stage, error.errno),
+        (SpawnStage::Sandbox, libc::EPERM)
+    );
+    assert_eq!(
+        error.sandbox.map(|failure| failure.step),
+        Some(crate::spawn::sandbox::Step::Propagation)
+    );
+}
+
 #[test]
 fn fork_path_reports_exec_and_output() {
     let mut plan = sh("echo forked; ls /proc/self/fd");

@@ -292,6 +292,57 @@ pub(super) struct Peer<'a> {
     pub(super) credentials: Option<(libc::uid_t, libc::gid_t, &'a [libc::gid_t])>,
     /// The sandbox's fds ([`copy_fds`]).
     pub(super) fds: &'a [RawFd],
+    /// The namespaces of the thread that cloned the child.
+    pub(super) parent: ParentNamespaces,
+}
+
+/// A namespace's identity: the device and inode of its `/proc` link.
+type NamespaceId = (u64, u64);
+
+/// The mount and uts namespaces of the thread that clones a sandboxed
+/// child, read before `clone`. The child checks that it is in others
+/// before it mounts anything or sets a hostname: a wrong clone flag must
+/// fail the spawn, never mount over the host's `/tmp`, pivot the host's
+/// root or rename the host.
+#[derive(Debug, Clone, Copy, Default)]
+pub(in crate::spawn) struct ParentNamespaces {
+    mount: Option<NamespaceId>,
+    uts: Option<NamespaceId>,
+}
+
+const OWN_MOUNT_NAMESPACE: &CStr = c"/proc/thread-self/ns/mnt";
+const OWN_UTS_NAMESPACE: &CStr = c"/proc/thread-self/ns/uts";
+
+impl ParentNamespaces {
+    /// This thread's; runs in the parent.
+    pub(in crate::spawn) fn of_this_thread() -> Self {
+        Self {
+            mount: namespace_id(OWN_MOUNT_NAMESPACE),
+            uts: namespace_id(OWN_UTS_NAMESPACE),
+        }
+    }
+}
+
+fn namespace_id(link: &CStr) -> Option<NamespaceId> {
+    // SAFETY: all-zero bytes are a valid `stat`, which the call fills from
+    // a NUL-terminated path; async-signal-safe.
+    let mut stat = unsafe { std::mem::zeroed::<libc::stat>() };
+    // SAFETY: as above.
+    let ret = unsafe { libc::stat(link.as_ptr(), &raw mut stat) };
+    (ret == 0).then_some((stat.st_dev, stat.st_ino))
+}
+
+/// Fails `step` unless this child's namespace behind `link` is not its
+/// parent's (`EPERM`; also when either cannot be read).
+fn in_own_namespace(link: &CStr, parent: Option<NamespaceId>, step: Step) -> Result<(), Failed> {
+    match (parent, namespace_id(link)) {
+        (Some(parent), Some(own)) if parent != own => Ok(()),
+        _ => Err((
+            SANDBOX_STAGE,
+            libc::EPERM,
+            Some(SandboxFailure { step, item: None }),
+        )),
+    }
 }
 
 /// Copies of the plan's fds above every target of the child (`floor`),
@@ -326,9 +377,13 @@ pub(super) fn before_credentials(plan: &SandboxPlan, peer: &Peer<'_>) -> Result<
         check(ret.into(), Step::Network, None)?;
     }
     if let Some(hostname) = &plan.hostname {
+        in_own_namespace(OWN_UTS_NAMESPACE, peer.parent.uts, Step::Hostname)?;
         // SAFETY: the kernel reads `len` bytes from a valid slice.
         let ret = unsafe { libc::sethostname(hostname.as_ptr().cast(), hostname.len()) };
         check(ret.into(), Step::Hostname, None)?;
+    }
+    if plan.filesystem.is_some() || plan.fresh_proc {
+        in_own_namespace(OWN_MOUNT_NAMESPACE, peer.parent.mount, Step::Propagation)?;
     }
     if let Some(mounts) = &plan.filesystem {
         let dev_template = plan
@@ -472,4 +527,27 @@ pub fn user_namespaces_work() -> bool {
     };
     read("/proc/sys/user/max_user_namespaces").is_some_and(|max| max > 0)
         && read("/proc/sys/kernel/unprivileged_userns_clone").is_none_or(|on| on == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{OWN_MOUNT_NAMESPACE, SandboxFailure, Step, in_own_namespace, namespace_id};
+
+    #[test]
+    fn a_child_must_be_in_a_namespace_of_its_own() {
+        let this = namespace_id(OWN_MOUNT_NAMESPACE).expect("our mount namespace");
+        let shared = in_own_namespace(OWN_MOUNT_NAMESPACE, Some(this), Step::Propagation);
+        let refused = Some(SandboxFailure {
+            step: Step::Propagation,
+            item: None,
+        });
+        assert_eq!(shared, Err((super::SANDBOX_STAGE, libc::EPERM, refused)));
+        let unknown = in_own_namespace(OWN_MOUNT_NAMESPACE, None, Step::Propagation);
+        assert_eq!(unknown, Err((super::SANDBOX_STAGE, libc::EPERM, refused)));
+        let other = (this.0, this.1 + 1);
+        assert_eq!(
+            in_own_namespace(OWN_MOUNT_NAMESPACE, Some(other), Step::Propagation),
+            Ok(())
+        );
+    }
 }
