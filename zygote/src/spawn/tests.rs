@@ -783,6 +783,51 @@ fn a_filesystem_without_a_new_mount_namespace_is_refused() {
     );
 }
 
+/// The same for a hostname without `CLONE_NEWUTS`, on a thread with a
+/// uts namespace of its own.
+#[test]
+fn a_hostname_without_a_new_uts_namespace_is_refused() {
+    let refused = std::thread::spawn(|| {
+        // SAFETY: unshares this thread's own uts namespace only.
+        if unsafe { libc::unshare(libc::CLONE_NEWUTS) } != 0 {
+            return None;
+        }
+        let mut plan = plan(&["/bin/true"]);
+        plan.sandbox = Some(super::SandboxPlan {
+            hostname: Some(b"renamed".to_vec()),
+            ..super::SandboxPlan::default()
+        });
+        Some(super::start(&plan).map(|started| {
+            let report = exec_report(&started);
+            wait(&SpawnedChild {
+                pid: started.pid,
+                pidfd: started.pidfd,
+            });
+            report
+        }))
+    })
+    .join()
+    .unwrap();
+    let Some(report) = refused else {
+        skip(
+            "a_hostname_without_a_new_uts_namespace_is_refused",
+            "cannot unshare a uts namespace (needs root)",
+        );
+        return;
+    };
+    let Ok(super::ExecReport::Failed(error)) = report else {
+        panic!("the child set its parent's hostname: {report:?}");
+    };
+    assert_eq!(
+        (error.stage, error.errno),
+        (SpawnStage::Sandbox, libc::EPERM)
+    );
+    assert_eq!(
+        error.sandbox.map(|failure| failure.step),
+        Some(crate::spawn::sandbox::Step::Hostname)
+    );
+}
+
 #[test]
 fn fork_path_reports_exec_and_output() {
     let mut plan = sh("echo forked; ls /proc/self/fd");
