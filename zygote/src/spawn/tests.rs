@@ -737,94 +737,73 @@ fn exec_report(started: &super::StartedChild) -> super::ExecReport {
     }
 }
 
-/// A sandbox with a filesystem whose clone flags lack `CLONE_NEWNS`
-/// fails before its first mount. Run on a thread with a mount namespace
-/// of its own, so that a broken check mounts and pivots only there.
-#[test]
-fn a_filesystem_without_a_new_mount_namespace_is_refused() {
-    let refused = std::thread::spawn(|| {
-        // SAFETY: unshares this thread's own fs and mount namespace only.
-        if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+/// Starts `/bin/true` under `sandbox` on a thread that first unshares
+/// `namespace` (so that a sandbox step the child should refuse changes
+/// only that thread's namespace) and checks the child failed `step` with
+/// `EPERM`; skips where the thread cannot unshare.
+fn assert_refused_beside_a_thread_namespace(
+    test: &str,
+    namespace: libc::c_int,
+    sandbox: super::SandboxPlan,
+    step: crate::spawn::sandbox::Step,
+) {
+    let report = std::thread::spawn(move || {
+        // SAFETY: unshares this thread's own namespace (and fs) only.
+        if unsafe { libc::unshare(namespace) } != 0 {
             return None;
         }
         let mut plan = plan(&["/bin/true"]);
-        plan.sandbox = Some(super::SandboxPlan {
-            filesystem: Some(system_binds()),
-            ..super::SandboxPlan::default()
-        });
+        plan.sandbox = Some(sandbox);
         let started = super::start(&plan).unwrap();
         let report = exec_report(&started);
-        let child = SpawnedChild {
+        wait(&SpawnedChild {
             pid: started.pid,
             pidfd: started.pidfd,
-        };
-        wait(&child);
+        });
         Some(report)
     })
     .join()
     .unwrap();
-    let Some(report) = refused else {
-        skip(
-            "a_filesystem_without_a_new_mount_namespace_is_refused",
-            "cannot unshare a mount namespace (needs root)",
-        );
+    let Some(report) = report else {
+        skip(test, "cannot unshare a namespace (needs root)");
         return;
     };
     let super::ExecReport::Failed(error) = report else {
-        panic!("the child mounted in its parent's namespace: {report:?}");
+        panic!("the child did {step:?} in its parent's namespace: {report:?}");
     };
     assert_eq!(
         (error.stage, error.errno),
         (SpawnStage::Sandbox, libc::EPERM)
     );
-    assert_eq!(
-        error.sandbox.map(|failure| failure.step),
-        Some(crate::spawn::sandbox::Step::Propagation)
+    assert_eq!(error.sandbox.map(|failure| failure.step), Some(step));
+}
+
+/// A sandbox with a filesystem whose clone flags lack `CLONE_NEWNS`
+/// fails before its first mount.
+#[test]
+fn a_filesystem_without_a_new_mount_namespace_is_refused() {
+    assert_refused_beside_a_thread_namespace(
+        "a_filesystem_without_a_new_mount_namespace_is_refused",
+        libc::CLONE_NEWNS,
+        super::SandboxPlan {
+            filesystem: Some(system_binds()),
+            ..super::SandboxPlan::default()
+        },
+        crate::spawn::sandbox::Step::Propagation,
     );
 }
 
-/// The same for a hostname without `CLONE_NEWUTS`, on a thread with a
-/// uts namespace of its own.
+/// The same for a hostname without `CLONE_NEWUTS`.
 #[test]
 fn a_hostname_without_a_new_uts_namespace_is_refused() {
-    let refused = std::thread::spawn(|| {
-        // SAFETY: unshares this thread's own uts namespace only.
-        if unsafe { libc::unshare(libc::CLONE_NEWUTS) } != 0 {
-            return None;
-        }
-        let mut plan = plan(&["/bin/true"]);
-        plan.sandbox = Some(super::SandboxPlan {
+    assert_refused_beside_a_thread_namespace(
+        "a_hostname_without_a_new_uts_namespace_is_refused",
+        libc::CLONE_NEWUTS,
+        super::SandboxPlan {
             hostname: Some(b"renamed".to_vec()),
             ..super::SandboxPlan::default()
-        });
-        Some(super::start(&plan).map(|started| {
-            let report = exec_report(&started);
-            wait(&SpawnedChild {
-                pid: started.pid,
-                pidfd: started.pidfd,
-            });
-            report
-        }))
-    })
-    .join()
-    .unwrap();
-    let Some(report) = refused else {
-        skip(
-            "a_hostname_without_a_new_uts_namespace_is_refused",
-            "cannot unshare a uts namespace (needs root)",
-        );
-        return;
-    };
-    let Ok(super::ExecReport::Failed(error)) = report else {
-        panic!("the child set its parent's hostname: {report:?}");
-    };
-    assert_eq!(
-        (error.stage, error.errno),
-        (SpawnStage::Sandbox, libc::EPERM)
-    );
-    assert_eq!(
-        error.sandbox.map(|failure| failure.step),
-        Some(crate::spawn::sandbox::Step::Hostname)
+        },
+        crate::spawn::sandbox::Step::Hostname,
     );
 }
 
