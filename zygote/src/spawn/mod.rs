@@ -1090,7 +1090,7 @@ impl<'a> Prepared<'a> {
             parent_namespaces: plan
                 .sandbox
                 .as_ref()
-                .map(|_| sandbox::ParentNamespaces::of_this_thread())
+                .map(sandbox::ParentNamespaces::of_this_thread)
                 .unwrap_or_default(),
         }
     }

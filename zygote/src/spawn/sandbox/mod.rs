@@ -314,11 +314,16 @@ const OWN_MOUNT_NAMESPACE: &CStr = c"/proc/thread-self/ns/mnt";
 const OWN_UTS_NAMESPACE: &CStr = c"/proc/thread-self/ns/uts";
 
 impl ParentNamespaces {
-    /// This thread's; runs in the parent.
-    pub(in crate::spawn) fn of_this_thread() -> Self {
+    /// This thread's, those `plan` will check (none for a sandbox that
+    /// neither mounts nor sets a hostname); runs in the parent.
+    pub(in crate::spawn) fn of_this_thread(plan: &SandboxPlan) -> Self {
+        let mounts = plan.filesystem.is_some() || plan.fresh_proc;
         Self {
-            mount: namespace_id(OWN_MOUNT_NAMESPACE),
-            uts: namespace_id(OWN_UTS_NAMESPACE),
+            mount: mounts.then(|| namespace_id(OWN_MOUNT_NAMESPACE)).flatten(),
+            uts: plan
+                .hostname
+                .as_ref()
+                .and_then(|_| namespace_id(OWN_UTS_NAMESPACE)),
         }
     }
 }
