@@ -78,6 +78,15 @@ impl Drop for Stack {
     }
 }
 
+/// Where a fresh stack was mapped, once it is dropped.
+#[cfg(test)]
+pub(super) fn stack_mapping_after_drop() -> (*mut c_void, usize) {
+    let stack = Stack::new().unwrap();
+    let mapping = (stack.base, stack.len);
+    drop(stack);
+    mapping
+}
+
 /// Blocks every signal in the calling thread until dropped.
 ///
 /// The child starts with this mask, so none of the daemon's handlers can

@@ -1097,4 +1097,6 @@ impl<'a> Prepared<'a> {
 }
 
 #[cfg(test)]
+mod alone_tests;
+#[cfg(test)]
 pub(crate) mod tests;
