@@ -15,7 +15,7 @@ use zygote_proto::{
 use crate::sched::{SCHED_BATCH, SCHED_OTHER, thread_policies};
 use crate::util::{
     Daemon, children_of, eventually, mask_in, process_state, runtime, signal_bit, start_daemon,
-    start_daemon_custom, thread_masks, within, zygote_bin,
+    start_daemon_wrapped, thread_masks, within, zygote_bin,
 };
 
 /// Spawns `/bin/true` `count` times, `parallel` at a time, and waits for
@@ -466,17 +466,12 @@ pub async fn stops_reported_among_exits(client: &Client) {
 /// at exit, and its exit status would be lost.
 #[test]
 fn a_daemon_started_with_sigchld_ignored_still_reports_exits() {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let wrapper = dir.path().join("ignore-sigchld");
     // perl-base is essential on Debian: ignore SIGCHLD, exec the daemon.
     let script = format!(
         "#!/usr/bin/perl\n$SIG{{CHLD}} = 'IGNORE';\nexec {{ '{}' }} 'zygote', @ARGV or die \"exec: $!\";\n",
         zygote_bin().display()
     );
-    std::fs::write(&wrapper, script).expect("write the wrapper");
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let daemon = start_daemon_custom("sigchld-ignored", None, None, &[], &wrapper, &[]);
+    let daemon = start_daemon_wrapped("sigchld-ignored", &script);
     let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid()))
         .expect("the daemon's status");
     assert_eq!(

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use zygote_proto::{
     ClientMessage, ExitNotice, ExitStatus, Hello, PROTOCOL_VERSION, PtySpec, RECV_BUFFER_BYTES,
     ServerMessage, SignalRequest, SpawnRequest, SpawnStage, StatusRequest, StdioSpec, WindowSize,
-    decode, encode, recv_frame, send_frame, socket,
+    decode, encode, recv_frame, send_frame,
 };
 
-use crate::util::{Daemon, runtime, start_daemon};
+use crate::util::{Daemon, connect_with_deadline, runtime, start_daemon};
 
 /// How many times a test that races the window tries.
 const ATTEMPTS: usize = 8;
@@ -24,13 +24,7 @@ const ATTEMPTS: usize = 8;
 /// A raw connection that has said hello, with a receive timeout so that a
 /// silent daemon fails the test instead of hanging it.
 pub(crate) fn connect(socket_path: &std::path::Path) -> OwnedFd {
-    let fd = socket::connect_to(socket_path, false).expect("connect");
-    rustix::net::sockopt::set_socket_timeout(
-        &fd,
-        rustix::net::sockopt::Timeout::Recv,
-        Some(Duration::from_secs(10)),
-    )
-    .expect("SO_RCVTIMEO");
+    let fd = connect_with_deadline(socket_path, Duration::from_secs(10));
     send(
         &fd,
         &ClientMessage::Hello(Hello {

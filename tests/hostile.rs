@@ -15,11 +15,11 @@ use zygote_client::blocking::{Child, Client, Command};
 use zygote_proto::{
     ClientMessage, EnvVar, FdMapping, Hello, PROTOCOL_VERSION, ProtocolErrorKind,
     RECV_BUFFER_BYTES, ServerMessage, SignalRequest, SpawnFailed, SpawnRequest, SpawnStage,
-    StatusRequest, StdioSpec, UserSpec, decode, encode, recv_frame, send_frame, socket,
+    StatusRequest, StdioSpec, UserSpec, decode, encode, recv_frame, send_frame,
 };
 
 use crate::tools::{free_port, http_get};
-use crate::util::{Daemon, eventually, start_daemon_with};
+use crate::util::{Daemon, connect_with_deadline, eventually, start_daemon_with};
 
 /// Another client with a child that waits for a line on stdin, then
 /// exits 7: it must outlive whatever the hostile client does.
@@ -87,14 +87,7 @@ fn survives_with(name: &str, policy: Option<&str>, attack: impl FnOnce(&Daemon))
 /// A raw connection with a receive timeout, so a silent daemon fails the
 /// test instead of hanging it.
 fn connect(daemon: &Daemon) -> OwnedFd {
-    let fd = socket::connect_to(daemon.socket(), false).expect("connect");
-    rustix::net::sockopt::set_socket_timeout(
-        &fd,
-        rustix::net::sockopt::Timeout::Recv,
-        Some(Duration::from_secs(10)),
-    )
-    .expect("SO_RCVTIMEO");
-    fd
+    connect_with_deadline(daemon.socket(), Duration::from_secs(10))
 }
 
 fn hello(fd: &OwnedFd) {

@@ -11,7 +11,8 @@ use zygote_client::{Error, ProtocolErrorKind, SpawnStage, Stdio};
 
 use crate::helper::{findings, helper};
 use crate::util::{
-    root_or_skip, start_daemon_as, start_daemon_custom, start_daemon_with, zygote_bin,
+    connect_with_deadline, root_or_skip, start_daemon_as, start_daemon_with, start_daemon_wrapped,
+    zygote_bin,
 };
 
 #[test]
@@ -200,24 +201,16 @@ fn policy_parse_errors_stop_the_daemon_with_path_and_line() {
 #[test]
 fn children_get_the_open_file_limit_the_daemon_started_with() {
     use std::os::fd::AsFd;
-    use std::os::unix::fs::PermissionsExt;
     use zygote_proto::{
         ClientMessage, Hello, PROTOCOL_VERSION, RECV_BUFFER_BYTES, ResourceLimit, ServerMessage,
-        SpawnRequest, StdioSpec, decode, encode, recv_frame, send_frame, socket,
+        SpawnRequest, StdioSpec, decode, encode, recv_frame, send_frame,
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let wrapper = dir.path().join("zygote-with-1000-files");
     let script = format!(
         "#!/bin/sh\nulimit -Sn 1000 && exec '{}' \"$@\"\n",
         zygote_bin().display()
     );
-    std::fs::write(&wrapper, script).expect("write the wrapper");
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let daemon = start_daemon_custom("child-nofile", None, None, &[], &wrapper, &[]);
-    let fd = socket::connect_to(daemon.socket(), false).expect("connect");
-    let timeout = Some(std::time::Duration::from_secs(10));
-    rustix::net::sockopt::set_socket_timeout(&fd, rustix::net::sockopt::Timeout::Recv, timeout)
-        .expect("SO_RCVTIMEO");
+    let daemon = start_daemon_wrapped("child-nofile", &script);
+    let fd = connect_with_deadline(daemon.socket(), std::time::Duration::from_secs(10));
     let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
     let hello = ClientMessage::Hello(Hello {
         protocol_version: PROTOCOL_VERSION,

@@ -63,6 +63,18 @@ pub fn start_daemon_as(
     start_daemon_custom(test_name, uid, policy, flags, &zygote_bin(), &[])
 }
 
+/// A daemon started through the wrapper `script` (a whole file, `#!`
+/// line included), which ends by exec'ing [`zygote_bin`] with its
+/// arguments.
+pub fn start_daemon_wrapped(test_name: &str, script: &str) -> Daemon {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wrapper = dir.path().join(test_name);
+    std::fs::write(&wrapper, script).expect("write the wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    start_daemon_custom(test_name, None, None, &[], &wrapper, &[])
+}
+
 /// As [`start_daemon_as`], from the binary at `binary`, with `envs` added
 /// to the daemon's environment.
 pub fn start_daemon_custom(
