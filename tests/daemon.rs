@@ -295,6 +295,48 @@ fn orphans_exiting_among_own_children_are_all_reaped() {
     );
 }
 
+/// The daemon is a child subreaper: a child's orphaned grandchild is
+/// re-parented to the daemon, not to an init above it, and the daemon
+/// reaps it when it exits.
+#[test]
+fn an_orphaned_grandchild_is_the_daemons_to_reap() {
+    let daemon = start_daemon("subreaper");
+    let grandchild: u32 = runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        let output = Command::new(&client, "/bin/sh")
+            .args(["-c", "sleep 30 >/dev/null 2>&1 & echo $!"])
+            .output()
+            .await
+            .expect("sh runs");
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .expect("the grandchild's pid")
+    });
+    let parent = || {
+        let status = std::fs::read_to_string(format!("/proc/{grandchild}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("PPid:"))
+            .and_then(|ppid| ppid.trim().parse::<u32>().ok())
+    };
+    let adopted = eventually(Duration::from_secs(5), || parent() == Some(daemon.pid()));
+    let pid = rustix::process::Pid::from_raw(i32::try_from(grandchild).unwrap()).unwrap();
+    let _ = rustix::process::kill_process(pid, Signal::KILL);
+    assert!(
+        adopted,
+        "the orphan's parent is {:?}, not the daemon",
+        parent()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || process_state(grandchild)
+            .is_none()),
+        "the orphan was left {:?}",
+        process_state(grandchild)
+    );
+}
+
 /// The daemon reads `SIGCHLD` from a signalfd: every thread blocks it, no
 /// handler is installed for it, and a signalfd is open. Its children
 /// start with nothing blocked all the same, on the vfork path and (as
