@@ -64,42 +64,43 @@ fn work_dir() -> tempfile::TempDir {
     dir
 }
 
-#[test]
-fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
-    if !root_or_skip("a root daemon that confines another uid") {
-        return;
-    }
-    let work = work_dir();
-    let path = work.path().to_str().unwrap();
-    let daemon = start_daemon_with(
-        "sandbox-escape",
-        Some(&full_profile(path)),
-        &["--socket-mode", "0666"],
-    );
-    // /dev/null must work first: a redirection to it that failed would
-    // skip each probe below and hide an escape.
-    let script = "\
-        echo probe >/dev/null && echo dev-null-writable; \
-        echo urandom $(head -c 16 /dev/urandom | wc -c) zero $(head -c 4 /dev/zero | wc -c); \
-        cat /etc/shadow >/dev/null 2>&1 && echo ESCAPE-shadow; \
-        ls /root >/dev/null 2>&1 && echo ESCAPE-root; \
-        ls /home >/dev/null 2>&1 && echo ESCAPE-home; \
-        touch /usr/escape 2>/dev/null && echo ESCAPE-usr; \
-        touch /escape 2>/dev/null && echo ESCAPE-slash; \
-        touch inside && echo wrote-inside; \
-        mount -t tmpfs none /tmp 2>/dev/null && echo ESCAPE-mount; \
-        unshare -U true 2>/dev/null && echo ESCAPE-unshare; \
-        python3 syscalls.py; \
-        ./id-setuid | grep -q euid= && echo ESCAPE-setuid; \
-        echo pids $(ls /proc | grep -c '^[0-9]'); \
-        echo host $(hostname); \
-        grep -E '^(NoNewPrivs|CapBnd|CapEff|Seccomp):' /proc/self/status";
-    // A setuid-root copy of id(1): it would print euid=0 if it gained.
-    let setuid = work.path().join("id-setuid");
+/// What a confined peer tries, each attempt printing ESCAPE-* if it
+/// works. /dev/null must work first: a redirection to it that failed
+/// would skip each probe below and hide an escape. Last, the shell's
+/// parent pid: 1 under an init that started it, 0 when it entered a
+/// parked init's namespaces (its parent, the daemon, is outside).
+const ESCAPE_SCRIPT: &str = "\
+    echo probe >/dev/null && echo dev-null-writable; \
+    echo urandom $(head -c 16 /dev/urandom | wc -c) zero $(head -c 4 /dev/zero | wc -c); \
+    cat /etc/shadow >/dev/null 2>&1 && echo ESCAPE-shadow; \
+    ls /root >/dev/null 2>&1 && echo ESCAPE-root; \
+    ls /home >/dev/null 2>&1 && echo ESCAPE-home; \
+    touch /usr/escape 2>/dev/null && echo ESCAPE-usr; \
+    touch /escape 2>/dev/null && echo ESCAPE-slash; \
+    touch inside && echo wrote-inside; \
+    mount -t tmpfs none /tmp 2>/dev/null && echo ESCAPE-mount; \
+    unshare -U true 2>/dev/null && echo ESCAPE-unshare; \
+    python3 syscalls.py; \
+    ./id-setuid | grep -q euid= && echo ESCAPE-setuid; \
+    echo pids $(ls /proc | grep -c '^[0-9]'); \
+    echo host $(hostname); \
+    grep -E '^(NoNewPrivs|CapBnd|CapEff|Seccomp):' /proc/self/status; \
+    echo ppid $PPID";
+
+/// Puts the escape attempts' helpers in `work`: a setuid-root copy of
+/// id(1), which would print euid=0 if it gained, and the syscalls probe.
+fn prepare_escape(work: &std::path::Path) {
+    let setuid = work.join("id-setuid");
     std::fs::copy("/usr/bin/id", &setuid).unwrap();
     std::fs::set_permissions(&setuid, std::fs::Permissions::from_mode(0o4755)).unwrap();
-    std::fs::write(work.path().join("syscalls.py"), SYSCALLS).unwrap();
-    let output = run(&daemon, path, Some(65534), script);
+    std::fs::write(work.join("syscalls.py"), SYSCALLS).unwrap();
+}
+
+/// Runs [`ESCAPE_SCRIPT`] in `work` as `uid` under [`full_profile`],
+/// checks that every attempt failed, and returns the shell's parent pid.
+fn escape_fails(daemon: &Daemon, work: &std::path::Path, uid: Option<u32>) -> u32 {
+    let _ = std::fs::remove_file(work.join("inside"));
+    let output = run(daemon, work.to_str().unwrap(), uid, ESCAPE_SCRIPT);
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -113,7 +114,7 @@ fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
     assert!(text.contains("wrote-inside"), "{text}");
     assert!(text.contains("dev-null-writable"), "{text}");
     assert!(text.contains("urandom 16 zero 4"), "{text}");
-    assert!(work.path().join("inside").exists());
+    assert!(work.join("inside").exists());
     // The init, the shell, its subshell, ls and grep: only the child's own
     // tree (the host has hundreds).
     let pids: usize = text
@@ -126,6 +127,115 @@ fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
     assert!(text.contains("NoNewPrivs:\t1"), "{text}");
     assert!(text.contains("CapBnd:\t0000000000000000"), "{text}");
     assert!(text.contains("Seccomp:\t2"), "{text}");
+    text.lines()
+        .find_map(|line| line.strip_prefix("ppid "))
+        .and_then(|ppid| ppid.trim().parse().ok())
+        .expect("the shell's parent pid")
+}
+
+#[test]
+fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let work = work_dir();
+    let path = work.path().to_str().unwrap();
+    let daemon = start_daemon_with(
+        "sandbox-escape",
+        Some(&full_profile(path)),
+        &["--socket-mode", "0666"],
+    );
+    prepare_escape(work.path());
+    assert_eq!(
+        escape_fails(&daemon, work.path(), Some(65534)),
+        1,
+        "under its init"
+    );
+}
+
+/// How many inits the daemon keeps parked for one plan and peer.
+const PARKED_PER_PLAN: usize = 2;
+
+/// The daemon's fds each parked init holds: its pidfd twice (one to
+/// enter, one to reap) and its release pipe.
+const FDS_PER_PARKED_INIT: usize = 3;
+
+/// The daemon's children named `zygote-init`: parked inits, and the
+/// inits of sandboxes that made their own namespaces.
+fn inits_of(daemon: &Daemon) -> Vec<u32> {
+    crate::util::children_of(daemon.pid())
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim_end() == "zygote-init")
+        })
+        .collect()
+}
+
+/// The namespaces a process is in, and those its children start in.
+fn namespaces_of(pid: u32) -> Vec<String> {
+    ["mnt", "pid_for_children", "ipc", "uts", "net"]
+        .iter()
+        .map(|kind| {
+            std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
+                .map(|link| link.display().to_string())
+                .unwrap_or_else(|error| format!("{kind}: {error}"))
+        })
+        .collect()
+}
+
+/// After a spawn of a sandbox with a pid namespace, the daemon parks an
+/// init for the same plan and peer; the next such spawn enters its
+/// namespaces instead of making its own, and is confined as tightly.
+/// Another peer never enters it, and the spawner that entered comes back
+/// to its own namespaces.
+#[test]
+fn a_spawn_that_enters_a_parked_init_is_confined_as_one_that_made_its_own() {
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let work = work_dir();
+    let path = work.path().to_str().unwrap();
+    let daemon = start_daemon_with(
+        "sandbox-parked",
+        Some(&full_profile(path)),
+        &["--socket-mode", "0666"],
+    );
+    prepare_escape(work.path());
+    assert_eq!(
+        escape_fails(&daemon, work.path(), Some(65534)),
+        1,
+        "made its own"
+    );
+    let parked = || inits_of(&daemon).len() == PARKED_PER_PLAN;
+    for _ in 0..2 {
+        assert!(
+            eventually(Duration::from_secs(10), parked),
+            "no init parked: {:?}\n{}",
+            inits_of(&daemon),
+            daemon.log()
+        );
+        assert_eq!(
+            escape_fails(&daemon, work.path(), Some(65534)),
+            0,
+            "entered one"
+        );
+    }
+    // The spawner that entered is back in the daemon's namespaces.
+    let spawners = daemon.spawners();
+    assert!(!spawners.is_empty());
+    for spawner in spawners {
+        assert_eq!(namespaces_of(spawner), namespaces_of(daemon.pid()));
+    }
+    // Root's plan is another (its paths are resolved as root): it makes
+    // its own namespaces while 65534's inits wait.
+    assert!(eventually(Duration::from_secs(10), parked));
+    let output = run(&daemon, path, None, "echo ppid $PPID");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "ppid 1",
+        "root entered another peer's init: {output:?}"
+    );
 }
 
 /// Checks the output of a script run as `uid` under a sandbox: it ran,
@@ -651,10 +761,14 @@ mod wire {
         }
         // Nothing of the refused, failed or finished sandboxes stays open
         // but the one empty network namespace and the one template of
-        // `/dev`, kept for the next, and root's spawner process (its
-        // socket and pidfd).
+        // `/dev`, kept for the next, root's spawner process (its socket
+        // and pidfd), and the inits parked for the next spawn.
         drop(fd);
-        assert_eq!(daemon.settled_fd_count(), fds_before + 2 + 2);
+        let parked = super::inits_of(&daemon).len();
+        assert_eq!(
+            daemon.settled_fd_count(),
+            fds_before + 2 + 2 + super::FDS_PER_PARKED_INIT * parked
+        );
     }
 }
 

@@ -27,6 +27,7 @@ use crate::daemon::handover::{
     Active, SavedChild, SavedClient, SavedConnection, SavedExit, SavedPeer, Timer,
 };
 use crate::daemon::outbox::{self, Outbox, Owed, ReplyFd};
+use crate::daemon::parked;
 use crate::daemon::peer::Peer;
 use crate::daemon::plan::{self, Group, OnClose};
 use crate::daemon::policy::Grant;
@@ -637,20 +638,27 @@ impl SpawnTask {
             self.daemon.metrics.spawn_path(SpawnPath::Vfork);
             (child.pid, child.pidfd, None)
         } else {
-            self.start_switching(plan)
-                .await
-                .map_err(|error| match error {
-                    Switching::Spawn(error) => failed(error),
-                    Switching::Lost { errno, message } => {
-                        remove_cgroup();
-                        let message = format!("{program}: {message}");
-                        refused(id, uid_spawners::LOST_STAGE, errno, message)
-                    }
-                    Switching::Cancelled => {
-                        remove_cgroup();
-                        killed_before_exec(id, program)
-                    }
-                })?
+            let mut plan = plan;
+            // A sandbox with a pid namespace enters the init parked for
+            // its plan, if there is one, and has the next one made.
+            let parked = parked::enter(&self.daemon, &mut plan);
+            let started = self.start_switching(plan).await;
+            if let Some((recipe, taken)) = parked {
+                drop(taken);
+                parked::refill(&self.daemon, &recipe);
+            }
+            started.map_err(|error| match error {
+                Switching::Spawn(error) => failed(error),
+                Switching::Lost { errno, message } => {
+                    remove_cgroup();
+                    let message = format!("{program}: {message}");
+                    refused(id, uid_spawners::LOST_STAGE, errno, message)
+                }
+                Switching::Cancelled => {
+                    remove_cgroup();
+                    killed_before_exec(id, program)
+                }
+            })?
         };
         let pidfd = match zygote_proto::register(pidfd, Interest::READABLE) {
             Ok(pidfd) => Arc::new(pidfd),
@@ -721,6 +729,11 @@ impl SpawnTask {
             }
             Err(plan) => plan,
         };
+        let mut plan = plan;
+        // The fork path makes the sandbox's namespaces itself.
+        if let Some(sandbox) = plan.sandbox.as_mut() {
+            sandbox.enter = None;
+        }
         let started = daemon.start(&plan);
         drop(plan);
         let child = started.map_err(Switching::Spawn)?;

@@ -43,6 +43,7 @@ pub mod handover;
 mod lifetime;
 mod loglimit;
 mod outbox;
+mod parked;
 pub(crate) mod peer;
 pub(crate) mod plan;
 pub mod policy;

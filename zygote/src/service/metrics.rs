@@ -93,6 +93,7 @@ pub struct Metrics {
     exec_errors: IntCounterVec,
     sandboxed_spawns: IntCounterVec,
     sandbox_failures: IntCounterVec,
+    parked_inits: IntCounterVec,
     children_running: IntGauge,
     child_exits: IntCounterVec,
     connections_open: IntGauge,
@@ -283,6 +284,13 @@ impl Metrics {
                 "Sandboxes refused or failed, by stage (validate, sandbox) and step.",
                 &["stage", "step"],
             ),
+            parked_inits: metrics.counters(
+                "zygote_parked_inits_total",
+                "Sandbox namespaces made ahead (parked inits), by event: made, failed, \
+                 entered (a spawn used one), missed (a spawn of a sandbox with a pid \
+                 namespace found none), expired.",
+                &["event"],
+            ),
             children_running: metrics.gauge(
                 "zygote_children_running",
                 "Children started and not yet reaped.",
@@ -400,6 +408,11 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a parked init's `event` (see the metric's help).
+    pub fn parked_init(&self, event: &str) {
+        self.parked_inits.with_label_values(&[event]).inc();
+    }
+
     /// Records an `execve` failure.
     pub fn exec_failed(&self, errno: i32) {
         self.exec_errors
@@ -512,11 +525,12 @@ impl Metrics {
         }
     }
 
-    fn counter_vecs(&self) -> [(&'static str, &IntCounterVec); 10] {
+    fn counter_vecs(&self) -> [(&'static str, &IntCounterVec); 11] {
         [
             ("spawn_paths", &self.spawn_paths),
             ("sandboxed_spawns", &self.sandboxed_spawns),
             ("sandbox_failures", &self.sandbox_failures),
+            ("parked_inits", &self.parked_inits),
             ("spawns", &self.spawns),
             ("peer_spawns", &self.peer_spawns),
             ("exec_errors", &self.exec_errors),

@@ -83,6 +83,10 @@ pub(super) struct ChildArgs<'a> {
     pub(super) sandbox_fds: &'a [RawFd],
     /// The cloning thread's namespaces (sandboxed children only).
     pub(super) parent_namespaces: sandbox::ParentNamespaces,
+    /// A parked init's: the read end of the pipe whose closing releases
+    /// it (see [`sandbox::park`]). The child parks instead of switching
+    /// credentials and exec'ing.
+    pub(super) park: Option<RawFd>,
 }
 
 /// The status pipe's failure report: the stage's index in
@@ -357,6 +361,9 @@ fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
             parent: args.parent_namespaces,
         };
         sandboxed(args, sandbox::before_credentials(plan, &peer))?;
+        if let Some(release) = args.park {
+            return sandboxed(args, Err(sandbox::park(release, args.report)));
+        }
     }
 
     if let Some((uid, gid, groups)) = args.credentials {

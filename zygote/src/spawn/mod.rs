@@ -162,7 +162,7 @@ pub struct SpawnPlan {
 
 /// Who a child runs as: set with `setgroups`, `setresgid` and `setresuid`,
 /// in that order (dropping the uid last, while we may still set groups).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Credentials {
     /// Real, effective and saved uid.
     pub uid: u32,
@@ -282,6 +282,54 @@ impl Spawner {
     pub fn start(&self, plan: &SpawnPlan) -> Result<StartedChild, SpawnError> {
         start_with(plan, &self.signals)
     }
+
+    /// Starts a parked init on the fork path: a child that makes the
+    /// namespaces and the root of `plan`'s sandbox (which must have a new
+    /// pid namespace), as `plan`'s credentials for its paths, then waits
+    /// in them as their init (see [`ParkedInit`]). Its status pipe reads
+    /// as an exec's once it is ready ([`read_exec_report`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Spawner::start`]; `Validate` for a plan without a sandbox
+    /// with a new pid namespace of its own (or in a user namespace).
+    pub fn park(&self, plan: &SpawnPlan) -> Result<ParkedInit, SpawnError> {
+        let parkable = plan.sandbox.as_ref().is_some_and(|sandbox| {
+            sandbox.clone_flags & libc::CLONE_NEWPID != 0
+                && sandbox.map_ids.is_none()
+                && sandbox.enter.is_none()
+        });
+        if !parkable {
+            return Err(SpawnError::new(SpawnStage::Validate, libc::EINVAL));
+        }
+        let (child, release) = fork_start(plan, &self.signals, true)?;
+        let release = release.ok_or(SpawnError::new(SpawnStage::Pipe, libc::EIO))?;
+        Ok(ParkedInit {
+            pid: child.pid,
+            pidfd: child.pidfd,
+            status: child.status,
+            release,
+        })
+    }
+}
+
+/// A parked init ([`Spawner::park`]): a sandbox's namespaces and root,
+/// made ahead, whose init waits for one program to enter them (a
+/// [`SandboxPlan::enter`] naming its pidfd, started by a spawner
+/// process). Closing `release` lets the init go on: from then on it
+/// lives as long as the program that entered (pid 2 of its namespace),
+/// or ends at once when none did.
+#[derive(Debug)]
+pub struct ParkedInit {
+    /// Its pid in the daemon's pid namespace.
+    pub pid: i32,
+    /// A close-on-exec pidfd: the daemon's child, to reap when it ends.
+    pub pidfd: OwnedFd,
+    /// Its status pipe: end of file once it is ready, or the step that
+    /// failed (see [`read_exec_report`]).
+    pub status: OwnedFd,
+    /// The write end of its release pipe.
+    pub release: OwnedFd,
 }
 
 impl std::fmt::Debug for Spawner {
@@ -293,6 +341,14 @@ impl std::fmt::Debug for Spawner {
 }
 
 fn spawn_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<SpawnedChild, SpawnError> {
+    if plan
+        .sandbox
+        .as_ref()
+        .is_some_and(|sandbox| sandbox.enter.is_some())
+    {
+        // Only a spawner process enters a parked init's namespaces.
+        return Err(SpawnError::new(SpawnStage::Validate, libc::EINVAL));
+    }
     let prepared = Prepared::new(plan)?;
     let failure = Failure::default();
     let mut args = prepared.child_args(signals, &failure);
@@ -379,48 +435,81 @@ pub fn read_exec_report(status: BorrowedFd<'_>) -> io::Result<ExecReport> {
 /// does before exec (stopped by its new owner, stuck on a slow
 /// filesystem) can hold this thread. The price is copying the page tables.
 fn start_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<StartedChild, SpawnError> {
-    let mut prepared = Prepared::new(plan)?;
-    let pipe_failed =
-        |errno: rustix::io::Errno| SpawnError::new(SpawnStage::Pipe, errno.raw_os_error());
-    let (status, write) = rustix::pipe::pipe_with(
+    fork_start(plan, signals, false).map(|(child, _)| child)
+}
+
+/// A pipe for the child, its end placed at or above `floor` and kept
+/// open in the child: (the parent's end, the child's end).
+fn pipe_for_child(
+    prepared: &mut Prepared<'_>,
+    floor: RawFd,
+    child_writes: bool,
+) -> Result<(OwnedFd, OwnedFd), SpawnError> {
+    let failed = |errno: rustix::io::Errno| SpawnError::new(SpawnStage::Pipe, errno.raw_os_error());
+    let (read, write) = rustix::pipe::pipe_with(
         rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
     )
-    .map_err(pipe_failed)?;
+    .map_err(failed)?;
+    let (ours, theirs) = if child_writes {
+        (read, write)
+    } else {
+        (write, read)
+    };
+    let theirs = rustix::io::fcntl_dupfd_cloexec(&theirs, floor).map_err(failed)?;
+    prepared.keep_open(theirs.as_raw_fd());
+    Ok((ours, theirs))
+}
+
+/// [`start_with`], or with `park`, a parked init's start: then the
+/// release pipe's write end comes back too.
+fn fork_start(
+    plan: &SpawnPlan,
+    signals: &SignalReset,
+    park: bool,
+) -> Result<(StartedChild, Option<OwnedFd>), SpawnError> {
+    if plan
+        .sandbox
+        .as_ref()
+        .is_some_and(|sandbox| sandbox.enter.is_some())
+    {
+        // Only a spawner process enters a parked init's namespaces.
+        return Err(SpawnError::new(SpawnStage::Validate, libc::EINVAL));
+    }
+    let mut prepared = Prepared::new(plan)?;
     // Above every target, so that placing the child's fds cannot
     // overwrite it, and kept open by the child's closing of the rest.
-    let write = rustix::io::fcntl_dupfd_cloexec(&write, prepared.dup_floor).map_err(pipe_failed)?;
-    prepared.keep_open(write.as_raw_fd());
-    let status_end = &write;
-    let failure = Failure::default();
+    let floor = prepared.dup_floor;
+    let (status, write) = pipe_for_child(&mut prepared, floor, true)?;
     // With a new pid namespace the child is its init, which reports the
-    // program's exact exit here (see `sandbox::run_init`).
+    // program's exact exit here (see `sandbox::run_init`); a parked init
+    // waits for its release instead (see `sandbox::park`).
     let new_pid_ns = plan
         .sandbox
         .as_ref()
         .is_some_and(|sandbox| sandbox.clone_flags & libc::CLONE_NEWPID != 0);
-    let (init_report, init_write) = if new_pid_ns {
-        let (read, write) = rustix::pipe::pipe_with(
-            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
-        )
-        .map_err(pipe_failed)?;
-        // Above the status pipe's end, which `keep_open` kept first.
-        let write = rustix::io::fcntl_dupfd_cloexec(&write, status_end.as_raw_fd() + 1)
-            .map_err(pipe_failed)?;
-        (Some(read), Some(write))
+    let above_status = write.as_raw_fd() + 1;
+    let init_report = if new_pid_ns && !park {
+        Some(pipe_for_child(&mut prepared, above_status, true)?)
     } else {
-        (None, None)
+        None
     };
-    if let Some(write) = &init_write {
-        prepared.keep_open(write.as_raw_fd());
-    }
-    let sandbox_fds = prepared.sandbox_fds(plan).map_err(pipe_failed)?;
+    let release = if park {
+        Some(pipe_for_child(&mut prepared, above_status, false)?)
+    } else {
+        None
+    };
+    let sandbox_fds = prepared
+        .sandbox_fds(plan)
+        .map_err(|errno| SpawnError::new(SpawnStage::Pipe, errno.raw_os_error()))?;
     let sandbox_raw: Vec<RawFd> = sandbox_fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let failure = Failure::default();
     let mut args = prepared.child_args(signals, &failure);
     args.report = Some(write.as_raw_fd());
-    args.init_report = init_write.as_ref().map(AsRawFd::as_raw_fd);
+    args.init_report = init_report.as_ref().map(|(_, theirs)| theirs.as_raw_fd());
     if args.init_report.is_some() {
         args.start_program = Some(clone::vfork_program);
     }
+    args.park = release.as_ref().map(|(_, theirs)| theirs.as_raw_fd());
     args.sandbox_fds = &sandbox_raw;
     // Forked children join their cgroup themselves, first thing, while
     // they still have the daemon's ids (clone3's placement is used on the
@@ -438,10 +527,10 @@ fn start_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<StartedChild, S
     let clone_flags = plan
         .sandbox
         .as_ref()
-        .map_or(0, |sandbox| sandbox.clone_flags);
+        .map_or(0, SandboxPlan::namespaces_to_make);
     let (pid, pidfd) = clone::fork_child(&args, clone_flags)
         .map_err(|errno| SpawnError::new(SpawnStage::Clone, errno))?;
-    if let Some(report) = init_report {
+    if let Some((report, _)) = init_report {
         sandbox::expect_init_report(pid, report);
     }
     OWN.pids
@@ -452,7 +541,8 @@ fn start_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<StartedChild, S
     // Only the child may hold the write end: its exec (or exit) is the EOF.
     drop(write);
     drop(procs);
-    Ok(StartedChild { pid, pidfd, status })
+    let child = StartedChild { pid, pidfd, status };
+    Ok((child, release.map(|(ours, _)| ours)))
 }
 
 /// The nice value children get when their plan sets none, once
@@ -601,6 +691,17 @@ fn default_child_nice() -> Option<i32> {
 /// `ECHILD` if it is not our child or was already reaped.
 pub fn try_reap(pidfd: BorrowedFd<'_>) -> io::Result<Option<(ExitStatus, ResourceUsage)>> {
     clone::waitid(pidfd, false)
+}
+
+/// Whether the process behind `pidfd` has exited (its pidfd reads
+/// ready), without waiting.
+pub fn has_exited(pidfd: BorrowedFd<'_>) -> bool {
+    let mut polled = [rustix::event::PollFd::new(
+        &pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    rustix::event::poll(&mut polled, Some(&rustix::event::Timespec::default()))
+        .is_ok_and(|ready| ready > 0)
 }
 
 /// Sends `signal` to the child with `pidfd_send_signal(2)`.
@@ -1092,6 +1193,7 @@ impl<'a> Prepared<'a> {
                 .as_ref()
                 .map(sandbox::ParentNamespaces::of_this_thread)
                 .unwrap_or_default(),
+            park: None,
         }
     }
 }

@@ -55,7 +55,7 @@ impl Spawner {
         let namespaces = plan
             .sandbox
             .as_ref()
-            .map_or(0, |sandbox| sandbox.clone_flags);
+            .map_or(0, super::SandboxPlan::namespaces_to_make);
         let cgroup = plan.cgroup.as_ref().map(AsFd::as_fd);
         // Below 5.7 the child joins by itself, as on the daemon's paths.
         let procs = match cgroup {
@@ -67,8 +67,16 @@ impl Spawner {
         };
         args.join_cgroup = procs.as_ref().map(AsRawFd::as_raw_fd);
         let into = if procs.is_none() { cgroup } else { None };
-        let (pid, pidfd) = clone::clone_sibling(&args, into, namespaces)
-            .map_err(|(stage, errno)| SpawnError::new(stage, errno))?;
+        // In a parked init's namespaces for this one clone, if the plan
+        // enters some.
+        let entered = match &plan.sandbox {
+            Some(sandbox) => super::sandbox::Entered::enter(sandbox)
+                .map_err(|errno| SpawnError::new(SpawnStage::Clone, errno))?,
+            None => None,
+        };
+        let cloned = clone::clone_sibling(&args, into, namespaces);
+        drop(entered);
+        let (pid, pidfd) = cloned.map_err(|(stage, errno)| SpawnError::new(stage, errno))?;
         let failure = failure.get().map(|(stage, errno, sandbox)| SpawnError {
             stage,
             errno,

@@ -24,6 +24,7 @@
 
 mod checks;
 mod landlock;
+pub mod pool;
 pub mod profile;
 mod seccomp;
 pub mod spec;
@@ -92,6 +93,8 @@ pub struct Sandboxes {
     /// Whether the daemon is rootless (not uid 0): children get a user
     /// namespace of their own, mapping the daemon's ids to themselves.
     pub rootless: Option<(u32, u32)>,
+    /// Inits parked for the next spawn of their sandbox.
+    pub pool: Arc<pool::Pool>,
     netns: OnceLock<Result<Arc<OwnedFd>, String>>,
     dev_template: OnceLock<Option<Arc<OwnedFd>>>,
 }
@@ -102,6 +105,7 @@ impl Sandboxes {
         Self {
             profiles,
             rootless: (uid != 0).then_some((uid, gid)),
+            pool: Arc::default(),
             netns: OnceLock::new(),
             dev_template: OnceLock::new(),
         }

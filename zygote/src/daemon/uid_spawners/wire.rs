@@ -43,8 +43,8 @@ struct PlanOut<'a> {
 }
 
 /// A [`SandboxPlan`] as the daemon sends it; its fds (the network
-/// namespace, the `/dev` template, then one per Landlock ruleset) travel
-/// after the cgroup's.
+/// namespace, the `/dev` template, one per Landlock ruleset, then the
+/// parked init's pidfd) travel after the cgroup's.
 #[derive(Serialize)]
 struct SandboxOut<'a> {
     clone_flags: i32,
@@ -55,6 +55,7 @@ struct SandboxOut<'a> {
     seccomp: Vec<(&'a str, Vec<Instruction>)>,
     landlock: Vec<(Vec<(&'a CStr, u64)>, u64)>,
     clear_bounding_set: bool,
+    enter: bool,
 }
 
 /// A BPF instruction: `code`, `jt`, `jf`, `k`.
@@ -71,6 +72,7 @@ struct SandboxIn {
     seccomp: Vec<(String, Vec<Instruction>)>,
     landlock: Vec<(Vec<(CString, u64)>, u64)>,
     clear_bounding_set: bool,
+    enter: bool,
 }
 
 /// [`PlanOut`] as the spawner receives it, field for field.
@@ -136,6 +138,7 @@ pub(super) fn encode_plan(
                 .iter()
                 .map(|landlock| landlock.ruleset.as_fd()),
         );
+        fds.extend(sandbox.enter.iter().map(|init| init.as_fd()));
     }
     if fds.len() > zygote_proto::MAX_FDS_PER_FRAME {
         return None;
@@ -214,6 +217,7 @@ fn encode_sandbox(plan: &SandboxPlan, seccomp_inherited: bool) -> SandboxOut<'_>
             })
             .collect(),
         clear_bounding_set: plan.clear_bounding_set,
+        enter: plan.enter.is_some(),
     }
 }
 
@@ -278,6 +282,11 @@ fn decode_sandbox(
             })
         })
         .collect::<Option<Vec<_>>>()?;
+    let enter = if sandbox.enter {
+        Some(Arc::new(fds.next()?))
+    } else {
+        None
+    };
     let plan = SandboxPlan {
         clone_flags: sandbox.clone_flags,
         netns,
@@ -289,6 +298,7 @@ fn decode_sandbox(
         map_ids: None,
         fresh_proc: false,
         clear_bounding_set: sandbox.clear_bounding_set,
+        enter,
     };
     plan.suits_vfork().then_some(plan)
 }
@@ -298,7 +308,10 @@ fn decode_sandbox(
 pub(super) fn decode_plan(bytes: &[u8], fds: Vec<OwnedFd>) -> Option<SpawnPlan> {
     let plan: PlanIn = zygote_proto::decode(bytes).ok()?;
     let sandbox_fds = plan.sandbox.as_ref().map_or(0, |sandbox| {
-        usize::from(sandbox.netns) + usize::from(sandbox.dev_template) + sandbox.landlock.len()
+        usize::from(sandbox.netns)
+            + usize::from(sandbox.dev_template)
+            + sandbox.landlock.len()
+            + usize::from(sandbox.enter)
     });
     if fds.len() != plan.targets.len() + usize::from(plan.cgroup) + sandbox_fds {
         return None;
@@ -340,6 +353,7 @@ pub(super) fn decode_plan(bytes: &[u8], fds: Vec<OwnedFd>) -> Option<SpawnPlan> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
     fn null() -> OwnedFd {
         std::fs::File::open("/dev/null").expect("/dev/null").into()
@@ -478,6 +492,7 @@ mod tests {
             map_ids: None,
             fresh_proc: false,
             clear_bounding_set: true,
+            enter: None,
         });
         let (bytes, fds) = encode_plan(&plan, false).expect("encodes");
         assert_eq!(
@@ -521,6 +536,7 @@ mod tests {
         assert_eq!(landlock.paths, [(c"/work".to_owned(), 0x1fff)]);
         assert_eq!(landlock.file_access, 0x0f);
         assert!(sandbox.clear_bounding_set);
+        assert!(sandbox.enter.is_none());
         // One fd short: refused, not shifted.
         let short: Vec<OwnedFd> = fds
             .iter()
@@ -528,5 +544,36 @@ mod tests {
             .map(|fd| fd.try_clone_to_owned().expect("dup"))
             .collect();
         assert!(decode_plan(&bytes, short).is_none());
+    }
+
+    /// A plan entering a parked init (which has a new pid namespace, yet
+    /// is vforked: the init exists) arrives with the init's pidfd last.
+    #[test]
+    fn a_plan_entering_a_parked_init_arrives_with_its_pidfd() {
+        let mut plan = sample();
+        let init = null();
+        let init_number = init.as_raw_fd();
+        plan.sandbox = Some(SandboxPlan {
+            clone_flags: libc::CLONE_NEWNS | libc::CLONE_NEWPID,
+            netns: Some(Arc::new(null())),
+            enter: Some(Arc::new(init)),
+            ..SandboxPlan::default()
+        });
+        let (bytes, fds) = encode_plan(&plan, false).expect("a spawner can start it");
+        assert_eq!(fds.last().map(|fd| fd.as_raw_fd()), Some(init_number));
+        let owned: Vec<OwnedFd> = fds
+            .iter()
+            .map(|fd| fd.try_clone_to_owned().expect("dup"))
+            .collect();
+        let back = decode_plan(&bytes, owned).expect("decodes");
+        let sandbox = back.sandbox.expect("a sandbox");
+        assert!(sandbox.enter.is_some());
+        assert!(sandbox.netns.is_some());
+        assert_eq!(sandbox.namespaces_to_make(), 0);
+        plan.sandbox.as_mut().expect("a sandbox").enter = None;
+        assert!(
+            encode_plan(&plan, false).is_none(),
+            "without an init to enter, its own init would hold the spawner's vfork"
+        );
     }
 }

@@ -203,3 +203,115 @@ fn reap_children(program: libc::pid_t, report: RawFd) {
         unsafe { libc::_exit(code) };
     }
 }
+
+/// The program a parked init waits for: the first process of its pid
+/// namespace after the init itself.
+const PROGRAM_IN_NAMESPACE: libc::pid_t = 2;
+
+/// A parked init ([`crate::spawn::Spawner::park`]): the namespaces and
+/// the root are made, and this child waits in them, as pid 1, for the
+/// one program that will enter them. It says it is ready by closing
+/// `report` (the status pipe's end of file), then waits until the daemon
+/// closes `release`: by then the program exists, or never will. It then
+/// lives exactly as long as that program (pid 2 of its namespace), which
+/// ends the namespace and anything left in it when it goes, as an init
+/// that started its program does. Reaps the orphans that come to it
+/// meanwhile. Returns only the step that failed before it was ready.
+pub(in crate::spawn) fn park(release: RawFd, report: Option<RawFd>) -> Failed {
+    let (all, _) = signal_sets();
+    // SAFETY: a valid pointer to our own set; this process is single-threaded.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &raw const all, ptr::null_mut()) };
+    // SAFETY: a zeroed sigset_t is valid, and filled in place.
+    let mut child_exits = unsafe { std::mem::zeroed::<libc::sigset_t>() };
+    // SAFETY: as above; SIGCHLD is a valid signal number.
+    unsafe {
+        libc::sigemptyset(&raw mut child_exits);
+        libc::sigaddset(&raw mut child_exits, libc::SIGCHLD);
+    }
+    // SAFETY: makes a new fd from a valid set.
+    let exits = unsafe {
+        libc::signalfd(
+            -1,
+            &raw const child_exits,
+            libc::SFD_CLOEXEC | libc::SFD_NONBLOCK,
+        )
+    };
+    if exits < 0 {
+        return fail_with(super::errno());
+    }
+    // SAFETY: prctl with integer arguments and a static name.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+        libc::prctl(libc::PR_SET_NAME, c"zygote-init".as_ptr(), 0, 0, 0);
+    }
+    if let Err(failed) = drop_capabilities() {
+        return failed;
+    }
+    if let Some(report) = report {
+        close(report);
+    }
+    wait_readable(release, exits);
+    close(release);
+    // SAFETY: plain syscall; no memory is passed.
+    let program = unsafe { libc::syscall(libc::SYS_pidfd_open, PROGRAM_IN_NAMESPACE, 0) };
+    if let Ok(program) = c_int::try_from(program)
+        && program >= 0
+    {
+        wait_readable(program, exits);
+    }
+    // SAFETY: ends the init, and with it the namespace.
+    unsafe { libc::_exit(0) }
+}
+
+/// Waits until `fd` is readable (or hung up), reaping every exited child
+/// whenever `exits`, a signalfd of `SIGCHLD`, says one came.
+fn wait_readable(fd: RawFd, exits: RawFd) {
+    loop {
+        let mut polled = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: exits,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: polls two valid pollfd entries we own.
+        let ready = unsafe { libc::poll(polled.as_mut_ptr(), 2, -1) };
+        if ready < 0 {
+            if super::errno() == libc::EINTR {
+                continue;
+            }
+            return;
+        }
+        let [watched, signals] = polled;
+        if signals.revents != 0 {
+            let mut drained = [0u8; 128];
+            // SAFETY: reads into a valid buffer from our own signalfd.
+            while unsafe { libc::read(exits, drained.as_mut_ptr().cast(), drained.len()) } > 0 {}
+            reap_orphans();
+        }
+        if watched.revents != 0 {
+            return;
+        }
+    }
+}
+
+/// Reaps every exited child of this init.
+fn reap_orphans() {
+    loop {
+        // SAFETY: siginfo_t is a plain C struct; zeroed is valid.
+        let mut info = unsafe { std::mem::zeroed::<libc::siginfo_t>() };
+        // SAFETY: writes into a valid siginfo.
+        let ret =
+            unsafe { libc::waitid(libc::P_ALL, 0, &raw mut info, libc::WEXITED | libc::WNOHANG) };
+        // SAFETY: a SIGCHLD siginfo (or zeroed), whose pid is valid.
+        if ret < 0 || unsafe { info.si_pid() } == 0 {
+            return;
+        }
+    }
+}

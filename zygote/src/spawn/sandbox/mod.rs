@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use zygote_proto::SpawnStage;
 
+mod enter;
 mod filters;
 mod fs;
 mod init;
@@ -35,8 +36,9 @@ pub mod libseccomp;
 use filters::drop_capabilities;
 use filters::{clear_capability_sets, enforce_landlock, install_seccomp};
 
+pub(in crate::spawn) use enter::Entered;
 pub use fs::dev_template;
-pub(in crate::spawn) use init::{expect_init_report, leave_init, run_init, take_init_report};
+pub(in crate::spawn) use init::{expect_init_report, leave_init, park, run_init, take_init_report};
 
 /// The stage a failed sandbox step reports; the step says which.
 pub const SANDBOX_STAGE: SpawnStage = SpawnStage::Sandbox;
@@ -77,6 +79,11 @@ pub struct SandboxPlan {
     /// `CAP_SETPCAP`: a root daemon, or a user namespace of the child's
     /// own; a rootless child without one has no capability to lose).
     pub clear_bounding_set: bool,
+    /// The pidfd of a parked init ([`super::Spawner::park`]) made for this
+    /// very plan: the child enters its namespaces, root included, instead
+    /// of making its own. Only a spawner process starts such a child (see
+    /// [`Entered`]).
+    pub enter: Option<Arc<OwnedFd>>,
 }
 
 impl SandboxPlan {
@@ -85,14 +92,43 @@ impl SandboxPlan {
     /// would hold the vfork for its whole life, nor one with a user
     /// namespace (a rootless daemon's, which has no spawners).
     pub fn suits_vfork(&self) -> bool {
+        if self.enter.is_some() {
+            return self.map_ids.is_none();
+        }
         self.clone_flags & (libc::CLONE_NEWPID | libc::CLONE_NEWUSER) == 0
             && self.map_ids.is_none()
             && !self.fresh_proc
     }
+
+    /// The `CLONE_NEW*` flags the child is cloned with: none when it
+    /// enters a parked init's namespaces.
+    pub fn namespaces_to_make(&self) -> c_int {
+        if self.enter.is_some() {
+            0
+        } else {
+            self.clone_flags
+        }
+    }
+
+    /// The namespaces a child entering a parked init joins: those the
+    /// init made, and the network namespace it joined.
+    fn namespaces_to_enter(&self) -> c_int {
+        let made = libc::CLONE_NEWNS
+            | libc::CLONE_NEWPID
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWUTS
+            | libc::CLONE_NEWNET;
+        let joined = if self.netns.is_some() {
+            libc::CLONE_NEWNET
+        } else {
+            0
+        };
+        (self.clone_flags & made) | joined
+    }
 }
 
 /// One mount of a sandbox's filesystem.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Mount {
     /// What to mount.
     pub kind: MountKind,
@@ -104,7 +140,7 @@ pub struct Mount {
 }
 
 /// How a [`Mount`] is made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MountKind {
     /// A read-only, nosuid, nodev recursive bind.
     ReadOnlyBind,
@@ -317,6 +353,10 @@ impl ParentNamespaces {
     /// This thread's, those `plan` will check (none for a sandbox that
     /// neither mounts nor sets a hostname); runs in the parent.
     pub(in crate::spawn) fn of_this_thread(plan: &SandboxPlan) -> Self {
+        if plan.enter.is_some() {
+            // It makes no namespace, and mounts nothing.
+            return Self::default();
+        }
         let mounts = plan.filesystem.is_some() || plan.fresh_proc;
         Self {
             mount: mounts.then(|| namespace_id(OWN_MOUNT_NAMESPACE)).flatten(),
@@ -372,6 +412,13 @@ pub(super) fn copy_fds(plan: &SandboxPlan, floor: RawFd) -> rustix::io::Result<V
 /// The steps taken with the daemon's privileges, before the credentials
 /// switch.
 pub(super) fn before_credentials(plan: &SandboxPlan, peer: &Peer<'_>) -> Result<(), Failed> {
+    if plan.enter.is_some() {
+        // The parked init made the namespaces and the root it entered.
+        if plan.clear_bounding_set {
+            clear_capability_sets()?;
+        }
+        return Ok(());
+    }
     if let Some((uid, gid)) = plan.map_ids {
         map_ids(uid, gid)?;
     }

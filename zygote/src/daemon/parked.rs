@@ -1,0 +1,121 @@
+//! The daemon's side of parked inits (see `sandbox::pool`): a spawn of a
+//! sandbox with a pid namespace of its own takes the one parked for its
+//! plan, and has the next one made, off its path.
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tracing::debug;
+
+use crate::daemon::reaper;
+use crate::daemon::sandbox::pool::{IDLE, Recipe, Taken};
+use crate::daemon::state::Daemon;
+use crate::spawn::{self, ExecReport, SpawnPlan};
+
+/// How long a parked init may take to make its namespaces and root (its
+/// paths are the peer's, which may be slow): then it is ended.
+const READY_DEADLINE: Duration = Duration::from_secs(10);
+
+/// For a spawn whose sandbox could enter a parked init: the recipe of
+/// the next one, and the one parked now, if any, which `plan` then
+/// enters. Keep the [`Taken`] until the child has started (or failed):
+/// dropping it releases the init.
+pub(crate) fn enter(daemon: &Daemon, plan: &mut SpawnPlan) -> Option<(Recipe, Option<Taken>)> {
+    let recipe = Recipe::of(plan)?;
+    let taken = daemon.sandboxes.pool.take(&recipe.key);
+    let sandbox = plan.sandbox.as_mut()?;
+    match &taken {
+        Some(taken) => {
+            sandbox.enter = Some(Arc::clone(&taken.pidfd));
+            daemon.metrics.parked_init("entered");
+        }
+        None => daemon.metrics.parked_init("missed"),
+    }
+    Some((recipe, taken))
+}
+
+/// Has inits parked for `recipe` up to the pool's depth and bounds, each
+/// made in a task of its own.
+pub(crate) fn refill(daemon: &Arc<Daemon>, recipe: &Recipe) {
+    while daemon.sandboxes.pool.start_making(&recipe.key) {
+        make_one(daemon, recipe.clone());
+    }
+}
+
+/// Parks one init for `recipe`, which `Pool::start_making` counted.
+fn make_one(daemon: &Arc<Daemon>, recipe: Recipe) {
+    let daemon = Arc::clone(daemon);
+    tokio::spawn(async move {
+        let pool = Arc::clone(&daemon.sandboxes.pool);
+        let made = make(&daemon, &recipe).await;
+        let key = recipe.key;
+        let (pidfd, release) = match made {
+            Ok(made) => made,
+            Err(error) => {
+                pool.abandon(&key);
+                daemon.metrics.parked_init("failed");
+                debug!(%error, "a sandbox's namespaces could not be made ahead");
+                return;
+            }
+        };
+        let generation = pool.put(key.clone(), pidfd, release);
+        daemon.metrics.parked_init("made");
+        tokio::time::sleep(IDLE).await;
+        if pool.expire(&key, generation) {
+            daemon.metrics.parked_init("expired");
+        }
+    });
+}
+
+/// Starts an init for `recipe` and waits until it is ready: its pidfd
+/// and the write end of its release pipe. A task reaps it when it ends.
+async fn make(
+    daemon: &Daemon,
+    recipe: &Recipe,
+) -> Result<(Arc<std::os::fd::OwnedFd>, std::os::fd::OwnedFd), String> {
+    let plan = recipe.park_plan().map_err(|error| error.to_string())?;
+    let parked = daemon.park(&plan).map_err(|error| error.to_string())?;
+    drop(plan);
+    let enter = parked
+        .pidfd
+        .try_clone()
+        .map_err(|error| error.to_string())?;
+    let watched = zygote_proto::register(parked.pidfd, Interest::READABLE)
+        .map_err(|error| error.to_string())?;
+    let pid = parked.pid;
+    tokio::spawn(async move {
+        if let Err(error) = reaper::wait_exit(&watched).await {
+            debug!(pid, %error, "failed to reap a parked init");
+        }
+    });
+    let ready = tokio::time::timeout(READY_DEADLINE, ready(parked.status)).await;
+    match ready {
+        Ok(Ok(())) => Ok((Arc::new(enter), parked.release)),
+        Ok(Err(error)) => Err(error),
+        Err(_) => {
+            let _ = spawn::send_signal(enter.as_fd(), libc::SIGKILL);
+            Err(format!(
+                "not ready in {} s: ended",
+                READY_DEADLINE.as_secs()
+            ))
+        }
+    }
+}
+
+/// Waits for a parked init's status pipe to say it is ready.
+async fn ready(status: std::os::fd::OwnedFd) -> Result<(), String> {
+    let status: AsyncFd<std::os::fd::OwnedFd> =
+        zygote_proto::register(status, Interest::READABLE).map_err(|error| error.to_string())?;
+    loop {
+        let mut guard = status.readable().await.map_err(|error| error.to_string())?;
+        match spawn::read_exec_report(status.get_ref().as_fd()) {
+            Ok(ExecReport::Execd) => return Ok(()),
+            Ok(ExecReport::Failed(error)) => return Err(error.to_string()),
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => guard.clear_ready(),
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+}

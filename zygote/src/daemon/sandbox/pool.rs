@@ -1,0 +1,403 @@
+//! Parked inits ([`spawn::Spawner::park`]): the namespaces and root of a
+//! sandbox with a pid namespace of its own, made before the spawn that
+//! enters them.
+//!
+//! Making them is most of such a spawn's cost (a fork of the daemon, the
+//! namespaces, the root's mounts, `/proc`, `pivot_root`). So after each
+//! spawn of such a sandbox the daemon parks one init for the same plan
+//! and peer, off the request's path; the next spawn of that plan enters
+//! its namespaces (`setns` by pidfd, in a spawner process) and runs as
+//! the program there. Each init serves one spawn, and a plan's first
+//! spawn makes its own namespaces, as without the pool.
+//!
+//! Bounds: [`DEPTH`] parked inits per plan and peer (two, so that a spawn
+//! that follows another at once finds one while the other is being
+//! made); at most [`MAX_PARKED`] in all and [`MAX_PARKED_PER_UID`] per
+//! uid; each ends after [`IDLE`] unused. A rootless daemon's children (in
+//! a user namespace of their own) are not parked.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::spawn::{self, Credentials, Mount, SandboxPlan, SpawnPlan};
+
+/// Parked inits at most (and being made) per plan and peer.
+pub const DEPTH: usize = 2;
+
+/// Parked inits at most (and being made), all peers together.
+pub const MAX_PARKED: usize = 32;
+
+/// Parked inits at most (and being made) for the children of one uid.
+pub const MAX_PARKED_PER_UID: usize = 8;
+
+/// How long a parked init waits for its spawn before it ends.
+pub const IDLE: Duration = Duration::from_secs(60);
+
+/// What a parked init is made for: everything of a plan that shapes its
+/// namespaces and root. A spawn enters only an init made for its very
+/// key. Landlock, seccomp and the capabilities are the program's own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Key {
+    credentials: Option<Credentials>,
+    clone_flags: i32,
+    network_none: bool,
+    dev_template: bool,
+    hostname: Option<Vec<u8>>,
+    mounts: Option<Vec<Mount>>,
+    fresh_proc: bool,
+}
+
+impl Key {
+    /// The uid whose paths the init resolves, and whose children it
+    /// serves (root's when the plan keeps the daemon's ids).
+    fn uid(&self) -> u32 {
+        self.credentials
+            .as_ref()
+            .map_or(0, |credentials| credentials.uid)
+    }
+}
+
+/// How to make a parked init: its key, and the daemon's fds it needs.
+#[derive(Debug, Clone)]
+pub struct Recipe {
+    /// What it is made for.
+    pub key: Key,
+    netns: Option<Arc<OwnedFd>>,
+    dev_template: Option<Arc<OwnedFd>>,
+}
+
+impl Recipe {
+    /// For `plan`, if its child can enter a parked init: a sandbox with a
+    /// pid namespace of its own, and no user namespace.
+    pub fn of(plan: &SpawnPlan) -> Option<Self> {
+        let sandbox = plan.sandbox.as_ref()?;
+        if sandbox.clone_flags & libc::CLONE_NEWPID == 0
+            || sandbox.map_ids.is_some()
+            || sandbox.enter.is_some()
+        {
+            return None;
+        }
+        Some(Self {
+            key: Key {
+                credentials: plan.credentials.clone(),
+                clone_flags: sandbox.clone_flags,
+                network_none: sandbox.netns.is_some(),
+                dev_template: sandbox.dev_template.is_some(),
+                hostname: sandbox.hostname.clone(),
+                mounts: sandbox.filesystem.clone(),
+                fresh_proc: sandbox.fresh_proc,
+            },
+            netns: sandbox.netns.clone(),
+            dev_template: sandbox.dev_template.clone(),
+        })
+    }
+
+    /// The plan a parked init starts with: the sandbox's namespaces and
+    /// root, its paths resolved as the key's credentials, stdio on
+    /// `/dev/null`, and nothing to exec.
+    ///
+    /// # Errors
+    ///
+    /// When `/dev/null` cannot be opened.
+    pub fn park_plan(&self) -> io::Result<SpawnPlan> {
+        let null = OwnedFd::from(
+            std::fs::File::options()
+                .read(true)
+                .write(true)
+                .open("/dev/null")?,
+        );
+        let fds = vec![(null.try_clone()?, 0), (null.try_clone()?, 1), (null, 2)];
+        let key = &self.key;
+        Ok(SpawnPlan {
+            exec_candidates: vec![CString::from(c"/")],
+            argv: vec![CString::from(c"zygote-init")],
+            envp: zygote_proto::Env::new(),
+            cwd: None,
+            fds,
+            new_session: false,
+            controlling_terminal: false,
+            process_group: None,
+            umask: None,
+            rlimits: Vec::new(),
+            credentials: key.credentials.clone(),
+            cgroup: None,
+            ignored_signals: 0,
+            nice: None,
+            cpu_affinity: Vec::new(),
+            oom_score_adj: None,
+            sandbox: Some(SandboxPlan {
+                clone_flags: key.clone_flags,
+                netns: self.netns.clone(),
+                dev_template: self.dev_template.clone(),
+                hostname: key.hostname.clone(),
+                filesystem: key.mounts.clone(),
+                fresh_proc: key.fresh_proc,
+                ..SandboxPlan::default()
+            }),
+        })
+    }
+}
+
+/// A parked init taken for one spawn. Dropping it releases the init,
+/// which then lives as long as the program that entered it, or ends.
+#[derive(Debug)]
+pub struct Taken {
+    /// The init's pidfd, for [`SandboxPlan::enter`].
+    pub pidfd: Arc<OwnedFd>,
+    _release: OwnedFd,
+}
+
+#[derive(Debug)]
+struct Parked {
+    pidfd: Arc<OwnedFd>,
+    release: OwnedFd,
+    generation: u64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Oldest first.
+    parked: HashMap<Key, VecDeque<Parked>>,
+    making: HashMap<Key, usize>,
+    generation: u64,
+}
+
+impl Inner {
+    fn all(&self) -> usize {
+        self.parked.values().map(VecDeque::len).sum::<usize>() + self.making.values().sum::<usize>()
+    }
+
+    fn of_key(&self, key: &Key) -> usize {
+        self.parked.get(key).map_or(0, VecDeque::len) + self.making.get(key).copied().unwrap_or(0)
+    }
+
+    fn of_uid(&self, uid: u32) -> usize {
+        let parked = self.parked.iter().filter(|(key, _)| key.uid() == uid);
+        let making = self.making.iter().filter(|(key, _)| key.uid() == uid);
+        parked.map(|(_, inits)| inits.len()).sum::<usize>() + making.map(|(_, n)| n).sum::<usize>()
+    }
+
+    fn made(&mut self, key: &Key) {
+        if let Some(making) = self.making.get_mut(key) {
+            *making -= 1;
+            if *making == 0 {
+                self.making.remove(key);
+            }
+        }
+    }
+}
+
+/// The parked inits, by key.
+#[derive(Debug, Default)]
+pub struct Pool {
+    inner: Mutex<Inner>,
+}
+
+impl Pool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The oldest init parked for `key` that is still alive, if any.
+    pub fn take(&self, key: &Key) -> Option<Taken> {
+        loop {
+            let parked = {
+                let mut inner = self.lock();
+                let inits = inner.parked.get_mut(key)?;
+                let parked = inits.pop_front();
+                if inits.is_empty() {
+                    inner.parked.remove(key);
+                }
+                parked?
+            };
+            if !spawn::has_exited(parked.pidfd.as_fd()) {
+                return Some(Taken {
+                    pidfd: parked.pidfd,
+                    _release: parked.release,
+                });
+            }
+        }
+    }
+
+    /// Whether to make an init for `key` now: fewer than [`DEPTH`] are
+    /// parked or being made for it, and the bounds allow one more. Then
+    /// it counts as being made until [`Pool::put`] or [`Pool::abandon`].
+    pub fn start_making(&self, key: &Key) -> bool {
+        let mut inner = self.lock();
+        let room = inner.of_key(key) < DEPTH
+            && inner.all() < MAX_PARKED
+            && inner.of_uid(key.uid()) < MAX_PARKED_PER_UID;
+        if room {
+            *inner.making.entry(key.clone()).or_insert(0) += 1;
+        }
+        room
+    }
+
+    /// Parks a ready init made for `key`; its generation, for
+    /// [`Pool::expire`].
+    pub fn put(&self, key: Key, pidfd: Arc<OwnedFd>, release: OwnedFd) -> u64 {
+        let mut inner = self.lock();
+        inner.made(&key);
+        inner.generation += 1;
+        let generation = inner.generation;
+        inner.parked.entry(key).or_default().push_back(Parked {
+            pidfd,
+            release,
+            generation,
+        });
+        generation
+    }
+
+    /// An init being made for `key` failed.
+    pub fn abandon(&self, key: &Key) {
+        self.lock().made(key);
+    }
+
+    /// Ends the init of `generation` if it is still parked for `key`;
+    /// whether it was.
+    pub fn expire(&self, key: &Key, generation: u64) -> bool {
+        let mut inner = self.lock();
+        let Some(inits) = inner.parked.get_mut(key) else {
+            return false;
+        };
+        let before = inits.len();
+        inits.retain(|parked| parked.generation != generation);
+        let expired = inits.len() < before;
+        if inits.is_empty() {
+            inner.parked.remove(key);
+        }
+        expired
+    }
+
+    /// How many inits are parked now.
+    pub fn parked(&self) -> usize {
+        self.lock().parked.values().map(VecDeque::len).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(uid: u32, hostname: &str) -> Key {
+        Key {
+            credentials: Some(Credentials {
+                uid,
+                gid: uid,
+                groups: Vec::new(),
+            }),
+            clone_flags: libc::CLONE_NEWPID | libc::CLONE_NEWNS,
+            network_none: true,
+            dev_template: false,
+            hostname: Some(hostname.as_bytes().to_vec()),
+            mounts: None,
+            fresh_proc: false,
+        }
+    }
+
+    /// A pidfd of a process that is alive: this one.
+    fn live_pidfd() -> Arc<OwnedFd> {
+        let pid = rustix::process::getpid();
+        Arc::new(rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).unwrap())
+    }
+
+    fn release() -> OwnedFd {
+        rustix::pipe::pipe().unwrap().1
+    }
+
+    #[test]
+    fn an_init_is_taken_once_and_only_for_its_own_key() {
+        let pool = Pool::default();
+        let mine = key(1000, "a");
+        assert!(pool.take(&mine).is_none(), "none parked yet");
+        for _ in 0..DEPTH {
+            assert!(pool.start_making(&mine));
+        }
+        assert!(!pool.start_making(&mine), "as many as the depth being made");
+        pool.put(mine.clone(), live_pidfd(), release());
+        assert!(!pool.start_making(&mine), "one parked, one being made");
+        pool.abandon(&mine);
+        assert!(pool.start_making(&mine), "a failed one frees its place");
+        pool.put(mine.clone(), live_pidfd(), release());
+        assert!(pool.take(&key(1001, "a")).is_none(), "another uid's");
+        assert!(pool.take(&key(1000, "b")).is_none(), "another plan's");
+        assert!(pool.take(&mine).is_some());
+        assert!(pool.take(&mine).is_some());
+        assert!(pool.take(&mine).is_none(), "each init serves one spawn");
+        assert_eq!(pool.parked(), 0);
+    }
+
+    #[test]
+    fn parked_inits_are_bounded_per_uid_and_in_all() {
+        let pool = Pool::default();
+        for n in 0..MAX_PARKED_PER_UID {
+            assert!(pool.start_making(&key(1000, &n.to_string())), "{n}");
+        }
+        assert!(!pool.start_making(&key(1000, "one more")));
+        pool.abandon(&key(1000, "0"));
+        assert!(
+            pool.start_making(&key(1000, "one more")),
+            "a failed one frees its place"
+        );
+        let mut uid = 2000;
+        while pool.lock().all() < MAX_PARKED {
+            assert!(pool.start_making(&key(uid, "x")));
+            uid += 1;
+        }
+        assert!(
+            !pool.start_making(&key(uid, "x")),
+            "the bound on all of them"
+        );
+    }
+
+    #[test]
+    fn only_the_generation_parked_expires() {
+        let pool = Pool::default();
+        let mine = key(1000, "a");
+        let first = pool.put(mine.clone(), live_pidfd(), release());
+        let second = pool.put(mine.clone(), live_pidfd(), release());
+        assert!(pool.take(&mine).is_some(), "the first");
+        assert!(!pool.expire(&mine, first), "taken: its timer finds nothing");
+        assert_eq!(pool.parked(), 1);
+        assert!(pool.expire(&mine, second));
+        assert_eq!(pool.parked(), 0);
+    }
+
+    #[test]
+    fn an_init_that_ended_is_not_taken() {
+        let pool = Pool::default();
+        let mine = key(1000, "a");
+        let child = std::process::Command::new("/bin/true").spawn().unwrap();
+        let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap();
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).unwrap();
+        let mut child = child;
+        child.wait().unwrap();
+        pool.put(mine.clone(), Arc::new(pidfd), release());
+        assert!(pool.take(&mine).is_none());
+    }
+
+    #[test]
+    fn only_a_sandbox_with_a_pid_namespace_and_no_user_namespace_is_parked() {
+        let plan = |clone_flags, map_ids| SpawnPlan {
+            sandbox: Some(SandboxPlan {
+                clone_flags,
+                map_ids,
+                ..SandboxPlan::default()
+            }),
+            ..Recipe {
+                key: key(0, "x"),
+                netns: None,
+                dev_template: None,
+            }
+            .park_plan()
+            .unwrap()
+        };
+        assert!(Recipe::of(&plan(libc::CLONE_NEWPID | libc::CLONE_NEWNS, None)).is_some());
+        assert!(Recipe::of(&plan(libc::CLONE_NEWNS, None)).is_none());
+        assert!(Recipe::of(&plan(libc::CLONE_NEWPID, Some((1000, 1000)))).is_none());
+    }
+}
