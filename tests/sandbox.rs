@@ -509,7 +509,7 @@ mod wire {
         decode, encode, recv_frame, send_frame, socket,
     };
 
-    use crate::util::{root_or_skip, start_daemon};
+    use crate::util::{eventually, root_or_skip, start_daemon};
 
     fn receive(fd: &OwnedFd) -> ServerMessage {
         let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
@@ -764,7 +764,14 @@ mod wire {
         // `/dev`, kept for the next, root's spawner process (its socket
         // and pidfd), and the inits parked for the next spawn.
         drop(fd);
-        let parked = super::inits_of(&daemon).len();
+        let parked = || super::inits_of(&daemon).len();
+        assert!(
+            eventually(Duration::from_secs(10), || parked()
+                == super::PARKED_PER_PLAN),
+            "inits: {:?}",
+            super::inits_of(&daemon)
+        );
+        let parked = parked();
         assert_eq!(
             daemon.settled_fd_count(),
             fds_before + 2 + 2 + super::FDS_PER_PARKED_INIT * parked

@@ -725,6 +725,16 @@ impl SpawnTask {
                     uid_spawners::Outcome::Lost { errno, message } => {
                         Err(Switching::Lost { errno, message })
                     }
+                    uid_spawners::Outcome::Parked(init) => {
+                        // Never asked for here: it goes.
+                        let _ = spawn::send_signal(init.pidfd.as_fd(), libc::SIGKILL);
+                        reap_failed(init.pid, init.pidfd).await;
+                        Err(Switching::Lost {
+                            errno: libc::EPROTO,
+                            message: "the spawner parked an init instead of starting the child"
+                                .to_owned(),
+                        })
+                    }
                 };
             }
             Err(plan) => plan,

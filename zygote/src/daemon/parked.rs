@@ -13,7 +13,8 @@ use tracing::debug;
 use crate::daemon::reaper;
 use crate::daemon::sandbox::pool::{IDLE, Recipe, Taken};
 use crate::daemon::state::Daemon;
-use crate::spawn::{self, ExecReport, SpawnPlan};
+use crate::daemon::uid_spawners::Outcome;
+use crate::spawn::{self, ExecReport, ParkedInit, SpawnPlan};
 
 /// How long a parked init may take to make its namespaces and root (its
 /// paths are the peer's, which may be slow): then it is ended.
@@ -77,8 +78,7 @@ async fn make(
     recipe: &Recipe,
 ) -> Result<(Arc<std::os::fd::OwnedFd>, std::os::fd::OwnedFd), String> {
     let plan = recipe.park_plan().map_err(|error| error.to_string())?;
-    let parked = daemon.park(&plan).map_err(|error| error.to_string())?;
-    drop(plan);
+    let parked = start(daemon, plan).await?;
     let enter = parked
         .pidfd
         .try_clone()
@@ -102,6 +102,50 @@ async fn make(
                 READY_DEADLINE.as_secs()
             ))
         }
+    }
+}
+
+/// Reaps the daemon's child behind `pidfd` whenever it ends.
+fn reap_later(pid: i32, pidfd: std::os::fd::OwnedFd) {
+    let watched = match zygote_proto::register(pidfd, Interest::READABLE) {
+        Ok(watched) => watched,
+        Err(error) => {
+            tracing::warn!(pid, %error, "failed to watch a parked init's pidfd; it will not be reaped");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        if let Err(error) = reaper::wait_exit(&watched).await {
+            debug!(pid, %error, "failed to reap a parked init");
+        }
+    });
+}
+
+/// Starts a parked init for `plan`: forked by the spawner of the plan's
+/// uid, a small process (a fork of the daemon copies far more), or by
+/// the daemon where no spawner can take it.
+async fn start(daemon: &Daemon, plan: SpawnPlan) -> Result<ParkedInit, String> {
+    let asked = daemon
+        .uid_spawners
+        .park(plan, &daemon.metrics, |plan| daemon.spawn(plan));
+    let answer = match asked {
+        Ok(answer) => answer,
+        Err(plan) => return daemon.park(&plan).map_err(|error| error.to_string()),
+    };
+    match tokio::time::timeout(READY_DEADLINE, answer).await {
+        Ok(Ok(Outcome::Parked(init))) => Ok(init),
+        Ok(Ok(Outcome::Refused(error))) => Err(error.to_string()),
+        Ok(Ok(Outcome::Lost { message, .. })) => Err(message),
+        Ok(Ok(Outcome::Child { pid, pidfd, .. })) => {
+            let _ = spawn::send_signal(pidfd.as_fd(), libc::SIGKILL);
+            reap_later(pid, pidfd);
+            Err("the spawner started a child instead of parking an init".to_owned())
+        }
+        Ok(Err(_)) => Err("the spawner process went away".to_owned()),
+        Err(_) => Err(format!(
+            "the spawner did not answer in {} s",
+            READY_DEADLINE.as_secs()
+        )),
     }
 }
 

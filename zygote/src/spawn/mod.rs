@@ -294,6 +294,21 @@ impl Spawner {
     /// As [`Spawner::start`]; `Validate` for a plan without a sandbox
     /// with a new pid namespace of its own (or in a user namespace).
     pub fn park(&self, plan: &SpawnPlan) -> Result<ParkedInit, SpawnError> {
+        self.park_with(plan, Fork::Park)
+    }
+
+    /// As [`Spawner::park`], for a spawner process: the init is a sibling
+    /// of this process (`CLONE_PARENT`), which its parent reaps. Forking
+    /// a small spawner costs much less than forking the daemon.
+    ///
+    /// # Errors
+    ///
+    /// As [`Spawner::park`].
+    pub fn park_sibling(&self, plan: &SpawnPlan) -> Result<ParkedInit, SpawnError> {
+        self.park_with(plan, Fork::ParkSibling)
+    }
+
+    fn park_with(&self, plan: &SpawnPlan, fork: Fork) -> Result<ParkedInit, SpawnError> {
         let parkable = plan.sandbox.as_ref().is_some_and(|sandbox| {
             sandbox.clone_flags & libc::CLONE_NEWPID != 0
                 && sandbox.map_ids.is_none()
@@ -302,7 +317,7 @@ impl Spawner {
         if !parkable {
             return Err(SpawnError::new(SpawnStage::Validate, libc::EINVAL));
         }
-        let (child, release) = fork_start(plan, &self.signals, true)?;
+        let (child, release) = fork_start(plan, &self.signals, fork)?;
         let release = release.ok_or(SpawnError::new(SpawnStage::Pipe, libc::EIO))?;
         Ok(ParkedInit {
             pid: child.pid,
@@ -435,7 +450,18 @@ pub fn read_exec_report(status: BorrowedFd<'_>) -> io::Result<ExecReport> {
 /// does before exec (stopped by its new owner, stuck on a slow
 /// filesystem) can hold this thread. The price is copying the page tables.
 fn start_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<StartedChild, SpawnError> {
-    fork_start(plan, signals, false).map(|(child, _)| child)
+    fork_start(plan, signals, Fork::Child).map(|(child, _)| child)
+}
+
+/// What [`fork_start`] starts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fork {
+    /// A child of this process that execs.
+    Child,
+    /// A parked init, child of this process.
+    Park,
+    /// A parked init, child of this process's parent (`CLONE_PARENT`).
+    ParkSibling,
 }
 
 /// A pipe for the child, its end placed at or above `floor` and kept
@@ -460,13 +486,14 @@ fn pipe_for_child(
     Ok((ours, theirs))
 }
 
-/// [`start_with`], or with `park`, a parked init's start: then the
-/// release pipe's write end comes back too.
+/// [`start_with`], or a parked init's start: then the release pipe's
+/// write end comes back too.
 fn fork_start(
     plan: &SpawnPlan,
     signals: &SignalReset,
-    park: bool,
+    fork: Fork,
 ) -> Result<(StartedChild, Option<OwnedFd>), SpawnError> {
+    let park = fork != Fork::Child;
     if plan
         .sandbox
         .as_ref()
@@ -528,7 +555,12 @@ fn fork_start(
         .sandbox
         .as_ref()
         .map_or(0, SandboxPlan::namespaces_to_make);
-    let (pid, pidfd) = clone::fork_child(&args, clone_flags)
+    let sibling = if fork == Fork::ParkSibling {
+        libc::CLONE_PARENT
+    } else {
+        0
+    };
+    let (pid, pidfd) = clone::fork_child(&args, clone_flags | sibling)
         .map_err(|errno| SpawnError::new(SpawnStage::Clone, errno))?;
     if let Some((report, _)) = init_report {
         sandbox::expect_init_report(pid, report);

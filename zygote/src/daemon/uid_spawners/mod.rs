@@ -61,6 +61,7 @@ use zygote_proto::{AsyncSeqpacket, Env, SpawnStage, SpawnerInfo};
 use crate::service::metrics::Metrics;
 use crate::spawn::{self, ExpectedSibling, SpawnError, SpawnPlan, SpawnedChild};
 use watch::Watched;
+use wire::Ask;
 
 /// Spawner processes at once.
 pub const MAX_SPAWNERS: usize = 64;
@@ -100,6 +101,8 @@ pub(crate) enum Outcome {
     Refused(SpawnError),
     /// The spawner could not answer: an errno, and why, for the client.
     Lost { errno: i32, message: String },
+    /// A parked init exists, listed as the daemon's own child.
+    Parked(spawn::ParkedInit),
 }
 
 /// A question in flight.
@@ -231,6 +234,32 @@ impl UidSpawners {
         metrics: &Metrics,
         start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
     ) -> Result<oneshot::Receiver<Outcome>, Box<SpawnPlan>> {
+        self.ask_for(plan, metrics, start, Ask::Child)
+    }
+
+    /// As [`Self::ask`], for a parked init of the plan's sandbox
+    /// ([`Outcome::Parked`]): the spawner forks it, which costs less
+    /// than a fork of the daemon.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::ask`].
+    pub(crate) fn park(
+        &self,
+        plan: SpawnPlan,
+        metrics: &Metrics,
+        start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
+    ) -> Result<oneshot::Receiver<Outcome>, Box<SpawnPlan>> {
+        self.ask_for(plan, metrics, start, Ask::Park)
+    }
+
+    fn ask_for(
+        &self,
+        plan: SpawnPlan,
+        metrics: &Metrics,
+        start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
+        what: Ask,
+    ) -> Result<oneshot::Receiver<Outcome>, Box<SpawnPlan>> {
         // A child that keeps the daemon's ids (a root peer's) comes here
         // only with a sandbox, which root's spawner sets up.
         let uid = match &plan.credentials {
@@ -246,7 +275,7 @@ impl UidSpawners {
         let Some(spawner) = self.spawner_for((uid, seccomp), metrics, start) else {
             return Err(Box::new(plan));
         };
-        let Some((bytes, fds)) = wire::encode_plan(&plan, seccomp.is_some()) else {
+        let Some((bytes, fds)) = wire::encode_plan(&plan, seccomp.is_some(), what) else {
             return Err(Box::new(plan));
         };
         let (answer, outcome) = oneshot::channel();
@@ -261,7 +290,8 @@ impl UidSpawners {
                 return Err(Box::new(plan));
             }
             // Expected before the child can exist: before the plan is sent.
-            let expected = spawn::expect_sibling(uid);
+            // A parked init keeps the spawner's ids (root's).
+            let expected = spawn::expect_sibling(if what == Ask::Park { 0 } else { uid });
             // A full socket (a stalled spawner) takes the fork path too.
             if zygote_proto::send_frame(spawner.socket.as_fd(), &bytes, &fds).is_err() {
                 drop(fds);

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use zygote_proto::{RECV_BUFFER_BYTES, recv_frame_in, send_frame};
 
-use super::wire::{self, Answer};
+use super::wire::{self, Answer, Ask};
 use crate::spawn::{self, SandboxFailure, SiblingChild, SpawnPlan, Spawner};
 
 /// The fd the daemon passes the spawner's socket on.
@@ -53,12 +53,12 @@ pub fn serve(uid: u32, seccomp: Option<&str>) -> u8 {
             }
         };
         let plan = wire::decode_plan(&scratch[..received.len], received.fds);
-        let (answer, pidfd) = start(&spawner, plan, uid, seccomp.is_some());
+        let (answer, fds) = start(&spawner, plan, uid, seccomp.is_some());
         let bytes = zygote_proto::encode(&answer).unwrap_or_default();
-        let fds: Vec<_> = pidfd.iter().map(AsFd::as_fd).collect();
-        if let Err(error) = send_frame(socket.as_fd(), &bytes, &fds) {
+        let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
+        if let Err(error) = send_frame(socket.as_fd(), &bytes, &borrowed) {
             // Nobody will watch the child: end it, and leave.
-            if let Some(pidfd) = &pidfd {
+            if let Some(pidfd) = fds.first() {
                 let _ = spawn::send_signal(pidfd.as_fd(), libc::SIGKILL);
             }
             if !error.is_disconnect() {
@@ -69,16 +69,17 @@ pub fn serve(uid: u32, seccomp: Option<&str>) -> u8 {
     }
 }
 
-/// Starts the child of one plan (whose fds are closed on return).
-/// `filtered`: this spawner holds a seccomp profile.
+/// Starts the child of one plan, or its parked init (the plan's fds are
+/// closed on return): the answer, and the fds to attach (the child's
+/// pidfd first). `filtered`: this spawner holds a seccomp profile.
 fn start(
     spawner: &Spawner,
-    plan: Option<SpawnPlan>,
+    plan: Option<(SpawnPlan, Ask)>,
     uid: u32,
     filtered: bool,
-) -> (Answer, Option<OwnedFd>) {
-    let refused = |stage, errno| (Answer::Refused { stage, errno }, None);
-    let Some(plan) = plan else {
+) -> (Answer, Vec<OwnedFd>) {
+    let refused = |stage, errno| (Answer::Refused { stage, errno }, Vec::new());
+    let Some((plan, ask)) = plan else {
         return refused(zygote_proto::SpawnStage::Validate, libc::EINVAL);
     };
     // Only the uid this spawner serves: a daemon bug must not turn into a
@@ -95,6 +96,15 @@ fn start(
     if filtered && super::needs_calls_profiles_deny(&plan) {
         return refused(zygote_proto::SpawnStage::Validate, libc::EINVAL);
     }
+    if ask == Ask::Park {
+        return match spawner.park_sibling(&plan) {
+            Ok(init) => (
+                Answer::Parked { pid: init.pid },
+                vec![init.pidfd, init.status, init.release],
+            ),
+            Err(error) => refused(error.stage, error.errno),
+        };
+    }
     match spawner.spawn_sibling(&plan) {
         Ok(SiblingChild {
             pid,
@@ -105,7 +115,7 @@ fn start(
                 let step = SandboxFailure::pack(error.sandbox);
                 (error.stage, error.errno, step)
             });
-            (Answer::Started { pid, failure }, Some(pidfd))
+            (Answer::Started { pid, failure }, vec![pidfd])
         }
         Err(error) => refused(error.stage, error.errno),
     }

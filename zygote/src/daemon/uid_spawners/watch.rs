@@ -216,6 +216,7 @@ impl Watched {
                 return Ok(());
             }
             Answer::Started { pid, failure } => (pid, failure),
+            Answer::Parked { pid } => return self.parked(question, pid, fds),
         };
         let pidfd = fds.into_iter().next().ok_or("a child without its pidfd")?;
         // Listed before the question (and its expectation) goes. Not one
@@ -251,6 +252,31 @@ impl Watched {
         if let Err(Outcome::Child { pidfd, .. }) = question.answer.send(outcome) {
             let _ = spawn::send_signal(pidfd.as_fd(), libc::SIGKILL);
             reap_in_background(pidfd);
+        }
+        Ok(())
+    }
+
+    /// A parked init the spawner forked, its fds attached: listed as our
+    /// own before the question (and its expectation) goes.
+    fn parked(&self, question: Question, pid: i32, fds: Vec<OwnedFd>) -> Result<(), String> {
+        let [pidfd, status, release] = <[OwnedFd; 3]>::try_from(fds)
+            .map_err(|fds| format!("a parked init with {} fds, not 3", fds.len()))?;
+        spawn::adopt_own(pid);
+        let init = spawn::ParkedInit {
+            pid,
+            pidfd,
+            status,
+            release,
+        };
+        if question.killed {
+            let _ = spawn::send_signal(init.pidfd.as_fd(), libc::SIGKILL);
+            reap_in_background(init.pidfd);
+            return Ok(());
+        }
+        // Nobody waits any more: the init goes.
+        if let Err(Outcome::Parked(init)) = question.answer.send(Outcome::Parked(init)) {
+            let _ = spawn::send_signal(init.pidfd.as_fd(), libc::SIGKILL);
+            reap_in_background(init.pidfd);
         }
         Ok(())
     }

@@ -40,6 +40,7 @@ struct PlanOut<'a> {
     cpu_affinity: &'a [u64],
     oom_score_adj: Option<i32>,
     sandbox: Option<SandboxOut<'a>>,
+    park: bool,
 }
 
 /// A [`SandboxPlan`] as the daemon sends it; its fds (the network
@@ -95,6 +96,7 @@ struct PlanIn {
     cpu_affinity: Vec<u64>,
     oom_score_adj: Option<i32>,
     sandbox: Option<SandboxIn>,
+    park: bool,
 }
 
 /// The spawner's answer to one plan.
@@ -108,22 +110,36 @@ pub(super) enum Answer {
     },
     /// No child was created.
     Refused { stage: SpawnStage, errno: i32 },
+    /// A parked init exists, setting up: its pidfd, status pipe (read
+    /// end) and release pipe (write end) are attached, in that order.
+    Parked { pid: i32 },
+}
+
+/// What the daemon asks of a spawner for a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ask {
+    /// The plan's child.
+    Child,
+    /// A parked init for the plan's sandbox (`Spawner::park_sibling`).
+    Park,
 }
 
 /// Encodes `plan` and lists the fds to attach; `None` when it must take
 /// another path: neither credentials nor a sandbox, a sandbox a vforked
-/// child cannot set up, too large, or too many fds. With
-/// `seccomp_inherited`, the sandbox's seccomp programs stay behind: the
-/// spawner holds the filter, and its child inherits it.
+/// child cannot set up (unless parked: an init is forked), too large, or
+/// too many fds. With `seccomp_inherited`, the sandbox's seccomp programs
+/// stay behind: the spawner holds the filter, and its child inherits it.
 pub(super) fn encode_plan(
     plan: &SpawnPlan,
     seccomp_inherited: bool,
+    ask: Ask,
 ) -> Option<(Vec<u8>, Vec<BorrowedFd<'_>>)> {
     if plan.credentials.is_none() && plan.sandbox.is_none() {
         return None;
     }
+    let park = ask == Ask::Park;
     let sandbox = match &plan.sandbox {
-        Some(sandbox) if !sandbox.suits_vfork() => return None,
+        Some(sandbox) if !park && !sandbox.suits_vfork() => return None,
         Some(sandbox) => Some(encode_sandbox(sandbox, seccomp_inherited)),
         None => None,
     };
@@ -164,6 +180,7 @@ pub(super) fn encode_plan(
         cpu_affinity: &plan.cpu_affinity,
         oom_score_adj: plan.oom_score_adj,
         sandbox,
+        park,
     };
     let bytes = zygote_proto::encode(&out).ok()?;
     (bytes.len() <= MAX_PLAN_BYTES).then_some((bytes, fds))
@@ -234,6 +251,7 @@ const MOUNT_KINDS: [MountKind; 4] = [
 fn decode_sandbox(
     sandbox: SandboxIn,
     fds: &mut impl Iterator<Item = OwnedFd>,
+    park: bool,
 ) -> Option<SandboxPlan> {
     let netns = if sandbox.netns {
         Some(Arc::new(fds.next()?))
@@ -300,12 +318,13 @@ fn decode_sandbox(
         clear_bounding_set: sandbox.clear_bounding_set,
         enter,
     };
-    plan.suits_vfork().then_some(plan)
+    (park || plan.suits_vfork()).then_some(plan)
 }
 
-/// Rebuilds the plan from its bytes and fds; `None` when they do not fit
-/// together (the daemon never sends such a frame).
-pub(super) fn decode_plan(bytes: &[u8], fds: Vec<OwnedFd>) -> Option<SpawnPlan> {
+/// Rebuilds the plan from its bytes and fds, and what is asked of it;
+/// `None` when they do not fit together (the daemon never sends such a
+/// frame).
+pub(super) fn decode_plan(bytes: &[u8], fds: Vec<OwnedFd>) -> Option<(SpawnPlan, Ask)> {
     let plan: PlanIn = zygote_proto::decode(bytes).ok()?;
     let sandbox_fds = plan.sandbox.as_ref().map_or(0, |sandbox| {
         usize::from(sandbox.netns)
@@ -324,10 +343,11 @@ pub(super) fn decode_plan(bytes: &[u8], fds: Vec<OwnedFd>) -> Option<SpawnPlan> 
         .collect();
     let cgroup = if plan.cgroup { fds.next() } else { None };
     let sandbox = match plan.sandbox {
-        Some(sandbox) => Some(decode_sandbox(sandbox, &mut fds)?),
+        Some(sandbox) => Some(decode_sandbox(sandbox, &mut fds, plan.park)?),
         None => None,
     };
-    Some(SpawnPlan {
+    let ask = if plan.park { Ask::Park } else { Ask::Child };
+    let plan = SpawnPlan {
         exec_candidates: plan.exec_candidates,
         argv: plan.argv,
         envp: plan.envp,
@@ -347,7 +367,8 @@ pub(super) fn decode_plan(bytes: &[u8], fds: Vec<OwnedFd>) -> Option<SpawnPlan> 
         cpu_affinity: plan.cpu_affinity,
         oom_score_adj: plan.oom_score_adj,
         sandbox,
-    })
+    };
+    Some((plan, ask))
 }
 
 #[cfg(test)]
@@ -394,13 +415,13 @@ mod tests {
     #[test]
     fn a_plan_arrives_whole_with_its_fds_in_place() {
         let plan = sample();
-        let (bytes, fds) = encode_plan(&plan, false).expect("encodes");
+        let (bytes, fds) = encode_plan(&plan, false, Ask::Child).expect("encodes");
         let owned: Vec<OwnedFd> = fds
             .iter()
             .map(|fd| fd.try_clone_to_owned().expect("dup"))
             .collect();
         assert_eq!(owned.len(), 5, "four mapped fds and the cgroup");
-        let back = decode_plan(&bytes, owned).expect("decodes");
+        let (back, _) = decode_plan(&bytes, owned).expect("decodes");
         assert_eq!(back.exec_candidates, plan.exec_candidates);
         assert_eq!(back.argv, plan.argv);
         assert_eq!(back.envp, plan.envp);
@@ -424,7 +445,7 @@ mod tests {
     #[test]
     fn fds_that_do_not_match_the_plan_are_refused() {
         let plan = sample();
-        let (bytes, _) = encode_plan(&plan, false).expect("encodes");
+        let (bytes, _) = encode_plan(&plan, false, Ask::Child).expect("encodes");
         assert!(decode_plan(&bytes, vec![null()]).is_none());
     }
 
@@ -432,23 +453,26 @@ mod tests {
     fn plans_without_credentials_or_too_large_take_another_path() {
         let mut plan = sample();
         plan.credentials = None;
-        assert!(encode_plan(&plan, false).is_none(), "no credentials");
+        assert!(
+            encode_plan(&plan, false, Ask::Child).is_none(),
+            "no credentials"
+        );
         let mut plan = sample();
         plan.argv = vec![CString::new(vec![b'a'; MAX_PLAN_BYTES]).expect("no NUL")];
-        assert!(encode_plan(&plan, false).is_none(), "too large");
+        assert!(encode_plan(&plan, false, Ask::Child).is_none(), "too large");
         let mut plan = sample();
         plan.sandbox = Some(SandboxPlan {
             clone_flags: libc::CLONE_NEWNS | libc::CLONE_NEWPID,
             ..SandboxPlan::default()
         });
         assert!(
-            encode_plan(&plan, false).is_none(),
+            encode_plan(&plan, false, Ask::Child).is_none(),
             "a new pid namespace's init would hold the spawner's vfork"
         );
         plan.credentials = None;
         plan.sandbox = Some(SandboxPlan::default());
         assert!(
-            encode_plan(&plan, false).is_some(),
+            encode_plan(&plan, false, Ask::Child).is_some(),
             "a sandbox that keeps the daemon's ids goes to root's spawner"
         );
     }
@@ -494,7 +518,7 @@ mod tests {
             clear_bounding_set: true,
             enter: None,
         });
-        let (bytes, fds) = encode_plan(&plan, false).expect("encodes");
+        let (bytes, fds) = encode_plan(&plan, false, Ask::Child).expect("encodes");
         assert_eq!(
             fds.len(),
             8,
@@ -504,7 +528,7 @@ mod tests {
             .iter()
             .map(|fd| fd.try_clone_to_owned().expect("dup"))
             .collect();
-        let back = decode_plan(&bytes, owned).expect("decodes");
+        let (back, _) = decode_plan(&bytes, owned).expect("decodes");
         assert_eq!(back.fds.len(), 4);
         assert!(back.cgroup.is_some());
         let sandbox = back.sandbox.expect("a sandbox");
@@ -559,21 +583,30 @@ mod tests {
             enter: Some(Arc::new(init)),
             ..SandboxPlan::default()
         });
-        let (bytes, fds) = encode_plan(&plan, false).expect("a spawner can start it");
+        let (bytes, fds) = encode_plan(&plan, false, Ask::Child).expect("a spawner can start it");
         assert_eq!(fds.last().map(|fd| fd.as_raw_fd()), Some(init_number));
         let owned: Vec<OwnedFd> = fds
             .iter()
             .map(|fd| fd.try_clone_to_owned().expect("dup"))
             .collect();
-        let back = decode_plan(&bytes, owned).expect("decodes");
+        let (back, _) = decode_plan(&bytes, owned).expect("decodes");
         let sandbox = back.sandbox.expect("a sandbox");
         assert!(sandbox.enter.is_some());
         assert!(sandbox.netns.is_some());
         assert_eq!(sandbox.namespaces_to_make(), 0);
         plan.sandbox.as_mut().expect("a sandbox").enter = None;
         assert!(
-            encode_plan(&plan, false).is_none(),
+            encode_plan(&plan, false, Ask::Child).is_none(),
             "without an init to enter, its own init would hold the spawner's vfork"
         );
+        // A parked init for it is forked: it may go to a spawner.
+        let (bytes, fds) = encode_plan(&plan, false, Ask::Park).expect("a spawner parks it");
+        let owned: Vec<OwnedFd> = fds
+            .iter()
+            .map(|fd| fd.try_clone_to_owned().expect("dup"))
+            .collect();
+        let (back, ask) = decode_plan(&bytes, owned).expect("decodes");
+        assert_eq!(ask, Ask::Park);
+        assert!(back.sandbox.is_some_and(|sandbox| sandbox.enter.is_none()));
     }
 }
