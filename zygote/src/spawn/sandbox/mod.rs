@@ -82,7 +82,7 @@ pub struct SandboxPlan {
     /// The pidfd of a parked init ([`super::Spawner::park`]) made for this
     /// very plan: the child enters its namespaces, root included, instead
     /// of making its own. Only a spawner process starts such a child (see
-    /// [`Entered`]).
+    /// `Entered`).
     pub enter: Option<Arc<OwnedFd>>,
 }
 
