@@ -433,6 +433,39 @@ fn sandboxed_init_forwards_signals_and_reports_exact_exits() {
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
 }
 
+/// Without spawner processes no child can enter a parked init: none is
+/// made, and each spawn makes its own namespaces.
+#[test]
+fn without_spawners_no_init_is_parked() {
+    if !root_or_skip("a root daemon with pid namespaces") {
+        return;
+    }
+    let work = work_dir();
+    let path = work.path().to_str().unwrap();
+    let policy = full_profile(path);
+    let daemon = crate::util::start_daemon_custom(
+        "sandbox-unparked",
+        None,
+        Some(&policy),
+        &[],
+        &zygote_bin(),
+        &[("ZYGOTE_UID_SPAWNERS", "0")],
+    );
+    for _ in 0..3 {
+        let output = run(&daemon, path, None, "echo ppid $PPID");
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout).trim(),
+            "ppid 1",
+            "{output:?}"
+        );
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || inits_of(&daemon).is_empty()),
+        "inits parked: {:?}",
+        inits_of(&daemon)
+    );
+}
+
 #[test]
 fn a_peer_cannot_bind_a_path_it_cannot_reach() {
     if !root_or_skip("a root daemon that confines another uid") {

@@ -25,6 +25,10 @@ const READY_DEADLINE: Duration = Duration::from_secs(10);
 /// enters. Keep the [`Taken`] until the child has started (or failed):
 /// dropping it releases the init.
 pub(crate) fn enter(daemon: &Daemon, plan: &mut SpawnPlan) -> Option<(Recipe, Option<Taken>)> {
+    // Only a spawner process enters one: without them, none is made.
+    if !daemon.uid_spawners.enabled() {
+        return None;
+    }
     let recipe = Recipe::of(plan)?;
     let taken = daemon.sandboxes.pool.take(&recipe.key);
     let sandbox = plan.sandbox.as_mut()?;

@@ -185,6 +185,12 @@ impl UidSpawners {
         }
     }
 
+    /// Whether spawner processes run at all: without them no child can
+    /// enter a parked init.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     /// The spawners running now, by uid: every one when `all`, else only
     /// that of `uid` (`zygote status` shows a peer its own).
     pub fn infos(&self, all: bool, uid: u32) -> Vec<SpawnerInfo> {
