@@ -1319,3 +1319,13 @@ fn a_sibling_is_claimed_only_when_every_uid_is_the_expected_one() {
         "a process whose effective uid is another is not the peer's child"
     );
 }
+
+/// `pidfd_open` of a pid that is gone is an error (`ESRCH`), never an fd.
+#[test]
+fn a_pidfd_of_a_process_that_is_gone_is_esrch() {
+    let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
+    let pid = i32::try_from(child.id()).unwrap();
+    child.wait().unwrap();
+    let error = super::open_pidfd(pid).expect_err("no process is left behind that pid");
+    assert_eq!(error.raw_os_error(), Some(libc::ESRCH));
+}
