@@ -133,19 +133,22 @@ fn escape_fails(daemon: &Daemon, work: &std::path::Path, uid: Option<u32>) -> u3
         .expect("the shell's parent pid")
 }
 
+/// A root daemon imposing [`full_profile`] on uids 0 and 65534 (with
+/// its work directory, which holds the escape attempts' helpers).
+fn escape_daemon(name: &str) -> (tempfile::TempDir, Daemon) {
+    let work = work_dir();
+    let path = work.path().to_str().unwrap();
+    let daemon = start_daemon_with(name, Some(&full_profile(path)), &["--socket-mode", "0666"]);
+    prepare_escape(work.path());
+    (work, daemon)
+}
+
 #[test]
 fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
     if !root_or_skip("a root daemon that confines another uid") {
         return;
     }
-    let work = work_dir();
-    let path = work.path().to_str().unwrap();
-    let daemon = start_daemon_with(
-        "sandbox-escape",
-        Some(&full_profile(path)),
-        &["--socket-mode", "0666"],
-    );
-    prepare_escape(work.path());
+    let (work, daemon) = escape_daemon("sandbox-escape");
     assert_eq!(
         escape_fails(&daemon, work.path(), Some(65534)),
         1,
@@ -194,18 +197,13 @@ fn a_spawn_that_enters_a_parked_init_is_confined_as_one_that_made_its_own() {
     if !root_or_skip("a root daemon that confines another uid") {
         return;
     }
-    let work = work_dir();
+    let (work, daemon) = escape_daemon("sandbox-parked");
     let path = work.path().to_str().unwrap();
-    let daemon = start_daemon_with(
-        "sandbox-parked",
-        Some(&full_profile(path)),
-        &["--socket-mode", "0666"],
-    );
-    prepare_escape(work.path());
+    let output = run(&daemon, path, Some(65534), "echo ppid $PPID");
     assert_eq!(
-        escape_fails(&daemon, work.path(), Some(65534)),
-        1,
-        "made its own"
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "ppid 1",
+        "the first spawn of a plan makes its own namespaces: {output:?}"
     );
     let parked = || inits_of(&daemon).len() == PARKED_PER_PLAN;
     for _ in 0..2 {
