@@ -51,6 +51,10 @@ const (
 // reaps within seconds; a parent that never reaps would hang Wait.
 const reapTimeout = time.Minute
 
+// esrchGrace is how long a reaped child's pidfd may read as gone before
+// Wait concludes that the kernel keeps no exit status.
+const esrchGrace = 200 * time.Millisecond
+
 // errNoExitInfo says the kernel cannot report a reaped child's status.
 var errNoExitInfo = errors.New("this kernel does not report a reaped child's exit status (PIDFD_INFO_EXIT needs Linux 6.15)")
 
@@ -64,6 +68,10 @@ func waitPidfd(pidfd, pid int) (syscall.WaitStatus, error) {
 		return 0, fmt.Errorf("waiting for the exit: %w", err)
 	}
 	deadline := time.Now().Add(reapTimeout)
+	// A child being reaped can read as gone (ESRCH) for a moment before
+	// its exit status is kept: only a lasting ESRCH means a kernel that
+	// keeps none (6.13, 6.14).
+	gone := time.Now().Add(esrchGrace)
 	pause := time.Millisecond
 	for {
 		var info pidfdInfo
@@ -72,6 +80,7 @@ func waitPidfd(pidfd, pid int) (syscall.WaitStatus, error) {
 		switch {
 		case errno == 0 && info.mask&pidfdInfoExit != 0:
 			return syscall.WaitStatus(uint32(info.exitCode)), nil
+		case errno == syscall.ESRCH && time.Now().Before(gone):
 		case errno == syscall.ENOTTY || errno == syscall.EINVAL || errno == syscall.ESRCH:
 			// No ioctl (before 6.13), or the child is reaped and the
 			// kernel kept nothing (6.13, 6.14).
