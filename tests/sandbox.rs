@@ -234,6 +234,23 @@ fn a_spawn_that_enters_a_parked_init_is_confined_as_one_that_made_its_own() {
         "ppid 1",
         "root entered another peer's init: {output:?}"
     );
+    // An entering program is pid 2, and its own exit code or signal comes
+    // back from its own pidfd (no init reports it). Root's plan has its
+    // inits parked now too.
+    let parked = || inits_of(&daemon).len() == 2 * PARKED_PER_PLAN;
+    assert!(eventually(Duration::from_secs(10), parked));
+    let output = run(
+        &daemon,
+        path,
+        Some(65534),
+        "echo $$ $PPID; kill -TERM $$; sleep 5",
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "2 0");
+    assert_eq!(output.status.signal(), Some(libc::SIGTERM), "{output:?}");
+    assert!(eventually(Duration::from_secs(10), parked));
+    let output = run(&daemon, path, Some(65534), "echo $PPID; exit 7");
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "0");
+    assert_eq!(output.status.code(), Some(7), "{output:?}");
 }
 
 /// Checks the output of a script run as `uid` under a sandbox: it ran,
@@ -407,7 +424,17 @@ fn sandboxed_init_forwards_signals_and_reports_exact_exits() {
     }
     let work = work_dir();
     let path = work.path().to_str().unwrap();
-    let daemon = start_daemon_with("sandbox-init", Some(&full_profile(path)), &[]);
+    let policy = full_profile(path);
+    // Without spawners no init is parked: every program here is started
+    // by its init, whose forwarding and exit report this guards.
+    let daemon = crate::util::start_daemon_custom(
+        "sandbox-init",
+        None,
+        Some(&policy),
+        &[],
+        &zygote_bin(),
+        &[("ZYGOTE_UID_SPAWNERS", "0")],
+    );
     // As pid 1 the shell would ignore SIGTERM: under the init it dies.
     let output = run(&daemon, path, None, "echo $$; kill -TERM $$; sleep 5");
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "2");
