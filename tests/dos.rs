@@ -779,6 +779,7 @@ fn the_last_children_and_connections_are_kept_for_root() {
         Some(RESERVE_TABLE),
         &["--socket-mode", "0666"],
     );
+    let fds_before = daemon.settled_fd_count();
     let mut peer = attacker("sleepers", &daemon, ATTACKER);
     assert_eq!(
         peer.finding(),
@@ -790,10 +791,26 @@ fn the_last_children_and_connections_are_kept_for_root() {
     assert_eq!(root.finding(), "sleepers 2", "root takes the reserve");
     root.end();
     peer.end();
+    // The sleepers' connections count until the daemon has seen them
+    // close, which may be a moment after their processes are gone.
+    let closed = eventually(Duration::from_secs(10), || {
+        daemon.fd_count() <= fds_before + daemon.spawner_fds()
+    });
+    assert!(closed, "the sleepers' connections stayed open");
     // Connections: 6 of 8 for the peer (each over is refused at once),
     // the other 2 for root; all close at the handshake deadline.
     let mut peer = attacker("idle-connections:8", &daemon, ATTACKER);
     assert_eq!(peer.finding(), "open 8");
+    // Root connects once the daemon has taken the peer's 6 (one fd
+    // each), lest root's be counted first.
+    let taken = eventually(Duration::from_secs(10), || {
+        daemon.fd_count() == fds_before + 6
+    });
+    assert!(
+        taken,
+        "the peer's connections were not taken: {} fds",
+        daemon.fd_count()
+    );
     let mut root = attacker("idle-connections:2", &daemon, 0);
     assert_eq!(root.finding(), "open 2");
     assert_eq!(peer.finding(), "busy 2 deadline 6 other 0");
