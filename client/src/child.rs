@@ -5,7 +5,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
 use rustix::process::{Signal, pidfd_send_signal};
@@ -23,8 +23,13 @@ use crate::{Error, ExitStatus, Output, ResourceUsage, Result, Stdio};
 const REAP_WAIT: Duration = Duration::from_secs(30);
 /// The longest pause between two looks at an exited, unreaped child.
 const REAP_POLL: Duration = Duration::from_millis(50);
+/// How long a reaped child's pidfd may read as gone without a status
+/// before this kernel is taken to keep none (6.13, 6.14): for a moment
+/// after the reaping, the status is not there yet.
+const STATUS_GRACE: Duration = Duration::from_millis(200);
 
 /// What the pidfd says about a child whose zygote was lost.
+#[derive(Debug, PartialEq, Eq)]
 enum PidfdExit {
     /// Still running.
     Running,
@@ -34,6 +39,44 @@ enum PidfdExit {
     Status(i32),
     /// This kernel keeps no exit status for pidfds (before 6.15).
     Unsupported(String),
+}
+
+/// What an exited child's `PIDFD_GET_INFO` answer (`answer`, read after
+/// a poll that said `reaped` or not) means at `now`. A reaped child's
+/// pidfd can read as gone, or without a status, for a moment before the
+/// kernel keeps its status: only when that lasts [`STATUS_GRACE`] from
+/// the first sighting (`first_gone`) does it mean a kernel that keeps
+/// none.
+fn judge_pidfd_answer(
+    answer: io::Result<Option<i32>>,
+    reaped: bool,
+    first_gone: &mut Option<Instant>,
+    now: Instant,
+) -> io::Result<PidfdExit> {
+    let unsupported = || {
+        PidfdExit::Unsupported(
+            "this kernel keeps no exit status for pidfds (PIDFD_GET_INFO with \
+             PIDFD_INFO_EXIT needs Linux 6.15)"
+                .into(),
+        )
+    };
+    let errno = answer.as_ref().err().and_then(io::Error::raw_os_error);
+    if matches!(answer, Ok(None) if reaped) || errno == Some(libc::ESRCH) {
+        let since = *first_gone.get_or_insert(now);
+        return Ok(if now.duration_since(since) < STATUS_GRACE {
+            PidfdExit::Unreaped
+        } else {
+            unsupported()
+        });
+    }
+    match answer {
+        Ok(Some(raw)) => Ok(PidfdExit::Status(raw)),
+        Ok(None) => Ok(PidfdExit::Unreaped),
+        Err(_) if matches!(errno, Some(libc::ENOTTY | libc::EINVAL | libc::EOPNOTSUPP)) => {
+            Ok(unsupported())
+        }
+        Err(error) => Err(error),
+    }
 }
 
 /// What both flavours of child share: identity, pidfd, exit slot.
@@ -55,6 +98,8 @@ pub(crate) struct ChildCore {
     kill_tree: bool,
     /// What confined the child, as the zygote reported it.
     sandbox: Option<AppliedSandbox>,
+    /// When its pidfd first read as reaped without a status.
+    reaped_without_status: Option<Instant>,
 }
 
 /// A freshly spawned child with its raw pipe ends, before a flavour wraps
@@ -86,6 +131,7 @@ impl ChildCore {
             sandbox: None,
             kill_on_drop: false,
             kill_tree: false,
+            reaped_without_status: None,
         }
     }
 
@@ -205,7 +251,7 @@ impl ChildCore {
     }
 
     /// Asks the pidfd how the child stands.
-    fn pidfd_exit(&self) -> Result<PidfdExit> {
+    fn pidfd_exit(&mut self) -> Result<PidfdExit> {
         use rustix::event::{PollFd, PollFlags, poll};
         let what = || format!("polling the pidfd of pid {}", self.pid);
         let mut fds = [PollFd::new(&self.pidfd, PollFlags::IN)];
@@ -215,33 +261,16 @@ impl ChildCore {
         if !events.contains(PollFlags::IN) {
             return Ok(PidfdExit::Running);
         }
-        // HUP: reaped. Read after the poll, so that a status missing now
-        // is missing for good.
+        // HUP: reaped, and read before the status.
         let reaped = events.contains(PollFlags::HUP);
-        let unsupported = || {
-            PidfdExit::Unsupported(
-                "this kernel keeps no exit status for pidfds (PIDFD_GET_INFO with \
-                 PIDFD_INFO_EXIT needs Linux 6.15)"
-                    .into(),
-            )
-        };
-        match crate::sys::pidfd_exit_status(self.pidfd.as_fd()) {
-            Ok(Some(raw)) => Ok(PidfdExit::Status(raw)),
-            Ok(None) if reaped => Ok(unsupported()),
-            Ok(None) => Ok(PidfdExit::Unreaped),
-            Err(error)
-                if matches!(
-                    error.raw_os_error(),
-                    Some(libc::ENOTTY | libc::EINVAL | libc::ESRCH | libc::EOPNOTSUPP)
-                ) =>
-            {
-                Ok(unsupported())
-            }
-            Err(error) => Err(Error::io(
-                format!("reading the exit status of pid {} from its pidfd", self.pid),
-                error,
-            )),
-        }
+        let answer = crate::sys::pidfd_exit_status(self.pidfd.as_fd());
+        judge_pidfd_answer(answer, reaped, &mut self.reaped_without_status, Instant::now())
+            .map_err(|error| {
+                Error::io(
+                    format!("reading the exit status of pid {} from its pidfd", self.pid),
+                    error,
+                )
+            })
     }
 
     /// SIGKILL through the pidfd: no pid-reuse race, and no need for the
@@ -662,5 +691,50 @@ impl AsyncRead for ChildStderr {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+#[cfg(test)]
+mod pidfd_answer_tests {
+    use super::*;
+
+    fn gone() -> io::Result<Option<i32>> {
+        Err(io::Error::from_raw_os_error(libc::ESRCH))
+    }
+
+    #[test]
+    fn a_reaped_child_without_a_status_is_waited_for_until_the_grace_ends() {
+        let start = Instant::now();
+        let later = start + STATUS_GRACE / 2;
+        let after = start + STATUS_GRACE;
+        for (first, second) in [(gone(), gone()), (Ok(None), Ok(None)), (gone(), Ok(None))] {
+            let mut first_gone = None;
+            let answer = judge_pidfd_answer(first, true, &mut first_gone, start).unwrap();
+            assert_eq!(answer, PidfdExit::Unreaped);
+            let answer = judge_pidfd_answer(second, true, &mut first_gone, later).unwrap();
+            assert_eq!(answer, PidfdExit::Unreaped);
+            let answer = judge_pidfd_answer(gone(), true, &mut first_gone, after).unwrap();
+            assert!(matches!(answer, PidfdExit::Unsupported(_)), "{answer:?}");
+        }
+    }
+
+    #[test]
+    fn a_status_is_taken_and_an_old_kernel_is_named_at_once() {
+        let now = Instant::now();
+        let mut first_gone = Some(now);
+        let answer = judge_pidfd_answer(Ok(Some(7 << 8)), true, &mut first_gone, now).unwrap();
+        assert_eq!(answer, PidfdExit::Status(7 << 8));
+        let mut first_gone = None;
+        let answer = judge_pidfd_answer(Ok(None), false, &mut first_gone, now).unwrap();
+        assert_eq!(answer, PidfdExit::Unreaped);
+        assert_eq!(first_gone, None, "an unreaped child is not gone");
+        for errno in [libc::ENOTTY, libc::EINVAL, libc::EOPNOTSUPP] {
+            let error = io::Error::from_raw_os_error(errno);
+            let answer = judge_pidfd_answer(Err(error), true, &mut first_gone, now).unwrap();
+            assert!(matches!(answer, PidfdExit::Unsupported(_)), "{answer:?}");
+        }
+        let error = io::Error::from_raw_os_error(libc::EBADF);
+        let answer = judge_pidfd_answer(Err(error), true, &mut first_gone, now);
+        assert_eq!(answer.unwrap_err().raw_os_error(), Some(libc::EBADF));
     }
 }

@@ -22,6 +22,18 @@ from conftest import (
 )
 
 import zygote
+from zygote import _lost
+
+
+def test_a_reaped_child_without_a_status_is_gone_only_once_that_lasts() -> None:
+    """For a moment after the reaping, a pidfd reads as gone without a
+    status: only a lasting one means a kernel that keeps none."""
+    clock = _lost.GoneClock()
+    start = 1000.0
+    assert not clock.lasting(start)
+    assert not clock.lasting(start + _lost.STATUS_GRACE_SECONDS / 2)
+    assert clock.lasting(start + _lost.STATUS_GRACE_SECONDS)
+    assert clock.lasting(start + 10 * _lost.STATUS_GRACE_SECONDS)
 
 
 def _eventually(condition: Callable[[], bool], seconds: float = 5.0) -> bool:

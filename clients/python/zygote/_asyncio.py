@@ -52,6 +52,7 @@ class Process:
     ) -> None:
         self.pid = pid
         self.pidfd: Optional[int] = pidfd
+        self._gone = _lost.GoneClock()
         self.stdin = stdin
         self.stdout = stdout
         self.stderr = stderr
@@ -81,7 +82,7 @@ class Process:
         if exit_notice is None:
             error = self._slot.error
             assert error is not None and self.pidfd is not None
-            _, raw = _lost.state(self.pidfd, self.pid, error)
+            _, raw = _lost.state(self.pidfd, self.pid, error, self._gone)
             if raw is not None:
                 self._lost_status(raw)
             return
@@ -106,7 +107,7 @@ class Process:
             # The daemon is gone: the pidfd stands in.
             error = self._slot.error
             assert error is not None and self.pidfd is not None
-            self._lost_status(await _lost.wait_async(self.pidfd, self.pid, error))
+            self._lost_status(await _lost.wait_async(self.pidfd, self.pid, error, self._gone))
         assert self.returncode is not None
         return self.returncode
 

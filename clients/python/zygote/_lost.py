@@ -36,6 +36,25 @@ _UNSUPPORTED = (
 
 RUNNING = "running"
 UNREAPED = "unreaped"
+#: How long a reaped child's pidfd may read as gone, or without a status,
+#: before this kernel is taken to keep none (6.13, 6.14): for a moment
+#: after the reaping, the status is not there yet.
+STATUS_GRACE_SECONDS = 0.2
+
+
+class GoneClock:
+    """When a child's pidfd first read as reaped without a status."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since: Optional[float] = None
+
+    def lasting(self, now: float) -> bool:
+        """Whether, seen so at ``now``, it has lasted the grace."""
+        if self.since is None:
+            self.since = now
+        return now - self.since >= STATUS_GRACE_SECONDS
 
 
 def returncode_of_wait_status(raw: int) -> int:
@@ -50,9 +69,10 @@ def not_recovered(lost: ZygoteError, pid: int, why: str) -> ZygoteError:
     return ZygoteError(lost.errno, f"{lost.strerror}; the exit status of pid {pid} is lost: {why}")
 
 
-def state(pidfd: int, pid: int, lost: ZygoteError) -> Tuple[str, Optional[int]]:
+def state(pidfd: int, pid: int, lost: ZygoteError, gone: GoneClock) -> Tuple[str, Optional[int]]:
     """``(RUNNING, None)``, ``(UNREAPED, None)`` or ``("exited", status)``;
-    raises the loss when this kernel cannot give the status."""
+    raises the loss when this kernel cannot give the status. A reaped child
+    without a status counts as unreaped until that lasts (``gone``)."""
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     events = 0
@@ -60,14 +80,15 @@ def state(pidfd: int, pid: int, lost: ZygoteError) -> Tuple[str, Optional[int]]:
         events |= revents
     if not events & select.POLLIN:
         return RUNNING, None
-    # HUP: reaped. Read after the poll, so a status missing now is missing
-    # for good.
+    # HUP: reaped, and read before the status.
     reaped = bool(events & select.POLLHUP)
     info = bytearray(64)
     struct.pack_into("Q", info, 0, PIDFD_INFO_EXIT)
     try:
         fcntl.ioctl(pidfd, PIDFD_GET_INFO, info)
     except OSError as error:
+        if error.errno == errno.ESRCH and not gone.lasting(time.monotonic()):
+            return UNREAPED, None
         if error.errno in (errno.ENOTTY, errno.EINVAL, errno.ESRCH, errno.EOPNOTSUPP):
             raise not_recovered(lost, pid, _UNSUPPORTED) from None
         raise ZygoteError(
@@ -78,7 +99,7 @@ def state(pidfd: int, pid: int, lost: ZygoteError) -> Tuple[str, Optional[int]]:
     if mask & PIDFD_INFO_EXIT:
         (raw,) = struct.unpack_from("i", info, _EXIT_CODE_OFFSET)
         return "exited", raw
-    if reaped:
+    if reaped and gone.lasting(time.monotonic()):
         raise not_recovered(lost, pid, _UNSUPPORTED)
     return UNREAPED, None
 
@@ -91,7 +112,9 @@ def _unreaped_error(lost: ZygoteError, pid: int) -> ZygoteError:
     )
 
 
-def wait(pidfd: int, pid: int, lost: ZygoteError, timeout: Optional[float]) -> Optional[int]:
+def wait(
+    pidfd: int, pid: int, lost: ZygoteError, gone: GoneClock, timeout: Optional[float]
+) -> Optional[int]:
     """Blocks until the status can be read (the ``wait(2)`` status), or
     ``timeout`` passes (``None``)."""
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -101,7 +124,7 @@ def wait(pidfd: int, pid: int, lost: ZygoteError, timeout: Optional[float]) -> O
     pause = 0.001
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        found, raw = state(pidfd, pid, lost)
+        found, raw = state(pidfd, pid, lost, gone)
         if found == "exited":
             return raw
         if found == RUNNING:
@@ -119,13 +142,13 @@ def wait(pidfd: int, pid: int, lost: ZygoteError, timeout: Optional[float]) -> O
         pause = min(pause * 2, _REAP_POLL_SECONDS)
 
 
-async def wait_async(pidfd: int, pid: int, lost: ZygoteError) -> int:
+async def wait_async(pidfd: int, pid: int, lost: ZygoteError, gone: GoneClock) -> int:
     """As :func:`wait`, on the running event loop, never blocking it."""
     loop = asyncio.get_running_loop()
     reap_deadline: Optional[float] = None
     pause = 0.001
     while True:
-        found, raw = state(pidfd, pid, lost)
+        found, raw = state(pidfd, pid, lost, gone)
         if found == "exited":
             assert raw is not None
             return raw

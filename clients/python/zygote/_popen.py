@@ -410,6 +410,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         self.pid = slot.reply["Spawned"]["pid"]
         self.sandbox = _sandbox.AppliedSandbox.from_wire(slot.reply["Spawned"].get("sandbox"))
         self.pidfd = pidfd
+        self._zygote_gone = _lost.GoneClock()
         weakref.finalize(self, os.close, pidfd)
 
     def _zygote_settle(self) -> None:
@@ -451,7 +452,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             return False
         if slot.exit is None:
             assert slot.error is not None and self.pidfd is not None
-            _, raw = _lost.state(self.pidfd, self.pid, slot.error)
+            _, raw = _lost.state(self.pidfd, self.pid, slot.error, self._zygote_gone)
             if raw is None:
                 return False
             self._zygote_lost_status(raw)
@@ -516,7 +517,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             # The daemon is gone: the pidfd stands in.
             assert slot.error is not None and self.pidfd is not None
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            raw = _lost.wait(self.pidfd, self.pid, slot.error, left)
+            raw = _lost.wait(self.pidfd, self.pid, slot.error, self._zygote_gone, left)
             if raw is None:
                 raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
             self._zygote_lost_status(raw)
