@@ -14,8 +14,8 @@ use zygote_proto::{
 
 use crate::sched::{SCHED_BATCH, SCHED_OTHER, thread_policies};
 use crate::util::{
-    Daemon, children_of, eventually, mask_in, process_state, runtime, signal_bit, start_daemon,
-    start_daemon_wrapped, thread_masks, within, zygote_bin,
+    Daemon, children_of, eventually, kernel_release, mask_in, process_state, runtime, signal_bit,
+    skip, start_daemon, start_daemon_wrapped, thread_masks, within, zygote_bin,
 };
 
 /// Spawns `/bin/true` `count` times, `parallel` at a time, and waits for
@@ -530,6 +530,54 @@ fn a_daemon_started_with_sigchld_ignored_still_reports_exits() {
             .expect("sh runs");
         assert_eq!(status.code(), Some(7));
     });
+}
+
+/// An fd the daemon's parent left open without close-on-exec is marked
+/// close-on-exec as the daemon starts, so that nothing the daemon execs
+/// (spawners, templates, its own upgrade) can inherit it.
+#[test]
+fn fds_the_daemon_inherits_are_made_close_on_exec() {
+    const INHERITED: i32 = 9;
+    let script = format!(
+        "#!/bin/sh\nexec {INHERITED}</dev/null\nexec '{}' \"$@\"\n",
+        zygote_bin().display()
+    );
+    let daemon = start_daemon_wrapped("inherited-fd", &script);
+    let fdinfo = std::fs::read_to_string(format!("/proc/{}/fdinfo/{INHERITED}", daemon.pid()))
+        .expect("the daemon still holds the inherited fd");
+    let flags = fdinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("flags:"))
+        .and_then(|flags| u32::from_str_radix(flags.trim(), 8).ok())
+        .expect("the fd's flags");
+    let cloexec = u32::try_from(libc::O_CLOEXEC).expect("O_CLOEXEC");
+    assert_ne!(
+        flags & cloexec,
+        0,
+        "fd {INHERITED} is inheritable: {fdinfo}"
+    );
+    let log = daemon.log();
+    assert!(!log.contains("could not mark inherited fds"), "{log}");
+}
+
+/// On Linux 6.5 and later the daemon knows each peer by the pidfd its
+/// socket gives (`SO_PEERPIDFD`), with no pid-reuse window, and does not
+/// fall back to `pidfd_open`.
+#[test]
+fn peers_are_known_by_the_pidfd_their_socket_gives() {
+    let (release, version) = kernel_release();
+    if version < (6, 5) {
+        skip(&format!("kernel {release} predates SO_PEERPIDFD (6.5)"));
+        return;
+    }
+    let daemon = start_daemon("peer-pidfd");
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        let status = Command::new(&client, "true").status().await.expect("true");
+        assert!(status.success());
+    });
+    let log = daemon.log();
+    assert!(!log.contains("SO_PEERPIDFD"), "{log}");
 }
 
 /// While children run, the shared daemon clones on its spawner threads

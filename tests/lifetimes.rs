@@ -10,8 +10,8 @@ use zygote_client::blocking::{Client, Command};
 
 use crate::helper::helper;
 use crate::util::{
-    children_of, eventually, exit_within, group_members, process_state, start_daemon,
-    start_daemon_with, stat_fields,
+    children_of, eventually, exit_within, group_members, process_state, root_or_skip, start_daemon,
+    start_daemon_as, start_daemon_with, stat_fields,
 };
 
 /// True once `pid` is gone or a zombie.
@@ -292,6 +292,29 @@ fn timeout_of_a_group_leader_ends_its_whole_group() {
         "a child outside a group of its own is signalled alone"
     );
     sigkill(background);
+}
+
+/// A daemon that is not root signals a root peer's group with its own
+/// rights (it could not take root's): the whole group still ends.
+#[test]
+fn a_daemon_not_root_ends_the_group_of_a_root_peers_child() {
+    if !root_or_skip("a daemon of another uid that root connects to") {
+        return;
+    }
+    let daemon = start_daemon_as(
+        "timeout-group-nobody",
+        Some(65534),
+        Some("[connect]\nany = true\n"),
+        &["--socket-mode", "0666"],
+    );
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let (mut leader, background) = shell_with_a_background_child(&client, true);
+    let status = exit_within(Duration::from_secs(30), "the leader", || leader.try_wait());
+    assert!(status.timed_out());
+    assert!(
+        eventually(Duration::from_secs(5), || dead(background)),
+        "the leader's background child outlived the timeout"
+    );
 }
 
 #[test]

@@ -40,14 +40,7 @@ fn orphans_are_reaped() -> bool {
 /// Whether this kernel keeps a reaped child's exit status for its pidfd
 /// (`PIDFD_INFO_EXIT`, Linux 6.15). Says so loudly when it does not.
 fn kernel_keeps_exit_status(test: &str) -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .expect("read the kernel release")
-        .trim()
-        .to_owned();
-    let mut numbers = release
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|part| part.parse::<u32>().ok());
-    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    let (release, version) = crate::util::kernel_release();
     let keeps = version >= (6, 15);
     if !keeps {
         crate::util::skip(&format!(

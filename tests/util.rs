@@ -605,6 +605,19 @@ pub fn skip_unless_ci(reason: &str) {
     skip(reason);
 }
 
+/// The kernel's release string, and its `(major, minor)`.
+pub fn kernel_release() -> (String, (u32, u32)) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .expect("read the kernel release")
+        .trim()
+        .to_owned();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|part| part.parse::<u32>().ok());
+    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    (release, version)
+}
+
 /// Whether the caller runs as root; when not, [`skip_unless_ci`] says
 /// that `what` needs it.
 pub fn root_or_skip(what: &str) -> bool {

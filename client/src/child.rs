@@ -264,13 +264,18 @@ impl ChildCore {
         // HUP: reaped, and read before the status.
         let reaped = events.contains(PollFlags::HUP);
         let answer = crate::sys::pidfd_exit_status(self.pidfd.as_fd());
-        judge_pidfd_answer(answer, reaped, &mut self.reaped_without_status, Instant::now())
-            .map_err(|error| {
-                Error::io(
-                    format!("reading the exit status of pid {} from its pidfd", self.pid),
-                    error,
-                )
-            })
+        judge_pidfd_answer(
+            answer,
+            reaped,
+            &mut self.reaped_without_status,
+            Instant::now(),
+        )
+        .map_err(|error| {
+            Error::io(
+                format!("reading the exit status of pid {} from its pidfd", self.pid),
+                error,
+            )
+        })
     }
 
     /// SIGKILL through the pidfd: no pid-reuse race, and no need for the

@@ -800,7 +800,6 @@ pub(super) fn pidfd_send_group_signal_as(
 /// we build for (MIPS and SPARC differ).
 const SO_PEERPIDFD: c_int = 77;
 
-/// `getsockopt(SOL_SOCKET, SO_PEERPIDFD)`; `None` before Linux 6.5.
 /// `SIOCOUTQ` of a Unix socket: the bytes it sent that its peer has not
 /// read yet (as the kernel charges them, headers included).
 pub(super) fn unread_bytes(socket: BorrowedFd<'_>) -> io::Result<usize> {
@@ -814,6 +813,7 @@ pub(super) fn unread_bytes(socket: BorrowedFd<'_>) -> io::Result<usize> {
     Ok(usize::try_from(bytes).unwrap_or(0))
 }
 
+/// `getsockopt(SOL_SOCKET, SO_PEERPIDFD)`; `None` before Linux 6.5.
 pub(super) fn peer_pidfd(socket: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
     let mut fd: c_int = -1;
     let mut len = libc::socklen_t::try_from(std::mem::size_of::<c_int>()).unwrap_or(4);
