@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rustix::process::{Signal, pidfd_send_signal};
 use tokio::io::AsyncWriteExt;
-use zygote_client::{Client, Command, JobState, Stdio};
+use zygote_client::{Client, Command, JobState, Sandbox, Stdio};
 use zygote_proto::{
     ClientMessage, Hello, PROTOCOL_VERSION, ProtocolErrorKind, RECV_BUFFER_BYTES, ServerMessage,
     SpawnRequest, StatusReply, StatusRequest, StdioSpec, decode, encode, recv_frame, send_frame,
@@ -578,6 +578,40 @@ fn peers_are_known_by_the_pidfd_their_socket_gives() {
     });
     let log = daemon.log();
     assert!(!log.contains("SO_PEERPIDFD"), "{log}");
+}
+
+/// On a kernel without a call it needs, the daemon refuses to start and
+/// names the call and the Linux version that brings it. A seccomp filter
+/// makes each call fail with `ENOSYS`, as an older kernel would.
+#[test]
+fn a_daemon_on_a_kernel_without_a_call_it_needs_names_it_and_exits() {
+    let daemon = start_daemon("kernel-support");
+    let dir = tempfile::tempdir().expect("tempdir");
+    runtime().block_on(async {
+        let client = Client::connect(daemon.socket()).await.expect("connect");
+        for (call, version) in [("close_range", "5.9"), ("pidfd_open", "5.3")] {
+            let socket = dir.path().join(format!("{call}.sock"));
+            let filter = format!("action errno ENOSYS\n{call}\n");
+            let output = Command::new(&client, zygote_bin())
+                .arg("serve")
+                .arg("--socket")
+                .arg(&socket)
+                .sandbox(Sandbox::new().seccomp_filter(filter))
+                .timeout(Duration::from_secs(20))
+                .stdin(Stdio::null())
+                .output()
+                .await
+                .expect("zygote serve runs");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(
+                !output.status.success() && !output.status.timed_out(),
+                "{call}: {:?}\n{stderr}",
+                output.status
+            );
+            let named = format!("does not provide {call}(2), which zygote needs; Linux {version}");
+            assert!(stderr.contains(&named), "{call}: {stderr}");
+        }
+    });
 }
 
 /// While children run, the shared daemon clones on its spawner threads

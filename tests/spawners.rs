@@ -301,6 +301,13 @@ fn a_spawner_killed_while_stalled_fails_its_spawn_and_its_child_goes() {
     }
     use crate::dos::{ATTACKER, attacker, name_uid_state, stopped_children, stopped_count};
     let daemon = crate::dos::shared_daemon("spawner-stalled-dies", None);
+    // A child of root's, the daemon's own: not the spawner's to take along.
+    let client = zygote_client::blocking::Client::connect(daemon.socket()).expect("connect");
+    let mut bystander = zygote_client::blocking::Command::new(&client, "sleep")
+        .arg("60")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn sleep");
     let mut attack = attacker("stop-before-exec:1", &daemon, ATTACKER);
     assert!(stopped_count(&attack.finding()) >= 1);
     let stalled = || {
@@ -328,6 +335,10 @@ fn a_spawner_killed_while_stalled_fails_its_spawn_and_its_child_goes() {
         eventually(Duration::from_secs(10), || stalled() == 0),
         "the stopped child outlived its spawner: {:?}",
         stopped_children(&daemon)
+    );
+    assert!(
+        bystander.try_wait().expect("try_wait").is_none(),
+        "root's child was killed with the spawner's"
     );
     assert!(
         eventually(Duration::from_secs(10), || daemon

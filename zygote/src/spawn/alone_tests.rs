@@ -170,3 +170,34 @@ fn a_stack_is_unmapped_when_dropped() {
         },
     );
 }
+
+#[test]
+fn a_socket_inherited_as_stderr_moves_to_fd_3_and_every_other_fd_is_closed() {
+    use std::os::fd::{AsRawFd, IntoRawFd};
+    in_a_process_of_its_own(
+        "spawn::alone_tests::a_socket_inherited_as_stderr_moves_to_fd_3_and_every_other_fd_is_closed",
+        || {
+            // As a private zygote starts: its socket at a stdio number (2
+            // here: the parent reads only this process's stdout), fd 3
+            // free, and some other fd above it, which must go.
+            // SAFETY: nothing of this process uses an fd above 2 now.
+            unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+            let (socket, other) = std::os::unix::net::UnixStream::pair().unwrap();
+            let (socket, other) = (socket.into_raw_fd(), other.into_raw_fd());
+            assert_eq!((socket, other), (3, 4));
+            // SAFETY: moves our own socket onto fd 2, then closes fd 3.
+            unsafe {
+                assert_eq!(libc::dup2(socket, 2), 2);
+                libc::close(socket);
+            }
+            let taken = super::take_inherited_fd(2);
+            // SAFETY: only asks for the flags of a number.
+            let other_open = unsafe { libc::fcntl(other, libc::F_GETFD) } >= 0;
+            let stderr = std::fs::read_link("/proc/self/fd/2").unwrap();
+            println!("taken {taken:?}, stderr {stderr:?}, fd {other} open: {other_open}");
+            assert_eq!(taken.unwrap().as_raw_fd(), 3);
+            assert_eq!(stderr, std::path::Path::new("/dev/null"));
+            assert!(!other_open, "fd {other} was left open");
+        },
+    );
+}
