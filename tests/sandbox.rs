@@ -253,6 +253,37 @@ fn a_spawn_that_enters_a_parked_init_is_confined_as_one_that_made_its_own() {
     assert_eq!(output.status.code(), Some(7), "{output:?}");
 }
 
+/// A parked init that dies before its spawn (only root or the OOM killer
+/// can kill it) is passed over: the spawn makes its own namespaces, and
+/// runs.
+#[test]
+fn a_parked_init_that_died_is_passed_over() {
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let (work, daemon) = escape_daemon("sandbox-parked-dead");
+    let path = work.path().to_str().unwrap();
+    assert!(run(&daemon, path, Some(65534), "true").status.success());
+    let parked = || inits_of(&daemon).len() == PARKED_PER_PLAN;
+    assert!(
+        eventually(Duration::from_secs(10), parked),
+        "no init parked: {:?}\n{}",
+        inits_of(&daemon),
+        daemon.log()
+    );
+    for pid in inits_of(&daemon) {
+        let pid = rustix::process::Pid::from_raw(pid.cast_signed()).expect("pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kill an init");
+    }
+    let output = run(&daemon, path, Some(65534), "echo ppid $PPID");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "ppid 1",
+        "{output:?}\n{}",
+        daemon.log()
+    );
+}
+
 /// Checks the output of a script run as `uid` under a sandbox: it ran,
 /// escaped nothing, wrote inside, and ran with `no_new_privs`, no
 /// capability and a seccomp filter; its stdout.

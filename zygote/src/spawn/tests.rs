@@ -1329,3 +1329,53 @@ fn a_pidfd_of_a_process_that_is_gone_is_esrch() {
     let error = super::open_pidfd(pid).expect_err("no process is left behind that pid");
     assert_eq!(error.raw_os_error(), Some(libc::ESRCH));
 }
+
+/// Only a sandbox with a pid namespace of its own, made here (no user
+/// namespace, no parked init entered), can be parked; any other plan is
+/// refused before anything is forked.
+#[test]
+fn only_a_plan_with_a_pid_namespace_of_its_own_can_be_parked() {
+    let spawner = super::Spawner::resetting_all();
+    let isolated = |sandbox: super::SandboxPlan| {
+        let mut plan = plan(&["/bin/true"]);
+        plan.sandbox = Some(super::SandboxPlan {
+            clone_flags: libc::CLONE_NEWPID | libc::CLONE_NEWNS,
+            ..sandbox
+        });
+        plan
+    };
+    let no_pid_namespace = {
+        let mut plan = plan(&["/bin/true"]);
+        plan.sandbox = Some(super::SandboxPlan {
+            clone_flags: libc::CLONE_NEWNS | libc::CLONE_NEWIPC,
+            ..super::SandboxPlan::default()
+        });
+        plan
+    };
+    let unparkable = [
+        ("no sandbox", plan(&["/bin/true"])),
+        ("no pid namespace", no_pid_namespace),
+        (
+            "a user namespace",
+            isolated(super::SandboxPlan {
+                map_ids: Some((1000, 1000)),
+                ..super::SandboxPlan::default()
+            }),
+        ),
+        (
+            "a parked init entered",
+            isolated(super::SandboxPlan {
+                enter: Some(std::sync::Arc::new(dev_null())),
+                ..super::SandboxPlan::default()
+            }),
+        ),
+    ];
+    for (what, plan) in unparkable {
+        let refused = spawner.park(&plan).map(|parked| parked.pid);
+        assert_eq!(
+            refused,
+            Err(SpawnError::new(SpawnStage::Validate, libc::EINVAL)),
+            "{what}"
+        );
+    }
+}
