@@ -448,6 +448,19 @@ fn landlock_alone_denies_writes_outside_its_read_write_list() {
     assert!(!other.path().join("outside").exists());
 }
 
+/// A root daemon with `policy` and no spawner processes (so no parked
+/// inits): every sandboxed child makes its own namespaces.
+fn daemon_without_spawners(name: &str, policy: &str) -> Daemon {
+    crate::util::start_daemon_custom(
+        name,
+        None,
+        Some(policy),
+        &[],
+        &zygote_bin(),
+        &[("ZYGOTE_UID_SPAWNERS", "0")],
+    )
+}
+
 #[test]
 fn sandboxed_init_forwards_signals_and_reports_exact_exits() {
     if !root_or_skip("a root daemon with pid namespaces") {
@@ -458,14 +471,7 @@ fn sandboxed_init_forwards_signals_and_reports_exact_exits() {
     let policy = full_profile(path);
     // Without spawners no init is parked: every program here is started
     // by its init, whose forwarding and exit report this guards.
-    let daemon = crate::util::start_daemon_custom(
-        "sandbox-init",
-        None,
-        Some(&policy),
-        &[],
-        &zygote_bin(),
-        &[("ZYGOTE_UID_SPAWNERS", "0")],
-    );
+    let daemon = daemon_without_spawners("sandbox-init", &policy);
     // As pid 1 the shell would ignore SIGTERM: under the init it dies.
     let output = run(&daemon, path, None, "echo $$; kill -TERM $$; sleep 5");
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "2");
@@ -499,14 +505,7 @@ fn without_spawners_no_init_is_parked() {
     let work = work_dir();
     let path = work.path().to_str().unwrap();
     let policy = full_profile(path);
-    let daemon = crate::util::start_daemon_custom(
-        "sandbox-unparked",
-        None,
-        Some(&policy),
-        &[],
-        &zygote_bin(),
-        &[("ZYGOTE_UID_SPAWNERS", "0")],
-    );
+    let daemon = daemon_without_spawners("sandbox-unparked", &policy);
     for _ in 0..3 {
         let output = run(&daemon, path, None, "echo ppid $PPID");
         assert_eq!(
