@@ -1,6 +1,7 @@
 //! Sandboxes against a real daemon and kernel: a peer whose policy
 //! imposes a profile tries to escape it.
 
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, Output, Stdio};
@@ -459,6 +460,63 @@ fn daemon_without_spawners(name: &str, policy: &str) -> Daemon {
         &zygote_bin(),
         &[("ZYGOTE_UID_SPAWNERS", "0")],
     )
+}
+
+/// On the fork path (no spawner processes), a sandboxed child keeps its
+/// own pipes clear of the fds it is given: with a pid namespace, the
+/// init's report of the program's exit does not land on the program's
+/// highest fd (40, just below the pipes' floor); without one there is no
+/// init, and the pid the spawn reports is the program's own.
+#[test]
+fn a_forked_sandbox_child_keeps_its_own_pipes_apart_from_its_fds() {
+    use std::io::Read;
+    use zygote_client::blocking::{Client, Command};
+    use zygote_client::{Sandbox, Stdio};
+
+    if !root_or_skip("a root daemon with pid namespaces") {
+        return;
+    }
+    let daemon = daemon_without_spawners("sandbox-fork-fds", "");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let (read, write) = std::io::pipe().expect("pipe");
+    let status = Command::new(&client, "/bin/sh")
+        .args(["-c", "exit 3"])
+        .sandbox(Sandbox::new().isolate())
+        .timeout(Duration::from_secs(30))
+        .fd(40, OwnedFd::from(write))
+        .stdin(Stdio::null())
+        .status()
+        .expect("spawn under isolate");
+    assert_eq!(status.code(), Some(3), "the init reported the exit");
+    // Every copy of the write end is gone with the child: EOF, and nothing
+    // written (a misplaced report would be).
+    let mut read = std::fs::File::from(OwnedFd::from(read));
+    let (sender, got) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = sender.send(read.read_to_end(&mut bytes).map(|_| bytes));
+    });
+    let got = got
+        .recv_timeout(Duration::from_secs(10))
+        .expect("EOF on fd 40's pipe within 10 s");
+    assert_eq!(got.expect("read fd 40's pipe"), b"", "nothing on fd 40");
+
+    let output = Command::new(&client, "/bin/sh")
+        .args(["-c", "echo $$"])
+        .sandbox(Sandbox::new().network_none())
+        .timeout(Duration::from_secs(30))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn with network none");
+    let reported = output.id();
+    let output = output.wait_with_output().expect("wait");
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        reported.to_string(),
+        "no init: the spawned pid is the shell's"
+    );
 }
 
 #[test]

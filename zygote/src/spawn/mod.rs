@@ -627,10 +627,11 @@ pub fn prepare_boost(nice: i32) -> io::Result<Option<i32>> {
     if former <= nice {
         return Ok(None);
     }
-    sched::set_reset_on_fork()?;
-    // Whether raising works at all (lowering back always does).
+    // Whether raising works at all (lowering back always does), before
+    // the flag, which an unprivileged thread could not clear again.
     rustix::process::setpriority_process(None, nice)?;
     rustix::process::setpriority_process(None, former)?;
+    sched::set_reset_on_fork()?;
     if former != 0 {
         DEFAULT_CHILD_NICE.store(former, Ordering::Relaxed);
     }
@@ -701,6 +702,7 @@ pub fn set_busy(busy: bool) {
 #[cfg(test)]
 fn forget_boost() {
     BOOST_NICE.store(i32::MIN, Ordering::Relaxed);
+    IDLE_NICE.store(0, Ordering::Relaxed);
     DEFAULT_CHILD_NICE.store(i32::MIN, Ordering::Relaxed);
     BOOSTED.store(false, Ordering::Relaxed);
     IDLE_BATCH.store(false, Ordering::Relaxed);
@@ -758,26 +760,18 @@ pub fn mark_inherited_fds_cloexec() -> io::Result<()> {
 }
 
 /// Sends `signal` to the process group of the child behind `pidfd`
-/// (`PIDFD_SIGNAL_PROCESS_GROUP`, Linux 6.9); on older kernels falls back
-/// to `kill(-pgid)`, which races with the group's end (the caller checks
-/// the child is alive, and a live member keeps the pgid from reuse).
+/// (`PIDFD_SIGNAL_PROCESS_GROUP`, Linux 6.9; on older kernels
+/// `kill(-pgid)`, which races with the group's end: the caller checks the
+/// child is alive, and a live member keeps the pgid from reuse), with the
+/// permissions of `uid`: a root caller sends it from a short-lived thread
+/// that first sets its own uids (and only its own: the raw syscall, not
+/// glibc's process-wide wrapper) to `uid`, which drops its capabilities,
+/// so that the kernel skips every member `uid` could not signal itself.
 ///
 /// # Errors
 ///
-/// `ESRCH` if the group is gone, `EINVAL` for a bad signal number.
-pub fn send_group_signal(pidfd: BorrowedFd<'_>, pgid: i32, signal: i32) -> io::Result<()> {
-    clone::pidfd_send_group_signal(pidfd, pgid, signal)
-}
-
-/// As [`send_group_signal`], with the permissions of `uid`: a root caller
-/// sends it from a short-lived thread that first sets its own uids (and
-/// only its own: the raw syscall, not glibc's process-wide wrapper) to
-/// `uid`, which drops its capabilities, so that the kernel skips every
-/// member `uid` could not signal itself.
-///
-/// # Errors
-///
-/// As [`send_group_signal`]; `EPERM` when no member could be signalled.
+/// `ESRCH` if the group is gone, `EINVAL` for a bad signal number,
+/// `EPERM` when no member could be signalled.
 pub fn send_group_signal_as(
     pidfd: BorrowedFd<'_>,
     pgid: i32,

@@ -1379,3 +1379,123 @@ fn only_a_plan_with_a_pid_namespace_of_its_own_can_be_parked() {
         );
     }
 }
+
+/// An unprivileged single-threaded zygote's spawner (no boost: it may not
+/// raise itself) still leaves `SCHED_BATCH` while busy and goes back when
+/// idle, at its own nice value, and gains no `SCHED_RESET_ON_FORK` on the
+/// way: not from the failed boost, nor from the switches.
+#[test]
+fn an_unprivileged_batch_spawner_is_other_only_while_busy() {
+    let _state = SPAWNER_STATE.lock().unwrap_or_else(PoisonError::into_inner);
+    std::thread::spawn(|| {
+        let own = || rustix::process::getpriority_process(None).unwrap();
+        rustix::process::setpriority_process(None, 5).unwrap();
+        if is_root() {
+            // This thread only (the raw syscall): its capabilities go too.
+            let nobody = rustix::process::Uid::from_raw(65534);
+            rustix::thread::set_thread_res_uid(nobody, nobody, nobody).unwrap();
+        }
+        if super::run_daemon_as_batch().unwrap() == super::DaemonPolicy::Disabled {
+            skip(
+                "an_unprivileged_batch_spawner_is_other_only_while_busy",
+                &format!("{}=0 in the environment", super::NO_BATCH_ENV),
+            );
+            return;
+        }
+        let refused = super::prepare_boost(-10).expect_err("raising needs CAP_SYS_NICE");
+        assert!(
+            matches!(refused.raw_os_error(), Some(libc::EPERM | libc::EACCES)),
+            "{refused}"
+        );
+        assert_eq!(
+            super::sched::thread_policy().unwrap(),
+            libc::SCHED_BATCH,
+            "the failed boost leaves the thread as it was"
+        );
+        assert!(super::batch_only_while_idle().unwrap());
+        super::set_busy(true);
+        assert_eq!(
+            (super::sched::thread_policy().unwrap(), own()),
+            (libc::SCHED_OTHER, 5),
+            "busy: other, at its own nice, no reset flag"
+        );
+        super::set_busy(false);
+        assert_eq!(
+            (super::sched::thread_policy().unwrap(), own()),
+            (libc::SCHED_BATCH, 5),
+            "idle again"
+        );
+        super::forget_boost();
+        super::sched::forget_batch();
+    })
+    .join()
+    .unwrap();
+}
+
+/// The child's end of a pipe for the fork path lands at or above the
+/// floor and stays open in the child; the daemon's end is close-on-exec
+/// (no other child inherits it) and non-blocking (the event loop reads
+/// it).
+#[test]
+fn a_pipe_for_the_child_is_close_on_exec_and_non_blocking() {
+    let plan = plan(&["/bin/true"]);
+    let mut prepared = super::Prepared::new(&plan).unwrap();
+    let floor = prepared.dup_floor + 20;
+    for child_writes in [true, false] {
+        let (ours, theirs) = super::pipe_for_child(&mut prepared, floor, child_writes).unwrap();
+        assert!(theirs.as_raw_fd() >= floor, "{child_writes}");
+        let kept = u32::try_from(theirs.as_raw_fd()).unwrap();
+        assert!(
+            prepared
+                .close_ranges
+                .iter()
+                .all(|&(first, last)| kept < first || kept > last),
+            "the child keeps its end open: {:?}",
+            prepared.close_ranges
+        );
+        let fd_flags = rustix::io::fcntl_getfd(&ours).unwrap();
+        assert!(
+            fd_flags.contains(rustix::io::FdFlags::CLOEXEC),
+            "{child_writes}"
+        );
+        let status_flags = rustix::fs::fcntl_getfl(&ours).unwrap();
+        assert!(
+            status_flags.contains(rustix::fs::OFlags::NONBLOCK),
+            "{child_writes}: {status_flags:?}"
+        );
+    }
+}
+
+/// Stdio is never adopted as a handed-down fd: a corrupt handover naming
+/// fd 2 would otherwise close it with the adopted fd.
+#[test]
+fn stdio_is_never_adopted_as_a_handed_down_fd() {
+    let refused = super::adopt_fd(2).map(drop).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EBADF));
+    let closed = i32::try_from(
+        rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(1 << 20),
+    )
+    .unwrap_or(i32::MAX)
+        - 1;
+    let refused = super::adopt_fd(closed).map(drop).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EBADF));
+}
+
+/// A check command that overruns its bound is killed, and reported as
+/// timed out, at the bound.
+#[test]
+fn a_command_run_to_its_end_is_killed_at_its_bound() {
+    let (sender, answer) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut command = std::process::Command::new("/bin/sleep");
+        command.arg("30");
+        let _ = sender.send(super::run_own(command, Duration::from_millis(200)));
+    });
+    let outcome = answer
+        .recv_timeout(Duration::from_secs(10))
+        .expect("run_own returns within 10 s for a 200 ms bound");
+    let error = outcome.expect_err("sleep 30 overran its bound");
+    assert_eq!(error.kind(), std::io::ErrorKind::TimedOut, "{error}");
+}
