@@ -398,6 +398,8 @@ fn sigchld_is_blocked_in_every_daemon_thread_and_in_no_child() {
         .count();
     // One for SIGCHLD, one for the signals with no meaning to the daemon.
     assert_eq!(signalfds, 2, "the daemon's signalfds");
+    let log = daemon.log();
+    assert!(!log.contains("cannot block SIGCHLD"), "{log}");
 }
 
 /// While no request follows stops, the daemon leaves `SIGCHLD` pending

@@ -143,7 +143,7 @@ const NO_PRIORITY: SchedParam = SchedParam { sched_priority: 0 };
 
 /// Sets the calling thread's policy (`SCHED_OTHER` or `SCHED_BATCH`,
 /// possibly with `SCHED_RESET_ON_FORK`); its nice value is kept.
-fn set_thread_policy(policy: c_int) -> io::Result<()> {
+pub(super) fn set_thread_policy(policy: c_int) -> io::Result<()> {
     let param = NO_PRIORITY;
     // The raw syscall: musl's `sched_setscheduler()` is a stub that fails
     // with ENOSYS. glibc's wrapper is this same syscall.

@@ -1499,3 +1499,67 @@ fn a_command_run_to_its_end_is_killed_at_its_bound() {
     let error = outcome.expect_err("sleep 30 overran its bound");
     assert_eq!(error.kind(), std::io::ErrorKind::TimedOut, "{error}");
 }
+
+/// A reaped child is no longer listed as this process's own: the list
+/// would otherwise grow with every spawn, and an orphan that later got a
+/// listed pid would be left unreaped as if it were ours.
+#[test]
+fn a_reaped_child_is_no_longer_listed_as_own() {
+    let listed = |pid: i32| {
+        super::OWN
+            .pids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&pid)
+    };
+    let child = spawn(&plan(&["/bin/true"])).unwrap();
+    assert!(listed(child.pid), "listed from its start");
+    assert_eq!(wait(&child).0, ExitStatus::Exited(0));
+    assert!(!listed(child.pid), "forgotten once reaped");
+}
+
+/// The fds a live upgrade hands down are found as the ones open without
+/// close-on-exec, and their flag is flipped both ways; a closed fd is an
+/// error, never a silent success.
+#[test]
+fn handed_down_fds_are_the_ones_without_close_on_exec() {
+    let kept = dev_null();
+    let handed = rustix::io::dup(&kept).unwrap();
+    assert!(
+        !super::inherited_fds().contains(&kept.as_raw_fd()),
+        "close-on-exec: not handed down"
+    );
+    assert!(super::inherited_fds().contains(&handed.as_raw_fd()));
+    // Stdio (inheritable here, as in every process) is never handed down.
+    assert!(
+        super::inherited_fds().iter().all(|fd| *fd > 2),
+        "{:?}",
+        super::inherited_fds()
+    );
+    super::set_inheritable(handed.as_raw_fd(), false).unwrap();
+    assert!(!super::inherited_fds().contains(&handed.as_raw_fd()));
+    super::set_inheritable(kept.as_raw_fd(), true).unwrap();
+    assert!(super::inherited_fds().contains(&kept.as_raw_fd()));
+    let closed = handed.as_raw_fd();
+    drop(handed);
+    let refused = super::set_inheritable(closed, true).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EBADF));
+}
+
+/// A daemon started under a policy other than `SCHED_OTHER` or
+/// `SCHED_BATCH` (`chrt --idle`) keeps it: the administrator chose it.
+#[test]
+fn a_daemon_started_under_sched_idle_keeps_it() {
+    let _state = SPAWNER_STATE.lock().unwrap_or_else(PoisonError::into_inner);
+    std::thread::spawn(|| {
+        super::sched::set_thread_policy(libc::SCHED_IDLE).unwrap();
+        assert_eq!(
+            super::run_daemon_as_batch().unwrap(),
+            super::DaemonPolicy::Other(libc::SCHED_IDLE)
+        );
+        assert_eq!(super::sched::thread_policy().unwrap(), libc::SCHED_IDLE);
+        super::sched::forget_batch();
+    })
+    .join()
+    .unwrap();
+}
