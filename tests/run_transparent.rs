@@ -270,6 +270,10 @@ fn death_by_signal_is_seen_by_the_shell_like_the_childs() {
             libc::SIGINT,
             r#"exec bash -c "true; $RUN sh -c 'kill -INT \$\$'""#,
         ),
+        (
+            libc::SIGKILL,
+            r#"exec bash -c "true; $RUN sh -c 'kill -KILL \$\$'""#,
+        ),
     ] {
         let (direct, wrapped) = both(&daemon, script);
         assert_eq!(direct.status.signal(), Some(number), "{script}: {direct:?}");
@@ -279,6 +283,32 @@ fn death_by_signal_is_seen_by_the_shell_like_the_childs() {
             "{script}: {wrapped:?}"
         );
     }
+}
+
+/// A wrapper that inherited the child's signal blocked (through exec)
+/// still dies by it, as the child did, rather than exit 128+N.
+#[test]
+fn a_wrapper_started_with_the_signal_blocked_still_dies_by_it() {
+    let daemon = start_daemon("run-die-blocked");
+    let block_then_exec = "import os, signal, sys\n\
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n\
+        os.execv(sys.argv[1], sys.argv[1:])";
+    let mut command = Command::new("python3");
+    command
+        .arg("-c")
+        .arg(block_then_exec)
+        .arg(zygote_bin())
+        .args(["run", "--", "sh", "-c", "kill -USR1 $$"])
+        .env("ZYGOTE_SOCKET", daemon.socket())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let output = output_within(
+        command.spawn().expect("start python3"),
+        Duration::from_secs(30),
+        "zygote run",
+    );
+    assert_eq!(output.status.signal(), Some(libc::SIGUSR1), "{output:?}");
 }
 
 /// Ctrl-C: SIGINT to the whole foreground process group, bash's loop and

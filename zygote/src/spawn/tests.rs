@@ -1563,3 +1563,14 @@ fn a_daemon_started_under_sched_idle_keeps_it() {
     .join()
     .unwrap();
 }
+
+/// Signals are named as `kill -l` names them; a number that is neither a
+/// known signal nor a real-time one stays a number.
+#[test]
+fn signals_are_named_as_kill_l_names_them() {
+    assert_eq!(super::signal_name(libc::SIGUSR1), "USR1");
+    assert_eq!(super::signal_name(libc::SIGRTMIN() + 3), "RTMIN+3");
+    assert_eq!(super::signal_name(0), "0");
+    let past = libc::SIGRTMAX() + 1;
+    assert_eq!(super::signal_name(past), past.to_string());
+}

@@ -67,7 +67,8 @@ pub fn die_by(signal: i32) -> ! {
             maximum: hard,
         },
     );
-    if set_default(signal).is_ok() {
+    // SIGKILL's action cannot be changed (sigaction fails), nor need be.
+    if signal == libc::SIGKILL || set_default(signal).is_ok() {
         unblock(signal);
         // SAFETY: raise is a plain libc call; with SIG_DFL a fatal signal
         // ends the process here.
