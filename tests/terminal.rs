@@ -313,6 +313,19 @@ fn ctrl_c_and_ctrl_backslash_end_sleep_and_a_shell_loop() {
     });
 }
 
+/// A child killed by SIGKILL: the wrapper dies by SIGKILL too, which an
+/// interactive bash reports as "Killed" (an exit with 137 prints nothing).
+#[test]
+fn a_child_killed_by_sigkill_is_reported_killed() {
+    both_ways("pty-kill", |tmux, via, _| {
+        tmux.line(&format!("{}sh -c 'kill -KILL $$'", via.prefix()));
+        tmux.wait_prompt();
+        tmux.line("echo rc=$?");
+        let screen = tmux.wait_line("rc=137");
+        assert!(screen.contains("Killed"), "{via:?}:\n{screen}");
+    });
+}
+
 /// A `sleep` with an argument of its own, so that a test finds its own
 /// process among those of tests running in parallel (here and elsewhere
 /// on the machine).

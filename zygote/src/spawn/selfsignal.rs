@@ -32,7 +32,8 @@ pub fn die_of_signal(signal: i32) {
         let default_action = std::mem::zeroed::<libc::sigaction>();
         libc::sigaction(signal, &raw const default_action, ptr::null_mut())
     };
-    if reset != 0 {
+    // SIGKILL's action cannot be changed (sigaction fails), nor need be.
+    if reset != 0 && signal != libc::SIGKILL {
         return;
     }
     // SAFETY: unblocks one signal in this thread's mask from a valid set.
