@@ -501,7 +501,7 @@ fn a_forked_sandbox_child_keeps_its_own_pipes_apart_from_its_fds() {
         .expect("EOF on fd 40's pipe within 10 s");
     assert_eq!(got.expect("read fd 40's pipe"), b"", "nothing on fd 40");
 
-    let output = Command::new(&client, "/bin/sh")
+    let child = Command::new(&client, "/bin/sh")
         .args(["-c", "echo $$"])
         .sandbox(Sandbox::new().network_none())
         .timeout(Duration::from_secs(30))
@@ -509,8 +509,8 @@ fn a_forked_sandbox_child_keeps_its_own_pipes_apart_from_its_fds() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn with network none");
-    let reported = output.id();
-    let output = output.wait_with_output().expect("wait");
+    let reported = child.id();
+    let output = child.wait_with_output().expect("wait");
     assert!(output.status.success(), "{output:?}");
     assert_eq!(
         String::from_utf8_lossy(&output.stdout).trim(),
