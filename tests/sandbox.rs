@@ -862,6 +862,10 @@ mod wire {
                     "{failed:?}"
                 );
                 assert!(failed.message.contains("/nonexistent/zygote"), "{failed:?}");
+                assert!(
+                    failed.message.contains("sandbox step bind source"),
+                    "{failed:?}"
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -960,6 +964,28 @@ fn a_rootless_daemon_confines_children_in_a_user_namespace() {
     assert!(text.contains("NoNewPrivs:\t1"), "{text}");
     assert!(text.contains("CapEff:\t0000000000000000"), "{text}");
     assert!(text.contains("Seccomp:\t2"), "{text}");
+    // It offers sandboxes to requests too, not only imposes them.
+    let output = output_within(
+        Command::new(zygote_bin())
+            .args(["run", "--sandbox", "box", "--", "hostname"])
+            .env("ZYGOTE_SOCKET", daemon.socket())
+            .current_dir(path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start zygote run"),
+        Duration::from_secs(30),
+        "zygote run --sandbox",
+    );
+    assert_eq!(
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).trim()
+        ),
+        (Some(0), "box"),
+        "{output:?}"
+    );
 }
 
 #[test]

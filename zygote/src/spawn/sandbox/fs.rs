@@ -50,7 +50,6 @@ pub(super) fn build_root(
     mounts: &[Mount],
     peer: &Peer<'_>,
     dev_template: Option<c_int>,
-    new_pid_ns: bool,
 ) -> Result<(), Failed> {
     let mut trees = [-1 as c_int; MAX_MOUNTS];
     let built = detach_sources(mounts, peer, &mut trees).and_then(|()| {
@@ -84,7 +83,7 @@ pub(super) fn build_root(
             )
         };
         let root = check(root.into(), Step::Root, None)? as c_int;
-        let built = mount_all(root, mounts, &trees, new_pid_ns);
+        let built = mount_all(root, mounts, &trees);
         let built = built.and_then(|()| make_dev(root, dev_template));
         let built = built.and_then(|()| pivot(root));
         close(root);
@@ -116,12 +115,7 @@ fn detach_sources(
     Ok(())
 }
 
-fn mount_all(
-    root: c_int,
-    mounts: &[Mount],
-    trees: &[c_int; MAX_MOUNTS],
-    new_pid_ns: bool,
-) -> Result<(), Failed> {
+fn mount_all(root: c_int, mounts: &[Mount], trees: &[c_int; MAX_MOUNTS]) -> Result<(), Failed> {
     for ((index, mount), tree) in mounts.iter().enumerate().zip(trees) {
         let attached = match mount.kind {
             MountKind::ReadOnlyBind | MountKind::Bind => {
@@ -143,7 +137,6 @@ fn mount_all(
     }
     // A fresh /proc always: of the new pid namespace when there is one
     // (this child is its init), else of the host's, as the peer sees it.
-    let _ = new_pid_ns;
     let proc = new_fs(c"proc", None, mounts.len())?;
     let attached = attach(proc, root, c"proc", mounts.len());
     close(proc);

@@ -442,8 +442,7 @@ pub(super) fn before_credentials(plan: &SandboxPlan, peer: &Peer<'_>) -> Result<
             .dev_template
             .as_ref()
             .and_then(|_| peer.fds.get(usize::from(plan.netns.is_some())).copied());
-        let new_pid_ns = plan.clone_flags & libc::CLONE_NEWPID != 0;
-        fs::build_root(mounts, peer, dev_template, new_pid_ns)?;
+        fs::build_root(mounts, peer, dev_template)?;
     } else if plan.fresh_proc {
         fs::remount_proc()?;
     }
