@@ -303,7 +303,7 @@ fn a_spawner_killed_while_stalled_fails_its_spawn_and_its_child_goes() {
     let daemon = crate::dos::shared_daemon("spawner-stalled-dies", None);
     // A child of root's, the daemon's own: not the spawner's to take along.
     let client = zygote_client::blocking::Client::connect(daemon.socket()).expect("connect");
-    let mut bystander = zygote_client::blocking::Command::new(&client, "sleep")
+    let bystander = zygote_client::blocking::Command::new(&client, "sleep")
         .arg("60")
         .kill_on_drop(true)
         .spawn()
@@ -337,15 +337,23 @@ fn a_spawner_killed_while_stalled_fails_its_spawn_and_its_child_goes() {
         stopped_children(&daemon)
     );
     assert!(
-        bystander.try_wait().expect("try_wait").is_none(),
-        "root's child was killed with the spawner's"
-    );
-    assert!(
         eventually(Duration::from_secs(10), || daemon
             .log()
             .contains("spawner process failed")),
         "{}",
         daemon.log()
+    );
+    // The spawner's stalled children were killed before that line; by
+    // pidfd, as the exit notice of a child killed by mistake may still
+    // be on its way.
+    let pidfd = bystander
+        .pidfd()
+        .try_clone_to_owned()
+        .expect("dup the pidfd");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        crate::deferred::pidfd_alive(&pidfd),
+        "root's child was killed with the spawner's"
     );
     let log = daemon.log();
     let line = log
