@@ -313,16 +313,23 @@ fn ctrl_c_and_ctrl_backslash_end_sleep_and_a_shell_loop() {
     });
 }
 
-/// A child killed by SIGKILL: the wrapper dies by SIGKILL too, which an
-/// interactive bash reports as "Killed" (an exit with 137 prints nothing).
+/// A child killed by SIGKILL or by a real-time signal: the wrapper dies
+/// by it too, which an interactive bash reports by the signal's name (an
+/// exit with 128 + N prints nothing).
 #[test]
-fn a_child_killed_by_sigkill_is_reported_killed() {
+fn a_child_killed_by_sigkill_or_a_realtime_signal_is_reported_so() {
     both_ways("pty-kill", |tmux, via, _| {
         tmux.line(&format!("{}sh -c 'kill -KILL $$'", via.prefix()));
         tmux.wait_prompt();
         tmux.line("echo rc=$?");
         let screen = tmux.wait_line("rc=137");
         assert!(screen.contains("Killed"), "{via:?}:\n{screen}");
+        tmux.line("clear");
+        tmux.line(&format!("{}sh -c 'kill -s RTMIN $$'", via.prefix()));
+        tmux.wait_prompt();
+        tmux.line("echo rc=$?");
+        let screen = tmux.wait_line("rc=162");
+        assert!(screen.contains("Real-time signal 0"), "{via:?}:\n{screen}");
     });
 }
 

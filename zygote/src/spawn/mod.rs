@@ -57,13 +57,10 @@ mod selfsignal;
 mod sibling;
 mod sigchld;
 mod stray;
-mod wrapper;
 
 pub use sibling::{
     ExpectedSibling, SiblingChild, expect_sibling, kill_pre_exec_children, pre_exec_children,
 };
-
-pub use wrapper::{die_by, stop_self_by};
 
 pub use sandbox::libseccomp;
 pub use sandbox::{
@@ -81,7 +78,7 @@ pub use handover::{
     run_own, set_inheritable,
 };
 pub use sched::{DaemonPolicy, NO_BATCH_ENV, log_daemon_policy, run_daemon_as_batch};
-pub use selfsignal::{die_of_signal, stop_self};
+pub use selfsignal::{die_by, die_of_signal, stop_self, stop_self_by};
 pub use sigchld::{
     SIGNALFD_SIGINFO_BYTES, block_child_signal, child_signal_fd, threads_taking_child_signal,
 };

@@ -1574,3 +1574,37 @@ fn signals_are_named_as_kill_l_names_them() {
     let past = libc::SIGRTMAX() + 1;
     assert_eq!(super::signal_name(past), past.to_string());
 }
+
+/// Dying by a signal turns the wrapper's core dumps off without asking
+/// for a hard limit an unprivileged process may not set; a signal whose
+/// default action is to be ignored returns to the caller.
+#[test]
+fn dying_turns_core_dumps_off_within_a_finite_hard_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    if !is_root() {
+        skip(
+            "dying_turns_core_dumps_off_within_a_finite_hard_limit",
+            "needs root to run a thread as another uid",
+        );
+        return;
+    }
+    let saved = getrlimit(Resource::Core);
+    let finite = Rlimit {
+        current: Some(1000),
+        maximum: Some(1000),
+    };
+    setrlimit(Resource::Core, finite).unwrap();
+    let after = std::thread::spawn(|| {
+        // This thread only (the raw syscall): its capabilities go too.
+        let nobody = rustix::process::Uid::from_raw(65534);
+        rustix::thread::set_thread_res_uid(nobody, nobody, nobody).unwrap();
+        super::die_of_signal(libc::SIGWINCH);
+        getrlimit(Resource::Core)
+    })
+    .join();
+    // Back as it was, where this process may raise its hard limit
+    // (CAP_SYS_RESOURCE); the lowered one harms no other test.
+    let _ = setrlimit(Resource::Core, saved);
+    let after = after.unwrap();
+    assert_eq!((after.current, after.maximum), (Some(0), Some(1000)));
+}
