@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Signal, pidfd_send_signal};
@@ -29,6 +29,9 @@ const PROMPT: &str = "ready$ ";
 /// One tmux server with one window running `bash`, on its own socket.
 struct Tmux {
     socket: PathBuf,
+    /// Stops the server once this test process is gone, even when no
+    /// Drop ran (a test stopped by its deadline or by fail-fast).
+    watchdog: std::process::Child,
     _dir: tempfile::TempDir,
 }
 
@@ -62,7 +65,24 @@ impl Tmux {
             .status()
             .expect("run tmux");
         assert!(status.success(), "tmux new-session failed");
-        let tmux = Self { socket, _dir: dir };
+        let watchdog = Command::new("/bin/sh")
+            .args([
+                "-c",
+                "while kill -0 \"$1\" 2>/dev/null; do sleep 1; done; tmux -S \"$2\" kill-server",
+                "watchdog",
+            ])
+            .arg(std::process::id().to_string())
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the tmux watchdog");
+        let tmux = Self {
+            socket,
+            watchdog,
+            _dir: dir,
+        };
         // A fixed size: the window must not follow a client's (there is none).
         tmux.tmux(&["set-option", "-g", "window-size", "manual"]);
         tmux.wait_prompt();
@@ -181,6 +201,8 @@ impl Drop for Tmux {
             .arg(&self.socket)
             .arg("kill-server")
             .status();
+        let _ = self.watchdog.kill();
+        let _ = self.watchdog.wait();
     }
 }
 
