@@ -23,9 +23,22 @@ fn full_profile(work: &str) -> String {
 
 /// `zygote run -- /bin/sh -c SCRIPT` in `cwd`, as `uid` when given.
 fn run(daemon: &Daemon, cwd: &str, uid: Option<u32>, script: &str) -> Output {
+    run_with(daemon, cwd, uid, &[], script)
+}
+
+/// [`run`] with `zygote run` options (`--tmpfs /x`, ...) before the `--`.
+fn run_with(
+    daemon: &Daemon,
+    cwd: &str,
+    uid: Option<u32>,
+    options: &[&str],
+    script: &str,
+) -> Output {
     let mut command = Command::new(zygote_bin());
     command
-        .args(["run", "--", "/bin/sh", "-c", script])
+        .arg("run")
+        .args(options)
+        .args(["--", "/bin/sh", "-c", script])
         .env("ZYGOTE_SOCKET", daemon.socket())
         .current_dir(cwd)
         .stdin(Stdio::null())
@@ -624,13 +637,25 @@ fn isolate_alone_mounts_a_proc_of_the_new_pid_namespace() {
     }
     let policy = "[sandbox.iso]\nisolate = true\n\n[[peer]]\nuids = [0]\nsandbox = \"iso\"\n";
     let daemon = start_daemon_with("sandbox-isolate", Some(policy), &[]);
-    let output = run(&daemon, "/", None, "echo $$ $(ls /proc | grep -c '^[0-9]')");
+    let output = run(
+        &daemon,
+        "/",
+        None,
+        "echo $$ $(ls /proc | grep -c '^[0-9]'); \
+         awk '$5 == \"/proc\" { options = $6 } END { print options }' /proc/self/mountinfo",
+    );
     let text = String::from_utf8_lossy(&output.stdout);
+    let (counts, proc_options) = text.trim().split_once('\n').expect("two lines");
     // The shell is pid 2 (under the init) and sees the init, itself, its
     // subshell, ls and grep at most; the host has hundreds.
-    let (pid, count) = text.trim().split_once(' ').expect("two numbers");
+    let (pid, count) = counts.split_once(' ').expect("two numbers");
     assert_eq!(pid, "2", "{text}");
     assert!(count.parse::<usize>().unwrap() <= 5, "{text}");
+    // The new /proc, on top, runs nothing and holds no device.
+    let options: Vec<&str> = proc_options.split(',').collect();
+    for wanted in ["nosuid", "nodev", "noexec"] {
+        assert!(options.contains(&wanted), "{wanted}: {text}");
+    }
     // The status says which uid is confined, and by what.
     let client = zygote_client::blocking::Client::connect(daemon.socket()).expect("connect");
     let status = client.status().expect("status");
@@ -640,6 +665,117 @@ fn isolate_alone_mounts_a_proc_of_the_new_pid_namespace() {
         .find(|peer| peer.uid == 0)
         .expect("root's use");
     assert_eq!(root.sandbox_profile.as_deref(), Some("iso"), "{root:?}");
+}
+
+/// Each mount is of the kind asked for; the new root carries no suid or
+/// device files; a bind source is opened by path only: a FIFO binds
+/// without blocking, and a directory the peer may search but not list
+/// binds all the same.
+#[test]
+fn mounts_are_of_their_kind_and_bind_sources_are_opened_by_path_only() {
+    if !root_or_skip("a root daemon with mount namespaces") {
+        return;
+    }
+    let work = work_dir();
+    let fifo = work.path().join("fifo");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o666),
+        0,
+    )
+    .expect("mkfifo");
+    std::fs::set_permissions(&fifo, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let search_only = work.path().join("search-only");
+    std::fs::create_dir(&search_only).unwrap();
+    std::fs::set_permissions(&search_only, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let fifo_bind = format!("{}:/fifo", fifo.display());
+    let search_only_bind = format!("{}:/search-only", search_only.display());
+    let options = [
+        "--ro-bind",
+        "/usr",
+        "--ro-bind",
+        "/bin",
+        "--ro-bind",
+        "/lib",
+        "--ro-bind",
+        "/lib64",
+        "--tmpfs",
+        "/scratch",
+        "--ro-bind",
+        &fifo_bind,
+        "--ro-bind",
+        &search_only_bind,
+    ];
+    let script = "stat -f -c 'scratch %T' /scratch; touch /scratch/made && echo scratch-writable; \
+                  test -p /fifo && echo fifo-bound; test -d /search-only && echo search-only-bound; \
+                  sed -n 's|^[^ ]* [^ ]* [^ ]* [^ ]* / \\([^ ]*\\) .*|root \\1|p' /proc/self/mountinfo";
+    let daemon = start_daemon_with("sandbox-mounts", None, &["--socket-mode", "0666"]);
+    // Root's sources are opened as root, another uid's as that uid.
+    for uid in [None, Some(65534)] {
+        let output = run_with(&daemon, "/", uid, &options, script);
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(0), "{uid:?}: {text} {output:?}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[..4],
+            [
+                "scratch tmpfs",
+                "scratch-writable",
+                "fifo-bound",
+                "search-only-bound"
+            ],
+            "{uid:?}: {text}"
+        );
+        let root_options: Vec<&str> = lines[4]
+            .strip_prefix("root ")
+            .expect("the root's mount line")
+            .split(',')
+            .collect();
+        for wanted in ["nosuid", "nodev"] {
+            assert!(root_options.contains(&wanted), "{uid:?} {wanted}: {text}");
+        }
+    }
+}
+
+/// A daemon holding inheritable capabilities (a unit's
+/// `AmbientCapabilities=` gives it some) hands none to a sandboxed root
+/// child, which would otherwise gain them at its exec as root.
+#[test]
+fn a_sandboxed_root_child_inherits_no_capability_from_the_daemon() {
+    if !root_or_skip("a root daemon that holds inheritable capabilities") {
+        return;
+    }
+    let script = format!(
+        "#!/bin/sh\nexec setpriv --inh-caps +net_raw,+sys_ptrace {} \"$@\"\n",
+        zygote_bin().display()
+    );
+    let daemon = crate::util::start_daemon_wrapped("sandbox-inheritable-caps", &script);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
+    assert!(
+        status.contains("CapInh:\t0000000000082000"),
+        "the daemon holds them: {status}"
+    );
+    let output = run_with(
+        &daemon,
+        "/",
+        None,
+        &["--seccomp", "default"],
+        "grep -E '^Cap(Inh|Prm|Eff|Amb):' /proc/self/status",
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{text} {output:?}");
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        [
+            "CapInh:\t0000000000000000",
+            "CapPrm:\t0000000000000000",
+            "CapEff:\t0000000000000000",
+            "CapAmb:\t0000000000000000",
+        ],
+        "{text}"
+    );
 }
 
 mod wire {
@@ -965,19 +1101,7 @@ fn a_rootless_daemon_confines_children_in_a_user_namespace() {
     assert!(text.contains("CapEff:\t0000000000000000"), "{text}");
     assert!(text.contains("Seccomp:\t2"), "{text}");
     // It offers sandboxes to requests too, not only imposes them.
-    let output = output_within(
-        Command::new(zygote_bin())
-            .args(["run", "--sandbox", "box", "--", "hostname"])
-            .env("ZYGOTE_SOCKET", daemon.socket())
-            .current_dir(path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start zygote run"),
-        Duration::from_secs(30),
-        "zygote run --sandbox",
-    );
+    let output = run_with(&daemon, path, None, &["--sandbox", "box"], "hostname");
     assert_eq!(
         (
             output.status.code(),

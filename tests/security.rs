@@ -268,3 +268,47 @@ fn children_get_the_open_file_limit_the_daemon_started_with() {
         assert_eq!(out.trim(), expected, "rlimits {rlimits:?}");
     }
 }
+
+/// A daemon holding inheritable capabilities (a unit's
+/// `AmbientCapabilities=` gives it some) passes none to the child of
+/// another uid, on the spawner path and on the fork path: kept, they
+/// would become a program's own through its file capabilities.
+#[test]
+fn a_child_of_another_uid_inherits_no_capability_from_the_daemon() {
+    if !root_or_skip("a root daemon that holds inheritable capabilities") {
+        return;
+    }
+    for (name, spawners) in [("inh-caps-spawner", "1"), ("inh-caps-fork", "0")] {
+        let script = format!(
+            "#!/bin/sh\nexport ZYGOTE_UID_SPAWNERS={spawners}\n\
+             exec setpriv --inh-caps +net_raw {} \"$@\" --socket-mode 0666\n",
+            zygote_bin().display()
+        );
+        let daemon = start_daemon_wrapped(name, &script);
+        let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
+        assert!(
+            status.contains("CapInh:\t0000000000002000"),
+            "the daemon holds it: {status}"
+        );
+        let output = crate::util::output_within(
+            std::process::Command::new(zygote_bin())
+                .args(["run", "--", "grep", "^CapInh:", "/proc/self/status"])
+                .env("ZYGOTE_SOCKET", daemon.socket())
+                .current_dir("/")
+                .uid(65534)
+                .gid(65534)
+                .stdin(StdStdio::null())
+                .stdout(StdStdio::piped())
+                .stderr(StdStdio::piped())
+                .spawn()
+                .expect("start zygote run"),
+            std::time::Duration::from_secs(30),
+            "zygote run",
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout).trim(),
+            "CapInh:\t0000000000000000",
+            "{name}: {output:?}"
+        );
+    }
+}

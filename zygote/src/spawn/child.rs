@@ -536,7 +536,15 @@ fn switch_credentials(
     check_long(ret, SpawnStage::Setgid)?;
     // SAFETY: plain syscall on ids; no memory is passed.
     let ret = unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) };
-    check_long(ret, SpawnStage::Setuid)
+    check_long(ret, SpawnStage::Setuid)?;
+    // Leaving uid 0 empties the effective, permitted and ambient sets, but
+    // not the inheritable one: a daemon holding some (a unit's
+    // AmbientCapabilities=) would pass them on to a program with file
+    // capabilities, which the peer need not hold.
+    if uid != 0 {
+        check_long(sandbox::empty_capability_sets(), SpawnStage::Setuid)?;
+    }
+    Ok(())
 }
 
 /// Gives every caught or ignored signal its default action, then unblocks

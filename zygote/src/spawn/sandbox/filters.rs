@@ -1,7 +1,7 @@
 //! The child's own restrictions, applied last: the capability sets,
 //! Landlock's path rules and enforcement, the seccomp filter.
 
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_int, c_long, c_uint};
 use std::os::fd::RawFd;
 
 use super::{Failed, LandlockPlan, SeccompProgram, Step, check, close, errno, fail};
@@ -38,6 +38,12 @@ pub(super) fn clear_capability_sets() -> Result<(), Failed> {
 /// `capset` with every set empty: a root peer's child keeps uid 0 but no
 /// capability.
 pub(super) fn drop_capabilities() -> Result<(), Failed> {
+    check(empty_capability_sets(), Step::Capabilities, None).map(drop)
+}
+
+/// Empties this thread's effective, permitted and inheritable sets
+/// (`capset`); the syscall's return value.
+pub(in crate::spawn) fn empty_capability_sets() -> c_long {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -61,8 +67,7 @@ pub(super) fn drop_capabilities() -> Result<(), Failed> {
     };
     let data = [empty; 2];
     // SAFETY: the kernel reads a valid header and two data structs.
-    let ret = unsafe { libc::syscall(libc::SYS_capset, &raw const header, data.as_ptr()) };
-    check(ret, Step::Capabilities, None).map(drop)
+    unsafe { libc::syscall(libc::SYS_capset, &raw const header, data.as_ptr()) }
 }
 
 /// `struct landlock_path_beneath_attr`, packed as the kernel wants.

@@ -34,6 +34,7 @@ mod init;
 pub mod libseccomp;
 
 use filters::drop_capabilities;
+pub(in crate::spawn) use filters::empty_capability_sets;
 use filters::{clear_capability_sets, enforce_landlock, install_seccomp};
 
 pub(in crate::spawn) use enter::Entered;
