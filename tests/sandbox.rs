@@ -667,10 +667,10 @@ fn isolate_alone_mounts_a_proc_of_the_new_pid_namespace() {
     assert_eq!(root.sandbox_profile.as_deref(), Some("iso"), "{root:?}");
 }
 
-/// Each mount is of the kind asked for; the new root carries no suid or
-/// device files; a bind source is opened by path only: a FIFO binds
-/// without blocking, and a directory the peer may search but not list
-/// binds all the same.
+/// Each mount is of the kind asked for, read-only where asked, and none
+/// holds suid or device files; a bind source is opened by path only, as
+/// the peer: a FIFO binds without blocking, a directory the peer may
+/// search but not list binds all the same, and a missing one is named.
 #[test]
 fn mounts_are_of_their_kind_and_bind_sources_are_opened_by_path_only() {
     if !root_or_skip("a root daemon with mount namespaces") {
@@ -690,9 +690,14 @@ fn mounts_are_of_their_kind_and_bind_sources_are_opened_by_path_only() {
     let search_only = work.path().join("search-only");
     std::fs::create_dir(&search_only).unwrap();
     std::fs::set_permissions(&search_only, std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::os::unix::fs::symlink("search-only", work.path().join("link")).unwrap();
+    let work_bind = format!("{}:/work", work.path().display());
+    // Over the FIFO in the bound work directory: a destination that exists
+    // is mounted over, never opened (which would block on a FIFO).
+    let fifo_over_fifo = format!("{}:/work/fifo", fifo.display());
     let fifo_bind = format!("{}:/fifo", fifo.display());
     let search_only_bind = format!("{}:/search-only", search_only.display());
-    let options = [
+    let system = [
         "--ro-bind",
         "/usr",
         "--ro-bind",
@@ -701,16 +706,26 @@ fn mounts_are_of_their_kind_and_bind_sources_are_opened_by_path_only() {
         "/lib",
         "--ro-bind",
         "/lib64",
+    ];
+    let mut options = system.to_vec();
+    options.extend([
         "--tmpfs",
         "/scratch",
+        "--bind",
+        &work_bind,
         "--ro-bind",
         &fifo_bind,
         "--ro-bind",
         &search_only_bind,
-    ];
+        "--ro-bind",
+        &fifo_over_fifo,
+    ]);
     let script = "stat -f -c 'scratch %T' /scratch; touch /scratch/made && echo scratch-writable; \
+                  touch /work/made-$(id -u) && echo work-writable; \
+                  touch /usr/zygote-escape 2>/dev/null || echo usr-read-only; \
                   test -p /fifo && echo fifo-bound; test -d /search-only && echo search-only-bound; \
-                  sed -n 's|^[^ ]* [^ ]* [^ ]* [^ ]* / \\([^ ]*\\) .*|root \\1|p' /proc/self/mountinfo";
+                  sed -n 's|^[^ ]* [^ ]* [^ ]* [^ ]* \\([^ ]*\\) \\([^ ]*\\) .*|mount \\1 \\2|p' \
+                  /proc/self/mountinfo";
     let daemon = start_daemon_with("sandbox-mounts", None, &["--socket-mode", "0666"]);
     // Root's sources are opened as root, another uid's as that uid.
     for uid in [None, Some(65534)] {
@@ -719,23 +734,61 @@ fn mounts_are_of_their_kind_and_bind_sources_are_opened_by_path_only() {
         assert_eq!(output.status.code(), Some(0), "{uid:?}: {text} {output:?}");
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
-            lines[..4],
+            lines[..6],
             [
                 "scratch tmpfs",
                 "scratch-writable",
+                "work-writable",
+                "usr-read-only",
                 "fifo-bound",
                 "search-only-bound"
             ],
             "{uid:?}: {text}"
         );
-        let root_options: Vec<&str> = lines[4]
-            .strip_prefix("root ")
-            .expect("the root's mount line")
-            .split(',')
+        // Each mount point's options, the topmost mount's where several.
+        let mounts: std::collections::HashMap<&str, Vec<&str>> = lines[6..]
+            .iter()
+            .filter_map(|line| line.strip_prefix("mount ")?.split_once(' '))
+            .map(|(point, options)| (point, options.split(',').collect()))
             .collect();
-        for wanted in ["nosuid", "nodev"] {
-            assert!(root_options.contains(&wanted), "{uid:?} {wanted}: {text}");
+        let wanted: [(&str, &[&str]); 7] = [
+            ("/", &["rw", "nosuid", "nodev"]),
+            ("/usr", &["ro", "nosuid", "nodev"]),
+            ("/work", &["rw", "nosuid", "nodev"]),
+            ("/fifo", &["ro", "nosuid", "nodev"]),
+            ("/work/fifo", &["ro", "nosuid", "nodev"]),
+            ("/scratch", &["rw", "nosuid", "nodev"]),
+            ("/proc", &["nosuid", "nodev"]),
+        ];
+        for (point, options) in wanted {
+            let found = mounts
+                .get(point)
+                .unwrap_or_else(|| panic!("{point}: {text}"));
+            for option in options {
+                assert!(found.contains(option), "{uid:?} {point} {option}: {text}");
+            }
         }
+    }
+    // A missing source, resolved as the peer, is named; so is a
+    // destination through the peer's symlink, never followed.
+    let through_link = ["--bind", &work_bind, "--ro-bind", "/usr:/work/link/usr"];
+    let refused = [
+        (
+            &["--ro-bind", "/nonexistent/zygote:/x"][..],
+            "sandbox step bind source: /nonexistent/zygote",
+        ),
+        (
+            &through_link[..],
+            "sandbox step mount destination: /work/link/usr",
+        ),
+    ];
+    for (refused, named) in refused {
+        let mut options = system.to_vec();
+        options.extend(refused);
+        let output = run_with(&daemon, "/", Some(65534), &options, "true");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{output:?}");
+        assert!(stderr.contains(named), "{named}: {stderr}");
     }
 }
 
