@@ -751,7 +751,7 @@ fn mounts_are_of_their_kind_and_bind_sources_are_opened_by_path_only() {
             .filter_map(|line| line.strip_prefix("mount ")?.split_once(' '))
             .map(|(point, options)| (point, options.split(',').collect()))
             .collect();
-        let wanted: [(&str, &[&str]); 7] = [
+        let wanted: [(&str, &[&str]); 15] = [
             ("/", &["rw", "nosuid", "nodev"]),
             ("/usr", &["ro", "nosuid", "nodev"]),
             ("/work", &["rw", "nosuid", "nodev"]),
@@ -759,6 +759,15 @@ fn mounts_are_of_their_kind_and_bind_sources_are_opened_by_path_only() {
             ("/work/fifo", &["ro", "nosuid", "nodev"]),
             ("/scratch", &["rw", "nosuid", "nodev"]),
             ("/proc", &["nosuid", "nodev"]),
+            ("/dev", &["ro", "nosuid", "nodev"]),
+            // Device nodes must open: not nodev, but noexec.
+            ("/dev/null", &["nosuid", "noexec"]),
+            ("/dev/zero", &["nosuid", "noexec"]),
+            ("/dev/full", &["nosuid", "noexec"]),
+            ("/dev/random", &["nosuid", "noexec"]),
+            ("/dev/urandom", &["nosuid", "noexec"]),
+            ("/dev/tty", &["nosuid", "noexec"]),
+            ("/dev/pts", &["rw", "nosuid", "noexec"]),
         ];
         for (point, options) in wanted {
             let found = mounts
@@ -779,7 +788,7 @@ fn mounts_are_of_their_kind_and_bind_sources_are_opened_by_path_only() {
         ),
         (
             &through_link[..],
-            "sandbox step mount destination: /work/link/usr",
+            "sandbox step mount destination: /work/link/usr: Not a directory",
         ),
     ];
     for (refused, named) in refused {
