@@ -566,6 +566,48 @@ fn sandboxed_init_forwards_signals_and_reports_exact_exits() {
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
 }
 
+/// The program an init starts has no signal blocked (the init blocks
+/// them all for itself), and its death with a core dump is reported as
+/// such.
+#[test]
+fn a_program_under_an_init_starts_unblocked_and_its_core_dump_is_reported() {
+    use zygote_client::blocking::{Client, Command};
+    use zygote_client::{Sandbox, Stdio};
+
+    if !root_or_skip("a root daemon with pid namespaces") {
+        return;
+    }
+    // The core file goes to the program's working directory (a
+    // core_pattern that pipes it elsewhere still marks the status).
+    let work = work_dir();
+    let daemon = daemon_without_spawners("sandbox-init-core", "");
+    let client = Client::connect(daemon.socket()).expect("connect");
+    // grep itself, not under a shell, which would clear its mask.
+    let output = Command::new(&client, "grep")
+        .args(["^SigBlk:", "/proc/self/status"])
+        .sandbox(Sandbox::new().isolate())
+        .timeout(Duration::from_secs(30))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .output()
+        .expect("spawn under isolate");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "SigBlk:\t0000000000000000",
+        "{output:?}"
+    );
+    let output = Command::new(&client, "/bin/sh")
+        .args(["-c", "ulimit -c unlimited; kill -SEGV $$"])
+        .current_dir(work.path())
+        .sandbox(Sandbox::new().isolate())
+        .timeout(Duration::from_secs(30))
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn under isolate");
+    assert_eq!(output.status.signal(), Some(libc::SIGSEGV), "{output:?}");
+    assert!(output.status.core_dumped(), "{output:?}");
+}
+
 /// Without spawner processes no child can enter a parked init: none is
 /// made, and each spawn makes its own namespaces.
 #[test]
