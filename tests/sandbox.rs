@@ -267,6 +267,120 @@ fn a_spawn_that_enters_a_parked_init_is_confined_as_one_that_made_its_own() {
     assert_eq!(output.status.code(), Some(7), "{output:?}");
 }
 
+/// CPU time (user and system, in clock ticks) and voluntary context
+/// switches of a process so far.
+fn cpu_and_wakeups(pid: u32) -> (u64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .expect("stat's comm")
+        .1
+        .split(' ')
+        .collect();
+    // utime and stime: fields 14 and 15, the 12th and 13th after the comm.
+    let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let wakeups = status
+        .lines()
+        .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+        .expect("voluntary_ctxt_switches")
+        .trim()
+        .parse()
+        .unwrap();
+    (ticks, wakeups)
+}
+
+/// A program that leaves an orphan: it exits after 0.1 s, and the shell
+/// then counts the zombies its pid namespace holds.
+const ORPHAN_SCRIPT: &str = "(sleep 0.1 &); sleep 0.8; \
+    echo zombies $(grep -l '^State:.Z' /proc/[0-9]*/status 2>/dev/null | wc -l); echo alive";
+
+/// An init, parked or not, sleeps while it waits (no polling), reaps the
+/// orphans that come to it without spinning, and keeps its program
+/// running through them; a parked init that was entered ends with its
+/// program.
+#[test]
+fn an_init_sleeps_while_it_waits_and_reaps_orphans() {
+    use zygote_client::Stdio;
+    use zygote_client::blocking::{Client, Command};
+
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let (work, daemon) = escape_daemon("sandbox-orphans");
+    let path = work.path().to_str().unwrap();
+    assert!(run(&daemon, path, Some(65534), "true").status.success());
+    let parked = || inits_of(&daemon).len() == PARKED_PER_PLAN;
+    assert!(
+        eventually(Duration::from_secs(10), parked),
+        "{}",
+        daemon.log()
+    );
+    let before = inits_of(&daemon);
+    let counts: Vec<(u64, u64)> = before.iter().map(|pid| cpu_and_wakeups(*pid)).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    for (pid, (ticks, wakeups)) in before.iter().zip(counts) {
+        let (ticks_after, wakeups_after) = cpu_and_wakeups(*pid);
+        assert!(
+            wakeups_after - wakeups < 10 && ticks_after - ticks < 10,
+            "a parked init woke {} times in 0.5 s, using {} ticks",
+            wakeups_after - wakeups,
+            ticks_after - ticks
+        );
+    }
+    let output = run(&daemon, path, Some(65534), ORPHAN_SCRIPT);
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "zombies 0\nalive\n",
+        "{output:?}"
+    );
+    // The init it entered ended with it; the other is still parked.
+    let left = || {
+        before
+            .iter()
+            .filter(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+            .count()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || left() == 1),
+        "{before:?}: {}",
+        left()
+    );
+
+    // An init that starts its program (no spawners: none is parked).
+    let daemon = daemon_without_spawners("sandbox-orphans-init", &full_profile(path));
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let child = Command::new(&client, "/bin/sh")
+        .args(["-c", ORPHAN_SCRIPT])
+        .current_dir(path)
+        .timeout(Duration::from_secs(30))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn under the imposed profile");
+    let init = child.id();
+    let comm = std::fs::read_to_string(format!("/proc/{init}/comm")).unwrap_or_default();
+    assert_eq!(
+        comm.trim_end(),
+        "zygote-init",
+        "the spawn's pid is its init's"
+    );
+    let (ticks, _) = cpu_and_wakeups(init);
+    std::thread::sleep(Duration::from_millis(600));
+    let (ticks_after, _) = cpu_and_wakeups(init);
+    assert!(
+        ticks_after - ticks < 10,
+        "the init spun: {} ticks",
+        ticks_after - ticks
+    );
+    let output = child.wait_with_output().expect("wait");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "zombies 0\nalive\n",
+        "{output:?}"
+    );
+}
+
 /// A parked init that dies before its spawn (only root or the OOM killer
 /// can kill it) is passed over: the spawn makes its own namespaces, and
 /// runs.
