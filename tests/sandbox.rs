@@ -34,6 +34,21 @@ fn run_with(
     options: &[&str],
     script: &str,
 ) -> Output {
+    output_within(
+        start_run(daemon, cwd, uid, options, script),
+        Duration::from_secs(30),
+        "zygote run",
+    )
+}
+
+/// [`run_with`], returning at once with the `zygote run` process.
+fn start_run(
+    daemon: &Daemon,
+    cwd: &str,
+    uid: Option<u32>,
+    options: &[&str],
+    script: &str,
+) -> std::process::Child {
     let mut command = Command::new(zygote_bin());
     command
         .arg("run")
@@ -47,11 +62,7 @@ fn run_with(
     if let Some(uid) = uid {
         command.uid(uid).gid(uid);
     }
-    output_within(
-        command.spawn().expect("start zygote run"),
-        Duration::from_secs(30),
-        "zygote run",
-    )
+    command.spawn().expect("start zygote run")
 }
 
 /// Python that tries ptrace, keyctl and an AF_INET connect to 127.0.0.1,
@@ -290,9 +301,13 @@ fn cpu_and_wakeups(pid: u32) -> (u64, u64) {
     (ticks, wakeups)
 }
 
-/// A program that leaves an orphan: it exits after 0.1 s, and the shell
-/// then counts the zombies its pid namespace holds.
-const ORPHAN_SCRIPT: &str = "(sleep 0.1 &); sleep 0.8; \
+/// A program that leaves orphans to its init: one that lives on, and a
+/// process group of five killed at once (their exits may come to the
+/// init as one signal); the shell then counts the zombies left in its
+/// pid namespace.
+const ORPHAN_SCRIPT: &str = "(sleep 30 &); \
+    (setsid sh -c 'echo $$ > group; sleep 30 & sleep 30 & sleep 30 & sleep 30 & wait' &); \
+    sleep 0.2; kill -s KILL -- -$(cat group) && echo killed; sleep 0.7; \
     echo zombies $(grep -l '^State:.Z' /proc/[0-9]*/status 2>/dev/null | wc -l); echo alive";
 
 /// An init, parked or not, sleeps while it waits (no polling), reaps the
@@ -328,10 +343,22 @@ fn an_init_sleeps_while_it_waits_and_reaps_orphans() {
             ticks_after - ticks
         );
     }
-    let output = run(&daemon, path, Some(65534), ORPHAN_SCRIPT);
+    let running = start_run(&daemon, path, Some(65534), &[], ORPHAN_SCRIPT);
+    let counts: Vec<(u64, u64)> = before.iter().map(|pid| cpu_and_wakeups(*pid)).collect();
+    // The orphans have exited and been reaped by the init entered.
+    std::thread::sleep(Duration::from_millis(600));
+    for (pid, (ticks, _)) in before.iter().zip(counts) {
+        let (ticks_after, _) = cpu_and_wakeups(*pid);
+        assert!(
+            ticks_after - ticks < 10,
+            "a parked init spun: {} ticks",
+            ticks_after - ticks
+        );
+    }
+    let output = output_within(running, Duration::from_secs(30), "zygote run");
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
-        "zombies 0\nalive\n",
+        "killed\nzombies 0\nalive\n",
         "{output:?}"
     );
     // The init it entered ended with it; the other is still parked.
@@ -376,7 +403,7 @@ fn an_init_sleeps_while_it_waits_and_reaps_orphans() {
     let output = child.wait_with_output().expect("wait");
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
-        "zombies 0\nalive\n",
+        "killed\nzombies 0\nalive\n",
         "{output:?}"
     );
 }
