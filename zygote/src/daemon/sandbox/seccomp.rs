@@ -542,6 +542,26 @@ mod tests {
     /// libseccomp's tree gives every syscall the answer seccompiler's
     /// chain gives: native and x32 numbers, another architecture, and
     /// `clone`'s flags for `strict`.
+    /// Where the dynamic linker knows libseccomp, filters are its trees:
+    /// a failed load would only show as slower sandboxed spawns.
+    #[test]
+    fn libseccomp_is_used_where_it_is_installed() {
+        let known = ["ldconfig", "/sbin/ldconfig"].iter().find_map(|ldconfig| {
+            let output = std::process::Command::new(ldconfig)
+                .arg("-p")
+                .output()
+                .ok()?;
+            Some(String::from_utf8_lossy(&output.stdout).contains("libseccomp.so.2"))
+        });
+        if known != Some(true) {
+            return crate::spawn::tests::skip(
+                "daemon::sandbox::seccomp::tests::libseccomp_is_used_where_it_is_installed",
+                "ldconfig knows no libseccomp.so.2",
+            );
+        }
+        assert_eq!(libseccomp::available(), Ok(()));
+    }
+
     #[test]
     fn trees_and_chains_answer_every_syscall_alike() {
         const X86_64: u32 = 0xc000_003e;
