@@ -168,6 +168,22 @@ fn escape_daemon(name: &str) -> (tempfile::TempDir, Daemon) {
     (work, daemon)
 }
 
+/// [`escape_daemon`] after a first spawn of uid 65534, once that plan's
+/// inits are parked.
+fn daemon_with_parked_inits(name: &str) -> (tempfile::TempDir, Daemon) {
+    let (work, daemon) = escape_daemon(name);
+    let path = work.path().to_str().unwrap();
+    assert!(run(&daemon, path, Some(65534), "true").status.success());
+    assert!(
+        eventually(Duration::from_secs(10), || inits_of(&daemon).len()
+            == PARKED_PER_PLAN),
+        "no init parked: {:?}\n{}",
+        inits_of(&daemon),
+        daemon.log()
+    );
+    (work, daemon)
+}
+
 #[test]
 fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
     if !root_or_skip("a root daemon that confines another uid") {
@@ -322,15 +338,8 @@ fn an_init_sleeps_while_it_waits_and_reaps_orphans() {
     if !root_or_skip("a root daemon that confines another uid") {
         return;
     }
-    let (work, daemon) = escape_daemon("sandbox-orphans");
+    let (work, daemon) = daemon_with_parked_inits("sandbox-orphans");
     let path = work.path().to_str().unwrap();
-    assert!(run(&daemon, path, Some(65534), "true").status.success());
-    let parked = || inits_of(&daemon).len() == PARKED_PER_PLAN;
-    assert!(
-        eventually(Duration::from_secs(10), parked),
-        "{}",
-        daemon.log()
-    );
     let before = inits_of(&daemon);
     let counts: Vec<(u64, u64)> = before.iter().map(|pid| cpu_and_wakeups(*pid)).collect();
     std::thread::sleep(Duration::from_millis(500));
@@ -416,16 +425,8 @@ fn a_parked_init_that_died_is_passed_over() {
     if !root_or_skip("a root daemon that confines another uid") {
         return;
     }
-    let (work, daemon) = escape_daemon("sandbox-parked-dead");
+    let (work, daemon) = daemon_with_parked_inits("sandbox-parked-dead");
     let path = work.path().to_str().unwrap();
-    assert!(run(&daemon, path, Some(65534), "true").status.success());
-    let parked = || inits_of(&daemon).len() == PARKED_PER_PLAN;
-    assert!(
-        eventually(Duration::from_secs(10), parked),
-        "no init parked: {:?}\n{}",
-        inits_of(&daemon),
-        daemon.log()
-    );
     for pid in inits_of(&daemon) {
         let pid = rustix::process::Pid::from_raw(pid.cast_signed()).expect("pid");
         rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kill an init");
