@@ -162,10 +162,13 @@ fn the_opt_out_keeps_the_daemon_under_sched_other() {
     let client = Client::connect(daemon.socket()).expect("connect");
     assert_eq!(child_stat(&client).2, SCHED_OTHER);
     // Said once, at INFO, as the start of the daemon.
-    let log = daemon.log();
     assert!(
-        log.contains("ZYGOTE_SCHED_BATCH is off: daemon threads keep SCHED_OTHER"),
-        "{log}"
+        daemon.logged(
+            "ZYGOTE_SCHED_BATCH is off: daemon threads keep SCHED_OTHER",
+            std::time::Duration::from_secs(10)
+        ),
+        "{}",
+        daemon.log()
     );
 }
 

@@ -174,7 +174,11 @@ fn a_spawner_that_dies_is_reported_and_replaced() {
         metric(metrics, "zygote_uid_spawner_restarts_total"),
         Some(1.0)
     );
-    assert!(daemon.log().contains("restarts=1"), "{}", daemon.log());
+    assert!(
+        daemon.logged("restarts=1", Duration::from_secs(10)),
+        "{}",
+        daemon.log()
+    );
     let row = format!("  {PEER:>10}  {:>10}  {:>10}  {:>8}\n", second[0], 1, 1);
     assert!(
         status_text(&daemon, None).contains(&row),

@@ -1363,7 +1363,12 @@ fn a_template_is_recycled_after_max_forks() {
         "the recycled process ended and was reaped\n{}",
         warm.daemon.log()
     );
-    assert!(warm.daemon.log().contains("recycling a template"));
+    assert!(
+        warm.daemon
+            .logged("recycling a template", Duration::from_secs(10)),
+        "{}",
+        warm.daemon.log()
+    );
 }
 
 #[test]
@@ -1417,7 +1422,12 @@ fn an_idle_template_is_stopped_and_its_handle_answers_enoent() {
         "its process ended and was reaped\n{}",
         warm.daemon.log()
     );
-    assert!(warm.daemon.log().contains("stopping an idle template"));
+    assert!(
+        warm.daemon
+            .logged("stopping an idle template", Duration::from_secs(10)),
+        "{}",
+        warm.daemon.log()
+    );
     let failed =
         run_warm(&warm.fd, warm.handle, warm_request(11, &["-c", "pass"])).expect_err("stopped");
     assert_eq!(

@@ -156,6 +156,13 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_else(|error| format!("(no log: {error})"))
     }
 
+    /// Whether the daemon logs `needle` within `timeout`. Log lines pass
+    /// through the daemon's writer thread, so a line can trail the event
+    /// it reports.
+    pub fn logged(&self, needle: &str, timeout: Duration) -> bool {
+        eventually(timeout, || self.log().contains(needle))
+    }
+
     /// Sends `signal` to the daemon, which may exit on its own from now on.
     pub fn signal_stop(&mut self, signal: rustix::process::Signal) {
         let pid = rustix::process::Pid::from_raw(self.pid() as i32).expect("pid");
