@@ -51,7 +51,8 @@ pub enum JobChange {
 const ORPHAN_PACE: Duration = Duration::from_millis(20);
 
 /// How soon orphans queued behind an exited child of ours are looked for
-/// by a scan (see [`spawn::reap_orphans`]).
+/// by a scan (see [`spawn::reap_orphans`]), and looked for again while a
+/// scan leaves an exited child of a uid a spawner is starting a child of.
 const RESCAN: Duration = Duration::from_millis(100);
 
 /// The daemon's `SIGCHLD`, read by one task and passed on to the requests
@@ -269,8 +270,11 @@ async fn read_child_signals(signals: &'static ChildSignals, mut source: Source) 
             () = source.next() => true,
             () = signals.wake.notified() => source.take(),
             () = tokio::time::sleep_until(rescan.unwrap_or_else(Instant::now)), if rescan.is_some() => {
-                rescan = None;
-                spawn::reap_orphans_by_scan();
+                // An orphan of a uid whose spawner is starting a child is
+                // left until that child is listed: look again.
+                rescan = spawn::reap_orphans_by_scan()
+                    .blocked_by_own
+                    .then(|| Instant::now() + RESCAN);
                 false
             }
         };

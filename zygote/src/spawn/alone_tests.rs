@@ -122,7 +122,14 @@ fn the_scan_reaps_the_orphans_behind_an_own_child_and_leaves_it() {
                     blocked_by_own: true
                 }
             );
-            assert_eq!(reap_orphans_by_scan(), 2);
+            assert_eq!(
+                reap_orphans_by_scan(),
+                OrphanReaping {
+                    reaped: 2,
+                    blocked_by_own: false
+                },
+                "our own child is its pidfd owner's to reap"
+            );
             for pid in orphans {
                 assert!(!still_unreaped(pid), "orphan {pid} was left");
             }
@@ -144,10 +151,23 @@ fn the_scan_leaves_exited_children_of_an_expected_spawners_uid() {
             let expected = expect_sibling(unsafe { libc::getuid() });
             let child = exited_child();
             assert!(reap_orphans().blocked_by_own);
-            assert_eq!(reap_orphans_by_scan(), 0);
+            assert_eq!(
+                reap_orphans_by_scan(),
+                OrphanReaping {
+                    reaped: 0,
+                    blocked_by_own: true
+                },
+                "left, and to be looked at again"
+            );
             assert!(still_unreaped(child));
             drop(expected);
-            assert_eq!(reap_orphans_by_scan(), 1);
+            assert_eq!(
+                reap_orphans_by_scan(),
+                OrphanReaping {
+                    reaped: 1,
+                    blocked_by_own: false
+                }
+            );
             assert!(!still_unreaped(child));
         },
     );

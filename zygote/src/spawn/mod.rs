@@ -65,8 +65,8 @@ pub use sibling::{
 pub use sandbox::libseccomp;
 pub use sandbox::{
     LandlockPlan, MAX_MOUNTS, Mount, MountKind, SANDBOX_STAGE, SandboxFailure, SandboxPlan,
-    SeccompProgram, Step as SandboxStep, dev_template, empty_network_namespace,
-    install_seccomp_filter, landlock_abi, user_namespaces_work,
+    SeccompProgram, Step as SandboxStep, confine_like_a_sandboxed_child, dev_template,
+    empty_network_namespace, install_seccomp_filter, landlock_abi, user_namespaces_work,
 };
 
 pub use fork::{
@@ -991,17 +991,28 @@ pub fn reap_orphans() -> OrphanReaping {
 
 /// Reaps every exited orphan, whatever the order of exits: lists our
 /// children from `/proc/self/task/*/children` (needs
-/// `CONFIG_PROC_CHILDREN`, which common kernels have). Returns how many.
-pub fn reap_orphans_by_scan() -> usize {
+/// `CONFIG_PROC_CHILDREN`, which common kernels have). `blocked_by_own`:
+/// an exited child of a uid a spawner is starting a child of was left,
+/// ours or an orphan, which only a later scan can tell: scan again.
+pub fn reap_orphans_by_scan() -> OrphanReaping {
     let _gate = OWN.gate.write().unwrap_or_else(PoisonError::into_inner);
     let children = children_of_self();
     let own = OWN.pids.lock().unwrap_or_else(PoisonError::into_inner);
-    children
-        .into_iter()
-        .filter(|pid| !own.contains(pid))
-        .filter(|pid| clone::exited_uid(*pid).is_some_and(|uid| !sibling_expected(uid)))
-        .filter(|pid| clone::reap_if_exited(*pid))
-        .count()
+    let mut scan = OrphanReaping {
+        reaped: 0,
+        blocked_by_own: false,
+    };
+    for pid in children.into_iter().filter(|pid| !own.contains(pid)) {
+        let Some(uid) = clone::exited_uid(pid) else {
+            continue;
+        };
+        if sibling_expected(uid) {
+            scan.blocked_by_own = true;
+        } else if clone::reap_if_exited(pid) {
+            scan.reaped += 1;
+        }
+    }
+    scan
 }
 
 /// The pids of this process's children, from
