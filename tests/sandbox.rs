@@ -575,6 +575,11 @@ fn a_filters_only_sandbox_inherits_its_seccomp_profile_from_a_spawner_holding_it
             status.contains("Seccomp:\t2"),
             "the spawner holds it: {status}"
         );
+        // And the rest its children would each do: inherited at clone.
+        assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+        assert!(status.contains("CapBnd:\t0000000000000000"), "{status}");
+        // Its own capabilities stay, for the children's setup.
+        assert!(!status.contains("CapEff:\t0000000000000000"), "{status}");
     }
 }
 

@@ -530,6 +530,25 @@ pub fn install_seccomp_filter(program: &SeccompProgram) -> std::io::Result<()> {
     install_seccomp(program).map_err(|(_, errno, _)| std::io::Error::from_raw_os_error(errno))
 }
 
+/// Confines the calling thread as every sandboxed child is before its
+/// seccomp filter: `no_new_privs`, the capability bounding and ambient
+/// sets cleared; its effective capabilities stay. For a process whose
+/// every child is sandboxed (a spawner holding a profile): its children
+/// inherit this at clone instead of paying for it each (the bounding set
+/// is dropped one capability at a time, ~50 µs per child).
+///
+/// # Errors
+///
+/// The errno of the `prctl` that failed (`EPERM` without
+/// `CAP_SETPCAP`).
+pub fn confine_like_a_sandboxed_child() -> std::io::Result<()> {
+    let errno_of = |(_, errno, _): Failed| std::io::Error::from_raw_os_error(errno);
+    // SAFETY: plain prctl with integer arguments.
+    let ret = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    check(ret.into(), Step::NoNewPrivs, None).map_err(errno_of)?;
+    clear_capability_sets().map_err(errno_of)
+}
+
 /// The kernel's Landlock ABI version; 0 when Landlock is unavailable.
 pub fn landlock_abi() -> u32 {
     // SAFETY: with LANDLOCK_CREATE_RULESET_VERSION the kernel reads no
