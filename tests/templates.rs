@@ -1475,3 +1475,71 @@ fn serve_refuses_a_bad_template_setting_by_name() {
         assert!(!socket.exists(), "refused before binding");
     }
 }
+
+/// Spawns `args` from `warm`'s template with stdout piped, waits for the
+/// exit notice, and then looks at stdout: its exit notice, and whether
+/// the pipe's write end was already closed by then.
+fn exit_then_stdout(warm: &Warm, id: u64, args: &[&str]) -> (ExitNotice, bool) {
+    let request = SpawnRequest {
+        stdout: StdioSpec::Pipe,
+        ..warm_request(id, args)
+    };
+    send_warm(&warm.fd, warm.handle, request, &[]);
+    let (reply, mut fds) = receive(&warm.fd);
+    assert!(
+        matches!(reply, ServerMessage::Spawned(_)),
+        "{reply:?}\n{}",
+        warm.daemon.log()
+    );
+    let stdout = fds.pop().expect("stdout");
+    let exited = match receive(&warm.fd).0 {
+        ServerMessage::Exited(exited) => exited,
+        other => panic!("expected Exited, got {other:?}"),
+    };
+    let mut polled = [rustix::event::PollFd::new(
+        &stdout,
+        rustix::event::PollFlags::IN,
+    )];
+    rustix::event::poll(&mut polled, None).expect("poll");
+    let hung_up = polled[0]
+        .revents()
+        .contains(rustix::event::PollFlags::HUP);
+    (exited, hung_up)
+}
+
+/// A warm child's exit leaves the teardown of its copy of the template's
+/// memory to a process that shares that memory and holds none of its
+/// fds: the exit notice comes without waiting for it, and every pipe of
+/// the child is at its end by then.
+#[test]
+fn a_warm_child_leaves_its_memory_teardown_to_a_process_holding_no_fd() {
+    let Some(python) = python_or_skip() else {
+        return;
+    };
+    let daemon = start_daemon("tpl-teardown");
+    let fd = connect(daemon.socket());
+    // 256 MiB written at import: 65,536 pages whose mappings a child's
+    // exit would take down.
+    let (_dir, env) = modules(&[("big", "heap = b'x' * (256 << 20)\n")]);
+    let ready = template(&fd, 1, &python, &["big"], env)
+        .unwrap_or_else(|failed| panic!("template failed: {failed:?}\n{}", daemon.log()));
+    let warm = Warm {
+        daemon,
+        fd,
+        handle: ready.template,
+        python,
+    };
+    // os._exit ends the child before the template's exit path: the
+    // teardown is its own.
+    let (torn_down, _) = exit_then_stdout(&warm, 10, &["-c", "import os; os._exit(0)"]);
+    let (handed_off, hung_up) = exit_then_stdout(&warm, 11, &["-c", "print('done')"]);
+    assert_eq!(handed_off.status, ExitStatus::Exited(0));
+    assert!(hung_up, "the child's stdout was still open after its exit");
+    let own = torn_down.usage.system_micros;
+    let left = handed_off.usage.system_micros;
+    assert!(own >= 2_000, "tearing 256 MiB down took {own} µs");
+    assert!(
+        left * 2 < own,
+        "system CPU with the teardown left: {left} µs, done itself: {own} µs"
+    );
+}

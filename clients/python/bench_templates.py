@@ -22,7 +22,9 @@ both alike):
 
 the wall time of a spawn and wait (p50, p99), the CPU per spawn (the
 child's own, from the exit status, plus the server side: the daemon's
-process tree, its spawners and templates, from /proc/PID/stat), the PSS
+process tree, its spawners and templates, and the processes it reaped
+other than the children measured, such as those a warm child leaves its
+memory's teardown to, from /proc/PID/stat), the PSS
 of each of ``--live`` children alive at once (blocked on stdin, from
 /proc/PID/smaps_rollup), and the time to create a template against a
 cold start made right after it. It prints markdown tables, the second
@@ -142,14 +144,18 @@ def numeric_python(quiet: bool) -> str:
     return python
 
 
-def process_cpu(pid: int) -> float:
-    """utime + stime of a live process (all its threads), in seconds."""
+def process_cpu(pid: int, reaped: bool = False) -> float:
+    """utime + stime of a live process (all its threads), in seconds;
+    with ``reaped``, plus that of the children it has reaped."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / TICKS
 
 
 def tree(root: int) -> List[int]:
@@ -173,8 +179,11 @@ def tree(root: int) -> List[int]:
 
 def server_cpu(daemon_pid: int) -> float:
     """CPU of the daemon's process tree: the daemon, its spawners and its
-    templates (the children measured have exited by then)."""
-    return sum(process_cpu(pid) for pid in tree(daemon_pid))
+    templates, and every child the daemon reaped: the children measured
+    (whose own CPU the caller takes away) and the processes a warm child
+    leaves its memory's teardown to."""
+    live = sum(process_cpu(pid) for pid in tree(daemon_pid) if pid != daemon_pid)
+    return live + process_cpu(daemon_pid, reaped=True)
 
 
 def pss_kib(pid: int) -> int:
@@ -196,6 +205,7 @@ def latency_round(
     client: zygote.Client, daemon_pid: int, work: Workload, method: str, count: int, pace: float
 ) -> None:
     before = server_cpu(daemon_pid)
+    children = 0.0
     for _ in range(count):
         if method == "warm paced":
             time.sleep(pace)
@@ -206,8 +216,11 @@ def latency_round(
         if code != 0:
             raise SystemExit(f"{method} {work.name} child exited {code}")
         usage = process.usage or {}
-        work.child_cpu[method] += (usage["user_micros"] + usage["system_micros"]) / 1e6
-    work.server_cpu[method] += server_cpu(daemon_pid) - before
+        children += (usage["user_micros"] + usage["system_micros"]) / 1e6
+    # The last warm child's teardown ends, and is reaped, in this round.
+    time.sleep(0.1)
+    work.child_cpu[method] += children
+    work.server_cpu[method] += server_cpu(daemon_pid) - before - children
 
 
 def live_children(client: zygote.Client, work: Workload, method: str, count: int) -> None:
