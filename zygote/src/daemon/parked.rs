@@ -125,16 +125,17 @@ fn reap_later(pid: i32, pidfd: std::os::fd::OwnedFd) {
     });
 }
 
-/// Starts a parked init for `plan`: forked by the spawner of the plan's
-/// uid, a small process (a fork of the daemon copies far more), or by
-/// the daemon where no spawner can take it.
+/// Starts a parked init for `plan`, forked by the spawner of the plan's
+/// uid. None is made where no spawner can take it (stalled, paused after
+/// failures, or none left to start): only a spawner enters one, and the
+/// spawns meanwhile take the fork path; a fork of the daemon, which copies
+/// far more than a spawner's, would mostly wait there unused.
 async fn start(daemon: &Daemon, plan: SpawnPlan) -> Result<ParkedInit, String> {
     let asked = daemon
         .uid_spawners
         .park(plan, &daemon.metrics, |plan| daemon.spawn(plan));
-    let answer = match asked {
-        Ok(answer) => answer,
-        Err(plan) => return daemon.park(&plan).map_err(|error| error.to_string()),
+    let Ok(answer) = asked else {
+        return Err("no spawner process can make it now".to_owned());
     };
     match tokio::time::timeout(READY_DEADLINE, answer).await {
         Ok(Ok(Outcome::Parked(init))) => Ok(init),

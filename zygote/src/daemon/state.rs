@@ -353,14 +353,6 @@ impl Daemon {
         }
     }
 
-    /// Starts a parked init for `plan`'s sandbox (see [`Spawner::park`]).
-    pub(crate) fn park(&self, plan: &SpawnPlan) -> Result<spawn::ParkedInit, SpawnError> {
-        match self.spawner.get_or_init(Spawner::with_current_dispositions) {
-            Some(spawner) => spawner.park(plan),
-            None => Spawner::resetting_all().park(plan),
-        }
-    }
-
     /// Removes from `plan` what the child inherits from the daemon anyway:
     /// a credential switch to the daemon's own ids, resource limits equal
     /// to the daemon's, and a nice value, OOM score adjustment or CPU mask

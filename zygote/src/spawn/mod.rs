@@ -280,32 +280,19 @@ impl Spawner {
         start_with(plan, &self.signals)
     }
 
-    /// Starts a parked init on the fork path: a child that makes the
+    /// Starts a parked init, for a spawner process: a child that makes the
     /// namespaces and the root of `plan`'s sandbox (which must have a new
     /// pid namespace), as `plan`'s credentials for its paths, then waits
-    /// in them as their init (see [`ParkedInit`]). Its status pipe reads
-    /// as an exec's once it is ready ([`read_exec_report`]).
+    /// in them as their init (see [`ParkedInit`]). It is a sibling of this
+    /// process (`CLONE_PARENT`), which its parent reaps: forking a small
+    /// spawner costs much less than forking the daemon. Its status pipe
+    /// reads as an exec's once it is ready ([`read_exec_report`]).
     ///
     /// # Errors
     ///
     /// As [`Spawner::start`]; `Validate` for a plan without a sandbox
     /// with a new pid namespace of its own (or in a user namespace).
-    pub fn park(&self, plan: &SpawnPlan) -> Result<ParkedInit, SpawnError> {
-        self.park_with(plan, Fork::Park)
-    }
-
-    /// As [`Spawner::park`], for a spawner process: the init is a sibling
-    /// of this process (`CLONE_PARENT`), which its parent reaps. Forking
-    /// a small spawner costs much less than forking the daemon.
-    ///
-    /// # Errors
-    ///
-    /// As [`Spawner::park`].
     pub fn park_sibling(&self, plan: &SpawnPlan) -> Result<ParkedInit, SpawnError> {
-        self.park_with(plan, Fork::ParkSibling)
-    }
-
-    fn park_with(&self, plan: &SpawnPlan, fork: Fork) -> Result<ParkedInit, SpawnError> {
         let parkable = plan.sandbox.as_ref().is_some_and(|sandbox| {
             sandbox.clone_flags & libc::CLONE_NEWPID != 0
                 && sandbox.map_ids.is_none()
@@ -314,7 +301,7 @@ impl Spawner {
         if !parkable {
             return Err(SpawnError::new(SpawnStage::Validate, libc::EINVAL));
         }
-        let (child, release) = fork_start(plan, &self.signals, fork)?;
+        let (child, release) = fork_start(plan, &self.signals, Fork::ParkSibling)?;
         let release = release.ok_or(SpawnError::new(SpawnStage::Pipe, libc::EIO))?;
         Ok(ParkedInit {
             pid: child.pid,
@@ -325,7 +312,7 @@ impl Spawner {
     }
 }
 
-/// A parked init ([`Spawner::park`]): a sandbox's namespaces and root,
+/// A parked init ([`Spawner::park_sibling`]): a sandbox's namespaces and root,
 /// made ahead, whose init waits for one program to enter them (a
 /// [`SandboxPlan::enter`] naming its pidfd, started by a spawner
 /// process). Closing `release` lets the init go on: from then on it
@@ -455,8 +442,6 @@ fn start_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<StartedChild, S
 enum Fork {
     /// A child of this process that execs.
     Child,
-    /// A parked init, child of this process.
-    Park,
     /// A parked init, child of this process's parent (`CLONE_PARENT`).
     ParkSibling,
 }

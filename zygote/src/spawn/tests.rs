@@ -1371,7 +1371,7 @@ fn only_a_plan_with_a_pid_namespace_of_its_own_can_be_parked() {
         ),
     ];
     for (what, plan) in unparkable {
-        let refused = spawner.park(&plan).map(|parked| parked.pid);
+        let refused = spawner.park_sibling(&plan).map(|parked| parked.pid);
         assert_eq!(
             refused,
             Err(SpawnError::new(SpawnStage::Validate, libc::EINVAL)),

@@ -1,4 +1,4 @@
-//! Parked inits ([`spawn::Spawner::park`]): the namespaces and root of a
+//! Parked inits ([`spawn::Spawner::park_sibling`]): the namespaces and root of a
 //! sandbox with a pid namespace of its own, made before the spawn that
 //! enters them.
 //!

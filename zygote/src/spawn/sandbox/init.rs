@@ -208,7 +208,7 @@ fn reap_children(program: libc::pid_t, report: RawFd) {
 /// namespace after the init itself.
 const PROGRAM_IN_NAMESPACE: libc::pid_t = 2;
 
-/// A parked init ([`crate::spawn::Spawner::park`]): the namespaces and
+/// A parked init ([`crate::spawn::Spawner::park_sibling`]): the namespaces and
 /// the root are made, and this child waits in them, as pid 1, for the
 /// one program that will enter them. It says it is ready by closing
 /// `report` (the status pipe's end of file), then waits until the daemon

@@ -80,7 +80,7 @@ pub struct SandboxPlan {
     /// `CAP_SETPCAP`: a root daemon, or a user namespace of the child's
     /// own; a rootless child without one has no capability to lose).
     pub clear_bounding_set: bool,
-    /// The pidfd of a parked init ([`super::Spawner::park`]) made for this
+    /// The pidfd of a parked init ([`super::Spawner::park_sibling`]) made for this
     /// very plan: the child enters its namespaces, root included, instead
     /// of making its own. Only a spawner process starts such a child (see
     /// `Entered`).
