@@ -312,8 +312,8 @@ impl Spawner {
     }
 }
 
-/// A parked init ([`Spawner::park_sibling`]): a sandbox's namespaces and root,
-/// made ahead, whose init waits for one program to enter them (a
+/// A parked init ([`Spawner::park_sibling`]): a sandbox's namespaces and
+/// root, made ahead, whose init waits for one program to enter them (a
 /// [`SandboxPlan::enter`] naming its pidfd, started by a spawner
 /// process). Closing `release` lets the init go on: from then on it
 /// lives as long as the program that entered (pid 2 of its namespace),

@@ -80,9 +80,9 @@ pub struct SandboxPlan {
     /// `CAP_SETPCAP`: a root daemon, or a user namespace of the child's
     /// own; a rootless child without one has no capability to lose).
     pub clear_bounding_set: bool,
-    /// The pidfd of a parked init ([`super::Spawner::park_sibling`]) made for this
-    /// very plan: the child enters its namespaces, root included, instead
-    /// of making its own. Only a spawner process starts such a child (see
+    /// The pidfd of a parked init ([`super::Spawner::park_sibling`]) made
+    /// for this very plan: the child enters its namespaces, root included,
+    /// instead of making its own. Only a spawner process starts such a child (see
     /// `Entered`).
     pub enter: Option<Arc<OwnedFd>>,
 }
@@ -533,9 +533,9 @@ pub fn install_seccomp_filter(program: &SeccompProgram) -> std::io::Result<()> {
 /// Confines the calling thread as every sandboxed child is before its
 /// seccomp filter: `no_new_privs`, the capability bounding and ambient
 /// sets cleared; its effective capabilities stay. For a process whose
-/// every child is sandboxed (a spawner holding a profile): its children
-/// inherit this at clone instead of paying for it each (the bounding set
-/// is dropped one capability at a time, ~50 µs per child).
+/// every child is sandboxed (root's spawner, or one holding a profile):
+/// its children inherit this at clone instead of paying for it each (the
+/// bounding set is dropped one capability at a time, ~50 µs per child).
 ///
 /// # Errors
 ///
