@@ -1501,9 +1501,7 @@ fn exit_then_stdout(warm: &Warm, id: u64, args: &[&str]) -> (ExitNotice, bool) {
         rustix::event::PollFlags::IN,
     )];
     rustix::event::poll(&mut polled, None).expect("poll");
-    let hung_up = polled[0]
-        .revents()
-        .contains(rustix::event::PollFlags::HUP);
+    let hung_up = polled[0].revents().contains(rustix::event::PollFlags::HUP);
     (exited, hung_up)
 }
 
