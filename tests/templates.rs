@@ -1500,7 +1500,12 @@ fn exit_then_stdout(warm: &Warm, id: u64, args: &[&str]) -> (ExitNotice, bool) {
         &stdout,
         rustix::event::PollFlags::IN,
     )];
-    rustix::event::poll(&mut polled, None).expect("poll");
+    // What holds now: the exit notice came last.
+    let now = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut polled, Some(&now)).expect("poll");
     let hung_up = polled[0].revents().contains(rustix::event::PollFlags::HUP);
     (exited, hung_up)
 }
