@@ -380,8 +380,13 @@ fn a_spawner_killed_while_stalled_fails_its_spawn_and_its_child_goes() {
     crate::dos::kill_stopped_leftovers(&daemon);
     assert!(
         eventually(Duration::from_secs(10), || daemon.zombies().is_empty()),
-        "zombies left: {:?}",
-        daemon.zombies()
+        "zombies left: {:?}\n{}",
+        daemon
+            .zombies()
+            .into_iter()
+            .map(|pid| (pid, name_uid_state(pid)))
+            .collect::<Vec<_>>(),
+        daemon.log()
     );
 }
 
