@@ -197,6 +197,24 @@ fn run_warm_with_fds(
     })
 }
 
+/// Sends a warm spawn and waits for its end, reading nothing: the last
+/// fd `Spawned` carried (stdout, or a pty's master), and the exit notice.
+fn last_fd_and_exit(warm: &Warm, request: SpawnRequest) -> (OwnedFd, ExitNotice) {
+    send_warm(&warm.fd, warm.handle, request, &[]);
+    let (reply, mut fds) = receive(&warm.fd);
+    assert!(
+        matches!(reply, ServerMessage::Spawned(_)),
+        "{reply:?}\n{}",
+        warm.daemon.log()
+    );
+    let last = fds.pop().expect("the child's fd");
+    let exited = match receive(&warm.fd).0 {
+        ServerMessage::Exited(exited) => exited,
+        other => panic!("expected Exited, got {other:?}"),
+    };
+    (last, exited)
+}
+
 fn read_all(fd: OwnedFd) -> String {
     let mut text = String::new();
     std::fs::File::from(fd)
@@ -1194,18 +1212,7 @@ fn a_warm_child_on_a_pty_has_it_as_its_controlling_terminal() {
         }),
         ..warm_request(10, &["-c", code])
     };
-    send_warm(&warm.fd, warm.handle, request, &[]);
-    let (reply, mut fds) = receive(&warm.fd);
-    assert!(
-        matches!(reply, ServerMessage::Spawned(_)),
-        "{reply:?}\n{}",
-        warm.daemon.log()
-    );
-    let master = fds.pop().expect("the pty's master");
-    let exited = match receive(&warm.fd).0 {
-        ServerMessage::Exited(exited) => exited,
-        other => panic!("{other:?}"),
-    };
+    let (master, exited) = last_fd_and_exit(&warm, request);
     assert_eq!(exited.status, ExitStatus::Exited(0));
     // The slave is closed: the master reads what is left, then EIO.
     let mut output = Vec::new();
@@ -1484,18 +1491,7 @@ fn exit_then_stdout(warm: &Warm, id: u64, args: &[&str]) -> (ExitNotice, bool) {
         stdout: StdioSpec::Pipe,
         ..warm_request(id, args)
     };
-    send_warm(&warm.fd, warm.handle, request, &[]);
-    let (reply, mut fds) = receive(&warm.fd);
-    assert!(
-        matches!(reply, ServerMessage::Spawned(_)),
-        "{reply:?}\n{}",
-        warm.daemon.log()
-    );
-    let stdout = fds.pop().expect("stdout");
-    let exited = match receive(&warm.fd).0 {
-        ServerMessage::Exited(exited) => exited,
-        other => panic!("expected Exited, got {other:?}"),
-    };
+    let (stdout, exited) = last_fd_and_exit(warm, request);
     let mut polled = [rustix::event::PollFd::new(
         &stdout,
         rustix::event::PollFlags::IN,
