@@ -232,10 +232,16 @@ struct Warm {
 }
 
 fn warm_setup(test: &str, preload: &[&str]) -> Option<Warm> {
+    warm_setup_with(test, preload, base_env())
+}
+
+/// As [`warm_setup`], the template started with `env` (a [`modules`]
+/// directory on its `PYTHONPATH`, say).
+fn warm_setup_with(test: &str, preload: &[&str], env: Env) -> Option<Warm> {
     let python = python_or_skip()?;
     let daemon = start_daemon(test);
     let fd = connect(daemon.socket());
-    let ready = template(&fd, 1, &python, preload, base_env())
+    let ready = template(&fd, 1, &python, preload, env)
         .unwrap_or_else(|failed| panic!("template failed: {failed:?}\n{}", daemon.log()));
     assert!(!ready.reused);
     Some(Warm {
@@ -1512,21 +1518,11 @@ fn exit_then_stdout(warm: &Warm, id: u64, args: &[&str]) -> (ExitNotice, bool) {
 /// the child is at its end by then.
 #[test]
 fn a_warm_child_leaves_its_memory_teardown_to_a_process_holding_no_fd() {
-    let Some(python) = python_or_skip() else {
-        return;
-    };
-    let daemon = start_daemon("tpl-teardown");
-    let fd = connect(daemon.socket());
     // 256 MiB written at import: 65,536 pages whose mappings a child's
     // exit would take down.
     let (_dir, env) = modules(&[("big", "heap = b'x' * (256 << 20)\n")]);
-    let ready = template(&fd, 1, &python, &["big"], env)
-        .unwrap_or_else(|failed| panic!("template failed: {failed:?}\n{}", daemon.log()));
-    let warm = Warm {
-        daemon,
-        fd,
-        handle: ready.template,
-        python,
+    let Some(warm) = warm_setup_with("tpl-teardown", &["big"], env) else {
+        return;
     };
     // os._exit ends the child before the template's exit path: the
     // teardown is its own.

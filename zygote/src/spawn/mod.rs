@@ -932,8 +932,10 @@ fn forget_own(pid: i32) {
 pub struct OrphanReaping {
     /// Orphans reaped.
     pub reaped: usize,
-    /// An exited child of ours was first in line, so orphans behind it
-    /// were not looked at: call [`reap_orphans_by_scan`] a little later.
+    /// From [`reap_orphans`]: an exited child of ours was first in line,
+    /// so orphans behind it were not looked at. From
+    /// [`reap_orphans_by_scan`]: an exited child of a uid a spawner is
+    /// starting a child of was left. Either way: scan a little later.
     pub blocked_by_own: bool,
 }
 
