@@ -48,8 +48,10 @@ mod wire;
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, OwnedFd};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::Interest;
@@ -103,6 +105,33 @@ pub(crate) enum Outcome {
     Lost { errno: i32, message: String },
     /// A parked init exists, listed as the daemon's own child.
     Parked(spawn::ParkedInit),
+}
+
+/// The answer a spawn awaits.
+///
+/// Dropped unread, it kills and reaps the child or parked init it may
+/// already hold: its spawn was cancelled (the client left, a deadline)
+/// just as the answer came. That child is listed as the daemon's own, so
+/// the orphan reaper leaves it alone, and it would stay a zombie.
+pub(crate) struct PendingAnswer(oneshot::Receiver<Outcome>);
+
+impl Future for PendingAnswer {
+    type Output = Result<Outcome, oneshot::error::RecvError>;
+
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(context)
+    }
+}
+
+impl Drop for PendingAnswer {
+    fn drop(&mut self) {
+        // Closed first: an answer not sent yet then stays with the
+        // spawner's watch, which disposes of it the same way.
+        self.0.close();
+        if let Ok(outcome) = self.0.try_recv() {
+            watch::discard(outcome);
+        }
+    }
 }
 
 /// A question in flight.
@@ -239,7 +268,7 @@ impl UidSpawners {
         plan: SpawnPlan,
         metrics: &Metrics,
         start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
-    ) -> Result<oneshot::Receiver<Outcome>, Box<SpawnPlan>> {
+    ) -> Result<PendingAnswer, Box<SpawnPlan>> {
         self.ask_for(plan, metrics, start, Ask::Child)
     }
 
@@ -255,7 +284,7 @@ impl UidSpawners {
         plan: SpawnPlan,
         metrics: &Metrics,
         start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
-    ) -> Result<oneshot::Receiver<Outcome>, Box<SpawnPlan>> {
+    ) -> Result<PendingAnswer, Box<SpawnPlan>> {
         self.ask_for(plan, metrics, start, Ask::Park)
     }
 
@@ -265,7 +294,7 @@ impl UidSpawners {
         metrics: &Metrics,
         start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
         what: Ask,
-    ) -> Result<oneshot::Receiver<Outcome>, Box<SpawnPlan>> {
+    ) -> Result<PendingAnswer, Box<SpawnPlan>> {
         // A child that keeps the daemon's ids (a root peer's) comes here
         // only with a sandbox, which root's spawner sets up.
         let uid = match &plan.credentials {
@@ -315,7 +344,7 @@ impl UidSpawners {
                 spawner.asked.notify_one();
             }
         }
-        Ok(outcome)
+        Ok(PendingAnswer(outcome))
     }
 
     /// The running spawner of `uid`, or a new one; `None` at the cap or
@@ -499,3 +528,44 @@ fn needs_calls_profiles_deny(plan: &SpawnPlan) -> bool {
 
 /// The spawn stage a lost answer is reported at.
 pub(crate) const LOST_STAGE: SpawnStage = SpawnStage::Clone;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A spawn cancelled just as its answer came leaves the child in the
+    /// answer, listed as the daemon's own: dropping the answer unread
+    /// kills and reaps it, or it would stay a zombie nobody reaps.
+    #[test]
+    fn a_child_in_an_answer_dropped_unread_is_killed_and_reaped() {
+        let child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("start sleep");
+        let pid = i32::try_from(child.id()).expect("pid");
+        let pidfd = spawn::open_pidfd(pid).expect("pidfd_open");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let proc_entry = std::path::PathBuf::from(format!("/proc/{pid}"));
+        let reaped = runtime.block_on(async {
+            let (sender, receiver) = oneshot::channel();
+            sender
+                .send(Outcome::Child {
+                    pid,
+                    pidfd,
+                    failure: None,
+                })
+                .expect("send the answer");
+            drop(PendingAnswer(receiver));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while proc_entry.exists() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            !proc_entry.exists()
+        });
+        assert!(reaped, "the child of an answer nobody read is still there");
+        drop(child);
+    }
+}

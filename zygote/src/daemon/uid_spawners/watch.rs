@@ -249,9 +249,8 @@ impl Watched {
             }
         };
         // Nobody waits any more (its client left): the child goes.
-        if let Err(Outcome::Child { pidfd, .. }) = question.answer.send(outcome) {
-            let _ = spawn::send_signal(pidfd.as_fd(), libc::SIGKILL);
-            reap_in_background(pidfd);
+        if let Err(outcome) = question.answer.send(outcome) {
+            discard(outcome);
         }
         Ok(())
     }
@@ -274,9 +273,8 @@ impl Watched {
             return Ok(());
         }
         // Nobody waits any more: the init goes.
-        if let Err(Outcome::Parked(init)) = question.answer.send(Outcome::Parked(init)) {
-            let _ = spawn::send_signal(init.pidfd.as_fd(), libc::SIGKILL);
-            reap_in_background(init.pidfd);
+        if let Err(outcome) = question.answer.send(Outcome::Parked(init)) {
+            discard(outcome);
         }
         Ok(())
     }
@@ -322,12 +320,27 @@ async fn wait_exit(pidfd: &AsyncFd<OwnedFd>) -> std::io::Result<zygote_proto::Ex
     }
 }
 
+/// Kills and reaps the child or parked init of an answer nobody takes.
+pub(super) fn discard(outcome: Outcome) {
+    let pidfd = match outcome {
+        Outcome::Child { pidfd, .. } => pidfd,
+        Outcome::Parked(init) => init.pidfd,
+        Outcome::Refused(_) | Outcome::Lost { .. } => return,
+    };
+    let _ = spawn::send_signal(pidfd.as_fd(), libc::SIGKILL);
+    reap_in_background(pidfd);
+}
+
 /// Reaps a child nobody waits for once it exits.
 fn reap_in_background(pidfd: OwnedFd) {
+    // Only a daemon that is exiting has no runtime left to do it.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
     let Ok(pidfd) = zygote_proto::register(pidfd, Interest::READABLE) else {
         return;
     };
-    tokio::spawn(async move {
+    runtime.spawn(async move {
         let _ = wait_exit(&pidfd).await;
     });
 }
