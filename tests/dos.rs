@@ -968,6 +968,7 @@ pub fn attacker_process() {
         ["spawned-not-exited"] => spawned_not_exited(socket),
         ["refusals", count] => refusals(socket, count.parse().expect("count")),
         ["groups"] => groups(socket),
+        ["leave-at-answer", count] => leave_at_answer(socket, count.parse().expect("count")),
         _ => panic!("unknown attack {mode}"),
     }
 }
@@ -1181,6 +1182,21 @@ fn next_reply(connection: &OwnedFd) -> ServerMessage {
 fn send_request(connection: &OwnedFd, request: SpawnRequest) -> bool {
     let request = ClientMessage::Spawn(request);
     send_frame(connection.as_fd(), &encode(&request).expect("encode"), &[]).is_ok()
+}
+
+/// Spawns `/bin/true` `count` times, each on a connection of its own
+/// closed 0 to 1.2 ms after the request (spread over the rounds): some
+/// leave just as their child is reported started.
+fn leave_at_answer(socket: &Path, count: usize) {
+    for round in 0..count {
+        let connection = raw_connect(socket);
+        let _ = send_request(&connection, SpawnRequest::new(1, "/bin/true"));
+        let delay = u64::try_from(round).unwrap_or(0).wrapping_mul(37) % 1200;
+        std::thread::sleep(Duration::from_micros(delay));
+        drop(connection);
+    }
+    say(&format!("left {count}"));
+    hold();
 }
 
 /// A spawn of `sleep seconds`, killed when its client leaves.

@@ -390,6 +390,32 @@ fn a_spawner_killed_while_stalled_fails_its_spawn_and_its_child_goes() {
     );
 }
 
+/// Clients that leave just as their spawner answers: a spawn that gives
+/// up with its child already in the answer kills and reaps it, so no
+/// zombie stays (one listed as the daemon's own is left alone by the
+/// orphan reaper).
+#[test]
+fn clients_leaving_as_their_spawner_answers_leave_no_zombie() {
+    if skip_unless_root() {
+        return;
+    }
+    use crate::dos::{ATTACKER, attacker, name_uid_state};
+    let daemon = crate::dos::shared_daemon("spawner-leave-at-answer", None);
+    let mut attack = attacker("leave-at-answer:1500", &daemon, ATTACKER);
+    assert_eq!(attack.finding(), "left 1500");
+    attack.end();
+    assert!(
+        eventually(Duration::from_secs(10), || daemon.zombies().is_empty()),
+        "zombies left: {:?}\n{}",
+        daemon
+            .zombies()
+            .into_iter()
+            .map(|pid| (pid, name_uid_state(pid)))
+            .collect::<Vec<_>>(),
+        daemon.log()
+    );
+}
+
 /// A spawner that keeps failing is not restarted at every spawn: after
 /// three failures its uid takes the fork path for a while, and is served.
 #[test]
