@@ -688,8 +688,10 @@ impl SpawnTask {
     /// between the switch and exec, so that no daemon thread may wait for
     /// that exec: the spawner process of that uid vforks it (and only that
     /// spawner waits), or, where it cannot, a fork of the daemon whose exec
-    /// this task awaits (only this spawn waits). Returns the child's pid,
-    /// pidfd and, on the fork path, its status pipe.
+    /// this task awaits (only this spawn waits). A sandboxed child that
+    /// keeps the daemon's ids comes here too; with filters only, a daemon
+    /// thread holding its profile vforks it when free. Returns the child's
+    /// pid, pidfd and, on the fork path, its status pipe.
     async fn start_switching(
         &self,
         plan: spawn::SpawnPlan,

@@ -349,7 +349,7 @@ fn spawn_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<SpawnedChild, S
         return Err(SpawnError::new(SpawnStage::Validate, libc::EINVAL));
     }
     // Nor are namespaces made on this path: only the fork path and a
-    // spawner's make them.
+    // spawner process make them.
     if plan
         .sandbox
         .as_ref()
