@@ -531,6 +531,14 @@ fn a_sandbox_without_a_pid_namespace_is_set_up_by_a_spawner_and_confines() {
         .expect("zygote run");
     assert!(output.status.success(), "{output:?}");
     assert_eq!(spawns_by_path(metrics, "fork"), Some(1.0));
+    // Its plan's inits are parked since, and counted while ready.
+    let gauge = || crate::spawners::metric(metrics, "zygote_parked_inits");
+    let parked = f64::from(u32::try_from(PARKED_PER_PLAN).expect("small"));
+    assert!(
+        eventually(Duration::from_secs(10), || gauge() == Some(parked)),
+        "zygote_parked_inits: {:?}",
+        gauge()
+    );
 }
 
 /// A sandbox of one seccomp profile, Landlock and no namespace: its

@@ -67,7 +67,7 @@ fn daemon_with_a_spawner(name: &str) -> (Daemon, SocketAddr, Vec<u32>) {
 
 /// The value of the metric line that starts with `series` (name and
 /// labels), if exported.
-fn metric(address: SocketAddr, series: &str) -> Option<f64> {
+pub(crate) fn metric(address: SocketAddr, series: &str) -> Option<f64> {
     let (_, text) = crate::tools::http_get(address, "/metrics").expect("GET /metrics");
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))

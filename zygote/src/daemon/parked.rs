@@ -31,6 +31,9 @@ pub(crate) fn enter(daemon: &Daemon, plan: &mut SpawnPlan) -> Option<(Recipe, Op
     }
     let recipe = Recipe::of(plan)?;
     let taken = daemon.sandboxes.pool.take(&recipe.key);
+    daemon
+        .metrics
+        .set_parked_inits(daemon.sandboxes.pool.parked());
     let sandbox = plan.sandbox.as_mut()?;
     match &taken {
         Some(taken) => {
@@ -68,9 +71,11 @@ fn make_one(daemon: &Arc<Daemon>, recipe: Recipe) {
         };
         let generation = pool.put(key.clone(), pidfd, release);
         daemon.metrics.parked_init("made");
+        daemon.metrics.set_parked_inits(pool.parked());
         tokio::time::sleep(IDLE).await;
         if pool.expire(&key, generation) {
             daemon.metrics.parked_init("expired");
+            daemon.metrics.set_parked_inits(pool.parked());
         }
     });
 }

@@ -94,6 +94,7 @@ pub struct Metrics {
     sandboxed_spawns: IntCounterVec,
     sandbox_failures: IntCounterVec,
     parked_inits: IntCounterVec,
+    parked_inits_ready: IntGauge,
     children_running: IntGauge,
     child_exits: IntCounterVec,
     connections_open: IntGauge,
@@ -291,6 +292,11 @@ impl Metrics {
                  namespace found none), expired.",
                 &["event"],
             ),
+            parked_inits_ready: metrics.gauge(
+                "zygote_parked_inits",
+                "Parked inits ready now: sandbox namespaces made ahead, each a process \
+                 of its peer's uid waiting for that peer's next spawn.",
+            ),
             children_running: metrics.gauge(
                 "zygote_children_running",
                 "Children started and not yet reaped.",
@@ -411,6 +417,12 @@ impl Metrics {
     /// Counts a parked init's `event` (see the metric's help).
     pub fn parked_init(&self, event: &str) {
         self.parked_inits.with_label_values(&[event]).inc();
+    }
+
+    /// Sets how many parked inits are ready now.
+    pub fn set_parked_inits(&self, ready: usize) {
+        self.parked_inits_ready
+            .set(i64::try_from(ready).unwrap_or(i64::MAX));
     }
 
     /// Records an `execve` failure.
@@ -721,6 +733,7 @@ mod tests {
             "zygote_spawn_paths_total",
             "zygote_uid_spawners",
             "zygote_uid_spawner_restarts_total",
+            "zygote_parked_inits",
             "process_open_fds",
             "process_resident_memory_bytes",
         ] {
