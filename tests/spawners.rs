@@ -378,16 +378,7 @@ fn a_spawner_killed_while_stalled_fails_its_spawn_and_its_child_goes() {
     );
     attack.end();
     crate::dos::kill_stopped_leftovers(&daemon);
-    assert!(
-        eventually(Duration::from_secs(10), || daemon.zombies().is_empty()),
-        "zombies left: {:?}\n{}",
-        daemon
-            .zombies()
-            .into_iter()
-            .map(|pid| (pid, name_uid_state(pid)))
-            .collect::<Vec<_>>(),
-        daemon.log()
-    );
+    assert_no_zombie_within(&daemon, Duration::from_secs(10));
 }
 
 /// Clients that leave just as their spawner answers: a spawn that gives
@@ -399,18 +390,24 @@ fn clients_leaving_as_their_spawner_answers_leave_no_zombie() {
     if skip_unless_root() {
         return;
     }
-    use crate::dos::{ATTACKER, attacker, name_uid_state};
+    use crate::dos::{ATTACKER, attacker};
     let daemon = crate::dos::shared_daemon("spawner-leave-at-answer", None);
     let mut attack = attacker("leave-at-answer:1500", &daemon, ATTACKER);
     assert_eq!(attack.finding(), "left 1500");
     attack.end();
+    assert_no_zombie_within(&daemon, Duration::from_secs(10));
+}
+
+/// Asserts that no child of the daemon stays a zombie past `timeout`,
+/// naming each one left, with the daemon's log.
+fn assert_no_zombie_within(daemon: &Daemon, timeout: Duration) {
     assert!(
-        eventually(Duration::from_secs(10), || daemon.zombies().is_empty()),
+        eventually(timeout, || daemon.zombies().is_empty()),
         "zombies left: {:?}\n{}",
         daemon
             .zombies()
             .into_iter()
-            .map(|pid| (pid, name_uid_state(pid)))
+            .map(|pid| (pid, crate::dos::name_uid_state(pid)))
             .collect::<Vec<_>>(),
         daemon.log()
     );
