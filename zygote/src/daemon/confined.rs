@@ -75,10 +75,7 @@ impl ConfinedThreads {
         profile: &'static str,
         mut plan: SpawnPlan,
     ) -> Result<oneshot::Receiver<Result<SpawnedChild, SpawnError>>, Box<SpawnPlan>> {
-        let confined = match self.thread_for(profile) {
-            Some(confined) => confined,
-            None => return Err(Box::new(plan)),
-        };
+        let confined = self.thread_for(profile);
         let mut slot = confined.lock();
         if slot.busy || slot.unusable {
             return Err(Box::new(plan));
@@ -96,12 +93,12 @@ impl ConfinedThreads {
         Ok(child)
     }
 
-    /// The thread of `profile`, started now if there is none; `None` when
-    /// it cannot start.
-    fn thread_for(&self, profile: &'static str) -> Option<Arc<Confined>> {
+    /// The thread of `profile`, started now if there is none (marked
+    /// unusable when it cannot start or confine itself).
+    fn thread_for(&self, profile: &'static str) -> Arc<Confined> {
         let mut threads = self.lock();
         if let Some(confined) = threads.get(profile) {
-            return Some(Arc::clone(confined));
+            return Arc::clone(confined);
         }
         let confined = Arc::new(Confined::default());
         let (told, confinement) = std::sync::mpsc::sync_channel(1);
@@ -127,7 +124,7 @@ impl ConfinedThreads {
             confined.lock().unusable = true;
         }
         threads.insert(profile, Arc::clone(&confined));
-        Some(confined)
+        confined
     }
 }
 
