@@ -688,20 +688,13 @@ impl SpawnTask {
     /// between the switch and exec, so that no daemon thread may wait for
     /// that exec: the spawner process of that uid vforks it (and only that
     /// spawner waits), or, where it cannot, a fork of the daemon whose exec
-    /// this task awaits (only this spawn waits). A sandboxed child that
-    /// keeps the daemon's ids comes here too; with filters only, a daemon
-    /// thread holding its profile vforks it when free. Returns the child's
-    /// pid, pidfd and, on the fork path, its status pipe.
+    /// this task awaits (only this spawn waits). Returns the child's pid,
+    /// pidfd and, on the fork path, its status pipe.
     async fn start_switching(
         &self,
         plan: spawn::SpawnPlan,
     ) -> Result<(i32, OwnedFd, Option<OwnedFd>), Switching> {
         let daemon = &self.daemon;
-        let plan = match self.start_confined(plan).await {
-            Ok(child) => return Ok((child.pid, child.pidfd, None)),
-            Err(Ok(plan)) => *plan,
-            Err(Err(error)) => return Err(Switching::Spawn(error)),
-        };
         let answer = daemon
             .uid_spawners
             .ask(plan, &daemon.metrics, |plan| daemon.spawn(plan));
@@ -756,31 +749,6 @@ impl SpawnTask {
         let child = started.map_err(Switching::Spawn)?;
         daemon.metrics.spawn_path(SpawnPath::Fork);
         Ok((child.pid, child.pidfd, Some(child.status)))
-    }
-
-    /// Starts a filters-only sandboxed child that keeps the daemon's ids
-    /// on the daemon thread holding its seccomp profile (see `confined`).
-    ///
-    /// # Errors
-    ///
-    /// `Ok(plan)` back when no such thread takes it; the spawn's error.
-    async fn start_confined(
-        &self,
-        plan: spawn::SpawnPlan,
-    ) -> Result<spawn::SpawnedChild, Result<Box<spawn::SpawnPlan>, spawn::SpawnError>> {
-        let profile = match (&plan.credentials, uid_spawners::inheritable_profile(&plan)) {
-            (None, Some(profile)) => profile,
-            _ => return Err(Ok(Box::new(plan))),
-        };
-        let child = self.daemon.confined.spawn(profile, plan).map_err(Ok)?;
-        // A dropped sender: the thread ended, which it does only when the
-        // daemon does.
-        let child = child
-            .await
-            .unwrap_or(Err(spawn::SpawnError::new(SpawnStage::Clone, libc::EAGAIN)))
-            .map_err(Err)?;
-        self.daemon.metrics.spawn_path(SpawnPath::Vfork);
-        Ok(child)
     }
 
     /// Tracks a started child on its connection; one started after its

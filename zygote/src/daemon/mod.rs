@@ -17,9 +17,6 @@
 //!   otherwise ignored.
 //! - `spawners`: the threads a busy shared daemon clones on, first come
 //!   first served.
-//! - `confined`: threads confined as a sandboxed child is, one per seccomp
-//!   profile, that vfork the filters-only sandboxed children of peers
-//!   with the daemon's ids.
 //! - [`uid_spawners`]: the per-uid spawner processes that start the
 //!   children switching to another uid.
 //! - [`state`]: what every connection shares: the [`state::Daemon`].
@@ -39,7 +36,6 @@
 
 mod admission;
 pub mod cgroup;
-mod confined;
 mod connection;
 pub(crate) mod deferral;
 pub mod features;

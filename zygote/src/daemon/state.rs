@@ -10,7 +10,6 @@ use std::time::Instant;
 use crate::daemon::cgroup::{ChildCgroup, Subtree};
 use zygote_proto::ResourceLimit;
 
-use crate::daemon::confined::ConfinedThreads;
 use crate::daemon::deferral::DeferralClock;
 use crate::daemon::handover::{Pause, SavedConnection};
 use crate::daemon::loglimit::LogLimit;
@@ -158,9 +157,6 @@ pub struct Daemon {
     /// The per-uid spawner processes, which start the children that
     /// switch to another uid.
     pub(crate) uid_spawners: UidSpawners,
-    /// Threads holding a seccomp profile, for the filters-only sandboxed
-    /// children that keep the daemon's ids.
-    pub(crate) confined: ConfinedThreads,
     /// The warm templates, by handle and by spec.
     pub(crate) templates: Templates,
 }
@@ -206,7 +202,6 @@ impl Daemon {
             log_limit: LogLimit::default(),
             launches: Mutex::default(),
             uid_spawners: UidSpawners::new(uid),
-            confined: ConfinedThreads::default(),
             templates: Templates::new(),
         }
     }

@@ -348,23 +348,9 @@ fn spawn_with(plan: &SpawnPlan, signals: &SignalReset) -> Result<SpawnedChild, S
         // Only a spawner process enters a parked init's namespaces.
         return Err(SpawnError::new(SpawnStage::Validate, libc::EINVAL));
     }
-    // Nor are namespaces made on this path: only the fork path and a
-    // spawner process make them.
-    if plan
-        .sandbox
-        .as_ref()
-        .is_some_and(|sandbox| sandbox.namespaces_to_make() != 0 || !sandbox.suits_vfork())
-    {
-        return Err(SpawnError::new(SpawnStage::Validate, libc::EINVAL));
-    }
-    let mut prepared = Prepared::new(plan)?;
+    let prepared = Prepared::new(plan)?;
     let failure = Failure::default();
-    let sandbox_fds = prepared
-        .sandbox_fds(plan)
-        .map_err(|errno| SpawnError::new(SpawnStage::Pipe, errno.raw_os_error()))?;
-    let sandbox_raw: Vec<RawFd> = sandbox_fds.iter().map(AsRawFd::as_raw_fd).collect();
     let mut args = prepared.child_args(signals, &failure);
-    args.sandbox_fds = &sandbox_raw;
 
     let cgroup = plan.cgroup.as_ref().map(AsFd::as_fd);
     // Below 5.7 (or where clone3 is filtered) the child joins by itself.

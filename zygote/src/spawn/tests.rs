@@ -807,23 +807,6 @@ fn a_hostname_without_a_new_uts_namespace_is_refused() {
     );
 }
 
-/// The vfork path makes no namespace (the fork path and a spawner
-/// process do): a sandbox that needs one is refused before any clone.
-#[test]
-fn the_vfork_path_refuses_a_sandbox_that_makes_namespaces() {
-    let mut plan = plan(&["/bin/true"]);
-    plan.sandbox = Some(super::SandboxPlan {
-        clone_flags: libc::CLONE_NEWUTS,
-        hostname: Some(b"renamed".to_vec()),
-        ..super::SandboxPlan::default()
-    });
-    let error = super::spawn(&plan).expect_err("a namespace on the vfork path");
-    assert_eq!(
-        (error.stage, error.errno),
-        (SpawnStage::Validate, libc::EINVAL)
-    );
-}
-
 #[test]
 fn fork_path_reports_exec_and_output() {
     let mut plan = sh("echo forked; ls /proc/self/fd");

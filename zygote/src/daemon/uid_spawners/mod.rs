@@ -499,7 +499,7 @@ fn launch(
 /// and the child needs no call a profile denies before exec (`setns`,
 /// `mount`, `pivot_root`, `unshare`: no namespace, network or
 /// filesystem of its own).
-pub(crate) fn inheritable_profile(plan: &SpawnPlan) -> Option<&'static str> {
+fn inheritable_profile(plan: &SpawnPlan) -> Option<&'static str> {
     let sandbox = plan.sandbox.as_ref()?;
     let [program] = sandbox.seccomp.as_slice() else {
         return None;
