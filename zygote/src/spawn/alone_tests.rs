@@ -221,3 +221,45 @@ fn a_socket_inherited_as_stderr_moves_to_fd_3_and_every_other_fd_is_closed() {
         },
     );
 }
+
+/// A spawn in its vfork holds the gate for reading until its child has
+/// exec'd, which the child's owner can delay: the orphan reaper does not
+/// wait to write meanwhile (every later spawn would wait behind it), but
+/// leaves the orphans for a later look.
+#[test]
+fn the_orphan_reaper_never_waits_for_a_spawn_in_its_vfork() {
+    in_a_process_of_its_own(
+        "spawn::alone_tests::the_orphan_reaper_never_waits_for_a_spawn_in_its_vfork",
+        || {
+            let orphan = exited_child();
+            let (held, release) = std::sync::mpsc::channel::<()>();
+            let (holding, gate_held) = std::sync::mpsc::channel::<()>();
+            let spawn_in_vfork = std::thread::spawn(move || {
+                let _gate = super::OWN
+                    .gate
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                holding.send(()).expect("say the gate is held");
+                let _ = release.recv();
+            });
+            gate_held.recv().expect("the gate held");
+            let (done, looked) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = done.send((reap_orphans(), reap_orphans_by_scan()));
+            });
+            let looked = looked.recv_timeout(Duration::from_secs(5));
+            drop(held);
+            spawn_in_vfork.join().expect("the holder");
+            let blocked = OrphanReaping {
+                reaped: 0,
+                blocked_by_own: true,
+            };
+            assert_eq!(
+                looked.expect("the orphan reaper waited for the gate"),
+                (blocked, blocked)
+            );
+            assert!(still_unreaped(orphan), "reaped without the gate");
+            assert_eq!(reap_orphans_by_scan().reaped, 1, "reaped once it is free");
+        },
+    );
+}

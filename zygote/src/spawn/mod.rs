@@ -939,6 +939,20 @@ pub struct OrphanReaping {
     pub blocked_by_own: bool,
 }
 
+/// The spawns' gate for writing, if no spawn holds it: `None` while one
+/// does. Never waits: a spawn on the vfork path holds it until its child
+/// has exec'd, which the child's owner can delay (a stop, an exec on a
+/// hung filesystem); a writer waiting meanwhile would hold back every
+/// later spawn, the lock preferring writers, and its runtime worker too.
+/// The caller looks again later instead.
+fn try_close_gate() -> Option<std::sync::RwLockWriteGuard<'static, ()>> {
+    match OWN.gate.try_write() {
+        Ok(gate) => Some(gate),
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// Reaps the exited orphans this subreaper adopted, never a child that
 /// [`spawn`] started (those are reaped by pidfd), as long as the first
 /// exited child is an orphan. Runs on every `SIGCHLD`, so it asks the
@@ -957,7 +971,12 @@ pub fn reap_orphans() -> OrphanReaping {
         // but a spawner's: its uid is expected until it is listed (in this
         // order, so that one of the two always covers it).
         if ours(pid) || {
-            let _gate = OWN.gate.write().unwrap_or_else(PoisonError::into_inner);
+            let Some(_gate) = try_close_gate() else {
+                return OrphanReaping {
+                    reaped,
+                    blocked_by_own: true,
+                };
+            };
             sibling_expected(uid) || ours(pid)
         } {
             return OrphanReaping {
@@ -982,7 +1001,12 @@ pub fn reap_orphans() -> OrphanReaping {
 /// an exited child of a uid a spawner is starting a child of was left,
 /// ours or an orphan, which only a later scan can tell: scan again.
 pub fn reap_orphans_by_scan() -> OrphanReaping {
-    let _gate = OWN.gate.write().unwrap_or_else(PoisonError::into_inner);
+    let Some(_gate) = try_close_gate() else {
+        return OrphanReaping {
+            reaped: 0,
+            blocked_by_own: true,
+        };
+    };
     let children = children_of_self();
     let own = OWN.pids.lock().unwrap_or_else(PoisonError::into_inner);
     let mut scan = OrphanReaping {
