@@ -936,7 +936,7 @@ pub struct OrphanReaping {
     /// so orphans behind it were not looked at. From
     /// [`reap_orphans_by_scan`]: an exited child of a uid a spawner is
     /// starting a child of was left. From either: a spawn held the gate
-    /// (see [`try_close_gate`]), so nothing was looked at. Each way: scan
+    /// (one in its vfork), so nothing was looked at. Each way: scan
     /// a little later.
     pub blocked_by_own: bool,
 }
