@@ -504,11 +504,14 @@ fn zygote_status_shows_each_peers_use_to_root_and_only_its_own_to_others() {
             .find(|peer| peer["uid"] == uid)
             .cloned()
     };
-    // Root: its own status connection and the runner's use.
+    // Root: its own status connection and the runner's use. A peer's
+    // child counts from its spawn's admission, before its uid's spawner
+    // has started, so wait for the child to be running too.
     let mut root = serde_json::Value::Null;
     let seen = eventually(Duration::from_secs(20), || {
         root = status_json_as(socket, 0);
         peer_of(&root, RUNNER).is_some_and(|peer| peer["children"] == 1)
+            && root["children_running"] == 1
     });
     assert!(seen, "the runner's child never showed: {root}");
     let runner_use = peer_of(&root, RUNNER).expect("runner");
