@@ -207,11 +207,20 @@ const FDS_PER_PARKED_INIT: usize = 3;
 /// The daemon's children named `zygote-init`: parked inits, and the
 /// inits of sandboxes that made their own namespaces.
 fn inits_of(daemon: &Daemon) -> Vec<u32> {
+    children_named(daemon, "zygote-init")
+}
+
+/// The processes holding the daemon's mount templates.
+fn templates_of(daemon: &Daemon) -> Vec<u32> {
+    children_named(daemon, "zygote-template")
+}
+
+fn children_named(daemon: &Daemon, name: &str) -> Vec<u32> {
     crate::util::children_of(daemon.pid())
         .into_iter()
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .is_ok_and(|comm| comm.trim_end() == "zygote-init")
+                .is_ok_and(|comm| comm.trim_end() == name)
         })
         .collect()
 }
@@ -292,6 +301,110 @@ fn a_spawn_that_enters_a_parked_init_is_confined_as_one_that_made_its_own() {
     let output = run(&daemon, path, Some(65534), "echo $PPID; exit 7");
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "0");
     assert_eq!(output.status.code(), Some(7), "{output:?}");
+}
+
+/// The mounts of a process's mount namespace: (mount point, options,
+/// device, filesystem type), from its `mountinfo`.
+fn mounts_of(pid: u32) -> Vec<(String, String, String, String)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).expect("mountinfo");
+    text.lines()
+        .map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let separator = fields.iter().position(|field| *field == "-").expect("-");
+            (
+                fields[4].to_owned(),
+                fields[5].to_owned(),
+                fields[2].to_owned(),
+                fields[separator + 1].to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A plan's binds and `/dev` are built once, read-only, in a mount
+/// template; each parked init copies it and mounts its own `/proc`,
+/// devpts and tmpfs, so that nothing one spawn writes reaches the next.
+#[test]
+fn parked_inits_copy_a_read_only_mount_template_and_mount_their_own_tmpfs() {
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let (work, daemon) = escape_daemon("sandbox-template");
+    let path = work.path().to_str().unwrap();
+    let script = "echo ppid $PPID; ls -A /scratch; touch /scratch/left; \
+                  touch /slash 2>&1 | grep -o 'Read-only file system'";
+    let spawn = || {
+        run_with(
+            &daemon,
+            path,
+            Some(65534),
+            &["--sandbox", "box", "--tmpfs", "/scratch"],
+            script,
+        )
+    };
+    let first = spawn();
+    assert_eq!(
+        String::from_utf8_lossy(&first.stdout),
+        "ppid 1\nRead-only file system\n",
+        "made its own root: {first:?}"
+    );
+    let ready = || inits_of(&daemon).len() == PARKED_PER_PLAN && templates_of(&daemon).len() == 1;
+    assert!(
+        eventually(Duration::from_secs(10), ready),
+        "inits {:?}, templates {:?}\n{}",
+        inits_of(&daemon),
+        templates_of(&daemon),
+        daemon.log()
+    );
+    // The template: binds and /dev, a read-only root, no /proc, devpts
+    // or tmpfs of its own.
+    let template = mounts_of(templates_of(&daemon)[0]);
+    let at = |mounts: &[(String, String, String, String)], point: &str| {
+        mounts
+            .iter()
+            .rev()
+            .find(|mount| mount.0 == point)
+            .cloned()
+            .unwrap_or_else(|| panic!("{point}: {mounts:?}"))
+    };
+    let root = at(&template, "/");
+    assert!(root.1.starts_with("ro,"), "{template:?}");
+    assert!(at(&template, "/usr").1.starts_with("ro,"), "{template:?}");
+    assert!(at(&template, "/dev").1.starts_with("ro,"), "{template:?}");
+    for own in ["/proc", "/dev/pts", "/scratch"] {
+        assert!(
+            template.iter().all(|mount| mount.0 != own),
+            "{own}: {template:?}"
+        );
+    }
+    // Each init: the template's root (the same tmpfs), and its own /proc,
+    // devpts and /scratch.
+    let inits: Vec<_> = inits_of(&daemon).into_iter().map(mounts_of).collect();
+    let copies: Vec<_> = inits
+        .iter()
+        .filter(|init| at(init, "/").2 == root.2)
+        .collect();
+    assert!(!copies.is_empty(), "no init copied the template: {inits:?}");
+    for init in &copies {
+        assert!(at(init, "/").1.starts_with("ro,"), "{init:?}");
+        assert_eq!(at(init, "/proc").3, "proc", "{init:?}");
+        assert_eq!(at(init, "/dev/pts").3, "devpts", "{init:?}");
+        assert_eq!(at(init, "/scratch").3, "tmpfs", "{init:?}");
+    }
+    for own in ["/proc", "/dev/pts", "/scratch"] {
+        let devices: std::collections::HashSet<_> =
+            inits.iter().map(|init| at(init, own).2).collect();
+        assert_eq!(devices.len(), inits.len(), "{own} shared: {inits:?}");
+    }
+    // Entered in turn: each finds its /scratch empty, and / read-only.
+    for _ in 0..PARKED_PER_PLAN {
+        let output = spawn();
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            "ppid 0\nRead-only file system\n",
+            "entered one: {output:?}"
+        );
+    }
 }
 
 /// CPU time (user and system, in clock ticks) and voluntary context
@@ -951,7 +1064,8 @@ fn mounts_are_of_their_kind_and_bind_sources_are_opened_by_path_only() {
             .map(|(point, options)| (point, options.split(',').collect()))
             .collect();
         let wanted: [(&str, &[&str]); 15] = [
-            ("/", &["rw", "nosuid", "nodev"]),
+            // Read-only: a mount template's copies share its root.
+            ("/", &["ro", "nosuid", "nodev"]),
             ("/usr", &["ro", "nosuid", "nodev"]),
             ("/work", &["rw", "nosuid", "nodev"]),
             ("/fifo", &["ro", "nosuid", "nodev"]),
@@ -1309,7 +1423,8 @@ mod wire {
         // Nothing of the refused, failed or finished sandboxes stays open
         // but the one empty network namespace and the one template of
         // `/dev`, kept for the next, root's spawner process (its socket
-        // and pidfd), and the inits parked for the next spawn.
+        // and pidfd), and the inits parked for the next spawn with their
+        // mount template.
         drop(fd);
         let parked = || super::inits_of(&daemon).len();
         assert!(
@@ -1318,7 +1433,7 @@ mod wire {
             "inits: {:?}",
             super::inits_of(&daemon)
         );
-        let parked = parked();
+        let parked = parked() + super::templates_of(&daemon).len();
         assert_eq!(
             daemon.settled_fd_count(),
             fds_before + 2 + 2 + super::FDS_PER_PARKED_INIT * parked

@@ -2,16 +2,16 @@
 //! sandbox with a pid namespace of its own takes the one parked for its
 //! plan, and has the next one made, off its path.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tracing::debug;
 
 use crate::daemon::reaper;
-use crate::daemon::sandbox::pool::{IDLE, Recipe, Taken};
+use crate::daemon::sandbox::pool::{IDLE, Recipe, RootFrom, TEMPLATE_AGE, Taken};
 use crate::daemon::state::Daemon;
 use crate::daemon::uid_spawners::Outcome;
 use crate::spawn::{self, ExecReport, ParkedInit, SpawnPlan};
@@ -58,7 +58,15 @@ fn make_one(daemon: &Arc<Daemon>, recipe: Recipe) {
     let daemon = Arc::clone(daemon);
     tokio::spawn(async move {
         let pool = Arc::clone(&daemon.sandboxes.pool);
-        let made = make(&daemon, &recipe).await;
+        let (template, resolved) = match root_from(&daemon, &recipe).await {
+            Some((template, resolved)) => (Some(template), resolved),
+            None => (None, Instant::now()),
+        };
+        let copied = template.is_some();
+        let made = match recipe.park_plan(template) {
+            Ok(plan) => make(&daemon, plan).await,
+            Err(error) => Err(error.to_string()),
+        };
         let key = recipe.key;
         let (pidfd, release) = match made {
             Ok(made) => made,
@@ -71,8 +79,11 @@ fn make_one(daemon: &Arc<Daemon>, recipe: Recipe) {
         };
         let generation = pool.put(key.clone(), pidfd, release);
         daemon.metrics.parked_init("made");
+        if copied {
+            daemon.metrics.parked_init("copied");
+        }
         daemon.metrics.set_parked_inits(pool.parked());
-        tokio::time::sleep(IDLE).await;
+        tokio::time::sleep(IDLE.saturating_sub(resolved.elapsed())).await;
         if pool.expire(&key, generation) {
             daemon.metrics.parked_init("expired");
             daemon.metrics.set_parked_inits(pool.parked());
@@ -80,13 +91,47 @@ fn make_one(daemon: &Arc<Daemon>, recipe: Recipe) {
     });
 }
 
-/// Starts an init for `recipe` and waits until it is ready: its pidfd
-/// and the write end of its release pipe. A task reaps it when it ends.
-async fn make(
-    daemon: &Daemon,
-    recipe: &Recipe,
-) -> Result<(Arc<std::os::fd::OwnedFd>, std::os::fd::OwnedFd), String> {
-    let plan = recipe.park_plan().map_err(|error| error.to_string())?;
+/// The mount template an init for `recipe` copies, and when it resolved
+/// its binds: the live one, or one built now; `None`: the init builds
+/// its whole root.
+async fn root_from(daemon: &Arc<Daemon>, recipe: &Recipe) -> Option<(Arc<OwnedFd>, Instant)> {
+    let pool = &daemon.sandboxes.pool;
+    match pool.template_for(recipe) {
+        RootFrom::Template(pidfd, resolved) => Some((pidfd, resolved)),
+        RootFrom::Whole => None,
+        RootFrom::NewTemplate => {
+            let resolved = Instant::now();
+            let built = match recipe.template_plan() {
+                Ok(plan) => make(daemon, plan).await,
+                Err(error) => Err(error.to_string()),
+            };
+            let (pidfd, release) = match built {
+                Ok(built) => built,
+                Err(error) => {
+                    pool.abandon_template(&recipe.key);
+                    daemon.metrics.parked_init("template_failed");
+                    debug!(%error, "a sandbox's mount template could not be made");
+                    return None;
+                }
+            };
+            daemon.metrics.parked_init("template");
+            let generation =
+                pool.put_template(recipe.key.clone(), Arc::clone(&pidfd), release, resolved);
+            let pool = Arc::clone(pool);
+            let key = recipe.key.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(TEMPLATE_AGE).await;
+                pool.expire_template(&key, generation);
+            });
+            Some((pidfd, resolved))
+        }
+    }
+}
+
+/// Starts a parked process for `plan` (an init, or a mount template's)
+/// and waits until it is ready: its pidfd and the write end of its
+/// release pipe. A task reaps it when it ends.
+async fn make(daemon: &Daemon, plan: SpawnPlan) -> Result<(Arc<OwnedFd>, OwnedFd), String> {
     let parked = start(daemon, plan).await?;
     let enter = parked
         .pidfd
@@ -115,7 +160,7 @@ async fn make(
 }
 
 /// Reaps the daemon's child behind `pidfd` whenever it ends.
-fn reap_later(pid: i32, pidfd: std::os::fd::OwnedFd) {
+fn reap_later(pid: i32, pidfd: OwnedFd) {
     let watched = match zygote_proto::register(pidfd, Interest::READABLE) {
         Ok(watched) => watched,
         Err(error) => {
@@ -160,8 +205,8 @@ async fn start(daemon: &Daemon, plan: SpawnPlan) -> Result<ParkedInit, String> {
 }
 
 /// Waits for a parked init's status pipe to say it is ready.
-async fn ready(status: std::os::fd::OwnedFd) -> Result<(), String> {
-    let status: AsyncFd<std::os::fd::OwnedFd> =
+async fn ready(status: OwnedFd) -> Result<(), String> {
+    let status: AsyncFd<OwnedFd> =
         zygote_proto::register(status, Interest::READABLE).map_err(|error| error.to_string())?;
     loop {
         let mut guard = status.readable().await.map_err(|error| error.to_string())?;

@@ -289,7 +289,8 @@ impl Metrics {
                 "zygote_parked_inits_total",
                 "Sandbox namespaces made ahead (parked inits), by event: made, failed, \
                  entered (a spawn used one), missed (a spawn of a sandbox with a pid \
-                 namespace found none), expired.",
+                 namespace found none), expired; copied (made from a mount template), \
+                 template (a mount template built), template_failed.",
                 &["event"],
             ),
             parked_inits_ready: metrics.gauge(

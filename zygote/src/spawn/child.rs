@@ -362,7 +362,12 @@ fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
         };
         sandboxed(args, sandbox::before_credentials(plan, &peer))?;
         if let Some(release) = args.park {
-            return sandboxed(args, Err(sandbox::park(release, args.report)));
+            let name = if plan.build_template {
+                c"zygote-template"
+            } else {
+                c"zygote-init"
+            };
+            return sandboxed(args, Err(sandbox::park(release, args.report, name)));
         }
     }
 

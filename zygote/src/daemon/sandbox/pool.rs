@@ -15,15 +15,25 @@
 //! made); at most [`MAX_PARKED`] in all and [`MAX_PARKED_PER_UID`] per
 //! uid; each ends after [`IDLE`] unused. A rootless daemon's children (in
 //! a user namespace of their own) are not parked.
+//!
+//! Mount templates: where a plan's mounts allow it ([`Recipe::template`]),
+//! its binds and `/dev` are built once, read-only, in a mount namespace
+//! held by a parked process of their own (a template), and each init
+//! copies that namespace (`setns`, `unshare`) and mounts only its own
+//! tmpfs, proc and devpts instances: about half an init's work. A
+//! template is used for [`TEMPLATE_AGE`], then ends; an init made from
+//! it ends [`IDLE`] after the template resolved its binds, as one that
+//! resolved them itself. At most [`MAX_TEMPLATES_PER_UID`] per uid and
+//! [`MAX_TEMPLATES`] in all: beyond, inits build their whole root.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::spawn::{self, Credentials, Mount, SandboxPlan, SpawnPlan};
+use crate::spawn::{self, Credentials, Mount, MountKind, SandboxPlan, SpawnPlan};
 
 /// Parked inits at most (and being made) per plan and peer.
 pub const DEPTH: usize = 2;
@@ -34,8 +44,18 @@ pub const MAX_PARKED: usize = 32;
 /// Parked inits at most (and being made) for the children of one uid.
 pub const MAX_PARKED_PER_UID: usize = 8;
 
-/// How long a parked init waits for its spawn before it ends.
+/// How long a parked init waits for its spawn before it ends, counted
+/// from the resolution of its binds.
 pub const IDLE: Duration = Duration::from_secs(60);
+
+/// How long a mount template makes inits before it ends.
+pub const TEMPLATE_AGE: Duration = Duration::from_secs(30);
+
+/// Mount templates at most (and being built) for one uid's plans.
+pub const MAX_TEMPLATES_PER_UID: usize = 4;
+
+/// Mount templates at most (and being built), all peers together.
+pub const MAX_TEMPLATES: usize = 16;
 
 /// What a parked init is made for: everything of a plan that shapes its
 /// namespaces and root. A spawn enters only an init made for its very
@@ -96,14 +116,46 @@ impl Recipe {
         })
     }
 
-    /// The plan a parked init starts with: the sandbox's namespaces and
-    /// root, its paths resolved as the key's credentials, stdio on
-    /// `/dev/null`, and nothing to exec.
+    /// Whether its mounts can be made in two parts, a template's binds
+    /// and `/dev` first, then each copy's tmpfs and proc mounts, with the
+    /// same result as in their own order: no bind follows a mount of the
+    /// other part on the same path, or above or below it.
+    pub fn template(&self) -> bool {
+        let Some(mounts) = &self.key.mounts else {
+            return false;
+        };
+        let shared =
+            |mount: &Mount| matches!(mount.kind, MountKind::ReadOnlyBind | MountKind::Bind);
+        mounts.iter().enumerate().all(|(index, later)| {
+            !shared(later)
+                || mounts[..index].iter().all(|earlier| {
+                    shared(earlier) || !nested(&earlier.destination, &later.destination)
+                })
+        })
+    }
+
+    /// The plan of this recipe's mount template: as [`Recipe::park_plan`]'s,
+    /// building only the template's part of the root.
     ///
     /// # Errors
     ///
     /// When `/dev/null` cannot be opened.
-    pub fn park_plan(&self) -> io::Result<SpawnPlan> {
+    pub fn template_plan(&self) -> io::Result<SpawnPlan> {
+        let mut plan = self.park_plan(None)?;
+        if let Some(sandbox) = plan.sandbox.as_mut() {
+            sandbox.build_template = true;
+        }
+        Ok(plan)
+    }
+
+    /// The plan a parked init starts with: the sandbox's namespaces and
+    /// root (a copy of `template`'s when given), its paths resolved as
+    /// the key's credentials, stdio on `/dev/null`, and nothing to exec.
+    ///
+    /// # Errors
+    ///
+    /// When `/dev/null` cannot be opened.
+    pub fn park_plan(&self, template: Option<Arc<OwnedFd>>) -> io::Result<SpawnPlan> {
         let null = OwnedFd::from(
             std::fs::File::options()
                 .read(true)
@@ -136,10 +188,20 @@ impl Recipe {
                 hostname: key.hostname.clone(),
                 filesystem: key.mounts.clone(),
                 fresh_proc: key.fresh_proc,
+                mount_template: template,
                 ..SandboxPlan::default()
             }),
         })
     }
+}
+
+/// Whether one of two relative paths is the other or lies below it.
+fn nested(a: &CString, b: &CString) -> bool {
+    let below = |outer: &[u8], inner: &[u8]| {
+        inner.starts_with(outer) && matches!(inner.get(outer.len()), None | Some(b'/'))
+    };
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    below(a, b) || below(b, a)
 }
 
 /// A parked init taken for one spawn. Dropping it releases the init,
@@ -158,11 +220,41 @@ struct Parked {
     generation: u64,
 }
 
+/// A mount template ([`Recipe::template`]): the process holding it, and
+/// the write end of its release pipe (closing it ends the process).
+#[derive(Debug)]
+struct Template {
+    pidfd: Arc<OwnedFd>,
+    _release: OwnedFd,
+    resolved: Instant,
+    generation: u64,
+}
+
+#[derive(Debug)]
+enum TemplateState {
+    Building,
+    Ready(Template),
+}
+
+/// How to make an init's root ([`Pool::template_for`]).
+#[derive(Debug)]
+pub enum RootFrom {
+    /// Copy this template (the pidfd of its process), whose binds were
+    /// resolved at this instant.
+    Template(Arc<OwnedFd>, Instant),
+    /// Build the template first (then [`Pool::put_template`] or
+    /// [`Pool::abandon_template`]).
+    NewTemplate,
+    /// Build the whole root.
+    Whole,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     /// Oldest first.
     parked: HashMap<Key, VecDeque<Parked>>,
     making: HashMap<Key, usize>,
+    templates: HashMap<Key, TemplateState>,
     generation: u64,
 }
 
@@ -277,6 +369,88 @@ impl Pool {
     pub fn parked(&self) -> usize {
         self.lock().parked.values().map(VecDeque::len).sum()
     }
+
+    /// How an init for `recipe` gets its root: from its template while
+    /// that lives and is younger than [`TEMPLATE_AGE`]; else from a new
+    /// one, when the bounds allow it and none is being built.
+    pub fn template_for(&self, recipe: &Recipe) -> RootFrom {
+        if !recipe.template() {
+            return RootFrom::Whole;
+        }
+        let key = &recipe.key;
+        let mut inner = self.lock();
+        match inner.templates.get(key) {
+            Some(TemplateState::Building) => return RootFrom::Whole,
+            Some(TemplateState::Ready(template))
+                if template.resolved.elapsed() < TEMPLATE_AGE
+                    && !spawn::has_exited(template.pidfd.as_fd()) =>
+            {
+                return RootFrom::Template(Arc::clone(&template.pidfd), template.resolved);
+            }
+            // Old or gone: dropped, which ends its process.
+            Some(TemplateState::Ready(_)) => drop(inner.templates.remove(key)),
+            None => {}
+        }
+        let of_uid = inner
+            .templates
+            .keys()
+            .filter(|other| other.uid() == key.uid());
+        if of_uid.count() >= MAX_TEMPLATES_PER_UID || inner.templates.len() >= MAX_TEMPLATES {
+            return RootFrom::Whole;
+        }
+        inner.templates.insert(key.clone(), TemplateState::Building);
+        RootFrom::NewTemplate
+    }
+
+    /// The template being built for `key` is ready: its process, the
+    /// write end of its release pipe, and when its build started. Its
+    /// generation, for [`Pool::expire_template`].
+    pub fn put_template(
+        &self,
+        key: Key,
+        pidfd: Arc<OwnedFd>,
+        release: OwnedFd,
+        resolved: Instant,
+    ) -> u64 {
+        let mut inner = self.lock();
+        inner.generation += 1;
+        let generation = inner.generation;
+        let template = Template {
+            pidfd,
+            _release: release,
+            resolved,
+            generation,
+        };
+        inner.templates.insert(key, TemplateState::Ready(template));
+        generation
+    }
+
+    /// The template being built for `key` failed.
+    pub fn abandon_template(&self, key: &Key) {
+        let mut inner = self.lock();
+        if matches!(inner.templates.get(key), Some(TemplateState::Building)) {
+            inner.templates.remove(key);
+        }
+    }
+
+    /// Ends the template of `generation` if it is still `key`'s; whether
+    /// it was.
+    pub fn expire_template(&self, key: &Key, generation: u64) -> bool {
+        let mut inner = self.lock();
+        let current = matches!(
+            inner.templates.get(key),
+            Some(TemplateState::Ready(template)) if template.generation == generation
+        );
+        if current {
+            inner.templates.remove(key);
+        }
+        current
+    }
+
+    /// How many mount templates exist or are being built.
+    pub fn templates(&self) -> usize {
+        self.lock().templates.len()
+    }
 }
 
 #[cfg(test)]
@@ -307,6 +481,104 @@ mod tests {
 
     fn release() -> OwnedFd {
         rustix::pipe::pipe().unwrap().1
+    }
+
+    fn mount(kind: MountKind, destination: &str) -> Mount {
+        Mount {
+            kind,
+            source: CString::new(format!("/{destination}")).unwrap(),
+            destination: CString::new(destination).unwrap(),
+        }
+    }
+
+    fn recipe(uid: u32, mounts: Option<Vec<Mount>>) -> Recipe {
+        Recipe {
+            key: Key {
+                mounts,
+                ..key(uid, "a")
+            },
+            netns: None,
+            dev_template: None,
+        }
+    }
+
+    #[test]
+    fn only_mounts_that_keep_their_order_split_get_a_template() {
+        use MountKind::{Bind, ReadOnlyBind, Tmpfs};
+        let splits = |mounts: Vec<Mount>| recipe(0, Some(mounts)).template();
+        assert!(!recipe(0, None).template(), "no root of its own");
+        assert!(splits(vec![
+            mount(ReadOnlyBind, "usr"),
+            mount(Tmpfs, "tmp"),
+            mount(Bind, "work"),
+        ]));
+        assert!(splits(vec![mount(Bind, "a"), mount(Tmpfs, "a/b")]));
+        assert!(splits(vec![mount(Tmpfs, "ab"), mount(Bind, "a")]));
+        assert!(
+            !splits(vec![mount(Tmpfs, "a"), mount(Bind, "a/b")]),
+            "a bind into an earlier tmpfs"
+        );
+        assert!(
+            !splits(vec![mount(Tmpfs, "a/b"), mount(Bind, "a")]),
+            "a bind over an earlier tmpfs"
+        );
+        assert!(
+            !splits(vec![mount(Tmpfs, "a"), mount(ReadOnlyBind, "a")]),
+            "a bind on an earlier tmpfs"
+        );
+    }
+
+    #[test]
+    fn a_template_is_built_once_used_while_young_and_bounded() {
+        use MountKind::ReadOnlyBind;
+        let pool = Pool::default();
+        let mine = recipe(1000, Some(vec![mount(ReadOnlyBind, "usr")]));
+        assert!(matches!(pool.template_for(&mine), RootFrom::NewTemplate));
+        assert!(
+            matches!(pool.template_for(&mine), RootFrom::Whole),
+            "one being built: not another"
+        );
+        pool.abandon_template(&mine.key);
+        assert_eq!(pool.templates(), 0);
+        assert!(matches!(pool.template_for(&mine), RootFrom::NewTemplate));
+        let now = Instant::now();
+        let generation = pool.put_template(mine.key.clone(), live_pidfd(), release(), now);
+        assert!(matches!(
+            pool.template_for(&mine),
+            RootFrom::Template(_, resolved) if resolved == now
+        ));
+        assert!(!pool.expire_template(&mine.key, generation + 1));
+        assert!(pool.expire_template(&mine.key, generation));
+        assert_eq!(pool.templates(), 0);
+        // One too old is replaced.
+        assert!(matches!(pool.template_for(&mine), RootFrom::NewTemplate));
+        let old = now.checked_sub(TEMPLATE_AGE).unwrap();
+        pool.put_template(mine.key.clone(), live_pidfd(), release(), old);
+        assert!(matches!(pool.template_for(&mine), RootFrom::NewTemplate));
+        assert_eq!(pool.templates(), 1);
+        // Bounded per uid: beyond, inits build their whole root.
+        for n in 1..MAX_TEMPLATES_PER_UID {
+            let other = recipe(1000, Some(vec![mount(ReadOnlyBind, &format!("usr{n}"))]));
+            assert!(matches!(pool.template_for(&other), RootFrom::NewTemplate));
+        }
+        let one_more = recipe(1000, Some(vec![mount(ReadOnlyBind, "one-more")]));
+        assert!(matches!(pool.template_for(&one_more), RootFrom::Whole));
+        let another_uid = recipe(1001, Some(vec![mount(ReadOnlyBind, "usr")]));
+        assert!(matches!(
+            pool.template_for(&another_uid),
+            RootFrom::NewTemplate
+        ));
+        // A template whose process ended is not used.
+        let child = std::process::Command::new("/bin/true").spawn().unwrap();
+        let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap();
+        let ended = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).unwrap();
+        let mut child = child;
+        child.wait().unwrap();
+        pool.put_template(another_uid.key.clone(), Arc::new(ended), release(), now);
+        assert!(matches!(
+            pool.template_for(&another_uid),
+            RootFrom::NewTemplate
+        ));
     }
 
     #[test]
@@ -393,7 +665,7 @@ mod tests {
                 netns: None,
                 dev_template: None,
             }
-            .park_plan()
+            .park_plan(None)
             .unwrap()
         };
         assert!(Recipe::of(&plan(libc::CLONE_NEWPID | libc::CLONE_NEWNS, None)).is_some());

@@ -44,8 +44,8 @@ struct PlanOut<'a> {
 }
 
 /// A [`SandboxPlan`] as the daemon sends it; its fds (the network
-/// namespace, the `/dev` template, one per Landlock ruleset, then the
-/// parked init's pidfd) travel after the cgroup's.
+/// namespace, the `/dev` template, one per Landlock ruleset, the parked
+/// init's pidfd, then the mount template's) travel after the cgroup's.
 #[derive(Serialize)]
 struct SandboxOut<'a> {
     clone_flags: i32,
@@ -57,6 +57,8 @@ struct SandboxOut<'a> {
     landlock: Vec<(Vec<(&'a CStr, u64)>, u64)>,
     clear_bounding_set: bool,
     enter: bool,
+    build_template: bool,
+    mount_template: bool,
 }
 
 /// A BPF instruction: `code`, `jt`, `jf`, `k`.
@@ -74,6 +76,8 @@ struct SandboxIn {
     landlock: Vec<(Vec<(CString, u64)>, u64)>,
     clear_bounding_set: bool,
     enter: bool,
+    build_template: bool,
+    mount_template: bool,
 }
 
 /// [`PlanOut`] as the spawner receives it, field for field.
@@ -155,6 +159,12 @@ pub(super) fn encode_plan(
                 .map(|landlock| landlock.ruleset.as_fd()),
         );
         fds.extend(sandbox.enter.iter().map(|init| init.as_fd()));
+        fds.extend(
+            sandbox
+                .mount_template
+                .iter()
+                .map(|template| template.as_fd()),
+        );
     }
     if fds.len() > zygote_proto::MAX_FDS_PER_FRAME {
         return None;
@@ -235,6 +245,8 @@ fn encode_sandbox(plan: &SandboxPlan, seccomp_inherited: bool) -> SandboxOut<'_>
             .collect(),
         clear_bounding_set: plan.clear_bounding_set,
         enter: plan.enter.is_some(),
+        build_template: plan.build_template,
+        mount_template: plan.mount_template.is_some(),
     }
 }
 
@@ -305,6 +317,11 @@ fn decode_sandbox(
     } else {
         None
     };
+    let mount_template = if sandbox.mount_template {
+        Some(Arc::new(fds.next()?))
+    } else {
+        None
+    };
     let plan = SandboxPlan {
         clone_flags: sandbox.clone_flags,
         netns,
@@ -317,6 +334,8 @@ fn decode_sandbox(
         fresh_proc: false,
         clear_bounding_set: sandbox.clear_bounding_set,
         enter,
+        build_template: sandbox.build_template,
+        mount_template,
     };
     (park || plan.suits_vfork()).then_some(plan)
 }
@@ -331,6 +350,7 @@ pub(super) fn decode_plan(bytes: &[u8], fds: Vec<OwnedFd>) -> Option<(SpawnPlan,
             + usize::from(sandbox.dev_template)
             + sandbox.landlock.len()
             + usize::from(sandbox.enter)
+            + usize::from(sandbox.mount_template)
     });
     if fds.len() != plan.targets.len() + usize::from(plan.cgroup) + sandbox_fds {
         return None;
@@ -517,6 +537,8 @@ mod tests {
             fresh_proc: false,
             clear_bounding_set: true,
             enter: None,
+            build_template: false,
+            mount_template: None,
         });
         let (bytes, fds) = encode_plan(&plan, false, Ask::Child).expect("encodes");
         assert_eq!(
@@ -608,5 +630,44 @@ mod tests {
         let (back, ask) = decode_plan(&bytes, owned).expect("decodes");
         assert_eq!(ask, Ask::Park);
         assert!(back.sandbox.is_some_and(|sandbox| sandbox.enter.is_none()));
+    }
+
+    /// A mount template is built from a plan that says so, and an init
+    /// that copies one gets its holder's pidfd, after the netns's.
+    #[test]
+    fn a_parked_init_copying_a_mount_template_arrives_with_its_pidfd() {
+        let mut plan = sample();
+        let template = null();
+        let template_number = template.as_raw_fd();
+        plan.sandbox = Some(SandboxPlan {
+            clone_flags: libc::CLONE_NEWNS | libc::CLONE_NEWPID,
+            netns: Some(Arc::new(null())),
+            filesystem: Some(Vec::new()),
+            mount_template: Some(Arc::new(template)),
+            ..SandboxPlan::default()
+        });
+        let (bytes, fds) = encode_plan(&plan, false, Ask::Park).expect("a spawner parks it");
+        assert_eq!(fds.last().map(|fd| fd.as_raw_fd()), Some(template_number));
+        let owned: Vec<OwnedFd> = fds
+            .iter()
+            .map(|fd| fd.try_clone_to_owned().expect("dup"))
+            .collect();
+        let (back, _) = decode_plan(&bytes, owned).expect("decodes");
+        let sandbox = back.sandbox.expect("a sandbox");
+        assert!(sandbox.mount_template.is_some());
+        assert!(!sandbox.build_template);
+        assert_eq!(sandbox.namespaces_to_make(), libc::CLONE_NEWPID);
+        let sandbox = plan.sandbox.as_mut().expect("a sandbox");
+        sandbox.mount_template = None;
+        sandbox.build_template = true;
+        let (bytes, fds) = encode_plan(&plan, false, Ask::Park).expect("a spawner parks it");
+        let owned: Vec<OwnedFd> = fds
+            .iter()
+            .map(|fd| fd.try_clone_to_owned().expect("dup"))
+            .collect();
+        let (back, _) = decode_plan(&bytes, owned).expect("decodes");
+        let sandbox = back.sandbox.expect("a sandbox");
+        assert!(sandbox.build_template);
+        assert!(sandbox.mount_template.is_none());
     }
 }

@@ -41,7 +41,32 @@ pub(super) fn remount_proc() -> Result<(), Failed> {
 /// Where the new root is built, in this child's own mount namespace.
 const STAGING: &CStr = c"/tmp";
 
-/// Builds the new root on a tmpfs and pivots into it.
+/// Which mounts of a filesystem a step makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Part {
+    /// All of them: a root of its own.
+    Whole,
+    /// Those a template's copies share: the binds and `/dev`; the other
+    /// mounts' destinations are made, for [`Part::Own`].
+    Template,
+    /// Those each copy of a template makes: the tmpfs and proc mounts,
+    /// `/proc`, and a devpts instance.
+    Own,
+}
+
+impl Part {
+    fn makes(self, kind: MountKind) -> bool {
+        let shared = matches!(kind, MountKind::ReadOnlyBind | MountKind::Bind);
+        match self {
+            Self::Whole => true,
+            Self::Template => shared,
+            Self::Own => !shared,
+        }
+    }
+}
+
+/// Builds the new root on a tmpfs, read-only, and pivots into it (all of
+/// it, or a template's part).
 ///
 /// Every bind source is resolved (as the peer) and copied into a detached
 /// tree first, before anything is mounted over the host's paths (the
@@ -50,6 +75,7 @@ pub(super) fn build_root(
     mounts: &[Mount],
     peer: &Peer<'_>,
     dev_template: Option<c_int>,
+    part: Part,
 ) -> Result<(), Failed> {
     let mut trees = [-1 as c_int; MAX_MOUNTS];
     let built = detach_sources(mounts, peer, &mut trees).and_then(|()| {
@@ -83,8 +109,18 @@ pub(super) fn build_root(
             )
         };
         let root = check(root.into(), Step::Root, None)? as c_int;
-        let built = mount_all(root, mounts, &trees);
-        let built = built.and_then(|()| make_dev(root, dev_template));
+        let built = mount_all(root, mounts, &trees, part);
+        let built = built.and_then(|()| make_dev(root, dev_template, part));
+        // Nothing is written to the root itself: a template's copies share
+        // its tmpfs.
+        let built = built.and_then(|()| {
+            check(
+                set_attributes(root, libc::MOUNT_ATTR_RDONLY, 0),
+                Step::Root,
+                None,
+            )
+            .map(drop)
+        });
         let built = built.and_then(|()| pivot(root));
         close(root);
         built
@@ -115,8 +151,55 @@ fn detach_sources(
     Ok(())
 }
 
-fn mount_all(root: c_int, mounts: &[Mount], trees: &[c_int; MAX_MOUNTS]) -> Result<(), Failed> {
+/// Copies the mount namespace of the process `template` (a template
+/// built for this plan, [`Part::Template`]) as this child's own, and
+/// mounts its [`Part::Own`] in the copy.
+pub(super) fn copy_template(template: c_int, mounts: &[Mount]) -> Result<(), Failed> {
+    // SAFETY: plain syscall on a pidfd kept open for us.
+    let ret = unsafe { libc::setns(template, libc::CLONE_NEWNS) };
+    check(ret.into(), Step::Root, None)?;
+    // Never mount in the template itself: the copy, or nothing. (Its
+    // success is the proof: the template has no `/proc` to compare
+    // namespaces by.)
+    // SAFETY: plain syscall.
+    let ret = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+    check(ret.into(), Step::Root, None)?;
+    // SAFETY: opens a NUL-terminated path.
+    let root = unsafe {
+        libc::open(
+            c"/".as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    let root = check(root.into(), Step::Root, None)? as c_int;
+    let trees = [-1; MAX_MOUNTS];
+    let mounted = mount_all(root, mounts, &trees, Part::Own);
+    close(root);
+    mounted?;
+    devpts(c"/dev/pts")?;
+    // SAFETY: a NUL-terminated path.
+    check(
+        unsafe { libc::chdir(c"/".as_ptr()) }.into(),
+        Step::Root,
+        None,
+    )
+    .map(drop)
+}
+
+fn mount_all(
+    root: c_int,
+    mounts: &[Mount],
+    trees: &[c_int; MAX_MOUNTS],
+    part: Part,
+) -> Result<(), Failed> {
     for ((index, mount), tree) in mounts.iter().enumerate().zip(trees) {
+        if !part.makes(mount.kind) {
+            if part == Part::Template {
+                // Made now: a copy's root is read-only.
+                close(open_destination(root, &mount.destination, true, index)?);
+            }
+            continue;
+        }
         let attached = match mount.kind {
             MountKind::ReadOnlyBind | MountKind::Bind => {
                 attach(*tree, root, &mount.destination, index)
@@ -134,6 +217,11 @@ fn mount_all(root: c_int, mounts: &[Mount], trees: &[c_int; MAX_MOUNTS]) -> Resu
             }
         };
         attached?;
+    }
+    if part == Part::Template {
+        // Each copy mounts its own, of its pid namespace.
+        close(open_destination(root, c"proc", true, mounts.len())?);
+        return Ok(());
     }
     // A fresh /proc always: of the new pid namespace when there is one
     // (this child is its init), else of the host's, as the peer sees it.
@@ -194,7 +282,7 @@ fn clone_tree(source: c_int, set: u64, index: usize) -> Result<c_int, Failed> {
     if set == 0 {
         return Ok(tree);
     }
-    if set_attributes(tree, set) < 0 {
+    if set_attributes(tree, set, libc::AT_RECURSIVE) < 0 {
         let failed = fail(Step::Mount, Some(index));
         close(tree);
         return Err(failed);
@@ -325,20 +413,19 @@ fn open_destination(
                 libc::mkdirat(current, name, 0o755)
             }
         };
-        if created < 0 && errno() != libc::EEXIST {
-            let failed = fail(Step::Destination, Some(index));
-            if current != root {
-                close(current);
-            }
-            return Err(failed);
-        }
+        // Not made (a read-only root's copy already has it, or it fails
+        // below): the error to report if it cannot be opened either.
+        let not_made = (created < 0 && errno() != libc::EEXIST).then(errno);
         let mut flags = libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC;
         if !last || is_dir {
             flags |= libc::O_DIRECTORY;
         }
         // SAFETY: a NUL-terminated component under an fd we own.
         let next = unsafe { libc::openat(current, name, flags) };
-        let failed = (next < 0).then(|| fail(Step::Destination, Some(index)));
+        let failed = (next < 0).then(|| {
+            let (stage, opened, failure) = fail(Step::Destination, Some(index));
+            (stage, not_made.unwrap_or(opened), failure)
+        });
         if current != root {
             close(current);
         }
@@ -391,15 +478,16 @@ pub fn dev_template() -> std::io::Result<OwnedFd> {
 /// Makes the mount tree at `tree` read-only.
 fn read_only(tree: c_int) -> Result<(), Failed> {
     check(
-        set_attributes(tree, libc::MOUNT_ATTR_RDONLY),
+        set_attributes(tree, libc::MOUNT_ATTR_RDONLY, libc::AT_RECURSIVE),
         Step::Dev,
         None,
     )
     .map(drop)
 }
 
-/// `mount_setattr` setting `set` on the whole tree at `tree`; its return.
-fn set_attributes(tree: c_int, set: u64) -> c_long {
+/// `mount_setattr` setting `set` on the mount at `tree`, and with
+/// `AT_RECURSIVE` in `recursive` on all below it; its return.
+fn set_attributes(tree: c_int, set: u64, recursive: c_int) -> c_long {
     let attr = libc::mount_attr {
         attr_set: set,
         attr_clr: 0,
@@ -412,7 +500,7 @@ fn set_attributes(tree: c_int, set: u64) -> c_long {
             libc::SYS_mount_setattr,
             tree,
             c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+            libc::AT_EMPTY_PATH | recursive,
             &raw const attr,
             std::mem::size_of::<libc::mount_attr>(),
         )
@@ -457,7 +545,7 @@ fn fill_dev(dev: c_int) -> Result<(), Failed> {
 /// A `/dev` at `dev` under `root`: a clone of the daemon's `template`
 /// when there is one and the kernel clones it, else built here; then a
 /// private devpts over its `pts`.
-fn make_dev(root: c_int, template: Option<c_int>) -> Result<(), Failed> {
+fn make_dev(root: c_int, template: Option<c_int>, part: Part) -> Result<(), Failed> {
     let dev_failed = || fail(Step::Dev, None);
     let cloned = match template {
         Some(template) => match clone_tree(template, 0, 0) {
@@ -487,13 +575,16 @@ fn make_dev(root: c_int, template: Option<c_int>) -> Result<(), Failed> {
         close(dev);
         filled?;
     }
-    devpts()
+    if part == Part::Template {
+        // Each copy mounts its own.
+        return Ok(());
+    }
+    let mut path = [0u8; 32];
+    devpts(join(STAGING.to_bytes(), b"/dev/pts", &mut path))
 }
 
-/// A private devpts instance at `dev/pts`, for terminals made inside.
-fn devpts() -> Result<(), Failed> {
-    let mut path = [0u8; 32];
-    let target = join(STAGING.to_bytes(), b"/dev/pts", &mut path);
+/// A private devpts instance at `target`, for terminals made inside.
+fn devpts(target: &CStr) -> Result<(), Failed> {
     // SAFETY: NUL-terminated strings.
     let ret = unsafe {
         libc::mount(

@@ -2,7 +2,7 @@
 //! reports its exact exit (see [`run_init`]).
 
 use std::collections::HashMap;
-use std::ffi::{c_int, c_long};
+use std::ffi::{CStr, c_int, c_long};
 use std::os::fd::{OwnedFd, RawFd};
 use std::ptr;
 use std::sync::{LazyLock, Mutex, PoisonError};
@@ -217,7 +217,9 @@ const PROGRAM_IN_NAMESPACE: libc::pid_t = 2;
 /// ends the namespace and anything left in it when it goes, as an init
 /// that started its program does. Reaps the orphans that come to it
 /// meanwhile. Returns only the step that failed before it was ready.
-pub(in crate::spawn) fn park(release: RawFd, report: Option<RawFd>) -> Failed {
+/// `name` is its name in `ps`: a mount template's holder (which no
+/// program enters) has one of its own.
+pub(in crate::spawn) fn park(release: RawFd, report: Option<RawFd>, name: &CStr) -> Failed {
     let (all, _) = signal_sets();
     // SAFETY: a valid pointer to our own set; this process is single-threaded.
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, &raw const all, ptr::null_mut()) };
@@ -243,7 +245,7 @@ pub(in crate::spawn) fn park(release: RawFd, report: Option<RawFd>) -> Failed {
     unsafe {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-        libc::prctl(libc::PR_SET_NAME, c"zygote-init".as_ptr(), 0, 0, 0);
+        libc::prctl(libc::PR_SET_NAME, name.as_ptr(), 0, 0, 0);
     }
     if let Err(failed) = drop_capabilities() {
         return failed;

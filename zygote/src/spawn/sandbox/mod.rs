@@ -85,6 +85,16 @@ pub struct SandboxPlan {
     /// instead of making its own. Only a spawner process starts such a child (see
     /// `Entered`).
     pub enter: Option<Arc<OwnedFd>>,
+    /// Build the filesystem as a template for parked inits: the binds and
+    /// `/dev` only (the tmpfs and proc mounts' destinations made, not
+    /// mounted), no `/proc`, no devpts.
+    pub build_template: bool,
+    /// The pidfd of a process whose mount namespace holds the template
+    /// built for this very plan ([`SandboxPlan::build_template`]): the
+    /// child copies that namespace (`setns`, then `unshare`) and mounts
+    /// only its own tmpfs, proc and devpts instances, instead of building
+    /// the whole root.
+    pub mount_template: Option<Arc<OwnedFd>>,
 }
 
 impl SandboxPlan {
@@ -106,6 +116,9 @@ impl SandboxPlan {
     pub fn namespaces_to_make(&self) -> c_int {
         if self.enter.is_some() {
             0
+        } else if self.mount_template.is_some() {
+            // Its mount namespace is a copy of the template's, made after.
+            self.clone_flags & !libc::CLONE_NEWNS
         } else {
             self.clone_flags
         }
@@ -393,8 +406,8 @@ fn in_own_namespace(link: &CStr, parent: Option<NamespaceId>, step: Step) -> Res
 
 /// Copies of the plan's fds above every target of the child (`floor`),
 /// which the child's closing of other fds leaves open: the network
-/// namespace and the `/dev` template, each only when there is one, then
-/// each Landlock ruleset.
+/// namespace, the `/dev` template and the mount template, each only when
+/// there is one, then each Landlock ruleset ([`SandboxFds`]).
 ///
 /// # Errors
 ///
@@ -402,12 +415,45 @@ fn in_own_namespace(link: &CStr, parent: Option<NamespaceId>, step: Step) -> Res
 pub(super) fn copy_fds(plan: &SandboxPlan, floor: RawFd) -> rustix::io::Result<Vec<OwnedFd>> {
     let netns = plan.netns.iter().map(|fd| &**fd);
     let dev = plan.dev_template.iter().map(|fd| &**fd);
+    let template = plan.mount_template.iter().map(|fd| &**fd);
     let rulesets = plan.landlock.iter().map(|landlock| &landlock.ruleset);
     netns
         .chain(dev)
+        .chain(template)
         .chain(rulesets)
         .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, floor))
         .collect()
+}
+
+/// The child's copies of the plan's fds, as [`copy_fds`] lays them out.
+struct SandboxFds<'a> {
+    netns: Option<RawFd>,
+    dev_template: Option<RawFd>,
+    mount_template: Option<RawFd>,
+    rulesets: &'a [RawFd],
+}
+
+impl<'a> SandboxFds<'a> {
+    fn of(plan: &SandboxPlan, fds: &'a [RawFd]) -> Self {
+        let mut rest = fds;
+        let mut next = |present: bool| {
+            let (first, others) = rest.split_first()?;
+            if !present {
+                return None;
+            }
+            rest = others;
+            Some(*first)
+        };
+        let netns = next(plan.netns.is_some());
+        let dev_template = next(plan.dev_template.is_some());
+        let mount_template = next(plan.mount_template.is_some());
+        Self {
+            netns,
+            dev_template,
+            mount_template,
+            rulesets: rest,
+        }
+    }
 }
 
 /// The steps taken with the daemon's privileges, before the credentials
@@ -423,8 +469,9 @@ pub(super) fn before_credentials(plan: &SandboxPlan, peer: &Peer<'_>) -> Result<
     if let Some((uid, gid)) = plan.map_ids {
         map_ids(uid, gid)?;
     }
+    let fds = SandboxFds::of(plan, peer.fds);
     if plan.netns.is_some() {
-        let netns = peer.fds.first().copied().unwrap_or(-1);
+        let netns = fds.netns.unwrap_or(-1);
         // SAFETY: plain syscall on an fd kept open for us.
         let ret = unsafe { libc::setns(netns, libc::CLONE_NEWNET) };
         check(ret.into(), Step::Network, None)?;
@@ -435,15 +482,20 @@ pub(super) fn before_credentials(plan: &SandboxPlan, peer: &Peer<'_>) -> Result<
         let ret = unsafe { libc::sethostname(hostname.as_ptr().cast(), hostname.len()) };
         check(ret.into(), Step::Hostname, None)?;
     }
-    if plan.filesystem.is_some() || plan.fresh_proc {
+    if let (Some(mounts), Some(template)) = (&plan.filesystem, fds.mount_template) {
+        fs::copy_template(template, mounts)?;
+    } else if plan.filesystem.is_some() || plan.fresh_proc {
         in_own_namespace(OWN_MOUNT_NAMESPACE, peer.parent.mount, Step::Propagation)?;
     }
-    if let Some(mounts) = &plan.filesystem {
-        let dev_template = plan
-            .dev_template
-            .as_ref()
-            .and_then(|_| peer.fds.get(usize::from(plan.netns.is_some())).copied());
-        fs::build_root(mounts, peer, dev_template)?;
+    if plan.mount_template.is_some() {
+        // Copied above.
+    } else if let Some(mounts) = &plan.filesystem {
+        let part = if plan.build_template {
+            fs::Part::Template
+        } else {
+            fs::Part::Whole
+        };
+        fs::build_root(mounts, peer, fds.dev_template, part)?;
     } else if plan.fresh_proc {
         fs::remount_proc()?;
     }
@@ -459,9 +511,7 @@ pub(super) fn before_exec(plan: &SandboxPlan, fds: &[RawFd]) -> Result<(), Faile
     let ret = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     check(ret.into(), Step::NoNewPrivs, None)?;
     drop_capabilities()?;
-    let rulesets = fds
-        .iter()
-        .skip(usize::from(plan.netns.is_some()) + usize::from(plan.dev_template.is_some()));
+    let rulesets = SandboxFds::of(plan, fds).rulesets;
     for (landlock, ruleset) in plan.landlock.iter().zip(rulesets) {
         enforce_landlock(landlock, *ruleset)?;
     }
