@@ -303,6 +303,51 @@ fn a_spawn_that_enters_a_parked_init_is_confined_as_one_that_made_its_own() {
     assert_eq!(output.status.code(), Some(7), "{output:?}");
 }
 
+/// A bind source replaced after an init was parked for its plan (a work
+/// directory made anew per job) is never served from that init: the
+/// spawn makes its own namespaces and binds the new one, and the plan's
+/// inits are made anew.
+#[test]
+fn a_spawn_whose_bind_source_was_replaced_binds_the_new_one() {
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let (work, daemon) = daemon_with_parked_inits("sandbox-replaced");
+    let path = work.path();
+    let old = path.with_extension("old");
+    std::fs::rename(path, &old).unwrap();
+    std::fs::create_dir(path).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(path.join("marker"), "new\n").unwrap();
+    let spawn = || {
+        let _ = std::fs::remove_file(path.join("written"));
+        let output = run(
+            &daemon,
+            path.to_str().unwrap(),
+            Some(65534),
+            "echo ppid $PPID; cat marker; touch written",
+        );
+        let _ = std::fs::remove_dir_all(&old);
+        (String::from_utf8_lossy(&output.stdout).into_owned(), output)
+    };
+    let (text, output) = spawn();
+    assert_eq!(text, "ppid 1\nnew\n", "made its own: {output:?}");
+    assert!(
+        path.join("written").exists(),
+        "written to the old directory"
+    );
+    // The inits parked since bind the new directory, and are entered.
+    assert!(
+        eventually(Duration::from_secs(10), || inits_of(&daemon).len()
+            == PARKED_PER_PLAN),
+        "no init parked: {:?}",
+        inits_of(&daemon)
+    );
+    let (text, output) = spawn();
+    assert_eq!(text, "ppid 0\nnew\n", "entered one: {output:?}");
+    assert!(path.join("written").exists());
+}
+
 /// The mounts of a process's mount namespace: (mount point, options,
 /// device, filesystem type), from its `mountinfo`.
 fn mounts_of(pid: u32) -> Vec<(String, String, String, String)> {

@@ -34,6 +34,7 @@ use crate::daemon::policy::Grant;
 use crate::daemon::reaper;
 use crate::daemon::reply::clip;
 use crate::daemon::sandbox;
+use crate::daemon::sandbox::pool::Recipe;
 use crate::daemon::shutdown::Shutdown;
 use crate::daemon::state::{Closable, Daemon};
 use crate::daemon::templates;
@@ -642,7 +643,8 @@ impl SpawnTask {
             // A sandbox with a pid namespace enters the init parked for
             // its plan, if there is one, and has the next one made.
             let parked = parked::enter(&self.daemon, &mut plan);
-            let started = self.start_switching(plan).await;
+            let recipe = parked.as_ref().map(|(recipe, _)| recipe);
+            let started = self.start_switching(plan, recipe).await;
             if let Some((recipe, taken)) = parked {
                 drop(taken);
                 parked::refill(&self.daemon, &recipe);
@@ -690,16 +692,21 @@ impl SpawnTask {
     /// spawner waits), or, where it cannot, a fork of the daemon whose exec
     /// this task awaits (only this spawn waits). Returns the child's pid,
     /// pidfd and, on the fork path, its status pipe.
+    ///
+    /// A plan entering a parked init made for `recipe` whose spawner finds
+    /// that init unusable takes the fork path; every init and the template
+    /// of that recipe then go (one bind source at least was replaced).
     async fn start_switching(
         &self,
         plan: spawn::SpawnPlan,
+        recipe: Option<&Recipe>,
     ) -> Result<(i32, OwnedFd, Option<OwnedFd>), Switching> {
         let daemon = &self.daemon;
         let answer = daemon
             .uid_spawners
             .ask(plan, &daemon.metrics, |plan| daemon.spawn(plan));
         let plan = match answer {
-            Ok(answer) => {
+            Ok((answer, kept)) => {
                 let outcome = tokio::select! {
                     outcome = answer => outcome.unwrap_or_else(|_| uid_spawners::Outcome::Lost {
                         errno: libc::EIO,
@@ -708,34 +715,22 @@ impl SpawnTask {
                     // The spawner kills the child when it answers.
                     () = self.cancelled() => return Err(Switching::Cancelled),
                 };
-                return match outcome {
-                    uid_spawners::Outcome::Child {
-                        pid,
-                        pidfd,
-                        failure,
-                    } => {
-                        if let Some(error) = failure {
-                            reap_failed(pid, pidfd).await;
-                            return Err(Switching::Spawn(error));
+                match kept {
+                    Some(plan) if outcome.is_parked_init_unusable() => {
+                        daemon.metrics.parked_init("unusable");
+                        if let Some(recipe) = recipe {
+                            daemon.sandboxes.pool.forget(&recipe.key);
+                            daemon
+                                .metrics
+                                .set_parked_inits(daemon.sandboxes.pool.parked());
                         }
-                        daemon.metrics.spawn_path(SpawnPath::Spawner);
-                        Ok((pid, pidfd, None))
+                        plan
                     }
-                    uid_spawners::Outcome::Refused(error) => Err(Switching::Spawn(error)),
-                    uid_spawners::Outcome::Lost { errno, message } => {
-                        Err(Switching::Lost { errno, message })
+                    kept => {
+                        drop(kept);
+                        return Self::switched(daemon, outcome).await;
                     }
-                    uid_spawners::Outcome::Parked(init) => {
-                        // Never asked for here: it goes.
-                        let _ = spawn::send_signal(init.pidfd.as_fd(), libc::SIGKILL);
-                        reap_failed(init.pid, init.pidfd).await;
-                        Err(Switching::Lost {
-                            errno: libc::EPROTO,
-                            message: "the spawner parked an init instead of starting the child"
-                                .to_owned(),
-                        })
-                    }
-                };
+                }
             }
             Err(plan) => plan,
         };
@@ -749,6 +744,40 @@ impl SpawnTask {
         let child = started.map_err(Switching::Spawn)?;
         daemon.metrics.spawn_path(SpawnPath::Fork);
         Ok((child.pid, child.pidfd, Some(child.status)))
+    }
+
+    /// What a spawner's `outcome` for a child means for its spawn.
+    async fn switched(
+        daemon: &Daemon,
+        outcome: uid_spawners::Outcome,
+    ) -> Result<(i32, OwnedFd, Option<OwnedFd>), Switching> {
+        match outcome {
+            uid_spawners::Outcome::Child {
+                pid,
+                pidfd,
+                failure,
+            } => {
+                if let Some(error) = failure {
+                    reap_failed(pid, pidfd).await;
+                    return Err(Switching::Spawn(error));
+                }
+                daemon.metrics.spawn_path(SpawnPath::Spawner);
+                Ok((pid, pidfd, None))
+            }
+            uid_spawners::Outcome::Refused(error) => Err(Switching::Spawn(error)),
+            uid_spawners::Outcome::Lost { errno, message } => {
+                Err(Switching::Lost { errno, message })
+            }
+            uid_spawners::Outcome::Parked(init) => {
+                // Never asked for here: it goes.
+                let _ = spawn::send_signal(init.pidfd.as_fd(), libc::SIGKILL);
+                reap_failed(init.pid, init.pidfd).await;
+                Err(Switching::Lost {
+                    errno: libc::EPROTO,
+                    message: "the spawner parked an init instead of starting the child".to_owned(),
+                })
+            }
+        }
     }
 
     /// Tracks a started child on its connection; one started after its

@@ -290,7 +290,8 @@ impl Metrics {
                 "Sandbox namespaces made ahead (parked inits), by event: made, failed, \
                  entered (a spawn used one), missed (a spawn of a sandbox with a pid \
                  namespace found none), expired; copied (made from a mount template), \
-                 template (a mount template built), template_failed.",
+                 template (a mount template built), template_failed; unusable (a spawn \
+                 found its init ended or a bind source replaced, and made its own).",
                 &["event"],
             ),
             parked_inits_ready: metrics.gauge(

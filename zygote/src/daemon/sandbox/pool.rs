@@ -447,6 +447,18 @@ impl Pool {
         current
     }
 
+    /// Ends every init parked for `key`, and its template: one of them
+    /// bound a file its source no longer names. Those being made finish
+    /// and are parked (they resolved their binds anew, unless copied
+    /// from the template just ended).
+    pub fn forget(&self, key: &Key) {
+        let mut inner = self.lock();
+        inner.parked.remove(key);
+        if matches!(inner.templates.get(key), Some(TemplateState::Ready(_))) {
+            inner.templates.remove(key);
+        }
+    }
+
     /// How many mount templates exist or are being built.
     pub fn templates(&self) -> usize {
         self.lock().templates.len()

@@ -107,6 +107,20 @@ pub(crate) enum Outcome {
     Parked(spawn::ParkedInit),
 }
 
+impl Outcome {
+    /// Whether the spawner could not enter the parked init the plan
+    /// named, and started nothing: the init had ended (`ESRCH`), or a
+    /// bind source names another file than the one it bound (`ESTALE`).
+    /// The plan can still make its own namespaces.
+    pub(crate) fn is_parked_init_unusable(&self) -> bool {
+        matches!(
+            self,
+            Self::Refused(error) if error.stage == zygote_proto::SpawnStage::Clone
+                && matches!(error.errno, libc::ESRCH | libc::ESTALE)
+        )
+    }
+}
+
 /// The answer a spawn awaits.
 ///
 /// Dropped unread, it kills and reaps the child or parked init it may
@@ -257,7 +271,10 @@ impl UidSpawners {
 
     /// Asks the spawner of the plan's uid for its child, starting the
     /// spawner with `start` when there is none. The plan (with the
-    /// daemon's copies of its fds) is dropped once sent.
+    /// daemon's copies of its fds) is dropped once sent, unless it enters
+    /// a parked init: then it comes back beside the answer, for the fork
+    /// path should the spawner find that init gone or its binds replaced
+    /// ([`Outcome::is_parked_init_unusable`]).
     ///
     /// # Errors
     ///
@@ -268,7 +285,7 @@ impl UidSpawners {
         plan: SpawnPlan,
         metrics: &Metrics,
         start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
-    ) -> Result<PendingAnswer, Box<SpawnPlan>> {
+    ) -> Result<(PendingAnswer, Option<Box<SpawnPlan>>), Box<SpawnPlan>> {
         self.ask_for(plan, metrics, start, Ask::Child)
     }
 
@@ -286,6 +303,7 @@ impl UidSpawners {
         start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
     ) -> Result<PendingAnswer, Box<SpawnPlan>> {
         self.ask_for(plan, metrics, start, Ask::Park)
+            .map(|(answer, _)| answer)
     }
 
     fn ask_for(
@@ -294,7 +312,7 @@ impl UidSpawners {
         metrics: &Metrics,
         start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
         what: Ask,
-    ) -> Result<PendingAnswer, Box<SpawnPlan>> {
+    ) -> Result<(PendingAnswer, Option<Box<SpawnPlan>>), Box<SpawnPlan>> {
         // A child that keeps the daemon's ids (a root peer's) comes here
         // only with a sandbox, which root's spawner sets up.
         let uid = match &plan.credentials {
@@ -344,7 +362,11 @@ impl UidSpawners {
                 spawner.asked.notify_one();
             }
         }
-        Ok(PendingAnswer(outcome))
+        let enters = plan
+            .sandbox
+            .as_ref()
+            .is_some_and(|sandbox| sandbox.enter.is_some());
+        Ok((PendingAnswer(outcome), enters.then(|| Box::new(plan))))
     }
 
     /// The running spawner of `uid`, or a new one; `None` at the cap or
@@ -532,6 +554,23 @@ pub(crate) const LOST_STAGE: SpawnStage = SpawnStage::Clone;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a refusal to enter an init that ended or whose binds went
+    /// stale sends a spawn to the fork path: any other failure is the
+    /// spawn's own.
+    #[test]
+    fn only_an_init_gone_or_stale_is_unusable() {
+        let refused = |stage, errno| Outcome::Refused(SpawnError::new(stage, errno));
+        assert!(refused(SpawnStage::Clone, libc::ESRCH).is_parked_init_unusable());
+        assert!(refused(SpawnStage::Clone, libc::ESTALE).is_parked_init_unusable());
+        assert!(!refused(SpawnStage::Clone, libc::EPERM).is_parked_init_unusable());
+        assert!(!refused(SpawnStage::Exec, libc::ESTALE).is_parked_init_unusable());
+        let lost = Outcome::Lost {
+            errno: libc::ESRCH,
+            message: String::new(),
+        };
+        assert!(!lost.is_parked_init_unusable());
+    }
 
     /// A spawn cancelled just as its answer came leaves the child in the
     /// answer, listed as the daemon's own: dropping the answer unread

@@ -5,7 +5,7 @@ use std::ffi::{CStr, c_int};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::OnceLock;
 
-use super::SandboxPlan;
+use super::{MAX_MOUNTS, Mount, MountKind, SandboxPlan};
 
 /// This process's own namespaces, root and working directory, opened the
 /// first time it enters a parked init's: where it comes back to.
@@ -67,18 +67,72 @@ impl Entered {
     /// # Errors
     ///
     /// The errno of opening this process's own namespaces, or of `setns`
-    /// (which changes nothing when it fails).
+    /// (which changes nothing when it fails): `ESRCH` when the init has
+    /// ended. `ESTALE` when a bind source names another file than the one
+    /// the init bound (replaced since): the plan must make its own.
     pub(in crate::spawn) fn enter(plan: &SandboxPlan) -> Result<Option<Self>, c_int> {
         let Some(init) = &plan.enter else {
             return Ok(None);
         };
         home()?;
+        let mounts = plan.filesystem.as_deref().unwrap_or(&[]);
+        let mut sources = [None; MAX_MOUNTS];
+        for (index, slot) in sources.iter_mut().enumerate() {
+            if let Some(mount) = seen_bind(mounts, index) {
+                *slot = Some(identity(&mount.source, true).ok_or(libc::ESTALE)?);
+            }
+        }
         // SAFETY: plain syscall on a pidfd we hold.
         if unsafe { libc::setns(init.as_raw_fd(), plan.namespaces_to_enter()) } != 0 {
             return Err(super::errno());
         }
-        Ok(Some(Self(())))
+        let entered = Self(());
+        for (index, source) in sources.iter().enumerate() {
+            let Some(source) = source else { continue };
+            let Some(mount) = mounts.get(index) else {
+                continue;
+            };
+            // Relative: from the init's root, where `setns` moved us.
+            if identity(&mount.destination, false) != Some(*source) {
+                // Dropping `entered` comes back home.
+                return Err(libc::ESTALE);
+            }
+        }
+        Ok(Some(entered))
     }
+}
+
+/// The bind at `index` in `mounts`, if a program inside sees it: one
+/// that no later mount (nor `/dev` or `/proc`, mounted after all) covers
+/// at its destination or above.
+fn seen_bind(mounts: &[Mount], index: usize) -> Option<&Mount> {
+    let mount = mounts.get(index)?;
+    if !matches!(mount.kind, MountKind::ReadOnlyBind | MountKind::Bind) {
+        return None;
+    }
+    let destination = mount.destination.to_bytes();
+    let covers = |over: &[u8]| {
+        destination.starts_with(over) && matches!(destination.get(over.len()), None | Some(b'/'))
+    };
+    let covered = mounts
+        .iter()
+        .skip(index + 1)
+        .any(|later| covers(later.destination.to_bytes()))
+        || covers(b"dev")
+        || covers(b"proc");
+    (!covered).then_some(mount)
+}
+
+/// The device and inode of the file at `path`, following a final symlink
+/// when `follow` (a bind source's is followed when it is bound).
+fn identity(path: &CStr, follow: bool) -> Option<(u64, u64)> {
+    let flags = if follow { 0 } else { libc::AT_SYMLINK_NOFOLLOW };
+    // SAFETY: all-zero bytes are a valid `stat`, which the call fills
+    // from a NUL-terminated path.
+    let mut stat = unsafe { std::mem::zeroed::<libc::stat>() };
+    // SAFETY: as above.
+    let ret = unsafe { libc::fstatat(libc::AT_FDCWD, path.as_ptr(), &raw mut stat, flags) };
+    (ret == 0).then_some((stat.st_dev, stat.st_ino))
 }
 
 impl Drop for Entered {
@@ -115,5 +169,41 @@ fn come_home() -> Result<(), c_int> {
         check(libc::fchdir(home.root.as_raw_fd()))?;
         check(libc::chroot(c".".as_ptr()))?;
         check(libc::fchdir(home.cwd.as_raw_fd()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CString;
+
+    use super::{Mount, MountKind, seen_bind};
+
+    fn mount(kind: MountKind, destination: &str) -> Mount {
+        Mount {
+            kind,
+            source: CString::new(format!("/{destination}")).unwrap(),
+            destination: CString::new(destination).unwrap(),
+        }
+    }
+
+    /// A bind is checked only where the program sees it: not under a
+    /// later mount at its destination or above, nor under /dev or /proc.
+    #[test]
+    fn only_the_binds_a_program_sees_are_checked() {
+        use MountKind::{Bind, ReadOnlyBind, Tmpfs};
+        let mounts = [
+            mount(ReadOnlyBind, "usr"),
+            mount(Bind, "work"),
+            mount(Tmpfs, "work"),
+            mount(Bind, "data/in"),
+            mount(ReadOnlyBind, "data"),
+            mount(Bind, "dev/shm"),
+            mount(Bind, "proc2"),
+            mount(Tmpfs, "tmp"),
+        ];
+        let seen: Vec<usize> = (0..mounts.len())
+            .filter(|index| seen_bind(&mounts, *index).is_some())
+            .collect();
+        assert_eq!(seen, [0, 4, 6]);
     }
 }
