@@ -777,6 +777,62 @@ fn landlock_alone_denies_writes_outside_its_read_write_list() {
     assert!(!other.path().join("outside").exists());
 }
 
+/// Landlock paths are resolved at each spawn, as the peer: each spawn of
+/// the same rules is confined alike, a path replaced since (a work
+/// directory made anew) is the new one's, and a path the peer can no
+/// longer reach fails the spawn by name.
+#[test]
+fn landlock_paths_are_resolved_at_each_spawn_as_the_peer() {
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let parent = work_dir();
+    let other = work_dir();
+    let work = parent.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let path = work.to_str().unwrap();
+    let policy = format!(
+        "[sandbox.lock]\nlandlock_rx = [\"/\"]\nlandlock_rw = [\"{path}\", \"/dev/null\"]\n\
+         landlock_require = true\n\n[[peer]]\nuids = [65534]\nsandbox = \"lock\"\n"
+    );
+    let daemon = start_daemon_with(
+        "sandbox-landlock-paths",
+        Some(&policy),
+        &["--socket-mode", "0666"],
+    );
+    let script = format!(
+        "touch {}/outside 2>/dev/null && echo ESCAPE-outside; touch inside && echo wrote-inside",
+        other.path().display()
+    );
+    let confined = |round: &str| {
+        let _ = std::fs::remove_file(work.join("inside"));
+        let output = run(&daemon, path, Some(65534), &script);
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(text, "wrote-inside\n", "{round}: {output:?}");
+        assert!(work.join("inside").exists(), "{round}");
+        assert!(!other.path().join("outside").exists(), "{round}");
+    };
+    for round in ["first", "second", "third"] {
+        confined(round);
+    }
+    // Made anew: a rule on the old directory would deny every write here.
+    std::fs::rename(&work, parent.path().join("old")).unwrap();
+    std::fs::create_dir(&work).unwrap();
+    std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o777)).unwrap();
+    confined("replaced");
+    confined("replaced, again");
+    // Out of the peer's reach (root's would be): refused, naming the path.
+    std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let output = run(&daemon, "/", Some(65534), "true");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{output:?}");
+    assert!(
+        stderr.contains("landlock path") && stderr.contains(path),
+        "{stderr}"
+    );
+}
+
 /// A root daemon with `policy` and no spawner processes (so no parked
 /// inits): every sandboxed child makes its own namespaces.
 fn daemon_without_spawners(name: &str, policy: &str) -> Daemon {
