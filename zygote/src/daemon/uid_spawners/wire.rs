@@ -632,6 +632,19 @@ mod tests {
         assert!(back.sandbox.is_some_and(|sandbox| sandbox.enter.is_none()));
     }
 
+    /// The sandbox of `plan` sent to park an init, as the spawner gets
+    /// it, and the number of the last fd sent.
+    fn parked_round_trip(plan: &SpawnPlan) -> (SandboxPlan, Option<RawFd>) {
+        let (bytes, fds) = encode_plan(plan, false, Ask::Park).expect("a spawner parks it");
+        let last = fds.last().map(|fd| fd.as_raw_fd());
+        let owned: Vec<OwnedFd> = fds
+            .iter()
+            .map(|fd| fd.try_clone_to_owned().expect("dup"))
+            .collect();
+        let (back, _) = decode_plan(&bytes, owned).expect("decodes");
+        (back.sandbox.expect("a sandbox"), last)
+    }
+
     /// A mount template is built from a plan that says so, and an init
     /// that copies one gets its holder's pidfd, after the netns's.
     #[test]
@@ -646,27 +659,15 @@ mod tests {
             mount_template: Some(Arc::new(template)),
             ..SandboxPlan::default()
         });
-        let (bytes, fds) = encode_plan(&plan, false, Ask::Park).expect("a spawner parks it");
-        assert_eq!(fds.last().map(|fd| fd.as_raw_fd()), Some(template_number));
-        let owned: Vec<OwnedFd> = fds
-            .iter()
-            .map(|fd| fd.try_clone_to_owned().expect("dup"))
-            .collect();
-        let (back, _) = decode_plan(&bytes, owned).expect("decodes");
-        let sandbox = back.sandbox.expect("a sandbox");
+        let (sandbox, last) = parked_round_trip(&plan);
+        assert_eq!(last, Some(template_number));
         assert!(sandbox.mount_template.is_some());
         assert!(!sandbox.build_template);
         assert_eq!(sandbox.namespaces_to_make(), libc::CLONE_NEWPID);
         let sandbox = plan.sandbox.as_mut().expect("a sandbox");
         sandbox.mount_template = None;
         sandbox.build_template = true;
-        let (bytes, fds) = encode_plan(&plan, false, Ask::Park).expect("a spawner parks it");
-        let owned: Vec<OwnedFd> = fds
-            .iter()
-            .map(|fd| fd.try_clone_to_owned().expect("dup"))
-            .collect();
-        let (back, _) = decode_plan(&bytes, owned).expect("decodes");
-        let sandbox = back.sandbox.expect("a sandbox");
+        let (sandbox, _) = parked_round_trip(&plan);
         assert!(sandbox.build_template);
         assert!(sandbox.mount_template.is_none());
     }
