@@ -450,6 +450,28 @@ fn parked_inits_copy_a_read_only_mount_template_and_mount_their_own_tmpfs() {
             "entered one: {output:?}"
         );
     }
+    // A template whose process was killed is built anew, and spawns go
+    // on meanwhile.
+    let killed = templates_of(&daemon)[0];
+    let pid = rustix::process::Pid::from_raw(i32::try_from(killed).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    let rebuilt = || {
+        let templates = templates_of(&daemon);
+        templates.len() == 1 && templates[0] != killed
+    };
+    for _ in 0..3 {
+        let output = spawn();
+        assert!(output.status.success(), "{output:?}");
+        if eventually(Duration::from_secs(2), rebuilt) {
+            break;
+        }
+    }
+    assert!(
+        eventually(Duration::from_secs(10), rebuilt),
+        "templates {:?}\n{}",
+        templates_of(&daemon),
+        daemon.log()
+    );
 }
 
 /// CPU time (user and system, in clock ticks) and voluntary context
