@@ -474,6 +474,87 @@ fn parked_inits_copy_a_read_only_mount_template_and_mount_their_own_tmpfs() {
     );
 }
 
+/// A sandbox with a filesystem but no pid namespace of its own (vforked
+/// by a spawner, never parked) copies its plan's mount template once one
+/// is built, and is confined alike; a bind source replaced since is
+/// caught: that spawn builds its own root, and the template is made anew.
+#[test]
+fn a_sandbox_without_a_pid_namespace_copies_its_mount_template() {
+    if !root_or_skip("a root daemon that confines another uid") {
+        return;
+    }
+    let work = work_dir();
+    let path = work.path().to_str().unwrap();
+    let policy = format!(
+        "[sandbox.flat]\nnetwork = \"none\"\nseccomp = \"default\"\n\
+         ro_bind = [\"/usr\", \"/bin\", \"/lib\", \"/lib64\"]\nbind = [\"{path}\"]\n\
+         tmpfs = [\"/scratch\"]\n\n[[peer]]\nuids = [65534]\nsandbox = \"flat\"\n"
+    );
+    let daemon = start_daemon_with(
+        "sandbox-flat-template",
+        Some(&policy),
+        &["--socket-mode", "0666"],
+    );
+    let script = "cat marker; ls -A /scratch; touch /scratch/left inside; \
+                  touch /slash 2>&1 | grep -o 'Read-only file system'; \
+                  grep ' / / ' /proc/self/mountinfo | cut -d' ' -f3";
+    let spawn = |marker: &str| {
+        std::fs::write(work.path().join("marker"), format!("{marker}\n")).unwrap();
+        let _ = std::fs::remove_file(work.path().join("inside"));
+        let output = run(&daemon, path, Some(65534), script);
+        assert!(output.status.success(), "{output:?}");
+        assert!(work.path().join("inside").exists(), "{output:?}");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let lines: Vec<&str> = text.lines().collect();
+        let Some((root, confined)) = lines.split_last() else {
+            panic!("{output:?}");
+        };
+        assert_eq!(confined, [marker, "Read-only file system"], "{output:?}");
+        (*root).to_owned()
+    };
+    // The first builds its own root, and has the template built.
+    spawn("first");
+    assert!(
+        eventually(Duration::from_secs(10), || templates_of(&daemon).len() == 1),
+        "no template\n{}",
+        daemon.log()
+    );
+    let template_root = |daemon: &Daemon| {
+        let template = mounts_of(templates_of(daemon)[0]);
+        template
+            .iter()
+            .find(|mount| mount.0 == "/")
+            .map(|mount| mount.2.clone())
+            .expect("the template's root")
+    };
+    let root = template_root(&daemon);
+    let holder = templates_of(&daemon)[0];
+    assert_eq!(spawn("second"), root, "copied the template's root");
+    assert_eq!(spawn("third"), root, "copied it again");
+    // Replaced: caught, its own root; the template is made anew.
+    let old = work.path().with_extension("old");
+    std::fs::rename(work.path(), &old).unwrap();
+    std::fs::create_dir(work.path()).unwrap();
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let replaced = spawn("fourth");
+    assert_ne!(
+        replaced, root,
+        "copied a template binding the old directory"
+    );
+    let _ = std::fs::remove_dir_all(&old);
+    // (A new tmpfs may reuse the old one's device number: by process.)
+    let renewed = || templates_of(&daemon) != [holder] && templates_of(&daemon).len() == 1;
+    for marker in ["fifth", "sixth"] {
+        spawn(marker);
+        if eventually(Duration::from_secs(2), renewed) {
+            break;
+        }
+    }
+    assert!(eventually(Duration::from_secs(10), renewed));
+    let root = template_root(&daemon);
+    assert_eq!(spawn("seventh"), root, "copies the new template");
+}
+
 /// CPU time (user and system, in clock ticks) and voluntary context
 /// switches of a process so far.
 fn cpu_and_wakeups(pid: u32) -> (u64, u64) {

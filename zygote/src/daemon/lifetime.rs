@@ -643,8 +643,15 @@ impl SpawnTask {
             // A sandbox with a pid namespace enters the init parked for
             // its plan, if there is one, and has the next one made.
             let parked = parked::enter(&self.daemon, &mut plan);
+            // One without (a spawner vforks it) copies its mount template.
+            let templated = match parked {
+                None => parked::copy_template(&self.daemon, &mut plan),
+                Some(_) => None,
+            };
             let recipe = parked.as_ref().map(|(recipe, _)| recipe);
-            let started = self.start_switching(plan, recipe).await;
+            let started = self
+                .start_switching(plan, recipe.or(templated.as_ref()))
+                .await;
             if let Some((recipe, taken)) = parked {
                 drop(taken);
                 parked::refill(&self.daemon, &recipe);
@@ -693,9 +700,10 @@ impl SpawnTask {
     /// this task awaits (only this spawn waits). Returns the child's pid,
     /// pidfd and, on the fork path, its status pipe.
     ///
-    /// A plan entering a parked init made for `recipe` whose spawner finds
-    /// that init unusable takes the fork path; every init and the template
-    /// of that recipe then go (one bind source at least was replaced).
+    /// A plan entering a parked init or copying a mount template made for
+    /// `recipe` whose spawner finds it unusable takes the fork path; every
+    /// init and the template of that recipe then go (one bind source at
+    /// least was replaced, or the process holding it ended).
     async fn start_switching(
         &self,
         plan: spawn::SpawnPlan,
@@ -716,7 +724,7 @@ impl SpawnTask {
                     () = self.cancelled() => return Err(Switching::Cancelled),
                 };
                 match kept {
-                    Some(plan) if outcome.is_parked_init_unusable() => {
+                    Some(plan) if outcome.is_made_ahead_unusable() => {
                         daemon.metrics.parked_init("unusable");
                         if let Some(recipe) = recipe {
                             daemon.sandboxes.pool.forget(&recipe.key);
@@ -735,9 +743,11 @@ impl SpawnTask {
             Err(plan) => plan,
         };
         let mut plan = plan;
-        // The fork path makes the sandbox's namespaces itself.
+        // The fork path makes the sandbox's namespaces and root itself
+        // (only a spawner checks what was made ahead before using it).
         if let Some(sandbox) = plan.sandbox.as_mut() {
             sandbox.enter = None;
+            sandbox.mount_template = None;
         }
         let started = daemon.start(&plan);
         drop(plan);

@@ -45,6 +45,30 @@ pub(crate) fn enter(daemon: &Daemon, plan: &mut SpawnPlan) -> Option<(Recipe, Op
     Some((recipe, taken))
 }
 
+/// For a spawn whose sandbox has a filesystem but no pid namespace of
+/// its own (a spawner vforks it; never parked): has `plan` copy its
+/// plan's mount template when one is ready, or has one built off the
+/// spawn's path for the next. The recipe, when `plan` copies one.
+pub(crate) fn copy_template(daemon: &Arc<Daemon>, plan: &mut SpawnPlan) -> Option<Recipe> {
+    if !daemon.uid_spawners.enabled() {
+        return None;
+    }
+    let recipe = Recipe::of_filesystem(plan)?;
+    match daemon.sandboxes.pool.template_for(&recipe) {
+        RootFrom::Template(pidfd, _) => {
+            plan.sandbox.as_mut()?.mount_template = Some(pidfd);
+            daemon.metrics.parked_init("template_copied");
+            Some(recipe)
+        }
+        RootFrom::NewTemplate => {
+            let daemon = Arc::clone(daemon);
+            tokio::spawn(async move { build_template(&daemon, &recipe).await });
+            None
+        }
+        RootFrom::Whole => None,
+    }
+}
+
 /// Has inits parked for `recipe` up to the pool's depth and bounds, each
 /// made in a task of its own.
 pub(crate) fn refill(daemon: &Arc<Daemon>, recipe: &Recipe) {
@@ -99,33 +123,38 @@ async fn root_from(daemon: &Arc<Daemon>, recipe: &Recipe) -> Option<(Arc<OwnedFd
     match pool.template_for(recipe) {
         RootFrom::Template(pidfd, resolved) => Some((pidfd, resolved)),
         RootFrom::Whole => None,
-        RootFrom::NewTemplate => {
-            let resolved = Instant::now();
-            let built = match recipe.template_plan() {
-                Ok(plan) => make(daemon, plan).await,
-                Err(error) => Err(error.to_string()),
-            };
-            let (pidfd, release) = match built {
-                Ok(built) => built,
-                Err(error) => {
-                    pool.abandon_template(&recipe.key);
-                    daemon.metrics.parked_init("template_failed");
-                    debug!(%error, "a sandbox's mount template could not be made");
-                    return None;
-                }
-            };
-            daemon.metrics.parked_init("template");
-            let generation =
-                pool.put_template(recipe.key.clone(), Arc::clone(&pidfd), release, resolved);
-            let pool = Arc::clone(pool);
-            let key = recipe.key.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(TEMPLATE_AGE).await;
-                pool.expire_template(&key, generation);
-            });
-            Some((pidfd, resolved))
-        }
+        RootFrom::NewTemplate => build_template(daemon, recipe).await,
     }
+}
+
+/// Builds the mount template of `recipe`, which `Pool::template_for`
+/// counted, and keeps it for [`TEMPLATE_AGE`]: its process's pidfd, and
+/// when its binds were resolved.
+async fn build_template(daemon: &Arc<Daemon>, recipe: &Recipe) -> Option<(Arc<OwnedFd>, Instant)> {
+    let pool = &daemon.sandboxes.pool;
+    let resolved = Instant::now();
+    let built = match recipe.template_plan() {
+        Ok(plan) => make(daemon, plan).await,
+        Err(error) => Err(error.to_string()),
+    };
+    let (pidfd, release) = match built {
+        Ok(built) => built,
+        Err(error) => {
+            pool.abandon_template(&recipe.key);
+            daemon.metrics.parked_init("template_failed");
+            debug!(%error, "a sandbox's mount template could not be made");
+            return None;
+        }
+    };
+    daemon.metrics.parked_init("template");
+    let generation = pool.put_template(recipe.key.clone(), Arc::clone(&pidfd), release, resolved);
+    let pool = Arc::clone(pool);
+    let key = recipe.key.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(TEMPLATE_AGE).await;
+        pool.expire_template(&key, generation);
+    });
+    Some((pidfd, resolved))
 }
 
 /// Starts a parked process for `plan` (an init, or a mount template's)

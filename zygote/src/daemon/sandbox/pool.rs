@@ -101,7 +101,28 @@ impl Recipe {
         {
             return None;
         }
-        Some(Self {
+        Some(Self::for_key(plan, sandbox))
+    }
+
+    /// For `plan`, if its child can copy a mount template instead of
+    /// building its root, but is never parked: a sandbox with a
+    /// filesystem, no pid namespace of its own (a spawner vforks it), and
+    /// no user namespace.
+    pub fn of_filesystem(plan: &SpawnPlan) -> Option<Self> {
+        let sandbox = plan.sandbox.as_ref()?;
+        if sandbox.clone_flags & libc::CLONE_NEWPID != 0
+            || sandbox.filesystem.is_none()
+            || sandbox.map_ids.is_some()
+            || sandbox.enter.is_some()
+            || sandbox.mount_template.is_some()
+        {
+            return None;
+        }
+        Some(Self::for_key(plan, sandbox))
+    }
+
+    fn for_key(plan: &SpawnPlan, sandbox: &SandboxPlan) -> Self {
+        Self {
             key: Key {
                 credentials: plan.credentials.clone(),
                 clone_flags: sandbox.clone_flags,
@@ -113,7 +134,7 @@ impl Recipe {
             },
             netns: sandbox.netns.clone(),
             dev_template: sandbox.dev_template.clone(),
-        })
+        }
     }
 
     /// Whether its mounts can be made in two parts, a template's binds
@@ -135,7 +156,8 @@ impl Recipe {
     }
 
     /// The plan of this recipe's mount template: as [`Recipe::park_plan`]'s,
-    /// building only the template's part of the root.
+    /// building only the template's part of the root; its process is
+    /// parked as an init is, in a pid namespace of its own.
     ///
     /// # Errors
     ///
@@ -144,6 +166,7 @@ impl Recipe {
         let mut plan = self.park_plan(None)?;
         if let Some(sandbox) = plan.sandbox.as_mut() {
             sandbox.build_template = true;
+            sandbox.clone_flags |= libc::CLONE_NEWNS | libc::CLONE_NEWPID;
         }
         Ok(plan)
     }

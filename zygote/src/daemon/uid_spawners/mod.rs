@@ -108,11 +108,12 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    /// Whether the spawner could not enter the parked init the plan
-    /// named, and started nothing: the init had ended (`ESRCH`), or a
-    /// bind source names another file than the one it bound (`ESTALE`).
-    /// The plan can still make its own namespaces.
-    pub(crate) fn is_parked_init_unusable(&self) -> bool {
+    /// Whether the spawner could not use the parked init or mount template
+    /// the plan named, and started nothing: its process had ended
+    /// (`ESRCH`), or a bind source names another file than the one it
+    /// bound (`ESTALE`). The plan can still make its own namespaces and
+    /// root.
+    pub(crate) fn is_made_ahead_unusable(&self) -> bool {
         matches!(
             self,
             Self::Refused(error) if error.stage == zygote_proto::SpawnStage::Clone
@@ -272,9 +273,9 @@ impl UidSpawners {
     /// Asks the spawner of the plan's uid for its child, starting the
     /// spawner with `start` when there is none. The plan (with the
     /// daemon's copies of its fds) is dropped once sent, unless it enters
-    /// a parked init: then it comes back beside the answer, for the fork
-    /// path should the spawner find that init gone or its binds replaced
-    /// ([`Outcome::is_parked_init_unusable`]).
+    /// a parked init or copies a mount template: then it comes back beside
+    /// the answer, for the fork path should the spawner find that gone or
+    /// its binds replaced ([`Outcome::is_made_ahead_unusable`]).
     ///
     /// # Errors
     ///
@@ -362,11 +363,11 @@ impl UidSpawners {
                 spawner.asked.notify_one();
             }
         }
-        let enters = plan
+        let made_ahead = plan
             .sandbox
             .as_ref()
-            .is_some_and(|sandbox| sandbox.enter.is_some());
-        Ok((PendingAnswer(outcome), enters.then(|| Box::new(plan))))
+            .is_some_and(|sandbox| sandbox.enter.is_some() || sandbox.mount_template.is_some());
+        Ok((PendingAnswer(outcome), made_ahead.then(|| Box::new(plan))))
     }
 
     /// The running spawner of `uid`, or a new one; `None` at the cap or
@@ -561,15 +562,15 @@ mod tests {
     #[test]
     fn only_an_init_gone_or_stale_is_unusable() {
         let refused = |stage, errno| Outcome::Refused(SpawnError::new(stage, errno));
-        assert!(refused(SpawnStage::Clone, libc::ESRCH).is_parked_init_unusable());
-        assert!(refused(SpawnStage::Clone, libc::ESTALE).is_parked_init_unusable());
-        assert!(!refused(SpawnStage::Clone, libc::EPERM).is_parked_init_unusable());
-        assert!(!refused(SpawnStage::Exec, libc::ESTALE).is_parked_init_unusable());
+        assert!(refused(SpawnStage::Clone, libc::ESRCH).is_made_ahead_unusable());
+        assert!(refused(SpawnStage::Clone, libc::ESTALE).is_made_ahead_unusable());
+        assert!(!refused(SpawnStage::Clone, libc::EPERM).is_made_ahead_unusable());
+        assert!(!refused(SpawnStage::Exec, libc::ESTALE).is_made_ahead_unusable());
         let lost = Outcome::Lost {
             errno: libc::ESRCH,
             message: String::new(),
         };
-        assert!(!lost.is_parked_init_unusable());
+        assert!(!lost.is_made_ahead_unusable());
     }
 
     /// A spawn cancelled just as its answer came leaves the child in the

@@ -67,12 +67,19 @@ impl Entered {
     /// # Errors
     ///
     /// The errno of opening this process's own namespaces, or of `setns`
-    /// (which changes nothing when it fails): `ESRCH` when the init has
-    /// ended. `ESTALE` when a bind source names another file than the one
-    /// the init bound (replaced since): the plan must make its own.
+    /// (which changes nothing when it fails): `ESRCH` when the init (or
+    /// template's process) has ended. `ESTALE` when a bind source names
+    /// another file than the one bound (replaced since): the plan must
+    /// make its own.
+    ///
+    /// A plan that copies a mount template instead (its child does) is
+    /// checked the same way, in the template's mount namespace, and
+    /// leaves this process in its own.
     pub(in crate::spawn) fn enter(plan: &SandboxPlan) -> Result<Option<Self>, c_int> {
-        let Some(init) = &plan.enter else {
-            return Ok(None);
+        let (made, namespaces) = match (&plan.enter, &plan.mount_template) {
+            (Some(init), _) => (init, plan.namespaces_to_enter()),
+            (None, Some(template)) => (template, libc::CLONE_NEWNS),
+            (None, None) => return Ok(None),
         };
         home()?;
         let mounts = plan.filesystem.as_deref().unwrap_or(&[]);
@@ -83,22 +90,22 @@ impl Entered {
             }
         }
         // SAFETY: plain syscall on a pidfd we hold.
-        if unsafe { libc::setns(init.as_raw_fd(), plan.namespaces_to_enter()) } != 0 {
+        if unsafe { libc::setns(made.as_raw_fd(), namespaces) } != 0 {
             return Err(super::errno());
         }
+        // Dropped, comes back home.
         let entered = Self(());
         for (index, source) in sources.iter().enumerate() {
             let Some(source) = source else { continue };
             let Some(mount) = mounts.get(index) else {
                 continue;
             };
-            // Relative: from the init's root, where `setns` moved us.
+            // Relative: from the root `setns` moved us to.
             if identity(&mount.destination, false) != Some(*source) {
-                // Dropping `entered` comes back home.
                 return Err(libc::ESTALE);
             }
         }
-        Ok(Some(entered))
+        Ok(plan.enter.is_some().then_some(entered))
     }
 }
 
