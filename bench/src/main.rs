@@ -12,7 +12,8 @@
 //! - `zygotes`: starting the three zygotes, and their size;
 //! - `cgroups`: the cost of a cgroup per child (a second shared daemon);
 //! - `sandboxes`: daemons confining each child (seccomp + Landlock; the
-//!   full sandbox), and the `bwrap` wrapper they replace;
+//!   full sandbox, with and without `isolate`), and the `bwrap` wrapper
+//!   they replace;
 //! - `methods`: the six ways to spawn + wait, each timed the same way;
 //! - `ballast`: growing the parent (memory, fds);
 //! - `stats`, `report`, `targets`: summaries, markdown/JSON, the
@@ -94,7 +95,8 @@ pub(crate) struct Args {
     /// std-fork, zygote-shared, zygote-private, zygote-template,
     /// zygote-shared-blocking, zygote-private-blocking,
     /// zygote-template-blocking, zygote-shared-nonroot,
-    /// zygote-sandbox-filters, zygote-sandbox-full, zygote-bwrap.
+    /// zygote-sandbox-filters, zygote-sandbox-full, zygote-sandbox-mounts,
+    /// zygote-bwrap.
     #[arg(long, value_delimiter = ',')]
     methods: Vec<String>,
     /// Rounds of the cgroup-per-child comparison (shared daemon with and
@@ -169,7 +171,9 @@ impl Bench {
     fn has(&self, method: Method) -> bool {
         match method {
             Method::ZygoteSharedNonRoot => self.zygotes.nonroot.is_some(),
-            Method::ZygoteSandboxFilters | Method::ZygoteSandboxFull => self.sandboxes.is_some(),
+            Method::ZygoteSandboxFilters
+            | Method::ZygoteSandboxFull
+            | Method::ZygoteSandboxMounts => self.sandboxes.is_some(),
             Method::ZygoteBwrap => self
                 .sandboxes
                 .as_ref()
@@ -184,6 +188,7 @@ impl Bench {
         let zygote_pid = match method {
             Method::ZygoteSandboxFilters => sandboxes.map(|s| s.filters.pid()),
             Method::ZygoteSandboxFull => sandboxes.map(|s| s.full.pid()),
+            Method::ZygoteSandboxMounts => sandboxes.map(|s| s.mounts.pid()),
             Method::ZygoteBwrap => zygotes.pid(Method::ZygoteShared),
             _ => zygotes.pid(method),
         };
@@ -224,14 +229,16 @@ impl Bench {
                 Some(helper) => helper.run(program, budget)?,
                 None => return Ok(CellRun::default()),
             },
-            Method::ZygoteSandboxFilters | Method::ZygoteSandboxFull => {
+            Method::ZygoteSandboxFilters
+            | Method::ZygoteSandboxFull
+            | Method::ZygoteSandboxMounts => {
                 let Some(sandboxes) = sandboxes else {
                     return Ok(CellRun::default());
                 };
-                let daemon = if method == Method::ZygoteSandboxFull {
-                    &sandboxes.full
-                } else {
-                    &sandboxes.filters
+                let daemon = match method {
+                    Method::ZygoteSandboxFull => &sandboxes.full,
+                    Method::ZygoteSandboxMounts => &sandboxes.mounts,
+                    _ => &sandboxes.filters,
                 };
                 // The sandbox's root holds the bench's own directory only
                 // where the profile binds it: start in `/`.
@@ -457,6 +464,7 @@ fn measure_cow(
                 | Method::ZygoteSharedNonRoot
                 | Method::ZygoteSandboxFilters
                 | Method::ZygoteSandboxFull
+                | Method::ZygoteSandboxMounts
                 | Method::ZygoteBwrap
         ) && wants(*m)
     }) {

@@ -50,6 +50,10 @@ pub enum Method {
     /// sandbox: network none, new pid/ipc/uts namespaces, a read-only
     /// system on a tmpfs root, seccomp and Landlock.
     ZygoteSandboxFull,
+    /// zygote: a daemon whose policy confines each child as the full
+    /// sandbox does but for `isolate`: its root and mounts, network none,
+    /// seccomp and Landlock, in the pid namespace of the host.
+    ZygoteSandboxMounts,
     /// zygote: the shared daemon running the child under `bwrap` (its
     /// own root bound read-only, /dev, /proc, new pid/ipc/uts
     /// namespaces), the wrapper a sandbox in the daemon replaces.
@@ -58,7 +62,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in table order.
-    pub const ALL: [Method; 13] = [
+    pub const ALL: [Method; 14] = [
         Method::Floor,
         Method::StdSpawn,
         Method::StdFork,
@@ -71,6 +75,7 @@ impl Method {
         Method::ZygoteSharedNonRoot,
         Method::ZygoteSandboxFilters,
         Method::ZygoteSandboxFull,
+        Method::ZygoteSandboxMounts,
         Method::ZygoteBwrap,
     ];
 
@@ -100,6 +105,7 @@ impl Method {
             Method::ZygoteSharedNonRoot => "zygote-shared-nonroot",
             Method::ZygoteSandboxFilters => "zygote-sandbox-filters",
             Method::ZygoteSandboxFull => "zygote-sandbox-full",
+            Method::ZygoteSandboxMounts => "zygote-sandbox-mounts",
             Method::ZygoteBwrap => "zygote-bwrap",
         }
     }
@@ -119,6 +125,7 @@ impl Method {
             Method::ZygoteSharedNonRoot => "zygote, shared daemon, client uid 65534",
             Method::ZygoteSandboxFilters => "zygote, sandbox: seccomp + Landlock",
             Method::ZygoteSandboxFull => "zygote, sandbox: full, network none",
+            Method::ZygoteSandboxMounts => "zygote, sandbox: full but isolate",
             Method::ZygoteBwrap => "zygote, child wrapped in bwrap",
         }
     }

@@ -1,7 +1,8 @@
-//! What a sandbox costs: two more shared daemons whose policies impose a
-//! profile on this process's uid (seccomp + Landlock only; the full
-//! sandbox), and the `bwrap` wrapper run through the plain shared daemon,
-//! which the daemon's own sandbox replaces.
+//! What a sandbox costs: three more shared daemons whose policies impose
+//! a profile on this process's uid (seccomp + Landlock only; the full
+//! sandbox; the full sandbox without `isolate`), and the `bwrap` wrapper
+//! run through the plain shared daemon, which the daemon's own sandbox
+//! replaces.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -58,6 +59,8 @@ pub struct Sandboxes {
     pub filters: SandboxDaemon,
     /// The full sandbox, network none.
     pub full: SandboxDaemon,
+    /// The full sandbox without `isolate`.
+    pub mounts: SandboxDaemon,
     /// `bwrap`, when found on `PATH`.
     pub bwrap: Option<PathBuf>,
 }
@@ -72,24 +75,25 @@ fn filters_policy(uid: u32) -> String {
 }
 
 /// The full profile: `dir` (where the static child lies) and the system
-/// bound read-only on a tmpfs root, network none, isolate, seccomp and
-/// Landlock.
-fn full_policy(uid: u32, dir: &Path) -> String {
+/// bound read-only on a tmpfs root, network none, isolate (unless
+/// `name` is `mounts`), seccomp and Landlock.
+fn full_policy(uid: u32, dir: &Path, name: &str) -> String {
     let mut binds: Vec<String> = ["/usr", "/bin", "/lib", "/lib64"]
         .into_iter()
         .filter(|path| Path::new(path).exists())
         .map(|path| format!("\"{path}\""))
         .collect();
     binds.push(format!("\"{}\"", dir.display()));
+    let isolate = name != "mounts";
     format!(
-        "[sandbox.full]\nnetwork = \"none\"\nisolate = true\nseccomp = \"default\"\n\
+        "[sandbox.{name}]\nnetwork = \"none\"\nisolate = {isolate}\nseccomp = \"default\"\n\
          ro_bind = [{}]\nlandlock_rx = [\"/\"]\nlandlock_rw = [\"/dev\"]\n\n\
-         [[peer]]\nuids = [{uid}]\nsandbox = \"full\"\n",
+         [[peer]]\nuids = [{uid}]\nsandbox = \"{name}\"\n",
         binds.join(", ")
     )
 }
 
-/// Starts both daemons on sockets in `dir`.
+/// Starts the three daemons on sockets in `dir`.
 ///
 /// # Errors
 ///
@@ -98,7 +102,8 @@ fn full_policy(uid: u32, dir: &Path) -> String {
 pub fn start(runtime: &tokio::runtime::Runtime, dir: &Path) -> Result<Sandboxes, String> {
     let uid = rustix::process::geteuid().as_raw();
     let filters = start_one(runtime, dir, "filters", &filters_policy(uid))?;
-    let full = start_one(runtime, dir, "full", &full_policy(uid, dir))?;
+    let full = start_one(runtime, dir, "full", &full_policy(uid, dir, "full"))?;
+    let mounts = start_one(runtime, dir, "mounts", &full_policy(uid, dir, "mounts"))?;
     let bwrap = std::env::var_os("PATH").and_then(|path| {
         std::env::split_paths(&path)
             .map(|dir| dir.join("bwrap"))
@@ -107,6 +112,7 @@ pub fn start(runtime: &tokio::runtime::Runtime, dir: &Path) -> Result<Sandboxes,
     Ok(Sandboxes {
         filters,
         full,
+        mounts,
         bwrap,
     })
 }

@@ -49,6 +49,7 @@ impl Zygotes {
             | Method::StdFork
             | Method::ZygoteSandboxFilters
             | Method::ZygoteSandboxFull
+            | Method::ZygoteSandboxMounts
             | Method::ZygoteBwrap => None,
         }
     }

@@ -290,8 +290,9 @@ impl Metrics {
                 "Sandbox namespaces made ahead (parked inits), by event: made, failed, \
                  entered (a spawn used one), missed (a spawn of a sandbox with a pid \
                  namespace found none), expired; copied (made from a mount template), \
-                 template (a mount template built), template_failed; unusable (a spawn \
-                 found its init ended or a bind source replaced, and made its own).",
+                 template (a mount template built), template_failed, template_copied (a \
+                 spawn without a pid namespace copied one); unusable (a spawn found its \
+                 init or template ended or a bind source replaced, and made its own).",
                 &["event"],
             ),
             parked_inits_ready: metrics.gauge(
