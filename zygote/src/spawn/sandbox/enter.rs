@@ -67,22 +67,31 @@ impl Entered {
     /// # Errors
     ///
     /// The errno of opening this process's own namespaces, or of `setns`
-    /// (which changes nothing when it fails): `ESRCH` when the init (or
-    /// template's process) has ended. `ESTALE` when a bind source names
-    /// another file than the one bound (replaced since): the plan must
-    /// make its own.
+    /// (which changes nothing when it fails): `ESRCH` when the init has
+    /// ended. `ESTALE` when a bind source names another file than the
+    /// one bound (replaced since): the plan must make its own.
     ///
     /// A plan that copies a mount template instead (its child does) is
     /// checked the same way, in the template's mount namespace, and
-    /// leaves this process in its own.
+    /// leaves this process in its own; any failure there is `ESTALE`.
     pub(in crate::spawn) fn enter(plan: &SandboxPlan) -> Result<Option<Self>, c_int> {
-        let (made, namespaces) = match (&plan.enter, &plan.mount_template) {
-            (Some(init), _) => (init, plan.namespaces_to_enter()),
-            (None, Some(template)) => (template, libc::CLONE_NEWNS),
-            (None, None) => return Ok(None),
-        };
-        home()?;
         let mounts = plan.filesystem.as_deref().unwrap_or(&[]);
+        match (&plan.enter, &plan.mount_template) {
+            (Some(init), _) => Self::checked(init, plan.namespaces_to_enter(), mounts).map(Some),
+            // Back home at once. Whatever stops the check leaves the
+            // template unused: the spawn builds its own root instead.
+            (None, Some(template)) => Self::checked(template, libc::CLONE_NEWNS, mounts)
+                .map(|_| None)
+                .map_err(|_| libc::ESTALE),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Joins the `namespaces` of the process `made` (an init, or a mount
+    /// template's), once each bind of `mounts` a program would see there
+    /// is what its source names now.
+    fn checked(made: &OwnedFd, namespaces: c_int, mounts: &[Mount]) -> Result<Self, c_int> {
+        home()?;
         let mut sources = [None; MAX_MOUNTS];
         for (index, slot) in sources.iter_mut().enumerate() {
             if let Some(mount) = seen_bind(mounts, index) {
@@ -105,7 +114,7 @@ impl Entered {
                 return Err(libc::ESTALE);
             }
         }
-        Ok(plan.enter.is_some().then_some(entered))
+        Ok(entered)
     }
 }
 
