@@ -1525,16 +1525,26 @@ fn a_warm_child_leaves_its_memory_teardown_to_a_process_holding_no_fd() {
         return;
     };
     // os._exit ends the child before the template's exit path: the
-    // teardown is its own.
-    let (torn_down, _) = exit_then_stdout(&warm, 10, &["-c", "import os; os._exit(0)"]);
-    let (handed_off, hung_up) = exit_then_stdout(&warm, 11, &["-c", "print('done')"]);
-    assert_eq!(handed_off.status, ExitStatus::Exited(0));
-    assert!(hung_up, "the child's stdout was still open after its exit");
-    let own = torn_down.usage.system_micros;
-    let left = handed_off.usage.system_micros;
-    assert!(own >= 2_000, "tearing 256 MiB down took {own} µs");
+    // teardown is its own. Three of each, compared by their medians: one
+    // child's system time varies by a millisecond on a busy machine.
+    let mut own = Vec::new();
+    let mut left = Vec::new();
+    for round in 0..3 {
+        let (torn_down, _) =
+            exit_then_stdout(&warm, 10 + 2 * round, &["-c", "import os; os._exit(0)"]);
+        let (handed_off, hung_up) =
+            exit_then_stdout(&warm, 11 + 2 * round, &["-c", "print('done')"]);
+        assert_eq!(handed_off.status, ExitStatus::Exited(0));
+        assert!(hung_up, "the child's stdout was still open after its exit");
+        own.push(torn_down.usage.system_micros);
+        left.push(handed_off.usage.system_micros);
+    }
+    own.sort_unstable();
+    left.sort_unstable();
+    let (own_median, left_median) = (own[1], left[1]);
+    assert!(own_median >= 2_000, "tearing 256 MiB down took {own:?} µs");
     assert!(
-        left * 2 < own,
-        "system CPU with the teardown left: {left} µs, done itself: {own} µs"
+        left_median * 2 < own_median,
+        "system CPU with the teardown left: {left:?} µs, done itself: {own:?} µs"
     );
 }
