@@ -20,7 +20,9 @@
 //! its binds and `/dev` are built once, read-only, in a mount namespace
 //! held by a parked process of their own (a template), and each init
 //! copies that namespace (`setns`, `unshare`) and mounts only its own
-//! tmpfs, proc and devpts instances: about half an init's work. A
+//! tmpfs, proc and devpts instances: about half an init's work. So does
+//! each spawn of a sandbox with a filesystem but no pid namespace of its
+//! own ([`Recipe::of_filesystem`]), which is never parked. A
 //! template is used for [`TEMPLATE_AGE`], then ends; an init made from
 //! it ends [`IDLE`] after the template resolved its binds, as one that
 //! resolved them itself. At most [`MAX_TEMPLATES_PER_UID`] per uid and
@@ -393,9 +395,10 @@ impl Pool {
         self.lock().parked.values().map(VecDeque::len).sum()
     }
 
-    /// How an init for `recipe` gets its root: from its template while
-    /// that lives and is younger than [`TEMPLATE_AGE`]; else from a new
-    /// one, when the bounds allow it and none is being built.
+    /// How an init (or a spawn without a pid namespace) for `recipe` gets
+    /// its root: from its template while that lives and is younger than
+    /// [`TEMPLATE_AGE`]; else from a new one, when the bounds allow it and
+    /// none is being built.
     pub fn template_for(&self, recipe: &Recipe) -> RootFrom {
         if !recipe.template() {
             return RootFrom::Whole;
