@@ -72,8 +72,9 @@ impl Sandbox {
     }
 
     /// Binds host path `source` read-only at `destination`. The first
-    /// mount gives the child a filesystem of its own: an empty tmpfs root
-    /// with these mounts, in the order given, and a minimal `/dev`.
+    /// mount gives the child a filesystem of its own: an empty, read-only
+    /// tmpfs root with these mounts, in the order given, and a minimal
+    /// `/dev`.
     pub fn ro_bind(self, source: impl AsRef<Path>, destination: impl AsRef<Path>) -> Self {
         self.mount(
             MountKind::ReadOnlyBind,

@@ -46,8 +46,8 @@ type Sandbox struct {
 }
 
 // Filesystem is a sandbox's filesystem view: a new mount namespace whose
-// root is an empty tmpfs, with these mounts made in order. A minimal
-// /dev is always provided.
+// root is an empty, read-only tmpfs, with these mounts made in order. A
+// minimal /dev is always provided.
 type Filesystem struct {
 	Mounts []Mount
 }

@@ -16,8 +16,8 @@ pub struct SandboxSpec {
     pub profile: Option<String>,
     /// The child's filesystem view. `None`: the host's (no new mount
     /// namespace). `Some`: a new mount namespace, `pivot_root` into an
-    /// empty tmpfs, then these mounts in order; a minimal `/dev` is always
-    /// provided.
+    /// empty tmpfs mounted read-only, then these mounts in order; a
+    /// minimal `/dev` is always provided.
     pub filesystem: Option<FilesystemSpec>,
     /// The network the child sees.
     pub network: NetworkMode,

@@ -148,7 +148,8 @@ class Sandbox:
       the other fields can only tighten it.
     - ``mounts``: ``None`` keeps the host's filesystem; a sequence of
       :class:`Mount` gives the child a new mount namespace whose root is
-      an empty tmpfs with these mounts, in order (and a minimal ``/dev``).
+      an empty, read-only tmpfs with these mounts, in order (and a
+      minimal ``/dev``).
     - ``network``: ``"host"`` or ``"none"`` (an empty network namespace).
     - ``isolate``: new pid, ipc and uts namespaces; ``hostname`` (which
       needs ``isolate``) is the hostname inside.
