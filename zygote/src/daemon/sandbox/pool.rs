@@ -486,7 +486,8 @@ impl Pool {
     }
 
     /// How many mount templates exist or are being built.
-    pub fn templates(&self) -> usize {
+    #[cfg(test)]
+    fn templates(&self) -> usize {
         self.lock().templates.len()
     }
 }

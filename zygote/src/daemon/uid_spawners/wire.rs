@@ -605,14 +605,8 @@ mod tests {
             enter: Some(Arc::new(init)),
             ..SandboxPlan::default()
         });
-        let (bytes, fds) = encode_plan(&plan, false, Ask::Child).expect("a spawner can start it");
-        assert_eq!(fds.last().map(|fd| fd.as_raw_fd()), Some(init_number));
-        let owned: Vec<OwnedFd> = fds
-            .iter()
-            .map(|fd| fd.try_clone_to_owned().expect("dup"))
-            .collect();
-        let (back, _) = decode_plan(&bytes, owned).expect("decodes");
-        let sandbox = back.sandbox.expect("a sandbox");
+        let (sandbox, ask, last) = round_trip(&plan, Ask::Child);
+        assert_eq!((ask, last), (Ask::Child, Some(init_number)));
         assert!(sandbox.enter.is_some());
         assert!(sandbox.netns.is_some());
         assert_eq!(sandbox.namespaces_to_make(), 0);
@@ -622,27 +616,22 @@ mod tests {
             "without an init to enter, its own init would hold the spawner's vfork"
         );
         // A parked init for it is forked: it may go to a spawner.
-        let (bytes, fds) = encode_plan(&plan, false, Ask::Park).expect("a spawner parks it");
-        let owned: Vec<OwnedFd> = fds
-            .iter()
-            .map(|fd| fd.try_clone_to_owned().expect("dup"))
-            .collect();
-        let (back, ask) = decode_plan(&bytes, owned).expect("decodes");
+        let (sandbox, ask, _) = round_trip(&plan, Ask::Park);
         assert_eq!(ask, Ask::Park);
-        assert!(back.sandbox.is_some_and(|sandbox| sandbox.enter.is_none()));
+        assert!(sandbox.enter.is_none());
     }
 
-    /// The sandbox of `plan` sent to park an init, as the spawner gets
-    /// it, and the number of the last fd sent.
-    fn parked_round_trip(plan: &SpawnPlan) -> (SandboxPlan, Option<RawFd>) {
-        let (bytes, fds) = encode_plan(plan, false, Ask::Park).expect("a spawner parks it");
+    /// The sandbox of `plan` sent with `ask`, as the spawner gets it, what
+    /// it is asked, and the number of the last fd sent.
+    fn round_trip(plan: &SpawnPlan, ask: Ask) -> (SandboxPlan, Ask, Option<RawFd>) {
+        let (bytes, fds) = encode_plan(plan, false, ask).expect("a spawner takes it");
         let last = fds.last().map(|fd| fd.as_raw_fd());
         let owned: Vec<OwnedFd> = fds
             .iter()
             .map(|fd| fd.try_clone_to_owned().expect("dup"))
             .collect();
-        let (back, _) = decode_plan(&bytes, owned).expect("decodes");
-        (back.sandbox.expect("a sandbox"), last)
+        let (back, asked) = decode_plan(&bytes, owned).expect("decodes");
+        (back.sandbox.expect("a sandbox"), asked, last)
     }
 
     /// A mount template is built from a plan that says so, and an init
@@ -659,7 +648,7 @@ mod tests {
             mount_template: Some(Arc::new(template)),
             ..SandboxPlan::default()
         });
-        let (sandbox, last) = parked_round_trip(&plan);
+        let (sandbox, _, last) = round_trip(&plan, Ask::Park);
         assert_eq!(last, Some(template_number));
         assert!(sandbox.mount_template.is_some());
         assert!(!sandbox.build_template);
@@ -667,7 +656,7 @@ mod tests {
         let sandbox = plan.sandbox.as_mut().expect("a sandbox");
         sandbox.mount_template = None;
         sandbox.build_template = true;
-        let (sandbox, _) = parked_round_trip(&plan);
+        let (sandbox, _, _) = round_trip(&plan, Ask::Park);
         assert!(sandbox.build_template);
         assert!(sandbox.mount_template.is_none());
     }
