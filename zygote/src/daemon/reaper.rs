@@ -27,6 +27,12 @@ use crate::spawn;
 /// When polling or `waitid` fails, which means the child was reaped
 /// elsewhere: a bug, logged by the caller.
 pub async fn wait_exit(pidfd: &AsyncFd<OwnedFd>) -> io::Result<(ExitStatus, ResourceUsage)> {
+    // A child that exited before its pidfd was watched (a short one, whose
+    // start was reported after its exit) is reaped without waiting for the
+    // event loop's next turn to say so.
+    if let Some(exit) = spawn::try_reap(pidfd.get_ref().as_fd())? {
+        return Ok(exit);
+    }
     loop {
         let mut guard = pidfd.readable().await?;
         match spawn::try_reap(pidfd.get_ref().as_fd())? {
