@@ -878,6 +878,55 @@ fn landlock_alone_denies_writes_outside_its_read_write_list() {
     assert!(!other.path().join("outside").exists());
 }
 
+/// A policy profile's Landlock rules are held by a spawner process that
+/// enforced them on itself, and its children inherit them at clone: each
+/// is confined alike, and a request's own rules on top still narrow them.
+#[test]
+fn a_profiles_landlock_rules_are_inherited_from_a_spawner_holding_them() {
+    if !root_or_skip("a root daemon with spawner processes") {
+        return;
+    }
+    let work = work_dir();
+    let other = work_dir();
+    let path = work.path().to_str().unwrap();
+    let policy = format!(
+        "[sandbox.lock]\nlandlock_rx = [\"/\"]\nlandlock_rw = [\"{path}\", \"/dev/null\"]\n\n\
+         [[peer]]\nuids = [65534]\nsandbox = \"lock\"\n"
+    );
+    let daemon = start_daemon_with("sandbox-held", Some(&policy), &["--socket-mode", "0666"]);
+    let script = format!(
+        "touch {}/outside 2>/dev/null && echo ESCAPE-outside; \
+         touch inside 2>/dev/null && echo wrote-inside; echo done",
+        other.path().display()
+    );
+    for round in ["first", "second"] {
+        let _ = std::fs::remove_file(work.path().join("inside"));
+        let output = run(&daemon, path, Some(65534), &script);
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(text, "wrote-inside\ndone\n", "{round}: {output:?}");
+    }
+    let spawners = daemon.spawners();
+    assert_eq!(spawners.len(), 1, "{spawners:?}");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", spawners[0])).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("\0--hold-landlock"),
+        "{cmdline:?}"
+    );
+    // The request's rules on top: the work directory read-only.
+    let _ = std::fs::remove_file(work.path().join("inside"));
+    let output = run_with(
+        &daemon,
+        path,
+        Some(65534),
+        &["--landlock-rx", "/", "--landlock-rw", "/dev/null"],
+        &script,
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(text, "done\n", "{output:?}");
+    assert!(!work.path().join("inside").exists());
+    assert!(!other.path().join("outside").exists());
+}
+
 /// Landlock paths are resolved at each spawn, as the peer: each spawn of
 /// the same rules is confined alike, a path replaced since (a work
 /// directory made anew) is the new one's, and a path the peer can no
@@ -917,12 +966,16 @@ fn landlock_paths_are_resolved_at_each_spawn_as_the_peer() {
     for round in ["first", "second", "third"] {
         confined(round);
     }
+    let holding = daemon.spawners();
     // Made anew: a rule on the old directory would deny every write here.
     std::fs::rename(&work, parent.path().join("old")).unwrap();
     std::fs::create_dir(&work).unwrap();
     std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o777)).unwrap();
     confined("replaced");
     confined("replaced, again");
+    // The spawner that held rules on the old directory serves no more.
+    let gone = || holding.iter().all(|pid| !daemon.spawners().contains(pid));
+    assert!(eventually(Duration::from_secs(10), gone), "{holding:?}");
     // Out of the peer's reach (root's would be): refused, naming the path.
     std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     let output = run(&daemon, "/", Some(65534), "true");

@@ -81,7 +81,9 @@ fn main() -> ExitCode {
         Command::UidSpawner(args) => {
             let seccomp = args.seccomp.as_deref();
             ExitCode::from(zygote::daemon::uid_spawners::process::serve(
-                args.uid, seccomp,
+                args.uid,
+                seccomp,
+                args.hold_landlock,
             ))
         }
         Command::Man(args) => ExitCode::from(docs::man(&args)),

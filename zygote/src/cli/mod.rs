@@ -105,6 +105,10 @@ pub struct UidSpawnerArgs {
     /// its children inherit instead of each installing its own.
     #[arg(long)]
     pub seccomp: Option<String>,
+    /// Enforce the first Landlock ruleset of the first plan on itself,
+    /// which its children then inherit (every plan carries the same).
+    #[arg(long)]
+    pub hold_landlock: bool,
 }
 
 /// Arguments of `zygote serve`.

@@ -64,9 +64,10 @@ pub use sibling::{
 
 pub use sandbox::libseccomp;
 pub use sandbox::{
-    LandlockPlan, MAX_MOUNTS, Mount, MountKind, SANDBOX_STAGE, SandboxFailure, SandboxPlan,
-    SeccompProgram, Step as SandboxStep, confine_like_a_sandboxed_child, dev_template,
-    empty_network_namespace, install_seccomp_filter, landlock_abi, user_namespaces_work,
+    HeldLandlock, HeldPath, LandlockPlan, MAX_MOUNTS, Mount, MountKind, SANDBOX_STAGE,
+    SandboxFailure, SandboxPlan, SeccompProgram, Step as SandboxStep,
+    confine_like_a_sandboxed_child, dev_template, empty_network_namespace, install_seccomp_filter,
+    landlock_abi, user_namespaces_work,
 };
 
 pub use fork::{

@@ -85,6 +85,7 @@ pub fn build(spec: &LandlockSpec) -> Result<Option<Built>, Refusal> {
             ruleset,
             paths,
             file_access: AccessFs::from_file(abi).bits(),
+            held: None,
         },
         abi: kernel,
         complete,
@@ -122,4 +123,20 @@ fn create(
         created = created.add_rule(NetPort::new(*port, AccessNet::ConnectTcp))?;
     }
     Ok(created.into())
+}
+
+/// A fingerprint of a policy profile's Landlock rules (its name and
+/// spec): the spawner processes that hold a profile's rules are told
+/// apart by it, so that a profile changed by a policy reload gets new ones.
+pub fn fingerprint(profile: &str, spec: &LandlockSpec) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    profile.hash(&mut hasher);
+    spec.read_only.hash(&mut hasher);
+    spec.read_execute.hash(&mut hasher);
+    spec.read_write.hash(&mut hasher);
+    spec.tcp_bind.hash(&mut hasher);
+    spec.tcp_connect.hash(&mut hasher);
+    spec.require.hash(&mut hasher);
+    hasher.finish()
 }

@@ -242,17 +242,20 @@ impl Sandboxes {
             plan.dev_template = self.dev_template();
         }
         plan.clear_bounding_set = self.rootless.is_none() || plan.map_ids.is_some();
-        self.add_filters(layers, &mut plan, &mut applied)?;
+        self.add_filters(layers, profile, &mut plan, &mut applied)?;
         Ok((plan, applied))
     }
 
+    /// Adds each layer's seccomp program and Landlock ruleset; `profile`
+    /// names the first layer when it is a policy profile.
     fn add_filters(
         &self,
         layers: &[&SandboxSpec],
+        profile: Option<&str>,
         plan: &mut SandboxPlan,
         applied: &mut AppliedSandbox,
     ) -> Result<(), Refusal> {
-        for layer in layers {
+        for (index, layer) in layers.iter().enumerate() {
             if let Some(seccomp) = &layer.seccomp {
                 let program = match seccomp {
                     SeccompSpec::Profile(name) => seccomp::profile(name),
@@ -264,9 +267,14 @@ impl Sandboxes {
             }
             if let Some(spec) = &layer.landlock {
                 match landlock::build(spec)? {
-                    Some(built) => {
+                    Some(mut built) => {
                         applied.landlock_abi = Some(built.abi);
                         applied.landlock_complete &= built.complete;
+                        // A policy profile's rules may be held by a
+                        // spawner process; a request's are built per child.
+                        if let (0, Some(profile)) = (index, profile) {
+                            built.plan.held = Some(landlock::fingerprint(profile, spec));
+                        }
                         plan.landlock.push(built.plan);
                     }
                     None => applied.landlock_complete = false,

@@ -85,6 +85,43 @@ fn an_imposed_profile_cannot_be_loosened() {
     assert_eq!(plan.seccomp.len(), 1);
 }
 
+/// Only a policy profile's own Landlock rules may be held by a spawner:
+/// marked with a fingerprint of the profile and its rules, which a
+/// request's rules never get.
+#[test]
+fn only_a_profiles_landlock_rules_are_marked_to_be_held() {
+    if crate::spawn::landlock_abi() == 0 {
+        eprintln!("skipped: this kernel has no Landlock");
+        return;
+    }
+    let sandboxes = sandboxes("landlock_rx = [\"/\"]\nlandlock_rw = [\"/tmp\"]");
+    let fingerprint = |plan: &SandboxPlan| -> Vec<Option<u64>> {
+        plan.landlock.iter().map(|ruleset| ruleset.held).collect()
+    };
+    let (imposed, _) = sandboxes.resolve(None, Some("p")).unwrap().unwrap();
+    let (again, _) = sandboxes.resolve(None, Some("p")).unwrap().unwrap();
+    let [Some(held)] = fingerprint(&imposed)[..] else {
+        panic!("{imposed:?}");
+    };
+    assert_eq!(fingerprint(&again), [Some(held)]);
+    let narrower = SandboxSpec {
+        landlock: Some(LandlockSpec {
+            read_execute: vec![b"/".to_vec()],
+            ..LandlockSpec::default()
+        }),
+        ..SandboxSpec::default()
+    };
+    let (stacked, _) = sandboxes
+        .resolve(Some(&narrower), Some("p"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(fingerprint(&stacked), [Some(held), None]);
+    let (alone, _) = sandboxes.resolve(Some(&narrower), None).unwrap().unwrap();
+    assert_eq!(fingerprint(&alone), [None]);
+    let other = super::landlock::fingerprint("p", &LandlockSpec::default());
+    assert_ne!(other, held, "other rules, another fingerprint");
+}
+
 #[test]
 fn paths_are_checked_and_made_relative() {
     assert_eq!(check_path("x", b"/usr//lib/./x").unwrap(), b"usr/lib/x");

@@ -162,8 +162,9 @@ struct Question {
     _expected: ExpectedSibling,
 }
 
-/// A spawner's uid and the seccomp profile it holds, if any.
-type Key = (u32, Option<&'static str>);
+/// A spawner's uid, the seccomp profile it holds, if any, and the
+/// fingerprint of the policy profile's Landlock rules it holds, if any.
+type Key = (u32, Option<&'static str>, Option<u64>);
 
 /// One uid's spawner process.
 struct UidSpawner {
@@ -171,6 +172,9 @@ struct UidSpawner {
     /// The seccomp profile installed on the spawner, inherited by its
     /// children.
     seccomp: Option<&'static str>,
+    /// The fingerprint of the Landlock rules the spawner holds, inherited
+    /// by its children.
+    landlock: Option<u64>,
     pid: i32,
     socket: AsyncSeqpacket,
     questions: Mutex<Questions>,
@@ -326,7 +330,8 @@ impl UidSpawners {
             return Err(Box::new(plan));
         }
         let seccomp = inheritable_profile(&plan);
-        let Some(spawner) = self.spawner_for((uid, seccomp), metrics, start) else {
+        let landlock = (what == Ask::Child).then(|| held_landlock(&plan)).flatten();
+        let Some(spawner) = self.spawner_for((uid, seccomp, landlock), metrics, start) else {
             return Err(Box::new(plan));
         };
         let Some((bytes, fds)) = wire::encode_plan(&plan, seccomp.is_some(), what) else {
@@ -363,10 +368,11 @@ impl UidSpawners {
                 spawner.asked.notify_one();
             }
         }
-        let made_ahead = plan
-            .sandbox
-            .as_ref()
-            .is_some_and(|sandbox| sandbox.enter.is_some() || sandbox.mount_template.is_some());
+        let made_ahead = landlock.is_some()
+            || plan
+                .sandbox
+                .as_ref()
+                .is_some_and(|sandbox| sandbox.enter.is_some() || sandbox.mount_template.is_some());
         Ok((PendingAnswer(outcome), made_ahead.then(|| Box::new(plan))))
     }
 
@@ -378,7 +384,7 @@ impl UidSpawners {
         metrics: &Metrics,
         start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
     ) -> Option<Arc<UidSpawner>> {
-        let (uid, seccomp) = key;
+        let (uid, seccomp, landlock) = key;
         let mut registry = self.lock();
         if let Some(spawner) = registry.running.get(&key) {
             return Some(Arc::clone(spawner));
@@ -427,6 +433,7 @@ impl UidSpawners {
             pid = spawner.pid,
             restarts,
             seccomp = seccomp.unwrap_or("none"),
+            holds_landlock = landlock.is_some(),
             "spawner process started"
         );
         let watched = Watched::new(
@@ -442,7 +449,7 @@ impl UidSpawners {
 
 impl UidSpawner {
     fn key(&self) -> Key {
-        (self.uid, self.seccomp)
+        (self.uid, self.seccomp, self.landlock)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Questions> {
@@ -457,11 +464,14 @@ fn launch(
     key: Key,
     start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
 ) -> std::io::Result<(UidSpawner, AsyncFd<OwnedFd>)> {
-    let (uid, seccomp) = key;
+    let (uid, seccomp, landlock) = key;
     let uid_text = uid.to_string();
     let mut argv = vec!["zygote-spawner", "uid-spawner", "--uid", &uid_text];
     if let Some(profile) = seccomp {
         argv.extend(["--seccomp", profile]);
+    }
+    if landlock.is_some() {
+        argv.push("--hold-landlock");
     }
     let (ours, theirs) = zygote_proto::socket::pair(false).map_err(std::io::Error::other)?;
     let null = || std::fs::File::open("/dev/null").map(OwnedFd::from);
@@ -502,6 +512,7 @@ fn launch(
         UidSpawner {
             uid,
             seccomp,
+            landlock,
             pid: child.pid,
             socket,
             questions: Mutex::new(Questions {
@@ -533,6 +544,20 @@ fn inheritable_profile(plan: &SpawnPlan) -> Option<&'static str> {
     crate::daemon::sandbox::SECCOMP_PROFILES
         .into_iter()
         .find(|name| *name == program.name)
+}
+
+/// The fingerprint of the Landlock rules a spawner of the plan's uid may
+/// hold for its child: those of its first ruleset when that is a policy
+/// profile's, for a child a vfork sets up without namespaces of its own.
+/// The domain confines the child from its clone, not from its last step:
+/// so not for a child that mounts, nor one that writes its
+/// `oom_score_adj` (a file the rules need not allow).
+fn held_landlock(plan: &SpawnPlan) -> Option<u64> {
+    let sandbox = plan.sandbox.as_ref()?;
+    if needs_calls_profiles_deny(plan) || sandbox.enter.is_some() || plan.oom_score_adj.is_some() {
+        return None;
+    }
+    sandbox.landlock.first()?.held
 }
 
 /// Whether the plan's child makes, before exec, a call that a seccomp

@@ -8,7 +8,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use zygote_proto::{RECV_BUFFER_BYTES, recv_frame_in, send_frame};
 
 use super::wire::{self, Answer, Ask};
-use crate::spawn::{self, SandboxFailure, SiblingChild, SpawnPlan, Spawner};
+use zygote_proto::SpawnStage;
+
+use crate::spawn::{self, HeldLandlock, SandboxFailure, SiblingChild, SpawnPlan, Spawner};
 
 /// The fd the daemon passes the spawner's socket on.
 pub(crate) const SOCKET_FD: i32 = 3;
@@ -26,7 +28,11 @@ pub(crate) const PROCESS_NAME: &std::ffi::CStr = c"zygote-spawner";
 /// set first, which each child would otherwise do itself (~50 µs: the
 /// bounding set goes one capability at a time); they keep their effective
 /// capabilities for the children's setup.
-pub fn serve(uid: u32, seccomp: Option<&str>) -> u8 {
+///
+/// With `hold_landlock`, every plan's first Landlock ruleset is a policy
+/// profile's, the same each time: this process enforces it on itself at
+/// the first plan, and its children inherit it (see [`HeldLandlock`]).
+pub fn serve(uid: u32, seccomp: Option<&str>, hold_landlock: bool) -> u8 {
     // Nothing else the daemon passed stays open.
     let socket = match spawn::take_inherited_fd(SOCKET_FD) {
         Ok(socket) => socket,
@@ -55,6 +61,13 @@ pub fn serve(uid: u32, seccomp: Option<&str>) -> u8 {
         }
     }
     let spawner = Spawner::with_current_dispositions().unwrap_or_else(Spawner::resetting_all);
+    let role = Role {
+        uid,
+        filtered: seccomp.is_some(),
+        confined,
+        holds_landlock: hold_landlock,
+    };
+    let mut held = None;
     let mut scratch = vec![0u8; RECV_BUFFER_BYTES];
     loop {
         let received = match recv_frame_in(socket.as_fd(), &mut scratch) {
@@ -66,7 +79,7 @@ pub fn serve(uid: u32, seccomp: Option<&str>) -> u8 {
             }
         };
         let plan = wire::decode_plan(&scratch[..received.len], received.fds);
-        let (answer, fds) = start(&spawner, plan, uid, seccomp.is_some(), confined);
+        let (answer, fds) = start(&spawner, plan, &role, &mut held);
         let bytes = zygote_proto::encode(&answer).unwrap_or_default();
         let borrowed: Vec<_> = fds.iter().map(AsFd::as_fd).collect();
         if let Err(error) = send_frame(socket.as_fd(), &bytes, &borrowed) {
@@ -82,17 +95,35 @@ pub fn serve(uid: u32, seccomp: Option<&str>) -> u8 {
     }
 }
 
+/// What a spawner process is, for each plan.
+struct Role {
+    /// The uid it serves.
+    uid: u32,
+    /// It holds a seccomp profile.
+    filtered: bool,
+    /// Its bounding set is empty.
+    confined: bool,
+    /// It holds the Landlock rules of its plans' first ruleset, once
+    /// enforced on itself.
+    holds_landlock: bool,
+}
+
 /// Starts the child of one plan, or its parked init (the plan's fds are
 /// closed on return): the answer, and the fds to attach (the child's
-/// pidfd first). `filtered`: this spawner holds a seccomp profile;
-/// `confined`: its bounding set is empty.
+/// pidfd first). `held`: the Landlock domain this process enforced on
+/// itself, if any yet.
 fn start(
     spawner: &Spawner,
     plan: Option<(SpawnPlan, Ask)>,
-    uid: u32,
-    filtered: bool,
-    confined: bool,
+    role: &Role,
+    held: &mut Option<HeldLandlock>,
 ) -> (Answer, Vec<OwnedFd>) {
+    let Role {
+        uid,
+        filtered,
+        confined,
+        holds_landlock,
+    } = *role;
     let refused = |stage, errno| (Answer::Refused { stage, errno }, Vec::new());
     let Some((plan, ask)) = plan else {
         return refused(zygote_proto::SpawnStage::Validate, libc::EINVAL);
@@ -112,6 +143,14 @@ fn start(
         return refused(zygote_proto::SpawnStage::Validate, libc::EINVAL);
     }
     let mut plan = plan;
+    if holds_landlock {
+        if ask == Ask::Park {
+            return refused(zygote_proto::SpawnStage::Validate, libc::EINVAL);
+        }
+        if let Err((stage, errno)) = inherit_landlock(&mut plan, held) {
+            return refused(stage, errno);
+        }
+    }
     if let (true, Some(sandbox)) = (confined, plan.sandbox.as_mut()) {
         // Cleared on this process at start: inherited empty.
         sandbox.clear_bounding_set = false;
@@ -139,4 +178,44 @@ fn start(
         }
         Err(error) => refused(error.stage, error.errno),
     }
+}
+
+/// Replaces the plan's first Landlock ruleset, the one this spawner
+/// holds, by the checks its child makes of the domain it inherits: the
+/// rules enforced on this process at its first plan, while each path
+/// still names the file it did then.
+///
+/// # Errors
+///
+/// `ESTALE` (stage `Clone`) when a path names another file now (a
+/// directory made anew): the daemon starts that child another way, and
+/// gives this spawner no more plans. `EINVAL` for a plan with other
+/// rules (the daemon never sends one).
+fn inherit_landlock(
+    plan: &mut SpawnPlan,
+    held: &mut Option<HeldLandlock>,
+) -> Result<(), (SpawnStage, i32)> {
+    let invalid = (SpawnStage::Validate, libc::EINVAL);
+    let sandbox = plan.sandbox.as_mut().ok_or(invalid)?;
+    let first = sandbox
+        .landlock
+        .first()
+        .filter(|first| first.held.is_some())
+        .ok_or(invalid)?;
+    let held = match held {
+        Some(held) if !held.holds(first) => return Err(invalid),
+        Some(held) if !held.still_names_its_files() => {
+            return Err((SpawnStage::Clone, libc::ESTALE));
+        }
+        Some(held) => held,
+        None => match HeldLandlock::hold(first) {
+            Ok(enforced) => held.insert(enforced),
+            // Nothing enforced (a path gone, say): the child enforces the
+            // rules itself, and names the path at fault.
+            Err(_) => return Ok(()),
+        },
+    };
+    sandbox.landlock.remove(0);
+    sandbox.inherited_landlock = held.paths().to_vec();
+    Ok(())
 }

@@ -155,6 +155,7 @@ impl Watched {
             Some(oldest) if oldest.answer.is_closed() => oldest.asked + STALLED_AFTER,
             // Looked at again for a closed answer meanwhile.
             Some(oldest) => (oldest.asked + ANSWER_DEADLINE).min(Instant::now() + STALLED_AFTER),
+            None if questions.retired => Instant::now(),
             None => questions.last_answer + IDLE_EXIT,
         }
     }
@@ -165,7 +166,7 @@ impl Watched {
     fn check(&self) -> Option<End> {
         let mut questions = self.spawner.lock();
         let Some(oldest) = questions.queue.front_mut() else {
-            if questions.last_answer.elapsed() >= IDLE_EXIT {
+            if questions.retired || questions.last_answer.elapsed() >= IDLE_EXIT {
                 questions.retired = true;
                 return Some(End::Retired);
             }
@@ -210,9 +211,13 @@ impl Watched {
         let question = question.ok_or("an answer to no question")?;
         let (pid, failure) = match answer {
             Answer::Refused { stage, errno } => {
-                let _ = question
-                    .answer
-                    .send(Outcome::Refused(SpawnError::new(stage, errno)));
+                let outcome = Outcome::Refused(SpawnError::new(stage, errno));
+                if self.spawner.landlock.is_some() && outcome.is_made_ahead_unusable() {
+                    // Its Landlock domain names a file replaced since: no
+                    // new plan comes; those sent already get this answer.
+                    self.retire();
+                }
+                let _ = question.answer.send(outcome);
                 return Ok(());
             }
             Answer::Started { pid, failure } => (pid, failure),

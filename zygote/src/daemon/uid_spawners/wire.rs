@@ -54,12 +54,19 @@ struct SandboxOut<'a> {
     hostname: Option<&'a [u8]>,
     filesystem: Option<Vec<(u8, &'a CStr, &'a CStr)>>,
     seccomp: Vec<(&'a str, Vec<Instruction>)>,
-    landlock: Vec<(Vec<(&'a CStr, u64)>, u64)>,
+    landlock: Vec<RulesetOut<'a>>,
     clear_bounding_set: bool,
     enter: bool,
     build_template: bool,
     mount_template: bool,
 }
+
+/// A Landlock ruleset's path rules (path, rights), the rights that apply
+/// to a file, and the fingerprint of a profile's rules a spawner may hold.
+type RulesetOut<'a> = (Vec<(&'a CStr, u64)>, u64, Option<u64>);
+
+/// [`RulesetOut`] as the spawner receives it.
+type RulesetIn = (Vec<(CString, u64)>, u64, Option<u64>);
 
 /// A BPF instruction: `code`, `jt`, `jf`, `k`.
 type Instruction = (u16, u8, u8, u32);
@@ -73,7 +80,7 @@ struct SandboxIn {
     hostname: Option<Vec<u8>>,
     filesystem: Option<Vec<(u8, CString, CString)>>,
     seccomp: Vec<(String, Vec<Instruction>)>,
-    landlock: Vec<(Vec<(CString, u64)>, u64)>,
+    landlock: Vec<RulesetIn>,
     clear_bounding_set: bool,
     enter: bool,
     build_template: bool,
@@ -240,7 +247,7 @@ fn encode_sandbox(plan: &SandboxPlan, seccomp_inherited: bool) -> SandboxOut<'_>
                     .iter()
                     .map(|(path, access)| (path.as_c_str(), *access))
                     .collect();
-                (paths, landlock.file_access)
+                (paths, landlock.file_access, landlock.held)
             })
             .collect(),
         clear_bounding_set: plan.clear_bounding_set,
@@ -304,11 +311,12 @@ fn decode_sandbox(
     let landlock = sandbox
         .landlock
         .into_iter()
-        .map(|(paths, file_access)| {
+        .map(|(paths, file_access, held)| {
             Some(LandlockPlan {
                 ruleset: fds.next()?,
                 paths,
                 file_access,
+                held,
             })
         })
         .collect::<Option<Vec<_>>>()?;
@@ -330,6 +338,7 @@ fn decode_sandbox(
         filesystem,
         seccomp,
         landlock,
+        inherited_landlock: Vec::new(),
         map_ids: None,
         fresh_proc: false,
         clear_bounding_set: sandbox.clear_bounding_set,
@@ -532,7 +541,9 @@ mod tests {
                 ruleset: null(),
                 paths: vec![(c"/work".to_owned(), 0x1fff)],
                 file_access: 0x0f,
+                held: Some(0x5eed),
             }],
+            inherited_landlock: Vec::new(),
             map_ids: None,
             fresh_proc: false,
             clear_bounding_set: true,
@@ -581,6 +592,7 @@ mod tests {
         };
         assert_eq!(landlock.paths, [(c"/work".to_owned(), 0x1fff)]);
         assert_eq!(landlock.file_access, 0x0f);
+        assert_eq!(landlock.held, Some(0x5eed));
         assert!(sandbox.clear_bounding_set);
         assert!(sandbox.enter.is_none());
         // One fd short: refused, not shifted.

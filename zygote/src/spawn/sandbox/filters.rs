@@ -1,10 +1,10 @@
 //! The child's own restrictions, applied last: the capability sets,
 //! Landlock's path rules and enforcement, the seccomp filter.
 
-use std::ffi::{c_int, c_long, c_uint};
+use std::ffi::{CStr, c_int, c_long, c_uint};
 use std::os::fd::RawFd;
 
-use super::{Failed, LandlockPlan, SeccompProgram, Step, check, close, errno, fail};
+use super::{Failed, HeldPath, LandlockPlan, SeccompProgram, Step, check, close, errno, fail};
 
 /// Clears the capability bounding set and the ambient set, while the
 /// child still has `CAP_SETPCAP`: nothing it execs can regain a
@@ -78,12 +78,30 @@ struct PathBeneath {
 }
 
 /// Adds the path rules (each path opened as the peer, which this child
-/// now is) and enforces the ruleset.
-pub(super) fn enforce_landlock(plan: &LandlockPlan, ruleset: RawFd) -> Result<(), Failed> {
+/// now is) and enforces the ruleset. `first_path`: the index of the
+/// ruleset's first path among every ruleset's, for a failure's report.
+pub(super) fn enforce_landlock(
+    plan: &LandlockPlan,
+    ruleset: RawFd,
+    first_path: usize,
+) -> Result<(), Failed> {
+    add_path_rules(plan, ruleset, first_path, |_, _| {})?;
+    restrict_self(ruleset)
+}
+
+/// Opens each of `plan`'s paths and adds its rule to `ruleset`, calling
+/// `added` with the path and what it names.
+pub(super) fn add_path_rules(
+    plan: &LandlockPlan,
+    ruleset: RawFd,
+    first_path: usize,
+    mut added: impl FnMut(&CStr, &libc::stat),
+) -> Result<(), Failed> {
     for (index, (path, access)) in plan.paths.iter().enumerate() {
+        let item = Some(first_path + index);
         // SAFETY: opens a NUL-terminated path.
         let fd = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
-        check(fd.into(), Step::LandlockPath, Some(index))?;
+        check(fd.into(), Step::LandlockPath, item)?;
         // SAFETY: fstat writes into a valid struct.
         let mut stat = unsafe { std::mem::zeroed::<libc::stat>() };
         // SAFETY: fstat writes into a valid struct.
@@ -107,15 +125,48 @@ pub(super) fn enforce_landlock(plan: &LandlockPlan, ruleset: RawFd) -> Result<()
                 0 as c_uint,
             )
         };
-        let failed = (ret < 0).then(|| fail(Step::Landlock, Some(index)));
+        let failed = (ret < 0).then(|| fail(Step::Landlock, item));
         close(fd);
         if let Some(failed) = failed {
             return Err(failed);
         }
+        added(path, &stat);
     }
+    Ok(())
+}
+
+/// Enforces `ruleset` on the calling thread (and what it creates later).
+pub(super) fn restrict_self(ruleset: RawFd) -> Result<(), Failed> {
     // SAFETY: plain syscall on the ruleset's fd.
     let ret = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0 as c_uint) };
     check(ret, Step::Landlock, None).map(drop)
+}
+
+/// The device and inode numbers of the file `path` names; the errno.
+pub(super) fn identity(path: &CStr) -> Result<(u64, u64), c_int> {
+    // SAFETY: stat writes into a valid struct.
+    let mut stat = unsafe { std::mem::zeroed::<libc::stat>() };
+    // SAFETY: a NUL-terminated path and a valid struct to write.
+    if unsafe { libc::stat(path.as_ptr(), &raw mut stat) } != 0 {
+        return Err(errno());
+    }
+    Ok((stat.st_dev, stat.st_ino))
+}
+
+/// Checks, as the peer, that each path of the domain inherited from the
+/// spawner names the file the domain's rule was added on: an error
+/// resolving it fails the spawn as opening it would; another file there
+/// (replaced since the spawner's own check) fails it with `ESTALE`.
+pub(super) fn check_inherited_landlock(paths: &[HeldPath]) -> Result<(), Failed> {
+    for (index, held) in paths.iter().enumerate() {
+        let found = identity(&held.path).map_err(|_| fail(Step::LandlockPath, Some(index)))?;
+        if found != (held.dev, held.ino) {
+            // SAFETY: writes this thread's errno slot, always valid.
+            unsafe { *libc::__errno_location() = libc::ESTALE };
+            return Err(fail(Step::LandlockPath, Some(index)));
+        }
+    }
+    Ok(())
 }
 
 /// `struct sock_fprog`.

@@ -35,7 +35,7 @@ pub mod libseccomp;
 
 use filters::drop_capabilities;
 pub(in crate::spawn) use filters::empty_capability_sets;
-use filters::{clear_capability_sets, enforce_landlock, install_seccomp};
+use filters::{check_inherited_landlock, clear_capability_sets, enforce_landlock, install_seccomp};
 
 pub(in crate::spawn) use enter::Entered;
 pub use fs::dev_template;
@@ -70,6 +70,11 @@ pub struct SandboxPlan {
     /// Landlock rulesets, each enforced in turn (stacked: each one only
     /// takes rights away).
     pub landlock: Vec<LandlockPlan>,
+    /// The paths of a Landlock domain the child inherits from the spawner
+    /// process that vforks it ([`HeldLandlock`]), in place of the first
+    /// ruleset above: each must still name, as the peer resolves it, the
+    /// file the domain's rule was added on. Set only by that spawner.
+    pub inherited_landlock: Vec<HeldPath>,
     /// Rootless: map the peer's uid and gid to themselves in the new user
     /// namespace.
     pub map_ids: Option<(u32, u32)>,
@@ -194,6 +199,87 @@ pub struct LandlockPlan {
     /// The access rights that apply to a file (not a directory): the
     /// others are dropped from a rule on a file, as the kernel wants.
     pub file_access: u64,
+    /// A fingerprint of the rules, set on a policy profile's ruleset: a
+    /// spawner process may then hold them, enforced on itself, for its
+    /// children to inherit ([`HeldLandlock`]).
+    pub held: Option<u64>,
+}
+
+/// A Landlock path rule's file, as it was when a domain was built on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldPath {
+    /// The path, as the rule names it.
+    pub path: CString,
+    /// The file's device number.
+    pub dev: u64,
+    /// The file's inode number.
+    pub ino: u64,
+}
+
+/// A Landlock domain a spawner process enforced on itself, which each of
+/// its children inherits at clone instead of building and enforcing its
+/// own (~20 µs less per child here). Landlock binds a rule to the file a
+/// path named when the rule was added, so before each child the spawner
+/// checks that every path still names that file
+/// ([`HeldLandlock::still_names_its_files`]), and the child checks again
+/// as the peer ([`SandboxPlan::inherited_landlock`]): a path out of the
+/// peer's reach fails the spawn by name, as without a held domain.
+#[derive(Debug)]
+pub struct HeldLandlock {
+    paths: Vec<HeldPath>,
+    access: Vec<u64>,
+}
+
+impl HeldLandlock {
+    /// Adds `plan`'s path rules to its ruleset and enforces it on the
+    /// calling process, for good: every process it creates afterwards is
+    /// confined by it. Call it with no thread besides the caller's.
+    ///
+    /// # Errors
+    ///
+    /// The step's errno (a path that does not resolve, a kernel that
+    /// refuses); nothing is enforced then.
+    pub fn hold(plan: &LandlockPlan) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        let mut paths = Vec::with_capacity(plan.paths.len());
+        filters::add_path_rules(plan, plan.ruleset.as_raw_fd(), 0, |path, stat| {
+            paths.push(HeldPath {
+                path: path.to_owned(),
+                dev: stat.st_dev,
+                ino: stat.st_ino,
+            });
+        })
+        .map_err(|(_, errno, _)| std::io::Error::from_raw_os_error(errno))?;
+        filters::restrict_self(plan.ruleset.as_raw_fd())
+            .map_err(|(_, errno, _)| std::io::Error::from_raw_os_error(errno))?;
+        Ok(Self {
+            paths,
+            access: plan.paths.iter().map(|(_, access)| *access).collect(),
+        })
+    }
+
+    /// Whether `plan` has the very rules held (the same paths and rights).
+    pub fn holds(&self, plan: &LandlockPlan) -> bool {
+        self.paths.len() == plan.paths.len()
+            && self
+                .paths
+                .iter()
+                .zip(&self.access)
+                .zip(&plan.paths)
+                .all(|((held, access), (path, wanted))| held.path == *path && access == wanted)
+    }
+
+    /// Whether each path still names the file its rule was added on.
+    pub fn still_names_its_files(&self) -> bool {
+        self.paths.iter().all(|held| {
+            filters::identity(&held.path).is_ok_and(|found| found == (held.dev, held.ino))
+        })
+    }
+
+    /// The paths, for a child to check as the peer.
+    pub fn paths(&self) -> &[HeldPath] {
+        &self.paths
+    }
 }
 
 /// A sandbox step that failed, reported with stage `Sandbox`.
@@ -511,9 +597,13 @@ pub(super) fn before_exec(plan: &SandboxPlan, fds: &[RawFd]) -> Result<(), Faile
     let ret = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     check(ret.into(), Step::NoNewPrivs, None)?;
     drop_capabilities()?;
+    check_inherited_landlock(&plan.inherited_landlock)?;
+    // Failures name a path by its index among every ruleset's paths.
+    let mut first_path = plan.inherited_landlock.len();
     let rulesets = SandboxFds::of(plan, fds).rulesets;
     for (landlock, ruleset) in plan.landlock.iter().zip(rulesets) {
-        enforce_landlock(landlock, *ruleset)?;
+        enforce_landlock(landlock, *ruleset, first_path)?;
+        first_path += landlock.paths.len();
     }
     for program in &plan.seccomp {
         install_seccomp(program)?;
