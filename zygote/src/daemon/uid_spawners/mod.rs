@@ -483,7 +483,14 @@ fn launch(
             .into_iter()
             .map(|arg| std::ffi::CString::new(arg).map_err(std::io::Error::other))
             .collect::<Result<_, _>>()?,
-        envp: Env::new(),
+        // Nothing of the daemon's, but its choice of scheduling policy.
+        envp: {
+            let mut env = Env::new();
+            if let Some(value) = std::env::var_os(spawn::NO_BATCH_ENV) {
+                env.push(spawn::NO_BATCH_ENV.as_bytes(), value.as_encoded_bytes());
+            }
+            env
+        },
         cwd: None,
         fds: vec![
             (null()?, 0),
