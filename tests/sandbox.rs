@@ -184,6 +184,25 @@ fn daemon_with_parked_inits(name: &str) -> (tempfile::TempDir, Daemon) {
     (work, daemon)
 }
 
+/// A spawner runs under `SCHED_BATCH` until it parks an init: then under
+/// `SCHED_OTHER`, so that the next init is made while the last child
+/// runs, not after.
+#[test]
+fn a_spawner_that_parks_inits_leaves_the_batch_policy() {
+    if !root_or_skip("a root daemon with spawner processes") {
+        return;
+    }
+    let (_work, daemon) = daemon_with_parked_inits("sandbox-park-policy");
+    let spawners = daemon.spawners();
+    assert_eq!(spawners.len(), 1, "{spawners:?}");
+    let sched = std::fs::read_to_string(format!("/proc/{}/sched", spawners[0])).unwrap();
+    let policy = sched
+        .lines()
+        .find(|line| line.starts_with("policy"))
+        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "));
+    assert_eq!(policy.as_deref(), Some("policy : 0"), "{sched}");
+}
+
 #[test]
 fn imposed_sandbox_confines_a_peer_that_tries_to_escape() {
     if !root_or_skip("a root daemon that confines another uid") {

@@ -78,7 +78,7 @@ pub use handover::{
     SignalMask, adopt_fd, exec_in_place, hold_stop_signals, inherited_fds, release_held_signals,
     run_own, set_inheritable,
 };
-pub use sched::{DaemonPolicy, NO_BATCH_ENV, log_daemon_policy, run_daemon_as_batch};
+pub use sched::{DaemonPolicy, NO_BATCH_ENV, leave_batch, log_daemon_policy, run_daemon_as_batch};
 pub use selfsignal::{die_by, die_of_signal, stop_self, stop_self_by};
 pub use sigchld::{
     SIGNALFD_SIGINFO_BYTES, block_child_signal, child_signal_fd, threads_taking_child_signal,

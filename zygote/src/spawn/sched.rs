@@ -210,6 +210,22 @@ pub(super) fn set_reset_on_fork() -> io::Result<()> {
     set_thread_policy(policy | libc::SCHED_RESET_ON_FORK)
 }
 
+/// Moves the calling thread from `SCHED_BATCH` to `SCHED_OTHER` (nice
+/// value and `SCHED_RESET_ON_FORK` kept); nothing under another policy.
+/// Its children still reset their policy before exec, which then changes
+/// nothing.
+///
+/// # Errors
+///
+/// When the policy cannot be read or set.
+pub fn leave_batch() -> io::Result<()> {
+    let policy = thread_policy()?;
+    if policy & !libc::SCHED_RESET_ON_FORK != libc::SCHED_BATCH {
+        return Ok(());
+    }
+    set_thread_policy(libc::SCHED_OTHER | (policy & libc::SCHED_RESET_ON_FORK))
+}
+
 /// Puts the calling (child) process under `SCHED_OTHER`, its nice value
 /// kept; async-signal-safe (one syscall). Returns the errno on failure.
 pub(super) fn reset_child_policy() -> Result<(), c_int> {
