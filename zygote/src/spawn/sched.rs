@@ -210,10 +210,9 @@ pub(super) fn set_reset_on_fork() -> io::Result<()> {
     set_thread_policy(policy | libc::SCHED_RESET_ON_FORK)
 }
 
-/// Moves the calling thread from `SCHED_BATCH` to `SCHED_OTHER` (nice
-/// value and `SCHED_RESET_ON_FORK` kept); nothing under another policy.
-/// Its children still reset their policy before exec, which then changes
-/// nothing.
+/// Moves the calling process, single-threaded, from `SCHED_BATCH` to
+/// `SCHED_OTHER` (nice value and `SCHED_RESET_ON_FORK` kept), which its
+/// children then inherit and keep; nothing under another policy.
 ///
 /// # Errors
 ///
@@ -223,7 +222,9 @@ pub fn leave_batch() -> io::Result<()> {
     if policy & !libc::SCHED_RESET_ON_FORK != libc::SCHED_BATCH {
         return Ok(());
     }
-    set_thread_policy(libc::SCHED_OTHER | (policy & libc::SCHED_RESET_ON_FORK))
+    set_thread_policy(libc::SCHED_OTHER | (policy & libc::SCHED_RESET_ON_FORK))?;
+    CHILDREN_RESET_POLICY.store(false, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Puts the calling (child) process under `SCHED_OTHER`, its nice value
