@@ -5,11 +5,9 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 
-use zygote_proto::{RECV_BUFFER_BYTES, recv_frame_in, send_frame};
+use zygote_proto::{RECV_BUFFER_BYTES, SpawnStage, recv_frame_in, send_frame};
 
 use super::wire::{self, Answer, Ask};
-use zygote_proto::SpawnStage;
-
 use crate::spawn::{self, HeldLandlock, SandboxFailure, SiblingChild, SpawnPlan, Spawner};
 
 /// The fd the daemon passes the spawner's socket on.

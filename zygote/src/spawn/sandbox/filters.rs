@@ -90,12 +90,12 @@ pub(super) fn enforce_landlock(
 }
 
 /// Opens each of `plan`'s paths and adds its rule to `ruleset`, calling
-/// `added` with the path and what it names.
+/// `added` with the path and what it names (`None` if `fstat` failed).
 pub(super) fn add_path_rules(
     plan: &LandlockPlan,
     ruleset: RawFd,
     first_path: usize,
-    mut added: impl FnMut(&CStr, &libc::stat),
+    mut added: impl FnMut(&CStr, Option<&libc::stat>),
 ) -> Result<(), Failed> {
     for (index, (path, access)) in plan.paths.iter().enumerate() {
         let item = Some(first_path + index);
@@ -130,7 +130,7 @@ pub(super) fn add_path_rules(
         if let Some(failed) = failed {
             return Err(failed);
         }
-        added(path, &stat);
+        added(path, (ret == 0).then_some(&stat));
     }
     Ok(())
 }

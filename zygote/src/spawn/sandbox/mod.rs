@@ -243,13 +243,19 @@ impl HeldLandlock {
         use std::os::fd::AsRawFd;
         let mut paths = Vec::with_capacity(plan.paths.len());
         filters::add_path_rules(plan, plan.ruleset.as_raw_fd(), 0, |path, stat| {
-            paths.push(HeldPath {
-                path: path.to_owned(),
-                dev: stat.st_dev,
-                ino: stat.st_ino,
-            });
+            if let Some(stat) = stat {
+                paths.push(HeldPath {
+                    path: path.to_owned(),
+                    dev: stat.st_dev,
+                    ino: stat.st_ino,
+                });
+            }
         })
         .map_err(|(_, errno, _)| std::io::Error::from_raw_os_error(errno))?;
+        // A path whose file could not be told: it could not be checked.
+        if paths.len() != plan.paths.len() {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
         filters::restrict_self(plan.ruleset.as_raw_fd())
             .map_err(|(_, errno, _)| std::io::Error::from_raw_os_error(errno))?;
         Ok(Self {
