@@ -8,7 +8,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use crate::util::{
-    Daemon, eventually, output_within, root_or_skip, start_daemon_with, wait_within, zygote_bin,
+    Daemon, eventually, output_within, root_or_skip, sched_policy, start_daemon_with, wait_within,
+    zygote_bin,
 };
 
 /// A profile binding the system read-only and `work` read-write, in
@@ -195,12 +196,7 @@ fn a_spawner_that_parks_inits_leaves_the_batch_policy() {
     let (_work, daemon) = daemon_with_parked_inits("sandbox-park-policy");
     let spawners = daemon.spawners();
     assert_eq!(spawners.len(), 1, "{spawners:?}");
-    let sched = std::fs::read_to_string(format!("/proc/{}/sched", spawners[0])).unwrap();
-    let policy = sched
-        .lines()
-        .find(|line| line.starts_with("policy"))
-        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "));
-    assert_eq!(policy.as_deref(), Some("policy : 0"), "{sched}");
+    assert_eq!(sched_policy(spawners[0]), "0", "SCHED_OTHER");
 }
 
 #[test]

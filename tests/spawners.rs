@@ -9,7 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::util::{
-    Daemon, eventually, open_fds, output_within, parent_of, start_daemon_custom, zygote_bin,
+    Daemon, eventually, open_fds, output_within, parent_of, sched_policy, start_daemon_custom,
+    zygote_bin,
 };
 
 /// The peer's uid (and gid): `nobody` on Debian.
@@ -145,17 +146,6 @@ fn status_text(daemon: &Daemon, uid: Option<u32>) -> String {
 
 /// A spawner killed from outside: logged at INFO, counted, and the uid's
 /// next spawn starts a new one.
-/// The scheduling policy line of `/proc/PID/sched`: `0` for
-/// `SCHED_OTHER`, `3` for `SCHED_BATCH`.
-fn policy_of(pid: u32) -> String {
-    let sched = std::fs::read_to_string(format!("/proc/{pid}/sched")).expect("sched");
-    sched
-        .lines()
-        .find_map(|line| line.strip_prefix("policy")?.split(':').nth(1))
-        .map(|value| value.trim().to_owned())
-        .expect("a policy line")
-}
-
 /// A spawner runs under `SCHED_BATCH`, as the daemon's threads do (it
 /// never takes its child's CPU mid-exec), and its children start under
 /// `SCHED_OTHER`; with `ZYGOTE_SCHED_BATCH=0` the daemon's choice holds
@@ -167,14 +157,14 @@ fn a_spawner_runs_under_the_daemons_batch_policy_and_its_children_do_not() {
     }
     let child_policy = "grep '^policy' /proc/self/sched | tr -d ' \\t'";
     let (daemon, _, spawners) = daemon_with_a_spawner("spawner-batch");
-    assert_eq!(policy_of(daemon.pid()), "3", "the daemon's");
-    assert_eq!(policy_of(spawners[0]), "3", "the spawner's");
+    assert_eq!(sched_policy(daemon.pid()), "3", "the daemon's");
+    assert_eq!(sched_policy(spawners[0]), "3", "the spawner's");
     assert_eq!(run_as_peer(&daemon, child_policy), "policy:0\n");
     let (daemon, _) = shared_daemon("spawner-no-batch", &[("ZYGOTE_SCHED_BATCH", "0")]);
     assert_eq!(run_as_peer(&daemon, child_policy), "policy:0\n");
     let spawners = daemon.spawners();
     assert_eq!(spawners.len(), 1, "{spawners:?}");
-    assert_eq!(policy_of(spawners[0]), "0", "kept as the daemon's");
+    assert_eq!(sched_policy(spawners[0]), "0", "kept as the daemon's");
 }
 
 #[test]

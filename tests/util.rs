@@ -693,3 +693,14 @@ pub fn exit_within<T, E: std::fmt::Debug>(
     });
     exit.unwrap_or_else(|| panic!("{what}: no exit within {timeout:?}"))
 }
+
+/// The scheduling policy of a process's main thread, from
+/// `/proc/PID/sched`: `0` for `SCHED_OTHER`, `3` for `SCHED_BATCH`.
+pub fn sched_policy(pid: u32) -> String {
+    let sched = std::fs::read_to_string(format!("/proc/{pid}/sched")).expect("sched");
+    sched
+        .lines()
+        .find_map(|line| line.strip_prefix("policy")?.split(':').nth(1))
+        .map(|value| value.trim().to_owned())
+        .expect("a policy line")
+}
