@@ -185,18 +185,96 @@ fn daemon_with_parked_inits(name: &str) -> (tempfile::TempDir, Daemon) {
     (work, daemon)
 }
 
-/// A spawner runs under `SCHED_BATCH` until it parks an init: then under
-/// `SCHED_OTHER`, so that the next init is made while the last child
-/// runs, not after.
+/// Parked inits are made by a spawner of their own (of parks), each
+/// sharing its memory instead of a copy: at the usual `SCHED_BATCH` while
+/// spawns find none ready (a plan's first), then in the background under
+/// `SCHED_IDLE`. The inits themselves run under `SCHED_OTHER`, and the
+/// spawner of children keeps `SCHED_BATCH`.
 #[test]
-fn a_spawner_that_parks_inits_leaves_the_batch_policy() {
+fn parked_inits_are_made_in_the_background_sharing_their_makers_memory() {
     if !root_or_skip("a root daemon with spawner processes") {
         return;
     }
-    let (_work, daemon) = daemon_with_parked_inits("sandbox-park-policy");
+    let (work, daemon) = daemon_with_parked_inits("sandbox-park-policy");
     let spawners = daemon.spawners();
     assert_eq!(spawners.len(), 1, "{spawners:?}");
-    assert_eq!(sched_policy(spawners[0]), "0", "SCHED_OTHER");
+    assert_eq!(sched_policy(spawners[0]), "3", "children's: SCHED_BATCH");
+    let makers = daemon.park_spawners();
+    assert_eq!(makers.len(), 1, "{makers:?}");
+    let maker = makers[0];
+    assert_eq!(
+        sched_policy(maker),
+        "3",
+        "behind the first spawn: SCHED_BATCH"
+    );
+    let inits = inits_of(&daemon);
+    assert!(!inits.is_empty());
+    for init in &inits {
+        assert!(same_memory(maker, *init), "init {init} has a copy");
+        assert_eq!(sched_policy(*init), "0", "init {init}: SCHED_OTHER");
+    }
+    // Once the pool keeps up, the next inits are made in the background.
+    let path = work.path().to_str().unwrap();
+    let mut spawns = 0;
+    while sched_policy(maker) != "5" && spawns < 300 {
+        assert!(run(&daemon, path, Some(65534), "true").status.success());
+        spawns += 1;
+    }
+    assert_eq!(
+        sched_policy(maker),
+        "5",
+        "after {spawns} spawns: SCHED_IDLE"
+    );
+    assert_eq!(daemon.park_spawners(), vec![maker]);
+    assert_eq!(sched_policy(spawners[0]), "3");
+}
+
+/// A parked init shares its maker's memory for life, yet is not a child
+/// that maker waits for before exec: when the spawner of parks retires
+/// (idle a minute), the sandbox an init of its serves lives on.
+#[test]
+fn a_sandbox_outlives_the_spawner_that_made_its_init() {
+    if !root_or_skip("a root daemon with spawner processes") {
+        return;
+    }
+    let (work, daemon) = daemon_with_parked_inits("sandbox-park-retire");
+    let makers = daemon.park_spawners();
+    assert_eq!(makers.len(), 1, "{makers:?}");
+    let path = work.path().to_str().unwrap();
+    let mut program = start_run(
+        &daemon,
+        path,
+        Some(65534),
+        &[],
+        "echo started; exec sleep 300",
+    );
+    let stdout = program.stdout.take().expect("stdout");
+    let (sender, started) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line);
+        let _ = sender.send(line);
+    });
+    let line = started.recv_timeout(Duration::from_secs(30));
+    assert_eq!(line.as_deref(), Ok("started\n"));
+    let retired = eventually(Duration::from_secs(90), || {
+        !daemon.park_spawners().contains(&makers[0])
+    });
+    assert!(retired, "the spawner of parks never retired");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        program.try_wait().expect("try_wait").is_none(),
+        "the sandbox ended with the spawner that made its init"
+    );
+    let _ = program.kill();
+    let _ = program.wait();
+}
+
+/// Whether processes `a` and `b` share their memory (`kcmp(KCMP_VM)`).
+fn same_memory(a: u32, b: u32) -> bool {
+    const KCMP_VM: libc::c_long = 1;
+    // SAFETY: kcmp takes two pids, a type and two unused indexes.
+    unsafe { libc::syscall(libc::SYS_kcmp, a, b, KCMP_VM, 0, 0) == 0 }
 }
 
 #[test]
@@ -1692,9 +1770,9 @@ mod wire {
         }
         // Nothing of the refused, failed or finished sandboxes stays open
         // but the one empty network namespace and the one template of
-        // `/dev`, kept for the next, root's spawner process (its socket
-        // and pidfd), and the inits parked for the next spawn with their
-        // mount template.
+        // `/dev`, kept for the next, root's spawner processes (of children
+        // and of parks: socket and pidfd each), and the inits parked for
+        // the next spawn with their mount template.
         drop(fd);
         let parked = || super::inits_of(&daemon).len();
         assert!(
@@ -1706,8 +1784,9 @@ mod wire {
         let parked = parked() + super::templates_of(&daemon).len();
         assert_eq!(
             daemon.settled_fd_count(),
-            fds_before + 2 + 2 + super::FDS_PER_PARKED_INIT * parked
+            fds_before + 2 + daemon.spawner_fds() + super::FDS_PER_PARKED_INIT * parked
         );
+        assert_eq!(daemon.spawner_fds(), 4, "root's two spawners");
     }
 }
 

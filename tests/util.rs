@@ -206,17 +206,28 @@ impl Daemon {
             .count()
     }
 
-    /// The fds the daemon holds for its spawner processes: two each (the
-    /// socket and the pidfd) while they run.
+    /// The fds the daemon holds for its spawner processes, of children
+    /// and of parks: two each (the socket and the pidfd) while they run.
     pub fn spawner_fds(&self) -> usize {
-        2 * self.spawners().len()
+        2 * (self.spawners().len() + self.park_spawners().len())
     }
 
-    /// The daemon's per-uid spawner processes, which start the children
-    /// that switch to another uid: named [`SPAWNER_NAME`], and exec'd (a
-    /// spawner's child has its name too until its own exec, but is still
-    /// marked `PF_FORKNOEXEC`).
+    /// The daemon's per-uid spawner processes that start the children
+    /// that switch to another uid (or are sandboxed).
     pub fn spawners(&self) -> Vec<u32> {
+        self.spawner_processes(false)
+    }
+
+    /// The daemon's per-uid spawner processes that make parked inits and
+    /// mount templates (`--parks`).
+    pub fn park_spawners(&self) -> Vec<u32> {
+        self.spawner_processes(true)
+    }
+
+    /// Spawner processes: named [`SPAWNER_NAME`], and exec'd (a spawner's
+    /// child has its name too until its own exec, but is still marked
+    /// `PF_FORKNOEXEC`), of parks or not.
+    fn spawner_processes(&self, parks: bool) -> Vec<u32> {
         const PF_FORKNOEXEC: u64 = 0x40;
         children_of(self.pid())
             .into_iter()
@@ -227,6 +238,13 @@ impl Daemon {
             .filter(|pid| {
                 let flags = stat_fields(*pid).and_then(|fields| fields.get(6)?.parse::<u64>().ok());
                 flags.is_some_and(|flags| flags & PF_FORKNOEXEC == 0)
+            })
+            .filter(|pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let of_parks = cmdline
+                    .split(|byte| *byte == 0)
+                    .any(|arg| arg == b"--parks");
+                of_parks == parks
             })
             .collect()
     }

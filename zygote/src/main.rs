@@ -84,6 +84,7 @@ fn main() -> ExitCode {
                 args.uid,
                 seccomp,
                 args.hold_landlock,
+                args.parks,
             ))
         }
         Command::Man(args) => ExitCode::from(docs::man(&args)),

@@ -109,6 +109,9 @@ pub struct UidSpawnerArgs {
     /// which its children then inherit (every plan carries the same).
     #[arg(long)]
     pub hold_landlock: bool,
+    /// Make parked inits and mount templates only, under `SCHED_IDLE`.
+    #[arg(long, conflicts_with_all = ["seccomp", "hold_landlock"])]
+    pub parks: bool,
 }
 
 /// Arguments of `zygote serve`.

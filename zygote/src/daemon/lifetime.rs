@@ -653,8 +653,10 @@ impl SpawnTask {
                 .start_switching(plan, recipe.or(templated.as_ref()))
                 .await;
             if let Some((recipe, taken)) = parked {
+                let missed = taken.is_none();
+                let behind = self.daemon.sandboxes.pool.behind(&recipe.key, missed);
                 drop(taken);
-                parked::refill(&self.daemon, &recipe);
+                parked::refill(&self.daemon, &recipe, behind);
             }
             started.map_err(|error| match error {
                 Switching::Spawn(error) => failed(error),

@@ -70,15 +70,16 @@ pub(crate) fn copy_template(daemon: &Arc<Daemon>, plan: &mut SpawnPlan) -> Optio
 }
 
 /// Has inits parked for `recipe` up to the pool's depth and bounds, each
-/// made in a task of its own.
-pub(crate) fn refill(daemon: &Arc<Daemon>, recipe: &Recipe) {
+/// made in a task of its own: in the background, unless `behind` (the
+/// spawn found none ready; see `UidSpawners::park`).
+pub(crate) fn refill(daemon: &Arc<Daemon>, recipe: &Recipe, behind: bool) {
     while daemon.sandboxes.pool.start_making(&recipe.key) {
-        make_one(daemon, recipe.clone());
+        make_one(daemon, recipe.clone(), behind);
     }
 }
 
 /// Parks one init for `recipe`, which `Pool::start_making` counted.
-fn make_one(daemon: &Arc<Daemon>, recipe: Recipe) {
+fn make_one(daemon: &Arc<Daemon>, recipe: Recipe, behind: bool) {
     let daemon = Arc::clone(daemon);
     tokio::spawn(async move {
         let pool = Arc::clone(&daemon.sandboxes.pool);
@@ -88,7 +89,7 @@ fn make_one(daemon: &Arc<Daemon>, recipe: Recipe) {
         };
         let copied = template.is_some();
         let made = match recipe.park_plan(template) {
-            Ok(plan) => make(&daemon, plan).await,
+            Ok(plan) => make(&daemon, plan, behind).await,
             Err(error) => Err(error.to_string()),
         };
         let key = recipe.key;
@@ -134,7 +135,9 @@ async fn build_template(daemon: &Arc<Daemon>, recipe: &Recipe) -> Option<(Arc<Ow
     let pool = &daemon.sandboxes.pool;
     let resolved = Instant::now();
     let built = match recipe.template_plan() {
-        Ok(plan) => make(daemon, plan).await,
+        // Rare (one per plan and [`TEMPLATE_AGE`]), and every init of its
+        // plan waits for it: never in the background.
+        Ok(plan) => make(daemon, plan, true).await,
         Err(error) => Err(error.to_string()),
     };
     let (pidfd, release) = match built {
@@ -160,8 +163,12 @@ async fn build_template(daemon: &Arc<Daemon>, recipe: &Recipe) -> Option<(Arc<Ow
 /// Starts a parked process for `plan` (an init, or a mount template's)
 /// and waits until it is ready: its pidfd and the write end of its
 /// release pipe. A task reaps it when it ends.
-async fn make(daemon: &Daemon, plan: SpawnPlan) -> Result<(Arc<OwnedFd>, OwnedFd), String> {
-    let parked = start(daemon, plan).await?;
+async fn make(
+    daemon: &Daemon,
+    plan: SpawnPlan,
+    behind: bool,
+) -> Result<(Arc<OwnedFd>, OwnedFd), String> {
+    let parked = start(daemon, plan, behind).await?;
     let enter = parked
         .pidfd
         .try_clone()
@@ -204,15 +211,16 @@ fn reap_later(pid: i32, pidfd: OwnedFd) {
     });
 }
 
-/// Starts a parked init for `plan`, forked by the spawner of the plan's
-/// uid. None is made where no spawner can take it (stalled, paused after
-/// failures, or none left to start): only a spawner enters one, and the
-/// spawns meanwhile take the fork path; a fork of the daemon, which copies
-/// far more than a spawner's, would mostly wait there unused.
-async fn start(daemon: &Daemon, plan: SpawnPlan) -> Result<ParkedInit, String> {
+/// Starts a parked init (or a mount template's holder) for `plan`, made
+/// by the spawner of parks of the plan's uid, in the background unless
+/// `behind`. None is made where no spawner can take it (stalled, paused
+/// after failures, or none left to start): only a spawner enters one, and
+/// the spawns meanwhile take the fork path; a fork of the daemon, which
+/// copies far more, would mostly wait there unused.
+async fn start(daemon: &Daemon, plan: SpawnPlan, behind: bool) -> Result<ParkedInit, String> {
     let asked = daemon
         .uid_spawners
-        .park(plan, &daemon.metrics, |plan| daemon.spawn(plan));
+        .park(plan, &daemon.metrics, |plan| daemon.spawn(plan), behind);
     let Ok(answer) = asked else {
         return Err("no spawner process can make it now".to_owned());
     };

@@ -12,6 +12,7 @@ use std::cell::Cell;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::os::fd::RawFd;
 use std::ptr;
+use std::sync::atomic::AtomicU32;
 
 use zygote_proto::SpawnStage;
 
@@ -87,6 +88,9 @@ pub(super) struct ChildArgs<'a> {
     /// it (see [`sandbox::park`]). The child parks instead of switching
     /// credentials and exec'ing.
     pub(super) park: Option<RawFd>,
+    /// A parked init sharing its maker's memory: the word it hands off on
+    /// once it no longer uses that memory (see `clone::clone_parked`).
+    pub(super) hand_off: Option<&'a AtomicU32>,
 }
 
 /// The status pipe's failure report: the stage's index in
@@ -367,7 +371,8 @@ fn setup(args: &ChildArgs<'_>) -> Result<(), Failed> {
             } else {
                 c"zygote-init"
             };
-            return sandboxed(args, Err(sandbox::park(release, args.report, name)));
+            let parked = sandbox::park(release, args.report, name, args.hand_off);
+            return sandboxed(args, Err(parked));
         }
     }
 

@@ -7,7 +7,8 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use zygote_proto::{ExitStatus, ResourceUsage, SpawnStage};
 
@@ -210,6 +211,117 @@ pub(super) fn clone_sibling(
         });
     STACK.set(Some(stack));
     result
+}
+
+/// A parked init's life, as its word says (see [`ParkedStack`]): making
+/// its namespaces and root on this process's memory.
+const PARKED_SETTING_UP: u32 = 1;
+
+/// Its life word once it has handed off ([`hand_off`]): from then on it
+/// touches only its own stack. The kernel writes 0 there when it exits
+/// (`CLONE_CHILD_CLEARTID`).
+const PARKED_HANDED_OFF: u32 = 2;
+
+/// The stack a parked init runs on for its whole life, and its life word.
+pub(super) struct ParkedStack {
+    stack: Stack,
+    life: Arc<AtomicU32>,
+}
+
+// SAFETY: the mapping is owned by this value alone (no Rust reference
+// into it exists); moving it to another thread moves that ownership.
+unsafe impl Send for ParkedStack {}
+
+impl ParkedStack {
+    pub(super) fn new() -> io::Result<Self> {
+        Ok(Self {
+            stack: Stack::new()?,
+            life: Arc::new(AtomicU32::new(PARKED_SETTING_UP)),
+        })
+    }
+
+    /// The word its init hands off on ([`hand_off`]).
+    pub(super) fn life(&self) -> Arc<AtomicU32> {
+        Arc::clone(&self.life)
+    }
+}
+
+/// The stacks of this process's parked inits that may still run, each
+/// unmapped once its init has exited.
+static PARKED_STACKS: Mutex<Vec<ParkedStack>> = Mutex::new(Vec::new());
+
+/// Starts a parked init, or a mount template's holder (`child_main` with
+/// `args`, whose `hand_off` is `parked`'s life word), as this process's
+/// sibling: `clone3(CLONE_VM | CLONE_PARENT | CLONE_PIDFD |
+/// CLONE_CHILD_CLEARTID | namespaces)` on `parked`'s stack, which it keeps.
+/// It shares this process's memory instead of copying it: no page tables
+/// to copy at the clone, none to tear down at its end, and no page faults
+/// on either side after (most of a parked init's cost otherwise). Returns
+/// once it has handed off, or exited (a failed setup, reported on its
+/// status pipe): until then it uses this process's memory (`args` among
+/// it) as a vfork'd child does, so this thread waits, signals blocked.
+/// Only for a single-threaded process (a spawner's).
+///
+/// # Errors
+///
+/// The errno of `clone3` (`ENOSYS` where it is not ours: fork instead).
+pub(super) fn clone_parked(
+    args: &ChildArgs<'_>,
+    namespaces: c_int,
+    parked: ParkedStack,
+) -> Result<(libc::pid_t, OwnedFd), c_int> {
+    let mut stacks = PARKED_STACKS.lock().unwrap_or_else(PoisonError::into_inner);
+    stacks.retain(|stack| stack.life.load(Ordering::Acquire) != 0);
+    parked.life.store(PARKED_SETTING_UP, Ordering::Release);
+    let arg = ptr::from_ref(args).cast_mut().cast::<c_void>();
+    let blocked = BlockedSignals::block_all().map_err(|error| errno_of(&error))?;
+    let mut pidfd: c_int = -1;
+    let flags = libc::CLONE_VM
+        | libc::CLONE_PARENT
+        | libc::CLONE_PIDFD
+        | libc::CLONE_CHILD_CLEARTID
+        | namespaces;
+    let clone_args = CloneArgs {
+        flags: u64::try_from(flags).unwrap_or(0),
+        pidfd: (&raw mut pidfd) as u64,
+        child_tid: parked.life.as_ptr() as u64,
+        stack: parked.stack.base as u64,
+        stack_size: parked.stack.len as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: `child_main` reads the `ChildArgs` behind `arg`, which the
+    // borrow keeps alive while this thread waits below until the child
+    // no longer uses our memory; the stack is `parked`'s, unused, and kept
+    // (listed below) for as long as the child may run on it; the life
+    // word is shared, so it stays put while listed.
+    let ret = unsafe { raw_clone3(&clone_args, child::child_main, arg) };
+    if ret <= 0 {
+        return Err(c_int::try_from(-ret).unwrap_or(libc::EIO));
+    }
+    while parked.life.load(Ordering::Acquire) == PARKED_SETTING_UP {
+        // A shared (not private) futex: the kernel's wake at the child's
+        // exit is one.
+        let _ = rustix::thread::futex::wait(
+            &parked.life,
+            rustix::thread::futex::Flags::empty(),
+            PARKED_SETTING_UP,
+            None,
+        );
+    }
+    drop(blocked);
+    let pid = libc::pid_t::try_from(ret).unwrap_or(0);
+    if parked.life.load(Ordering::Acquire) != 0 {
+        stacks.push(parked);
+    }
+    // SAFETY: the kernel just gave us this fd; nobody else owns it.
+    Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+}
+
+/// In a parked init made by [`clone_parked`]: says it no longer uses its
+/// maker's memory, which may then go on. Async-signal-safe; no errno.
+pub(super) fn hand_off(life: &AtomicU32) {
+    life.store(PARKED_HANDED_OFF, Ordering::Release);
+    let _ = rustix::thread::futex::wake(life, rustix::thread::futex::Flags::empty(), 1);
 }
 
 /// Whether `clone3(CLONE_INTO_CGROUP)` may work: false once it did not.

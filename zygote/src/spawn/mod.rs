@@ -78,7 +78,9 @@ pub use handover::{
     SignalMask, adopt_fd, exec_in_place, hold_stop_signals, inherited_fds, release_held_signals,
     run_own, set_inheritable,
 };
-pub use sched::{DaemonPolicy, NO_BATCH_ENV, leave_batch, log_daemon_policy, run_daemon_as_batch};
+pub use sched::{
+    DaemonPolicy, NO_BATCH_ENV, log_daemon_policy, run_daemon_as_batch, run_in_background,
+};
 pub use selfsignal::{die_by, die_of_signal, stop_self, stop_self_by};
 pub use sigchld::{
     SIGNALFD_SIGINFO_BYTES, block_child_signal, child_signal_fd, threads_taking_child_signal,
@@ -285,9 +287,12 @@ impl Spawner {
     /// namespaces and the root of `plan`'s sandbox (which must have a new
     /// pid namespace), as `plan`'s credentials for its paths, then waits
     /// in them as their init (see [`ParkedInit`]). It is a sibling of this
-    /// process (`CLONE_PARENT`), which its parent reaps: forking a small
-    /// spawner costs much less than forking the daemon. Its status pipe
-    /// reads as an exec's once it is ready ([`read_exec_report`]).
+    /// process (`CLONE_PARENT`), which its parent reaps, and shares this
+    /// process's memory for life (see `clone::clone_parked`; a fork where
+    /// `clone3` is not ours): returns once it no longer uses that memory
+    /// but its own stack. Its status pipe reads as an exec's once it is
+    /// ready ([`read_exec_report`]). Only for a single-threaded process
+    /// (a spawner).
     ///
     /// # Errors
     ///
@@ -513,7 +518,19 @@ fn fork_start(
         .map_err(|errno| SpawnError::new(SpawnStage::Pipe, errno.raw_os_error()))?;
     let sandbox_raw: Vec<RawFd> = sandbox_fds.iter().map(AsRawFd::as_raw_fd).collect();
     let failure = Failure::default();
+    // A parked init shares the spawner's memory (see `clone::clone_parked`).
+    let parked_stack = match fork {
+        Fork::ParkSibling => Some(clone::ParkedStack::new().map_err(|error| {
+            SpawnError::new(
+                SpawnStage::Clone,
+                error.raw_os_error().unwrap_or(libc::ENOMEM),
+            )
+        })?),
+        Fork::Child => None,
+    };
+    let life = parked_stack.as_ref().map(clone::ParkedStack::life);
     let mut args = prepared.child_args(signals, &failure);
+    args.hand_off = life.as_deref();
     args.report = Some(write.as_raw_fd());
     args.init_report = init_report.as_ref().map(|(_, theirs)| theirs.as_raw_fd());
     if args.init_report.is_some() {
@@ -543,8 +560,14 @@ fn fork_start(
     } else {
         0
     };
-    let (pid, pidfd) = clone::fork_child(&args, clone_flags | sibling)
-        .map_err(|errno| SpawnError::new(SpawnStage::Clone, errno))?;
+    let (pid, pidfd) = match parked_stack {
+        Some(parked) => match clone::clone_parked(&args, clone_flags | sibling, parked) {
+            Err(libc::ENOSYS) => clone::fork_child(&args, clone_flags | sibling),
+            cloned => cloned,
+        },
+        None => clone::fork_child(&args, clone_flags | sibling),
+    }
+    .map_err(|errno| SpawnError::new(SpawnStage::Clone, errno))?;
     if let Some((report, _)) = init_report {
         sandbox::expect_init_report(pid, report);
     }
@@ -1242,6 +1265,7 @@ impl<'a> Prepared<'a> {
                 .map(sandbox::ParentNamespaces::of_this_thread)
                 .unwrap_or_default(),
             park: None,
+            hand_off: None,
         }
     }
 }

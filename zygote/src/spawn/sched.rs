@@ -210,21 +210,43 @@ pub(super) fn set_reset_on_fork() -> io::Result<()> {
     set_thread_policy(policy | libc::SCHED_RESET_ON_FORK)
 }
 
-/// Moves the calling process, single-threaded, from `SCHED_BATCH` to
-/// `SCHED_OTHER` (nice value and `SCHED_RESET_ON_FORK` kept), which its
-/// children then inherit and keep; nothing under another policy.
+/// Whether [`run_in_background`] may move this process: it ran under
+/// `SCHED_BATCH` when first asked.
+static BACKGROUND_ALLOWED: AtomicBool = AtomicBool::new(false);
+
+/// Whether [`run_in_background`] was asked already.
+static BACKGROUND_ASKED: AtomicBool = AtomicBool::new(false);
+
+/// Moves the calling process, single-threaded, to `SCHED_IDLE` (with
+/// `background`) or back to `SCHED_BATCH`: for work done ahead of spawns
+/// (parked inits and mount templates), which must not delay one. Under
+/// `SCHED_IDLE` it runs only on CPU time no other task wants, and every
+/// task woken on its CPU preempts it, the daemon's `SCHED_BATCH` threads
+/// included (which preempt nothing else). Its children still start under
+/// `SCHED_OTHER`: their own steps (mounts, which hold kernel locks other
+/// processes wait for, and their end) never run starved of CPU. Only a
+/// process that ran under `SCHED_BATCH` when first asked moves; one under
+/// another policy (the daemon kept `SCHED_OTHER`, [`NO_BATCH_ENV`]) keeps
+/// it.
 ///
 /// # Errors
 ///
 /// When the policy cannot be read or set.
-pub fn leave_batch() -> io::Result<()> {
-    let policy = thread_policy()?;
-    if policy & !libc::SCHED_RESET_ON_FORK != libc::SCHED_BATCH {
+pub fn run_in_background(background: bool) -> io::Result<()> {
+    if !BACKGROUND_ASKED.swap(true, Ordering::Relaxed) {
+        let policy = thread_policy()? & !libc::SCHED_RESET_ON_FORK;
+        BACKGROUND_ALLOWED.store(policy == libc::SCHED_BATCH, Ordering::Relaxed);
+    }
+    if !BACKGROUND_ALLOWED.load(Ordering::Relaxed) {
         return Ok(());
     }
-    set_thread_policy(libc::SCHED_OTHER | (policy & libc::SCHED_RESET_ON_FORK))?;
-    CHILDREN_RESET_POLICY.store(false, Ordering::Relaxed);
-    Ok(())
+    let reset_on_fork = thread_policy()? & libc::SCHED_RESET_ON_FORK;
+    let policy = if background {
+        libc::SCHED_IDLE
+    } else {
+        libc::SCHED_BATCH
+    };
+    set_thread_policy(policy | reset_on_fork)
 }
 
 /// Puts the calling (child) process under `SCHED_OTHER`, its nice value

@@ -126,11 +126,17 @@ impl Drop for ExpectedSibling {
 }
 
 /// Pidfds of the children of this process that share the memory of the
-/// process `spawner`: the child a spawner has cloned and still waits for,
-/// before its exec (stopped by its uid, say). Signal them with
-/// [`super::send_signal`]: a `SIGKILL` ends the spawner's wait, and still
-/// reaches them once the spawner is gone.
+/// process `spawner` and still bear its name: the child a spawner has
+/// cloned and still waits for, before its exec (stopped by its uid, say),
+/// or a parked init still setting up. Not a parked init that has handed
+/// off (it shares its maker's memory for life, but renamed itself). Signal
+/// them with [`super::send_signal`]: a `SIGKILL` ends the spawner's wait,
+/// and still reaches them once the spawner is gone.
 pub fn pre_exec_children(spawner: i32) -> Vec<OwnedFd> {
+    let comm = |pid: i32| std::fs::read(format!("/proc/{pid}/comm")).ok();
+    let Some(name) = comm(spawner) else {
+        return Vec::new();
+    };
     super::children_of_self()
         .into_iter()
         .filter(|pid| *pid != spawner)
@@ -138,6 +144,7 @@ pub fn pre_exec_children(spawner: i32) -> Vec<OwnedFd> {
         // a new process never shares the spawner's memory.
         .filter_map(|pid| clone::pidfd_open(pid).ok().map(|pidfd| (pid, pidfd)))
         .filter(|(pid, _)| clone::share_memory(spawner, *pid))
+        .filter(|(pid, _)| comm(*pid).as_ref() == Some(&name))
         .map(|(_, pidfd)| pidfd)
         .collect()
 }

@@ -50,6 +50,11 @@ pub const MAX_PARKED_PER_UID: usize = 8;
 /// from the resolution of its binds.
 pub const IDLE: Duration = Duration::from_secs(60);
 
+/// How many inits of a key are made at the usual priority after a spawn
+/// found none ready (see [`Pool::behind`]): in the background, the pool
+/// did not keep up (a busy machine), and would not for the next spawns.
+pub const BEHIND_REFILLS: u32 = 64;
+
 /// How long a mount template makes inits before it ends.
 pub const TEMPLATE_AGE: Duration = Duration::from_secs(30);
 
@@ -280,6 +285,9 @@ struct Inner {
     parked: HashMap<Key, VecDeque<Parked>>,
     making: HashMap<Key, usize>,
     templates: HashMap<Key, TemplateState>,
+    /// How many more inits of the key are made at the usual priority
+    /// (see [`Pool::behind`]).
+    behind: HashMap<Key, u32>,
     generation: u64,
 }
 
@@ -388,6 +396,25 @@ impl Pool {
             inner.parked.remove(key);
         }
         expired
+    }
+
+    /// Whether the next init for `key` is made at the usual priority, not
+    /// in the background (see `UidSpawners::park`): a spawn that found
+    /// none (`missed`) makes that so for the next [`BEHIND_REFILLS`]
+    /// (fewer, once another misses, do not add up).
+    pub fn behind(&self, key: &Key, missed: bool) -> bool {
+        let mut inner = self.lock();
+        if missed {
+            inner.behind.insert(key.clone(), BEHIND_REFILLS);
+        }
+        let Some(left) = inner.behind.get_mut(key) else {
+            return false;
+        };
+        *left -= 1;
+        if *left == 0 {
+            inner.behind.remove(key);
+        }
+        true
     }
 
     /// How many inits are parked now.
@@ -618,6 +645,26 @@ mod tests {
             pool.template_for(&another_uid),
             RootFrom::NewTemplate
         ));
+    }
+
+    /// A spawn that found no init ready has the next [`BEHIND_REFILLS`]
+    /// of its key made at the usual priority; another miss starts over,
+    /// and other keys are not behind.
+    #[test]
+    fn a_miss_puts_the_next_inits_of_its_key_at_the_usual_priority() {
+        let pool = Pool::default();
+        let (key, other) = (key(1000, "a"), key(1000, "b"));
+        assert!(!pool.behind(&key, false), "not before any miss");
+        assert!(pool.behind(&key, true));
+        for _ in 1..BEHIND_REFILLS - 2 {
+            assert!(pool.behind(&key, false));
+        }
+        assert!(pool.behind(&key, true), "a second miss starts over");
+        for _ in 1..BEHIND_REFILLS {
+            assert!(pool.behind(&key, false));
+        }
+        assert!(!pool.behind(&key, false), "in the background again");
+        assert!(!pool.behind(&other, false));
     }
 
     #[test]

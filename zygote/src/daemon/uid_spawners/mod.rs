@@ -38,6 +38,10 @@
 //! syscall number: ~0.6 ms for `default` on a 2-CPU VM). Nothing the
 //! child does before exec is one of the calls the profiles deny.
 //!
+//! Parked sandbox inits and mount templates are made by a spawner of
+//! their uid that does nothing else (`--parks`, see
+//! [`process::serve`]): a spawn never queues behind one being made.
+//!
 //! Here: the registry and the question; `watch`: the task that reads one
 //! spawner's answers; `wire`: the plan and answer on the socket;
 //! [`process`]: the spawner process's own loop.
@@ -162,9 +166,21 @@ struct Question {
     _expected: ExpectedSibling,
 }
 
-/// A spawner's uid, the seccomp profile it holds, if any, and the
-/// fingerprint of the policy profile's Landlock rules it holds, if any.
-type Key = (u32, Option<&'static str>, Option<u64>);
+/// A spawner's uid, the seccomp profile it holds, if any, the
+/// fingerprint of the policy profile's Landlock rules it holds, if any,
+/// and what it does.
+type Key = (u32, Option<&'static str>, Option<u64>, Work);
+
+/// What a spawner process does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Work {
+    /// Starts its uid's children.
+    Children,
+    /// Makes parked inits and mount templates, in the background (see
+    /// `process::serve`): never on a spawn's path, and never in the way
+    /// of one.
+    Parks,
+}
 
 /// One uid's spawner process.
 struct UidSpawner {
@@ -175,6 +191,7 @@ struct UidSpawner {
     /// The fingerprint of the Landlock rules the spawner holds, inherited
     /// by its children.
     landlock: Option<u64>,
+    work: Work,
     pid: i32,
     socket: AsyncSeqpacket,
     questions: Mutex<Questions>,
@@ -295,8 +312,12 @@ impl UidSpawners {
     }
 
     /// As [`Self::ask`], for a parked init of the plan's sandbox
-    /// ([`Outcome::Parked`]): the spawner forks it, which costs less
-    /// than a fork of the daemon.
+    /// ([`Outcome::Parked`]), or a mount template's holder: the uid's
+    /// spawner of parks makes it, sharing its memory, which costs far
+    /// less than a fork of the daemon. In the background (`SCHED_IDLE`)
+    /// unless `behind`: a spawn found none ready, so the pool does not
+    /// keep up with the spawns on CPU time nobody else wants (a busy
+    /// machine), and this one is made at the spawners' usual priority.
     ///
     /// # Errors
     ///
@@ -306,8 +327,9 @@ impl UidSpawners {
         plan: SpawnPlan,
         metrics: &Metrics,
         start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
+        behind: bool,
     ) -> Result<PendingAnswer, Box<SpawnPlan>> {
-        self.ask_for(plan, metrics, start, Ask::Park)
+        self.ask_for(plan, metrics, start, Ask::Park { behind })
             .map(|(answer, _)| answer)
     }
 
@@ -329,9 +351,17 @@ impl UidSpawners {
         if !self.enabled {
             return Err(Box::new(plan));
         }
-        let seccomp = inheritable_profile(&plan);
-        let landlock = (what == Ask::Child).then(|| held_landlock(&plan)).flatten();
-        let Some(spawner) = self.spawner_for((uid, seccomp, landlock), metrics, start) else {
+        let key = match what {
+            Ask::Child => (
+                uid,
+                inheritable_profile(&plan),
+                held_landlock(&plan),
+                Work::Children,
+            ),
+            Ask::Park { .. } => (uid, None, None, Work::Parks),
+        };
+        let (_, seccomp, landlock, _) = key;
+        let Some(spawner) = self.spawner_for(key, metrics, start) else {
             return Err(Box::new(plan));
         };
         let Some((bytes, fds)) = wire::encode_plan(&plan, seccomp.is_some(), what) else {
@@ -350,7 +380,10 @@ impl UidSpawners {
             }
             // Expected before the child can exist: before the plan is sent.
             // A parked init keeps the spawner's ids (root's).
-            let expected = spawn::expect_sibling(if what == Ask::Park { 0 } else { uid });
+            let expected = spawn::expect_sibling(match what {
+                Ask::Park { .. } => 0,
+                Ask::Child => uid,
+            });
             // A full socket (a stalled spawner) takes the fork path too.
             if zygote_proto::send_frame(spawner.socket.as_fd(), &bytes, &fds).is_err() {
                 drop(fds);
@@ -384,7 +417,7 @@ impl UidSpawners {
         metrics: &Metrics,
         start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
     ) -> Option<Arc<UidSpawner>> {
-        let (uid, seccomp, landlock) = key;
+        let (uid, seccomp, landlock, work) = key;
         let mut registry = self.lock();
         if let Some(spawner) = registry.running.get(&key) {
             return Some(Arc::clone(spawner));
@@ -434,6 +467,7 @@ impl UidSpawners {
             restarts,
             seccomp = seccomp.unwrap_or("none"),
             holds_landlock = landlock.is_some(),
+            parks = work == Work::Parks,
             "spawner process started"
         );
         let watched = Watched::new(
@@ -449,7 +483,7 @@ impl UidSpawners {
 
 impl UidSpawner {
     fn key(&self) -> Key {
-        (self.uid, self.seccomp, self.landlock)
+        (self.uid, self.seccomp, self.landlock, self.work)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Questions> {
@@ -464,7 +498,7 @@ fn launch(
     key: Key,
     start: impl FnOnce(&SpawnPlan) -> Result<SpawnedChild, SpawnError>,
 ) -> std::io::Result<(UidSpawner, AsyncFd<OwnedFd>)> {
-    let (uid, seccomp, landlock) = key;
+    let (uid, seccomp, landlock, work) = key;
     let uid_text = uid.to_string();
     let mut argv = vec!["zygote-spawner", "uid-spawner", "--uid", &uid_text];
     if let Some(profile) = seccomp {
@@ -472,6 +506,9 @@ fn launch(
     }
     if landlock.is_some() {
         argv.push("--hold-landlock");
+    }
+    if work == Work::Parks {
+        argv.push("--parks");
     }
     let (ours, theirs) = zygote_proto::socket::pair(false).map_err(std::io::Error::other)?;
     let null = || std::fs::File::open("/dev/null").map(OwnedFd::from);
@@ -520,6 +557,7 @@ fn launch(
             uid,
             seccomp,
             landlock,
+            work,
             pid: child.pid,
             socket,
             questions: Mutex::new(Questions {

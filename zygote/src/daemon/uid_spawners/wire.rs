@@ -40,7 +40,8 @@ struct PlanOut<'a> {
     cpu_affinity: &'a [u64],
     oom_score_adj: Option<i32>,
     sandbox: Option<SandboxOut<'a>>,
-    park: bool,
+    /// A parked init's: whether made at the usual priority.
+    park: Option<bool>,
 }
 
 /// A [`SandboxPlan`] as the daemon sends it; its fds (the network
@@ -107,7 +108,7 @@ struct PlanIn {
     cpu_affinity: Vec<u64>,
     oom_score_adj: Option<i32>,
     sandbox: Option<SandboxIn>,
-    park: bool,
+    park: Option<bool>,
 }
 
 /// The spawner's answer to one plan.
@@ -131,8 +132,10 @@ pub(super) enum Answer {
 pub(super) enum Ask {
     /// The plan's child.
     Child,
-    /// A parked init for the plan's sandbox (`Spawner::park_sibling`).
-    Park,
+    /// A parked init for the plan's sandbox (`Spawner::park_sibling`),
+    /// made in the background unless `behind`: a spawn just found none
+    /// ready, and the next must not be late too.
+    Park { behind: bool },
 }
 
 /// Encodes `plan` and lists the fds to attach; `None` when it must take
@@ -148,7 +151,7 @@ pub(super) fn encode_plan(
     if plan.credentials.is_none() && plan.sandbox.is_none() {
         return None;
     }
-    let park = ask == Ask::Park;
+    let park = matches!(ask, Ask::Park { .. });
     let sandbox = match &plan.sandbox {
         Some(sandbox) if !park && !sandbox.suits_vfork() => return None,
         Some(sandbox) => Some(encode_sandbox(sandbox, seccomp_inherited)),
@@ -197,7 +200,10 @@ pub(super) fn encode_plan(
         cpu_affinity: &plan.cpu_affinity,
         oom_score_adj: plan.oom_score_adj,
         sandbox,
-        park,
+        park: match ask {
+            Ask::Park { behind } => Some(behind),
+            Ask::Child => None,
+        },
     };
     let bytes = zygote_proto::encode(&out).ok()?;
     (bytes.len() <= MAX_PLAN_BYTES).then_some((bytes, fds))
@@ -372,10 +378,13 @@ pub(super) fn decode_plan(bytes: &[u8], fds: Vec<OwnedFd>) -> Option<(SpawnPlan,
         .collect();
     let cgroup = if plan.cgroup { fds.next() } else { None };
     let sandbox = match plan.sandbox {
-        Some(sandbox) => Some(decode_sandbox(sandbox, &mut fds, plan.park)?),
+        Some(sandbox) => Some(decode_sandbox(sandbox, &mut fds, plan.park.is_some())?),
         None => None,
     };
-    let ask = if plan.park { Ask::Park } else { Ask::Child };
+    let ask = match plan.park {
+        Some(behind) => Ask::Park { behind },
+        None => Ask::Child,
+    };
     let plan = SpawnPlan {
         exec_candidates: plan.exec_candidates,
         argv: plan.argv,
@@ -628,8 +637,8 @@ mod tests {
             "without an init to enter, its own init would hold the spawner's vfork"
         );
         // A parked init for it is forked: it may go to a spawner.
-        let (sandbox, ask, _) = round_trip(&plan, Ask::Park);
-        assert_eq!(ask, Ask::Park);
+        let (sandbox, ask, _) = round_trip(&plan, Ask::Park { behind: true });
+        assert_eq!(ask, Ask::Park { behind: true });
         assert!(sandbox.enter.is_none());
     }
 
@@ -660,7 +669,8 @@ mod tests {
             mount_template: Some(Arc::new(template)),
             ..SandboxPlan::default()
         });
-        let (sandbox, _, last) = round_trip(&plan, Ask::Park);
+        let (sandbox, ask, last) = round_trip(&plan, Ask::Park { behind: false });
+        assert_eq!(ask, Ask::Park { behind: false }, "made in the background");
         assert_eq!(last, Some(template_number));
         assert!(sandbox.mount_template.is_some());
         assert!(!sandbox.build_template);
@@ -668,7 +678,7 @@ mod tests {
         let sandbox = plan.sandbox.as_mut().expect("a sandbox");
         sandbox.mount_template = None;
         sandbox.build_template = true;
-        let (sandbox, _, _) = round_trip(&plan, Ask::Park);
+        let (sandbox, _, _) = round_trip(&plan, Ask::Park { behind: true });
         assert!(sandbox.build_template);
         assert!(sandbox.mount_template.is_none());
     }

@@ -3,10 +3,14 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_int, c_long};
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
+use std::sync::atomic::AtomicU32;
 use std::sync::{LazyLock, Mutex, PoisonError};
 
+use rustix::event::{PollFd, PollFlags};
+use rustix::io::Errno;
+use rustix::process::{Pid, PidfdFlags, WaitId, WaitIdOptions};
 use zygote_proto::ExitStatus;
 
 use super::{Failed, Step, check, close, drop_capabilities};
@@ -219,7 +223,17 @@ const PROGRAM_IN_NAMESPACE: libc::pid_t = 2;
 /// meanwhile. Returns only the step that failed before it was ready.
 /// `name` is its name in `ps`: a mount template's holder (which no
 /// program enters) has one of its own.
-pub(in crate::spawn) fn park(release: RawFd, report: Option<RawFd>, name: &CStr) -> Failed {
+///
+/// With `hand_off`, it shares its maker's memory (see
+/// `clone::clone_parked`): it hands off once set up, and from then on
+/// touches only its own stack, through raw syscalls that set no `errno`
+/// (its maker's, as is all thread-local state here).
+pub(in crate::spawn) fn park(
+    release: RawFd,
+    report: Option<RawFd>,
+    name: &CStr,
+    hand_off: Option<&AtomicU32>,
+) -> Failed {
     let (all, _) = signal_sets();
     // SAFETY: a valid pointer to our own set; this process is single-threaded.
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, &raw const all, ptr::null_mut()) };
@@ -250,17 +264,25 @@ pub(in crate::spawn) fn park(release: RawFd, report: Option<RawFd>, name: &CStr)
     if let Err(failed) = drop_capabilities() {
         return failed;
     }
-    if let Some(report) = report {
-        close(report);
+    if let Some(life) = hand_off {
+        crate::spawn::clone::hand_off(life);
     }
-    wait_readable(release, exits);
-    close(release);
-    // SAFETY: plain syscall; no memory is passed.
-    let program = unsafe { libc::syscall(libc::SYS_pidfd_open, PROGRAM_IN_NAMESPACE, 0) };
-    if let Ok(program) = c_int::try_from(program)
-        && program >= 0
-    {
-        wait_readable(program, exits);
+    // From here on: this stack, and syscalls that set no errno.
+    // SAFETY: these fds are this process's own, and closed once each.
+    let (exits, release, report) = unsafe {
+        (
+            OwnedFd::from_raw_fd(exits),
+            OwnedFd::from_raw_fd(release),
+            report.map(|report| OwnedFd::from_raw_fd(report)),
+        )
+    };
+    drop(report);
+    wait_readable(release.as_fd(), exits.as_fd());
+    drop(release);
+    let program = Pid::from_raw(PROGRAM_IN_NAMESPACE)
+        .and_then(|pid| rustix::process::pidfd_open(pid, PidfdFlags::empty()).ok());
+    if let Some(program) = program {
+        wait_readable(program.as_fd(), exits.as_fd());
     }
     // SAFETY: ends the init, and with it the namespace.
     unsafe { libc::_exit(0) }
@@ -268,36 +290,24 @@ pub(in crate::spawn) fn park(release: RawFd, report: Option<RawFd>, name: &CStr)
 
 /// Waits until `fd` is readable (or hung up), reaping every exited child
 /// whenever `exits`, a signalfd of `SIGCHLD`, says one came.
-fn wait_readable(fd: RawFd, exits: RawFd) {
+fn wait_readable(fd: BorrowedFd<'_>, exits: BorrowedFd<'_>) {
     loop {
         let mut polled = [
-            libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: exits,
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            PollFd::new(&fd, PollFlags::IN),
+            PollFd::new(&exits, PollFlags::IN),
         ];
-        // SAFETY: polls two valid pollfd entries we own.
-        let ready = unsafe { libc::poll(polled.as_mut_ptr(), 2, -1) };
-        if ready < 0 {
-            if super::errno() == libc::EINTR {
-                continue;
-            }
-            return;
+        match rustix::event::poll(&mut polled, None) {
+            Ok(_) => {}
+            Err(Errno::INTR) => continue,
+            Err(_) => return,
         }
         let [watched, signals] = polled;
-        if signals.revents != 0 {
+        if !signals.revents().is_empty() {
             let mut drained = [0u8; 128];
-            // SAFETY: reads into a valid buffer from our own signalfd.
-            while unsafe { libc::read(exits, drained.as_mut_ptr().cast(), drained.len()) } > 0 {}
+            while rustix::io::read(exits, &mut drained).is_ok_and(|read| read > 0) {}
             reap_orphans();
         }
-        if watched.revents != 0 {
+        if !watched.revents().is_empty() {
             return;
         }
     }
@@ -305,15 +315,6 @@ fn wait_readable(fd: RawFd, exits: RawFd) {
 
 /// Reaps every exited child of this init.
 fn reap_orphans() {
-    loop {
-        // SAFETY: siginfo_t is a plain C struct; zeroed is valid.
-        let mut info = unsafe { std::mem::zeroed::<libc::siginfo_t>() };
-        // SAFETY: writes into a valid siginfo.
-        let ret =
-            unsafe { libc::waitid(libc::P_ALL, 0, &raw mut info, libc::WEXITED | libc::WNOHANG) };
-        // SAFETY: a SIGCHLD siginfo (or zeroed), whose pid is valid.
-        if ret < 0 || unsafe { info.si_pid() } == 0 {
-            return;
-        }
-    }
+    let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG;
+    while let Ok(Some(_)) = rustix::process::waitid(WaitId::All, options) {}
 }
