@@ -109,7 +109,8 @@ pub struct UidSpawnerArgs {
     /// which its children then inherit (every plan carries the same).
     #[arg(long)]
     pub hold_landlock: bool,
-    /// Make parked inits and mount templates only, under `SCHED_IDLE`.
+    /// Make parked inits and mount templates only: under `SCHED_IDLE`,
+    /// unless the daemon says its pool is behind.
     #[arg(long, conflicts_with_all = ["seccomp", "hold_landlock"])]
     pub parks: bool,
 }

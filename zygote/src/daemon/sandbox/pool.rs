@@ -400,8 +400,8 @@ impl Pool {
 
     /// Whether the next init for `key` is made at the usual priority, not
     /// in the background (see `UidSpawners::park`): a spawn that found
-    /// none (`missed`) makes that so for the next [`BEHIND_REFILLS`]
-    /// (fewer, once another misses, do not add up).
+    /// none (`missed`, a plan's first among them) makes that so for the
+    /// next [`BEHIND_REFILLS`]; another miss starts the count over.
     pub fn behind(&self, key: &Key, missed: bool) -> bool {
         let mut inner = self.lock();
         if missed {
