@@ -397,6 +397,19 @@ pub(crate) fn skip(test: &str, reason: &str) {
     }
 }
 
+/// `CAP_SYS_RESOURCE` from `<linux/capability.h>`.
+const CAP_SYS_RESOURCE: u32 = 24;
+
+/// Whether the calling thread has capability `cap` in its effective set.
+fn has_effective_capability(cap: u32) -> bool {
+    let status = fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << cap) != 0)
+}
+
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
@@ -541,6 +554,7 @@ fn umask_is_applied() {
 
 #[test]
 fn rlimit_is_applied() {
+    let _core = CORE_LIMIT.lock().unwrap_or_else(PoisonError::into_inner);
     let mut plan = sh("ulimit -n; ulimit -c");
     plan.rlimits = vec![
         ResourceLimit {
@@ -926,6 +940,11 @@ fn boosted_spawner_children_keep_their_own_nice() {
 /// Serializes the tests that change the process-wide spawner state (the
 /// boost, the children's policy reset).
 static SPAWNER_STATE: Mutex<()> = Mutex::new(());
+
+/// Serializes the tests that lower or raise this process's `RLIMIT_CORE`,
+/// which is process-wide: a child asking for an unlimited one must not
+/// start while another test holds the hard limit down.
+static CORE_LIMIT: Mutex<()> = Mutex::new(());
 
 /// The (nice value, policy) a child reports from its own `/proc` stat.
 fn nice_and_policy(stat: &str) -> (i64, i64) {
@@ -1588,6 +1607,19 @@ fn dying_turns_core_dumps_off_within_a_finite_hard_limit() {
         );
         return;
     }
+    // Without CAP_SYS_RESOURCE the hard limit, once lowered, stays so for
+    // the rest of this process: only where it runs alone (nextest).
+    let alone =
+        std::env::var_os("NEXTEST_EXECUTION_MODE").is_some_and(|mode| mode == "process-per-test");
+    if !alone && !has_effective_capability(CAP_SYS_RESOURCE) {
+        skip(
+            "dying_turns_core_dumps_off_within_a_finite_hard_limit",
+            "without CAP_SYS_RESOURCE its lowered core limit would stay for the other tests \
+             of this process; runs under nextest, a process per test",
+        );
+        return;
+    }
+    let _core = CORE_LIMIT.lock().unwrap_or_else(PoisonError::into_inner);
     let saved = getrlimit(Resource::Core);
     let finite = Rlimit {
         current: Some(1000),
@@ -1603,7 +1635,7 @@ fn dying_turns_core_dumps_off_within_a_finite_hard_limit() {
     })
     .join();
     // Back as it was, where this process may raise its hard limit
-    // (CAP_SYS_RESOURCE); the lowered one harms no other test.
+    // (CAP_SYS_RESOURCE).
     let _ = setrlimit(Resource::Core, saved);
     let after = after.unwrap();
     assert_eq!((after.current, after.maximum), (Some(0), Some(1000)));
