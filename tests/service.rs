@@ -833,6 +833,9 @@ fn a_user_without_xdg_runtime_dir_is_told_to_pass_socket() {
     if !crate::util::root_or_skip("running zygote serve as another user") {
         return;
     }
+    // With the directory in place the bind itself fails, under the
+    // temporary name it binds first; the error must still name the path.
+    std::fs::create_dir_all("/run/zygote").expect("create /run/zygote");
     let mut daemon = Command::new(zygote_bin())
         .arg("serve")
         .env_remove("XDG_RUNTIME_DIR")

@@ -111,8 +111,10 @@ pub fn bind(path: &Path, mode: u32) -> Result<BoundSocket, Error> {
     // the winner's socket. A short name, for `sun_path`'s 108 bytes.
     let temporary = path.with_file_name(format!(".z{}", std::process::id()));
     let _ = std::fs::remove_file(&temporary);
+    // Errors name the path asked for: the temporary name means nothing to
+    // the user.
     let fd = socket::listen_at(&temporary, true).map_err(|source| Error::Listen {
-        path: temporary.clone(),
+        path: path.to_owned(),
         source,
     })?;
     let placed = std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))
