@@ -270,6 +270,38 @@ fn a_sandbox_outlives_the_spawner_that_made_its_init() {
     let _ = program.wait();
 }
 
+/// Asks for parked inits wait their turn behind a spawner of parks slow
+/// to answer (a busy machine; here, a stopped one) instead of being
+/// dropped until the plan's next spawn: every init asked for is made.
+#[test]
+fn inits_asked_of_a_slow_spawner_of_parks_are_all_made() {
+    use rustix::process::{Pid, Signal, kill_process};
+    if !root_or_skip("a root daemon with spawner processes") {
+        return;
+    }
+    let (work, daemon) = daemon_with_parked_inits("sandbox-park-slow");
+    let makers = daemon.park_spawners();
+    assert_eq!(makers.len(), 1, "{makers:?}");
+    let maker = Pid::from_raw(makers[0] as i32).expect("a pid");
+    kill_process(maker, Signal::STOP).expect("SIGSTOP the spawner of parks");
+    let path = work.path().to_str().unwrap();
+    // Each spawn takes a parked init and asks for the next; the second
+    // asks once the first ask has waited longer than a spawn ever would.
+    for _ in 0..PARKED_PER_PLAN {
+        let output = run(&daemon, path, Some(65534), "true");
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(output.status.success(), "{output:?}");
+    }
+    kill_process(maker, Signal::CONT).expect("SIGCONT the spawner of parks");
+    assert!(
+        eventually(Duration::from_secs(10), || inits_of(&daemon).len()
+            == PARKED_PER_PLAN),
+        "not every init was made: {:?}\n{}",
+        inits_of(&daemon),
+        daemon.log()
+    );
+}
+
 /// Whether processes `a` and `b` share their memory (`kcmp(KCMP_VM)`).
 fn same_memory(a: u32, b: u32) -> bool {
     const KCMP_VM: libc::c_long = 1;

@@ -213,8 +213,9 @@ fn reap_later(pid: i32, pidfd: OwnedFd) {
 
 /// Starts a parked init (or a mount template's holder) for `plan`, made
 /// by the spawner of parks of the plan's uid, in the background unless
-/// `behind`. None is made where no spawner can take it (stalled, paused
-/// after failures, or none left to start): only a spawner enters one, and
+/// `behind`. It waits its turn behind the spawner's earlier parks; none
+/// is made where no spawner can take it (retired, paused after failures,
+/// or none left to start): only a spawner enters one, and
 /// the spawns meanwhile take the fork path; a fork of the daemon, which
 /// copies far more, would mostly wait there unused.
 async fn start(daemon: &Daemon, plan: SpawnPlan, behind: bool) -> Result<ParkedInit, String> {

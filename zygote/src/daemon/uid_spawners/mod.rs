@@ -19,7 +19,8 @@
 //! - an answer not there after [`ANSWER_DEADLINE`] fails its spawn, and
 //!   the child the spawner waits for is killed, which frees the spawner;
 //! - while the oldest question has waited [`STALLED_AFTER`], that uid's
-//!   next spawns take the fork path instead of queueing behind it;
+//!   next spawns take the fork path instead of queueing behind it (asks
+//!   for parked inits, bounded by the pool, wait their turn);
 //! - a spawner holds only its socket, and a plan's fds while it starts
 //!   that plan's child;
 //! - one that exits unasked is logged (INFO) and counted; its spawns in
@@ -370,10 +371,14 @@ impl UidSpawners {
         let (answer, outcome) = oneshot::channel();
         {
             let mut questions = spawner.lock();
-            let stalled = questions
-                .queue
-                .front()
-                .is_some_and(|oldest| oldest.asked.elapsed() >= STALLED_AFTER);
+            // A park keeps no spawn waiting, and the pool bounds how many
+            // are asked for: it queues behind a slow one (a busy machine)
+            // instead of being dropped until the plan's next spawn.
+            let stalled = matches!(what, Ask::Child)
+                && questions
+                    .queue
+                    .front()
+                    .is_some_and(|oldest| oldest.asked.elapsed() >= STALLED_AFTER);
             if questions.retired || stalled {
                 drop(fds);
                 return Err(Box::new(plan));
