@@ -223,6 +223,13 @@ fn private_zygote_outranks_its_children(mode: &str) {
     );
     helper.kill().expect("SIGKILL the helper");
     helper.wait().expect("reap the helper");
+    // Its owner gone, the private zygote ends too (it holds only the
+    // owner's socket).
+    let zygote = report.ppid_seen;
+    assert!(
+        eventually(Duration::from_secs(10), || gone(zygote)),
+        "the {mode} zygote {zygote} outlived its owner"
+    );
 }
 
 #[test]

@@ -485,7 +485,7 @@ fn zygote_status_shows_each_peers_use_to_root_and_only_its_own_to_others() {
     let daemon = crate::util::start_daemon_with("status-peers", None, &["--socket-mode", "0666"]);
     let socket = daemon.socket();
     // Killed on drop: the zygote then kills its child (kill-on-close).
-    let _runner = Process::start(
+    let runner = Process::start(
         Command::new(zygote_bin())
             .args(["run", "--socket"])
             .arg(socket)
@@ -555,6 +555,17 @@ fn zygote_status_shows_each_peers_use_to_root_and_only_its_own_to_others() {
     assert!(
         line.contains("1/") && line.trim_end().ends_with('-'),
         "{line}"
+    );
+    // The runner's child goes with its client, before the daemon stops
+    // (which would leave it running, an orphan).
+    drop(runner);
+    let mut after = serde_json::Value::Null;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            after = status_json_as(socket, 0);
+            after["children_running"] == 0
+        }),
+        "the runner's child outlived it: {after}"
     );
 }
 
