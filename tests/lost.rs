@@ -204,8 +204,10 @@ fn signals_and_kill_go_through_the_pidfd_once_the_zygote_is_lost() {
     };
     let mut daemon = start_daemon("lost-signal");
     let client = Client::connect(daemon.socket()).expect("connect");
-    let mut termed = shell(&client, "sleep 30");
-    let mut killed = shell(&client, "sleep 30");
+    // `exec`: the signals reach the sleeper, which dash would otherwise
+    // leave running after its shell.
+    let mut termed = shell(&client, "exec sleep 30");
+    let mut killed = shell(&client, "exec sleep 30");
     daemon.kill();
     assert!(
         eventually(Duration::from_secs(5), || !client.is_connected()),
