@@ -199,9 +199,7 @@ fn parked_inits_are_made_in_the_background_sharing_their_makers_memory() {
     let spawners = daemon.spawners();
     assert_eq!(spawners.len(), 1, "{spawners:?}");
     assert_eq!(sched_policy(spawners[0]), "3", "children's: SCHED_BATCH");
-    let makers = daemon.park_spawners();
-    assert_eq!(makers.len(), 1, "{makers:?}");
-    let maker = makers[0];
+    let maker = the_park_spawner(&daemon);
     assert_eq!(
         sched_policy(maker),
         "3",
@@ -238,8 +236,7 @@ fn a_sandbox_outlives_the_spawner_that_made_its_init() {
         return;
     }
     let (work, daemon) = daemon_with_parked_inits("sandbox-park-retire");
-    let makers = daemon.park_spawners();
-    assert_eq!(makers.len(), 1, "{makers:?}");
+    let maker = the_park_spawner(&daemon);
     let path = work.path().to_str().unwrap();
     let mut program = start_run(
         &daemon,
@@ -258,7 +255,7 @@ fn a_sandbox_outlives_the_spawner_that_made_its_init() {
     let line = started.recv_timeout(Duration::from_secs(30));
     assert_eq!(line.as_deref(), Ok("started\n"));
     let retired = eventually(Duration::from_secs(90), || {
-        !daemon.park_spawners().contains(&makers[0])
+        !daemon.park_spawners().contains(&maker)
     });
     assert!(retired, "the spawner of parks never retired");
     std::thread::sleep(Duration::from_millis(500));
@@ -280,9 +277,7 @@ fn inits_asked_of_a_slow_spawner_of_parks_are_all_made() {
         return;
     }
     let (work, daemon) = daemon_with_parked_inits("sandbox-park-slow");
-    let makers = daemon.park_spawners();
-    assert_eq!(makers.len(), 1, "{makers:?}");
-    let maker = Pid::from_raw(makers[0] as i32).expect("a pid");
+    let maker = Pid::from_raw(the_park_spawner(&daemon) as i32).expect("a pid");
     kill_process(maker, Signal::STOP).expect("SIGSTOP the spawner of parks");
     let path = work.path().to_str().unwrap();
     // Each spawn takes a parked init and asks for the next; the second
@@ -300,6 +295,13 @@ fn inits_asked_of_a_slow_spawner_of_parks_are_all_made() {
         inits_of(&daemon),
         daemon.log()
     );
+}
+
+/// The daemon's one spawner of parks (its parked inits' maker).
+fn the_park_spawner(daemon: &Daemon) -> u32 {
+    let makers = daemon.park_spawners();
+    assert_eq!(makers.len(), 1, "{makers:?}");
+    makers[0]
 }
 
 /// Whether processes `a` and `b` share their memory (`kcmp(KCMP_VM)`).
